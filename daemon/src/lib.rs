@@ -1,0 +1,2 @@
+pub mod provision;
+pub mod wire;
