@@ -1,2 +1,19 @@
+//! cotal-delivery: the Cotal delivery daemon (Plane-3) as a library; `main.rs` only parses
+//! arguments and calls in here.
+
+pub mod admission;
+pub mod cli;
+pub mod conn;
+pub mod creds;
+pub mod deliver;
+pub mod fanout;
+pub mod files;
+pub mod journal;
+pub mod kv;
+pub mod lease;
+pub mod ops;
+pub mod plane;
 pub mod provision;
+pub mod rails;
+pub mod reader;
 pub mod wire;

@@ -1,0 +1,151 @@
+//! Command-line surface of `cotal-delivery`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::deliver::{self, DeliverConfig, Exit};
+use crate::files::{self, PidLiveness};
+use crate::wire::Space;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cotal-delivery",
+    version,
+    about = "The Cotal delivery daemon (Plane-3): the durable backstop of an agent mesh on NATS JetStream",
+    long_about = "The Cotal delivery daemon (Plane-3): the durable backstop of an agent mesh on NATS JetStream.\n\nOne daemon serves a space, guarded by a single-flight lease in the broker. Exit codes are listed in docs/operations.md."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the delivery daemon for one space (auth mode only; one shard).
+    Deliver(DeliverArgs),
+    /// Report whether the space's pid record names a live delivery daemon.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DeliverArgs {
+    /// The space to serve (1-64 characters of [A-Za-z0-9_-]).
+    #[arg(long, value_name = "SPACE")]
+    pub space: String,
+    /// Broker URL to dial (nats:// or tls://).
+    #[arg(long, value_name = "URL", default_value = deliver::DEFAULT_SERVER)]
+    pub server: String,
+    /// Workspace root to serve: the directory that holds .cotal/. Default: the nearest .cotal/
+    /// above the working directory; with neither the daemon refuses before reading a credential.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// The scoped `delivery` credential file. Default: <root>/.cotal/space.<hexkey>/delivery.creds.
+    /// A file under another workspace than the one served is refused.
+    #[arg(long, value_name = "FILE")]
+    pub creds: Option<PathBuf>,
+    /// Require TLS to the broker: refuse a listener that offers no TLS instead of upgrading on
+    /// its greeting. A TLS-required mesh always starts the daemon with this flag.
+    #[arg(long)]
+    pub tls: bool,
+    /// PEM file of the CA that signed the broker's certificate (implies nothing about --tls).
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The space whose daemon to look for.
+    #[arg(long, value_name = "SPACE")]
+    pub space: String,
+    /// Workspace root (default: nearest .cotal/ above the working directory).
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+}
+
+/// Runs a parsed command; returns the process exit code.
+pub fn run(cli: Cli) -> i32 {
+    match cli.command {
+        Command::Deliver(args) => run_deliver(args),
+        Command::Status(args) => run_status(args),
+    }
+}
+
+fn current_dir() -> PathBuf {
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
+}
+
+fn run_deliver(args: DeliverArgs) -> i32 {
+    let space = match Space::parse(&args.space) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("✗ delivery: --space: {e}");
+            return Exit::Config.code();
+        }
+    };
+    let mut cfg = DeliverConfig::new(space, current_dir());
+    cfg.server = args.server;
+    cfg.root = args.root;
+    cfg.creds = args.creds;
+    cfg.tls = args.tls;
+    cfg.tls_ca = args.tls_ca;
+    cfg.ping_interval = deliver::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("✗ delivery: could not start the runtime ({e})");
+            return Exit::Fault.code();
+        }
+    };
+    runtime.block_on(deliver::run(cfg)).code()
+}
+
+fn run_status(args: StatusArgs) -> i32 {
+    let space = match Space::parse(&args.space) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("status: --space: {e}");
+            return 3;
+        }
+    };
+    let root = match files::resolve_root(args.root.as_deref(), &current_dir()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{e}");
+            return 3;
+        }
+    };
+    let path = files::pid_path(&root, &space);
+    match files::pid_liveness(&path) {
+        PidLiveness::Alive(pid) => {
+            println!("delivery daemon for space {space}: running (pid {pid})");
+            0
+        }
+        PidLiveness::Unverified(pid) => {
+            println!("delivery daemon for space {space}: running (pid {pid}; its command line could not be read, trusted)");
+            0
+        }
+        PidLiveness::Stale(pid) => {
+            println!("delivery daemon for space {space}: stale record ({} names pid {pid}, which is not a running delivery daemon)", path.display());
+            1
+        }
+        PidLiveness::Unreadable => {
+            println!(
+                "delivery daemon for space {space}: unreadable record at {}",
+                path.display()
+            );
+            1
+        }
+        PidLiveness::Absent => {
+            println!(
+                "delivery daemon for space {space}: not running (no record at {})",
+                path.display()
+            );
+            1
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! The daemon's resident broker connection.
+//!
+//! One connection carries the lease, the rails and the data path, and its events are the only
+//! broker watch after start-up (no probe connections while healthy). It always presents the
+//! credential the daemon holds *now* (an auth callback reads the shared cell on every
+//! (re)connect, so an adopted renewal is what the next redial sends), uses the `_INBOX_<nkey>`
+//! reply prefix the `delivery` grant allows (DESIGN §6.1), and, when TLS is demanded, refuses a
+//! plaintext listener instead of upgrading on the server's greeting.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use async_nats::{AuthError, ConnectOptions, Event, ServerError};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::broadcast;
+
+use crate::creds::Credential;
+
+/// Shared cell holding what the next (re)connect presents.
+#[derive(Clone, Debug)]
+pub struct CredentialCell(Arc<RwLock<Credential>>);
+
+impl CredentialCell {
+    pub fn new(p: Credential) -> Self {
+        CredentialCell(Arc::new(RwLock::new(p)))
+    }
+    pub fn get(&self) -> Credential {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+    pub fn set(&self, p: Credential) {
+        match self.0.write() {
+            Ok(mut g) => *g = p,
+            Err(poisoned) => *poisoned.into_inner() = p,
+        }
+    }
+}
+
+/// Default client ping interval of the resident connection (`COTAL_DELIVERY_PING_INTERVAL_MS`).
+pub const DEFAULT_PING_INTERVAL_MS: u64 = 2_500;
+
+/// How to dial.
+#[derive(Debug, Clone)]
+pub struct DialSpec {
+    pub server: String,
+    pub tls_required: bool,
+    pub tls_ca: Option<PathBuf>,
+    pub name: String,
+    pub ping_interval: Duration,
+    pub connect_bound: Duration,
+}
+
+impl DialSpec {
+    pub fn new(server: impl Into<String>) -> DialSpec {
+        DialSpec {
+            server: server.into(),
+            tls_required: false,
+            tls_ca: None,
+            name: "cotal:delivery".into(),
+            ping_interval: Duration::from_millis(DEFAULT_PING_INTERVAL_MS),
+            connect_bound: Duration::from_secs(5),
+        }
+    }
+    pub fn tls(mut self, required: bool, ca: Option<PathBuf>) -> Self {
+        self.tls_required = required;
+        self.tls_ca = ca;
+        self
+    }
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+    pub fn ping_interval(mut self, every: Duration) -> Self {
+        self.ping_interval = every;
+        self
+    }
+}
+
+/// A connection event as the daemon sees it, stamped when it happened.
+#[derive(Debug, Clone)]
+pub enum ConnEvent {
+    Connected,
+    Disconnected,
+    /// The broker refused the credential as expired.
+    CredentialExpired,
+    /// The broker denied an operation on a subject.
+    PermissionDenied {
+        operation: String,
+        subject: String,
+    },
+    Closed,
+    Other(String),
+}
+
+/// Permission violations seen on the connection (bounded), so an operation that timed out can be
+/// told apart from one the broker refused.
+#[derive(Clone, Default)]
+pub struct Violations(Arc<Mutex<Vec<(Instant, String, String)>>>);
+
+/// At most this many violations are remembered.
+const VIOLATIONS_KEPT: usize = 64;
+
+impl Violations {
+    fn record(&self, operation: String, subject: String) {
+        if let Ok(mut v) = self.0.lock() {
+            if v.len() >= VIOLATIONS_KEPT {
+                v.remove(0);
+            }
+            v.push((Instant::now(), operation, subject));
+        }
+    }
+    /// The operation denied on `subject` at or after `since`, if any.
+    pub fn denied_since(&self, subject: &str, since: Instant) -> Option<String> {
+        let v = self.0.lock().ok()?;
+        v.iter()
+            .rev()
+            .find(|(at, _, s)| *at >= since && s == subject)
+            .map(|(_, op, _)| op.clone())
+    }
+}
+
+/// Parses the broker's `Permissions Violation for Publish to "subj"` text.
+pub fn parse_permission_violation(text: &str) -> Option<(String, String)> {
+    let rest = text
+        .to_ascii_lowercase()
+        .find("permissions violation for ")
+        .map(|i| &text[i + "permissions violation for ".len()..])?;
+    let (op, tail) = rest.split_once(" to ")?;
+    let tail = tail.trim();
+    let subject = tail
+        .strip_prefix('"')
+        .and_then(|t| t.split('"').next())
+        .unwrap_or_else(|| tail.split_whitespace().next().unwrap_or(tail));
+    let operation = match op.trim().to_ascii_lowercase().as_str() {
+        "publish" => "publish",
+        "subscription" => "subscribe",
+        other => return Some((other.to_string(), subject.to_string())),
+    };
+    Some((operation.to_string(), subject.to_string()))
+}
+
+fn classify(event: &Event) -> ConnEvent {
+    match event {
+        Event::Connected => ConnEvent::Connected,
+        Event::Disconnected => ConnEvent::Disconnected,
+        Event::Closed => ConnEvent::Closed,
+        Event::ServerError(ServerError::Other(text)) => {
+            if text.to_ascii_lowercase().contains("authentication expired") {
+                ConnEvent::CredentialExpired
+            } else if let Some((operation, subject)) = parse_permission_violation(text) {
+                ConnEvent::PermissionDenied { operation, subject }
+            } else {
+                ConnEvent::Other(event.to_string())
+            }
+        }
+        other => ConnEvent::Other(other.to_string()),
+    }
+}
+
+/// Why a dial failed.
+#[derive(Debug)]
+pub struct DialError {
+    kind: DialErrorKind,
+    detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DialErrorKind {
+    /// Nothing answered (refused, unreachable, timed out).
+    Unreachable,
+    /// TLS was demanded and the listener offers none.
+    PlaintextRefused,
+    /// The broker answered and refused the credential or the TLS handshake.
+    Refused,
+}
+
+impl DialError {
+    pub fn kind(&self) -> DialErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for DialError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for DialError {}
+
+/// The daemon's resident connection with its event feed.
+pub struct Resident {
+    pub client: async_nats::Client,
+    pub events: broadcast::Sender<ConnEvent>,
+    pub violations: Violations,
+    pub credential: CredentialCell,
+}
+
+/// The user public key (`U…`) of a seed.
+pub fn user_public_key(seed: &str) -> Result<String, String> {
+    nkeys::KeyPair::from_seed(seed)
+        .map(|kp| kp.public_key())
+        .map_err(|e| format!("the credential's nkey seed is unusable: {e}"))
+}
+
+/// Reads the listener's INFO greeting and refuses when TLS is demanded but not offered, so the
+/// refusal names the cause instead of a failed handshake. Bounded by `spec.connect_bound`.
+pub async fn check_listener_offers_tls(spec: &DialSpec) -> Result<(), DialError> {
+    let hostport = host_port(&spec.server);
+    let probe = async {
+        let stream = tokio::net::TcpStream::connect(&hostport).await?;
+        let mut reader = tokio::io::BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).await?;
+        Ok::<String, std::io::Error>(line)
+    };
+    let line = match tokio::time::timeout(spec.connect_bound, probe).await {
+        Ok(Ok(line)) => line,
+        Ok(Err(e)) => {
+            return Err(DialError {
+                kind: DialErrorKind::Unreachable,
+                detail: e.to_string(),
+            })
+        }
+        Err(_) => {
+            return Err(DialError {
+                kind: DialErrorKind::Unreachable,
+                detail: format!("no greeting within {} ms", spec.connect_bound.as_millis()),
+            })
+        }
+    };
+    let info: serde_json::Value = line
+        .strip_prefix("INFO ")
+        .and_then(|j| serde_json::from_str(j.trim()).ok())
+        .unwrap_or_default();
+    let offers = info["tls_required"].as_bool().unwrap_or(false)
+        || info["tls_available"].as_bool().unwrap_or(false);
+    if offers {
+        Ok(())
+    } else {
+        Err(DialError {
+            kind: DialErrorKind::PlaintextRefused,
+            detail: format!(
+                "TLS is required but the listener at {} offers none (its greeting has no tls_required); refusing a plaintext connection",
+                spec.server
+            ),
+        })
+    }
+}
+
+fn host_port(server: &str) -> String {
+    let rest = server.split_once("://").map(|(_, r)| r).unwrap_or(server);
+    let rest = rest.rsplit_once('@').map(|(_, r)| r).unwrap_or(rest);
+    let rest = rest.trim_end_matches('/');
+    if rest.contains(':') {
+        rest.to_string()
+    } else {
+        format!("{rest}:4222")
+    }
+}
+
+/// Dials the resident connection. The first connect is the start-up reachability check: it
+/// must succeed within `spec.connect_bound`; afterwards the client redials unattended.
+pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Resident, DialError> {
+    if spec.tls_required {
+        check_listener_offers_tls(spec).await?;
+    }
+    let nkey = user_public_key(&credential.get().seed).map_err(|detail| DialError {
+        kind: DialErrorKind::Refused,
+        detail,
+    })?;
+    let (events, _) = broadcast::channel(256);
+    let violations = Violations::default();
+    let cell = credential.clone();
+    let mut options = ConnectOptions::with_auth_callback(move |nonce: Vec<u8>| {
+        let p = cell.get();
+        async move {
+            let kp = nkeys::KeyPair::from_seed(&p.seed).map_err(AuthError::new)?;
+            let sig = kp.sign(&nonce).map_err(AuthError::new)?;
+            let mut auth = async_nats::Auth::new();
+            auth.jwt = Some(p.jwt);
+            auth.signature = Some(sig);
+            Ok(auth)
+        }
+    })
+    .custom_inbox_prefix(format!("_INBOX_{nkey}"))
+    .name(spec.name.clone())
+    .ping_interval(spec.ping_interval)
+    .connection_timeout(spec.connect_bound)
+    .max_reconnects(None);
+    if spec.tls_required {
+        options = options.require_tls(true);
+    }
+    if let Some(ca) = &spec.tls_ca {
+        options = options.add_root_certificates(ca.clone());
+    }
+    let tx = events.clone();
+    let seen = violations.clone();
+    options = options.event_callback(move |event| {
+        let tx = tx.clone();
+        let seen = seen.clone();
+        async move {
+            let ev = classify(&event);
+            if let ConnEvent::PermissionDenied { operation, subject } = &ev {
+                seen.record(operation.clone(), subject.clone());
+            }
+            let _ = tx.send(ev);
+        }
+    });
+    let connect = options.connect(spec.server.as_str());
+    match tokio::time::timeout(spec.connect_bound + Duration::from_secs(1), connect).await {
+        Ok(Ok(client)) => Ok(Resident {
+            client,
+            events,
+            violations,
+            credential,
+        }),
+        Ok(Err(e)) => {
+            let text = e.to_string();
+            let kind = match e.kind() {
+                async_nats::ConnectErrorKind::AuthorizationViolation
+                | async_nats::ConnectErrorKind::Authentication
+                | async_nats::ConnectErrorKind::Tls => DialErrorKind::Refused,
+                _ => DialErrorKind::Unreachable,
+            };
+            Err(DialError { kind, detail: text })
+        }
+        Err(_) => Err(DialError {
+            kind: DialErrorKind::Unreachable,
+            detail: format!("no connection within {} ms", spec.connect_bound.as_millis()),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permission_violations_are_parsed() {
+        assert_eq!(
+            parse_permission_violation(
+                "Permissions Violation for Publish to \"$KV.cotal_delivery_x.lease.0\""
+            ),
+            Some(("publish".into(), "$KV.cotal_delivery_x.lease.0".into()))
+        );
+        assert_eq!(
+            parse_permission_violation("Permissions Violation for Subscription to \"a.>\""),
+            Some(("subscribe".into(), "a.>".into()))
+        );
+        assert_eq!(parse_permission_violation("Stale Connection"), None);
+    }
+
+    #[test]
+    fn host_port_strips_scheme_and_defaults_the_port() {
+        assert_eq!(host_port("nats://127.0.0.1:4222"), "127.0.0.1:4222");
+        assert_eq!(host_port("tls://localhost:1"), "localhost:1");
+        assert_eq!(host_port("localhost"), "localhost:4222");
+    }
+}

@@ -1,0 +1,354 @@
+//! The single-flight delivery lease (`cotal_delivery_<s>` key `lease.0`).
+//!
+//! One daemon serves a space: the lease row is the only arbiter. It is claimed by an atomic
+//! create, marked `ready` only once every binding is established, renewed by compare-and-set, and
+//! released at the broker's revision, never by deleting a row another holder wrote. Ownership is
+//! holder *and* incarnation, so a restarted daemon with the same credential never mistakes a
+//! predecessor's row, or a rival's copy of its holder name, for its own.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::conn::Violations;
+use crate::kv::{Read, RowError, RowErrorKind, Rows};
+use crate::wire::LEASE_KEY;
+
+/// The only shard (N=1).
+pub const SHARD: u32 = 0;
+
+/// The lease row, wire-compatible with the reference `DeliveryLeaseInfo`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    pub holder: String,
+    pub since: u64,
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub incarnation: String,
+}
+
+/// Who this process is, for ownership checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Principal dot-form `local.<nkey>`.
+    pub holder: String,
+    /// Unique per process run.
+    pub incarnation: String,
+}
+
+impl Identity {
+    pub fn owns(&self, info: &LeaseInfo) -> bool {
+        info.holder == self.holder && info.incarnation == self.incarnation
+    }
+}
+
+/// What a re-read of the lease key shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reading {
+    /// Still our row, at this broker revision.
+    Held { revision: u64 },
+    /// No live row.
+    Gone,
+    /// Another holder's row (or ours from another incarnation).
+    Taken { by: String },
+    /// The broker did not answer the read.
+    Unknown { why: String },
+}
+
+/// Why a claim did not win.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimError {
+    /// A live row exists: another daemon holds the lease (or a crashed holder's has not expired).
+    Held { detail: String },
+    /// The credential may not make the write.
+    Denied { operation: String, subject: String },
+    /// The broker refused for another reason; quoted as it gave it.
+    Refused { detail: String },
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClaimError::Held { detail } => write!(f, "a live lease exists ({detail})"),
+            ClaimError::Denied { operation, subject } => {
+                write!(f, "{operation} \"{subject}\" was denied")
+            }
+            ClaimError::Refused { detail } => f.write_str(detail),
+        }
+    }
+}
+
+/// The daemon's handle on its lease row.
+pub struct Lease {
+    rows: Rows,
+    me: Identity,
+    since: u64,
+    ready: bool,
+    /// The revision of our last successful write, `None` when we hold nothing (or gave it up).
+    revision: Option<u64>,
+    violations: Violations,
+}
+
+impl Lease {
+    pub fn new(rows: Rows, me: Identity, violations: Violations) -> Lease {
+        Lease {
+            rows,
+            me,
+            since: crate::journal::epoch_ms(),
+            ready: false,
+            revision: None,
+            violations,
+        }
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.me
+    }
+    pub fn revision(&self) -> Option<u64> {
+        self.revision
+    }
+    /// `cotal_delivery_<s>.lease.0`, as refusals name it.
+    pub fn row_name(&self) -> String {
+        format!("{}.{LEASE_KEY}", self.rows.bucket())
+    }
+    pub fn subject(&self) -> String {
+        self.rows.subject(LEASE_KEY)
+    }
+
+    fn body(&self) -> Bytes {
+        let info = LeaseInfo {
+            holder: self.me.holder.clone(),
+            since: self.since,
+            ready: self.ready,
+            incarnation: self.me.incarnation.clone(),
+        };
+        Bytes::from(serde_json::to_vec(&info).unwrap_or_default())
+    }
+
+    /// Atomic create with `ready:false`. A permission denial is told apart from a timeout by the
+    /// broker's `-ERR` on the lease subject.
+    pub async fn claim(&mut self) -> Result<u64, ClaimError> {
+        self.ready = false;
+        self.since = crate::journal::epoch_ms();
+        let started = Instant::now();
+        let result = self.rows.create(LEASE_KEY, self.body()).await;
+        self.classify_claim(result, started)
+    }
+
+    fn classify_claim(
+        &mut self,
+        result: Result<u64, RowError>,
+        started: Instant,
+    ) -> Result<u64, ClaimError> {
+        match result {
+            Ok(rev) => {
+                self.revision = Some(rev);
+                Ok(rev)
+            }
+            Err(e) => {
+                if let Some(operation) = self.violations.denied_since(&self.subject(), started) {
+                    return Err(ClaimError::Denied {
+                        operation,
+                        subject: self.subject(),
+                    });
+                }
+                match e.kind() {
+                    RowErrorKind::Conflict => Err(ClaimError::Held {
+                        detail: e.detail().to_string(),
+                    }),
+                    _ => Err(ClaimError::Refused {
+                        detail: e.detail().to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// CAS write of our row with the given readiness, at our last revision.
+    async fn rewrite(&mut self, ready: bool) -> Result<u64, RowError> {
+        let Some(expected) = self.revision else {
+            return Err(RowError::from_detail(
+                "this process holds no lease revision",
+            ));
+        };
+        let was = self.ready;
+        self.ready = ready;
+        match self
+            .rows
+            .put_expecting(LEASE_KEY, self.body(), expected)
+            .await
+        {
+            Ok(rev) => {
+                self.revision = Some(rev);
+                Ok(rev)
+            }
+            Err(e) => {
+                self.ready = was;
+                Err(e)
+            }
+        }
+    }
+
+    pub async fn mark_ready(&mut self) -> Result<u64, RowError> {
+        self.rewrite(true).await
+    }
+    pub async fn mark_not_ready(&mut self) -> Result<u64, RowError> {
+        self.rewrite(false).await
+    }
+    /// Renewal: the same row written again at our revision, which restarts the bucket TTL.
+    pub async fn renew(&mut self) -> Result<u64, RowError> {
+        let ready = self.ready;
+        self.rewrite(ready).await
+    }
+
+    /// Re-reads the key from the leader.
+    pub async fn read_own(&self) -> Reading {
+        match self.rows.read(LEASE_KEY).await {
+            Err(e) => Reading::Unknown {
+                why: e.detail().to_string(),
+            },
+            Ok(Read::Absent { .. }) => Reading::Gone,
+            Ok(Read::Present(row)) => match serde_json::from_slice::<LeaseInfo>(&row.value) {
+                Ok(info) if self.me.owns(&info) => Reading::Held {
+                    revision: row.revision,
+                },
+                Ok(info) => Reading::Taken { by: info.holder },
+                Err(_) => Reading::Taken {
+                    by: "an unreadable row".into(),
+                },
+            },
+        }
+    }
+
+    /// Adopts the broker's revision after a re-read proved the row is still ours.
+    pub fn adopt_revision(&mut self, revision: u64) {
+        self.revision = Some(revision);
+    }
+
+    /// Forgets our revision (the lease was lost): nothing will be released on the way out.
+    pub fn forget(&mut self) {
+        self.revision = None;
+    }
+
+    /// Re-creates the row after it was found gone.
+    pub async fn reacquire(&mut self) -> Result<u64, ClaimError> {
+        let ready = self.ready;
+        let started = Instant::now();
+        self.ready = ready;
+        let result = self.rows.create(LEASE_KEY, self.body()).await;
+        self.classify_claim(result, started)
+    }
+
+    /// Releases the row at the broker's current revision, only if it is still ours. Returns
+    /// whether a row was released.
+    pub async fn release(&mut self) -> Result<bool, RowError> {
+        if self.revision.is_none() {
+            return Ok(false);
+        }
+        match self.read_own().await {
+            Reading::Held { revision } => {
+                self.rows.delete_expecting(LEASE_KEY, revision).await?;
+                self.revision = None;
+                Ok(true)
+            }
+            Reading::Unknown { why } => Err(RowError::from_detail(why)),
+            Reading::Gone | Reading::Taken { .. } => {
+                self.revision = None;
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// Half the TTL, never under a second: the renew interval.
+pub fn renew_interval(ttl: Duration) -> Duration {
+    (ttl / 2).max(Duration::from_secs(1))
+}
+
+/// What to do after a re-read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseAction {
+    KeepServing,
+    StayQuiet,
+    Reacquire,
+    Exit,
+}
+
+pub fn lease_action(r: &Reading) -> LeaseAction {
+    match r {
+        Reading::Held { .. } => LeaseAction::KeepServing,
+        Reading::Unknown { .. } => LeaseAction::StayQuiet,
+        Reading::Gone => LeaseAction::Reacquire,
+        Reading::Taken { .. } => LeaseAction::Exit,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ownership_needs_holder_and_incarnation() {
+        let me = Identity {
+            holder: "local.UA".into(),
+            incarnation: "i1".into(),
+        };
+        let mut info = LeaseInfo {
+            holder: "local.UA".into(),
+            since: 1,
+            ready: true,
+            incarnation: "i1".into(),
+        };
+        assert!(me.owns(&info));
+        info.incarnation = "i2".into();
+        assert!(!me.owns(&info));
+    }
+
+    #[test]
+    fn lease_row_is_wire_compatible() {
+        let info = LeaseInfo {
+            holder: "local.UA".into(),
+            since: 5,
+            ready: false,
+            incarnation: "x".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&info).unwrap(),
+            r#"{"holder":"local.UA","since":5,"ready":false,"incarnation":"x"}"#
+        );
+        let old: LeaseInfo =
+            serde_json::from_str(r#"{"holder":"h","since":1,"ready":true}"#).unwrap();
+        assert_eq!(old.incarnation, "");
+    }
+
+    #[test]
+    fn renew_runs_at_half_the_ttl() {
+        assert_eq!(
+            renew_interval(Duration::from_secs(30)),
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            renew_interval(Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn actions_follow_the_reading() {
+        assert_eq!(
+            lease_action(&Reading::Held { revision: 1 }),
+            LeaseAction::KeepServing
+        );
+        assert_eq!(lease_action(&Reading::Gone), LeaseAction::Reacquire);
+        assert_eq!(
+            lease_action(&Reading::Taken { by: "x".into() }),
+            LeaseAction::Exit
+        );
+        assert_eq!(
+            lease_action(&Reading::Unknown { why: "x".into() }),
+            LeaseAction::StayQuiet
+        );
+    }
+}

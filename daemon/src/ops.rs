@@ -1,0 +1,29 @@
+//! Verbs of the two control rails. Each returns the reply `data` or the refusal text; the rail
+//! module owns envelopes, caller identity and reply binding.
+
+use serde_json::Value;
+
+use crate::plane::PlaneCtx;
+use crate::wire::Principal;
+
+/// `ctl.delivery` verbs (agent-callable).
+pub async fn delivery(
+    _ctx: &PlaneCtx,
+    _caller: &Principal,
+    op: &str,
+    _args: &Value,
+) -> Result<Value, String> {
+    Err(format!(
+        "op \"{op}\" not supported on the delivery control service"
+    ))
+}
+
+/// `ctl.delivery-admin` verbs (supervisor-callable).
+pub async fn admin(
+    _ctx: &PlaneCtx,
+    _caller: &Principal,
+    op: &str,
+    _args: &Value,
+) -> Result<Value, String> {
+    Err(format!("unsupported delivery-admin op \"{op}\""))
+}

@@ -1,0 +1,206 @@
+//! Plane-3 bindings as one unit the lease can arm and quiesce.
+//!
+//! The daemon serves only under its lease. When the lease is in doubt it *quiesces*: the fan-out
+//! writer, the trusted reader and both control rails are unbound, nothing more is acked, and a
+//! request admitted before the quiesce is refused rather than answered. `ServingGate` carries
+//! that decision to every in-flight handler; `Plane` owns the bound tasks.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::journal::Journal;
+use crate::wire::{Principal, SpaceNames};
+
+/// Refusal for a request that was admitted before a quiesce.
+pub const STOPPED_SERVING: &str =
+    "delivery: this daemon stopped serving this shard while the request was in flight (it is re-checking ownership); retry";
+/// Refusal while quiesced.
+pub const NOT_SERVING: &str =
+    "delivery: this daemon is not serving this shard (it is re-checking ownership); retry";
+
+/// Serving epoch shared with every handler: a handler admitted at one epoch may act (ack, reply
+/// ok, write) only while the gate still shows that epoch and serving.
+#[derive(Clone, Default)]
+pub struct ServingGate {
+    epoch: Arc<AtomicU64>,
+    serving: Arc<AtomicBool>,
+}
+
+impl ServingGate {
+    /// The epoch a handler is admitted at, or `None` while quiesced.
+    pub fn admit(&self) -> Option<u64> {
+        if self.serving.load(Ordering::SeqCst) {
+            Some(self.epoch.load(Ordering::SeqCst))
+        } else {
+            None
+        }
+    }
+    /// Whether a handler admitted at `epoch` may still act.
+    pub fn still(&self, epoch: u64) -> bool {
+        self.serving.load(Ordering::SeqCst) && self.epoch.load(Ordering::SeqCst) == epoch
+    }
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
+    }
+    fn open(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.serving.store(true, Ordering::SeqCst);
+    }
+    fn close(&self) {
+        self.serving.store(false, Ordering::SeqCst);
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Timing and sizing knobs of the data path.
+#[derive(Debug, Clone)]
+pub struct PlaneConfig {
+    /// Bound on every JetStream API request of the data path.
+    pub request_bound: Duration,
+    /// `ack_wait` of the fan-out and reader durables.
+    pub ack_wait: Duration,
+    /// Redeliveries after which the reader gives up an entry (`READER_MAX_REDELIVERIES`).
+    pub reader_max_redeliveries: i64,
+    /// Delay of a nak for a retry (2000 ms in the reference).
+    pub nak_delay: Duration,
+    /// `max_ack_pending` of the reader.
+    pub reader_max_ack_pending: i64,
+}
+
+impl Default for PlaneConfig {
+    fn default() -> Self {
+        PlaneConfig {
+            request_bound: Duration::from_secs(5),
+            ack_wait: Duration::from_secs(60),
+            reader_max_redeliveries: 10,
+            nak_delay: Duration::from_millis(2000),
+            reader_max_ack_pending: 1000,
+        }
+    }
+}
+
+/// Everything a Plane-3 component needs. Cheap to clone.
+#[derive(Clone)]
+pub struct PlaneCtx {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub names: SpaceNames,
+    pub journal: Journal,
+    /// The daemon's own principal (`local.<nkey>`).
+    pub me: Principal,
+    pub gate: ServingGate,
+    pub config: PlaneConfig,
+    /// Flipped once start-up is complete (after the lease watch is bound).
+    pub startup_complete: Arc<AtomicBool>,
+}
+
+/// Why a binding could not be established.
+#[derive(Debug, Clone)]
+pub struct PlaneError {
+    pub what: &'static str,
+    pub detail: String,
+}
+
+impl std::fmt::Display for PlaneError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.detail)
+    }
+}
+
+impl std::error::Error for PlaneError {}
+
+/// A stop signal every bound task selects on.
+pub type StopRx = watch::Receiver<bool>;
+
+/// The bound components of one arming.
+struct Bound {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Bound on waiting for the bound tasks to wind down at a quiesce.
+const QUIESCE_BOUND: Duration = Duration::from_secs(5);
+
+/// Owner of the Plane-3 tasks.
+pub struct Plane {
+    ctx: PlaneCtx,
+    bound: Option<Bound>,
+}
+
+impl Plane {
+    pub fn new(ctx: PlaneCtx) -> Plane {
+        Plane { ctx, bound: None }
+    }
+    pub fn ctx(&self) -> &PlaneCtx {
+        &self.ctx
+    }
+    pub fn is_armed(&self) -> bool {
+        self.bound.is_some()
+    }
+
+    /// Binds the fan-out writer, the trusted reader and both rails, then opens the gate. On a
+    /// failure everything bound so far is unbound again and the gate stays closed.
+    pub async fn arm(&mut self) -> Result<(), PlaneError> {
+        if self.bound.is_some() {
+            return Ok(());
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let result = async {
+            tasks.push(crate::fanout::bind(&self.ctx, stop_rx.clone()).await?);
+            tasks.push(crate::reader::bind(&self.ctx, stop_rx.clone()).await?);
+            for service in [
+                crate::wire::CtlService::Delivery,
+                crate::wire::CtlService::DeliveryAdmin,
+            ] {
+                tasks.push(crate::rails::bind(&self.ctx, service, stop_rx.clone()).await?);
+            }
+            Ok::<(), PlaneError>(())
+        }
+        .await;
+        let bound = Bound { stop, tasks };
+        match result {
+            Ok(()) => {
+                self.ctx.gate.open();
+                self.bound = Some(bound);
+                Ok(())
+            }
+            Err(e) => {
+                unbind(bound).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes the gate first (nothing admitted before acts after this), then unbinds.
+    pub async fn quiesce(&mut self) {
+        self.ctx.gate.close();
+        if let Some(bound) = self.bound.take() {
+            unbind(bound).await;
+        }
+    }
+}
+
+async fn unbind(bound: Bound) {
+    let _ = bound.stop.send(true);
+    for task in bound.tasks {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(QUIESCE_BOUND, task).await.is_err() {
+            abort.abort();
+        }
+    }
+}
+
+/// Waits until `stop` turns true (or its sender is gone).
+pub async fn stopped(stop: &mut StopRx) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}

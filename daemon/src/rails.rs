@@ -1,0 +1,239 @@
+//! The `ctl.delivery` and `ctl.delivery-admin` rails.
+//!
+//! Serving is queue-grouped on `cotal.<s>.ctl.<service>.*.*`. The caller is the subject's
+//! `<owner>.<actor>` (broker-authenticated by the caller's publish grant), `from.id` must agree
+//! with it, and a reply goes only to a subject under the request's own `.reply.` subtree, so a
+//! forged reply target under another caller's subtree gets nothing. A reply the broker could not
+//! carry (larger than `max_payload`) is replaced by a refusal that gives its size.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx, NOT_SERVING, STOPPED_SERVING};
+use crate::wire::{CtlService, Principal};
+
+/// `ControlRequest` of the reference.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ControlRequest {
+    pub op: String,
+    #[serde(default)]
+    pub args: Value,
+    #[serde(default)]
+    pub from: Value,
+}
+
+/// `ControlReply` of the reference.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct ControlReply {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ControlReply {
+    pub fn ok(data: Value) -> ControlReply {
+        ControlReply {
+            ok: true,
+            data: Some(data),
+            error: None,
+        }
+    }
+    pub fn refuse(error: impl Into<String>) -> ControlReply {
+        ControlReply {
+            ok: false,
+            data: None,
+            error: Some(error.into()),
+        }
+    }
+}
+
+/// The caller of a request subject `cotal.<s>.ctl.<service>.<o>.<a>`, if it parses.
+pub fn caller_of(subject: &str, prefix: &str) -> Option<Principal> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    let (owner, actor) = rest.split_once('.')?;
+    Principal::new(owner, actor).ok()
+}
+
+/// Whether `reply` lies under the request subject's own `.reply.` subtree.
+pub fn reply_is_bound(request_subject: &str, reply: &str) -> bool {
+    reply
+        .strip_prefix(request_subject)
+        .and_then(|r| r.strip_prefix(".reply."))
+        .is_some_and(|leaf| !leaf.is_empty())
+}
+
+/// Serializes `reply`, replacing it by a refusal naming its size when it would exceed
+/// `max_payload_bytes` (0 = unknown, no check).
+pub fn encode_reply(reply: &ControlReply, max_payload_bytes: usize) -> Vec<u8> {
+    let bytes = serde_json::to_vec(reply).unwrap_or_default();
+    if max_payload_bytes > 0 && bytes.len() > max_payload_bytes {
+        let refusal = ControlReply::refuse(format!(
+            "delivery: the reply is {} bytes, larger than the broker's max_payload of {} bytes; it cannot be published",
+            bytes.len(),
+            max_payload_bytes
+        ));
+        return serde_json::to_vec(&refusal).unwrap_or_default();
+    }
+    bytes
+}
+
+/// Bound on one reply publish.
+const REPLY_BOUND: Duration = Duration::from_secs(5);
+
+/// Subscribes the rail (queue-grouped) and serves it until `stop`.
+pub async fn bind(
+    ctx: &PlaneCtx,
+    service: CtlService,
+    mut stop: StopRx,
+) -> Result<JoinHandle<()>, PlaneError> {
+    let serve = ctx.names.ctl_serve(service);
+    let mut sub = ctx
+        .client
+        .queue_subscribe(serve.clone(), service.queue_group().to_string())
+        .await
+        .map_err(|e| PlaneError {
+            what: "control rail",
+            detail: format!("subscribe {serve}: {e}"),
+        })?;
+    // A subscription is only bound once the broker has processed it.
+    tokio::time::timeout(ctx.config.request_bound, ctx.client.flush())
+        .await
+        .map_err(|_| PlaneError {
+            what: "control rail",
+            detail: format!("subscribe {serve}: no flush answer"),
+        })?
+        .map_err(|e| PlaneError {
+            what: "control rail",
+            detail: format!("subscribe {serve}: {e}"),
+        })?;
+    let ctx = ctx.clone();
+    Ok(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stopped(&mut stop) => break,
+                msg = sub.next() => {
+                    let Some(msg) = msg else { break };
+                    let ctx = ctx.clone();
+                    if service == CtlService::DeliveryAdmin {
+                        // The admin rail answers one request at a time, in arrival order.
+                        handle(&ctx, service, msg).await;
+                    } else {
+                        tokio::spawn(async move { handle(&ctx, service, msg).await });
+                    }
+                }
+            }
+        }
+        let _ = sub.unsubscribe().await;
+    }))
+}
+
+async fn handle(ctx: &PlaneCtx, service: CtlService, msg: async_nats::Message) {
+    let subject = msg.subject.to_string();
+    let Some(reply) = msg.reply.as_ref().map(|r| r.to_string()) else {
+        return;
+    };
+    if !reply_is_bound(&subject, &reply) {
+        // Forged or foreign reply target: no answer at all.
+        return;
+    }
+    let prefix = format!("{}.ctl.{}", ctx.names.space().prefix(), service.as_str());
+    let answer = match caller_of(&subject, &prefix) {
+        None => ControlReply::refuse("sender mismatch - request rejected"),
+        Some(caller) => match ctx.gate.admit() {
+            None => ControlReply::refuse(NOT_SERVING),
+            Some(epoch) => {
+                let answer = answer(ctx, service, &caller, &msg.payload).await;
+                if answer.ok && !ctx.gate.still(epoch) {
+                    ControlReply::refuse(STOPPED_SERVING)
+                } else {
+                    answer
+                }
+            }
+        },
+    };
+    let max_payload = ctx.client.server_info().max_payload;
+    let body = encode_reply(&answer, max_payload);
+    let _ = tokio::time::timeout(REPLY_BOUND, ctx.client.publish(reply, body.into())).await;
+}
+
+async fn answer(
+    ctx: &PlaneCtx,
+    service: CtlService,
+    caller: &Principal,
+    payload: &[u8],
+) -> ControlReply {
+    let request: ControlRequest = match serde_json::from_slice(payload) {
+        Ok(r) => r,
+        Err(e) => return ControlReply::refuse(format!("malformed request: {e}")),
+    };
+    let from_id = request.from.get("id").and_then(Value::as_str);
+    if from_id != Some(caller.dot_form().as_str()) {
+        return ControlReply::refuse("sender mismatch - request rejected");
+    }
+    let result = match service {
+        CtlService::Delivery => crate::ops::delivery(ctx, caller, &request.op, &request.args).await,
+        CtlService::DeliveryAdmin => {
+            crate::ops::admin(ctx, caller, &request.op, &request.args).await
+        }
+    };
+    match result {
+        Ok(data) => ControlReply::ok(data),
+        Err(error) => ControlReply::refuse(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_only_under_the_request_subtree() {
+        let s = "cotal.d.ctl.delivery.local.alice";
+        assert!(reply_is_bound(
+            s,
+            "cotal.d.ctl.delivery.local.alice.reply.x1"
+        ));
+        assert!(!reply_is_bound(
+            s,
+            "cotal.d.ctl.delivery.local.bob.reply.x1"
+        ));
+        assert!(!reply_is_bound(s, "_INBOX.abc"));
+        assert!(!reply_is_bound(
+            s,
+            "cotal.d.ctl.delivery.local.alice.reply."
+        ));
+        assert!(!reply_is_bound(
+            s,
+            "cotal.d.ctl.delivery.local.alicex.reply.1"
+        ));
+    }
+
+    #[test]
+    fn caller_comes_from_the_subject() {
+        let p = caller_of("cotal.d.ctl.delivery.local.alice", "cotal.d.ctl.delivery").unwrap();
+        assert_eq!(p.dot_form(), "local.alice");
+        assert!(caller_of("cotal.d.ctl.delivery.bad-owner.x", "cotal.d.ctl.delivery").is_none());
+    }
+
+    #[test]
+    fn oversized_replies_become_a_refusal_with_the_size() {
+        let big = ControlReply::ok(Value::String("x".repeat(5000)));
+        let out = encode_reply(&big, 4096);
+        let r: ControlReply = serde_json::from_slice(&out).unwrap();
+        assert!(!r.ok);
+        let size = serde_json::to_vec(&big).unwrap().len();
+        assert!(r.error.unwrap().contains(&format!("{size} bytes")));
+        assert!(out.len() <= 4096);
+        let small = ControlReply::ok(Value::Null);
+        assert_eq!(
+            encode_reply(&small, 4096),
+            serde_json::to_vec(&small).unwrap()
+        );
+    }
+}
