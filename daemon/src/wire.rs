@@ -142,10 +142,14 @@ impl fmt::Display for Space {
 
 /// Owner token rule: `u_` + 26 base32 (derived user), `p_` + 26 base32 (platform), or `local`.
 pub fn validate_owner(raw: &str) -> Result<(), WireError> {
-    const RULE: &str = "an owner token is `local`, or `u_`/`p_` followed by 26 characters of [a-z2-7]";
+    const RULE: &str =
+        "an owner token is `local`, or `u_`/`p_` followed by 26 characters of [a-z2-7]";
     let derived = |prefix: &str| {
         raw.strip_prefix(prefix).is_some_and(|rest| {
-            rest.len() == 26 && rest.chars().all(|c| c.is_ascii_lowercase() || ('2'..='7').contains(&c))
+            rest.len() == 26
+                && rest
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || ('2'..='7').contains(&c))
         })
     };
     if raw == "local" || derived("u_") || derived("p_") {
@@ -227,7 +231,9 @@ pub struct LifecycleUid(String);
 impl LifecycleUid {
     pub fn parse(raw: &str) -> Result<LifecycleUid, WireError> {
         let ok = (26..=32).contains(&raw.len())
-            && raw.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+            && raw
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
         if ok {
             Ok(LifecycleUid(raw.to_string()))
         } else {
@@ -274,7 +280,10 @@ pub fn validate_channel(raw: &str, concrete: bool) -> Result<(), WireError> {
             }
             continue;
         }
-        if !seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        if !seg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
             return fail("channel segments use [A-Za-z0-9_-]; `*` and `>` only as whole segments");
         }
     }
@@ -381,7 +390,13 @@ impl SpaceNames {
     }
     /// `cotal.<s>.chat.<o>.<a>.<channel>`
     pub fn chat_subject(&self, sender: &Principal, channel: &str) -> String {
-        format!("{}.chat.{}.{}.{}", self.p(), sender.owner(), sender.actor(), channel)
+        format!(
+            "{}.chat.{}.{}.{}",
+            self.p(),
+            sender.owner(),
+            sender.actor(),
+            channel
+        )
     }
     pub fn dm_all(&self) -> String {
         format!("{}.inst.>", self.p())
@@ -394,14 +409,26 @@ impl SpaceNames {
     }
     /// `cotal.<s>.dinbox.<o>.<a>.<uid>`
     pub fn dinbox_subject(&self, member: &Principal, uid: &LifecycleUid) -> String {
-        format!("{}.dinbox.{}.{}.{}", self.p(), member.owner(), member.actor(), uid)
+        format!(
+            "{}.dinbox.{}.{}.{}",
+            self.p(),
+            member.owner(),
+            member.actor(),
+            uid
+        )
     }
     pub fn dlv_all(&self) -> String {
         format!("{}.dlv.>", self.p())
     }
     /// `cotal.<s>.dlv.<o>.<a>.<uid>`
     pub fn dlv_subject(&self, member: &Principal, uid: &LifecycleUid) -> String {
-        format!("{}.dlv.{}.{}.{}", self.p(), member.owner(), member.actor(), uid)
+        format!(
+            "{}.dlv.{}.{}.{}",
+            self.p(),
+            member.owner(),
+            member.actor(),
+            uid
+        )
     }
     /// The agent's own handoff durable `dlv_<o>-<a>-<uid>`.
     pub fn dlv_durable(member: &Principal, uid: &LifecycleUid) -> String {
@@ -436,6 +463,31 @@ impl SpaceNames {
         format!("{}.ctl.{}.*.*.reply.>", self.p(), service.as_str())
     }
 
+    /// Every member's fan-out store subject `cotal.<s>.dinbox.*.*.*` (the daemon's publish grant).
+    pub fn dinbox_any_member(&self) -> String {
+        format!("{}.dinbox.*.*.*", self.p())
+    }
+    /// Every member's handoff subject `cotal.<s>.dlv.*.*.*` (the daemon's publish grant).
+    pub fn dlv_any_member(&self) -> String {
+        format!("{}.dlv.*.*.*", self.p())
+    }
+    /// Live read of one channel from any sender: `cotal.<s>.chat.*.*.<channel>` (a core
+    /// subscription bounded by an agent's `sub.allow`; the channel may hold wildcards).
+    pub fn chat_read_subject(&self, channel: &str) -> String {
+        format!("{}.chat.*.*.{channel}", self.p())
+    }
+    /// Reply subtree of one caller on a rail: `cotal.<s>.ctl.<service>.<o>.<a>.reply.>`.
+    pub fn ctl_reply_subtree(&self, service: CtlService, caller: &Principal) -> String {
+        format!("{}.reply.>", self.ctl_subject(service, caller))
+    }
+    /// Durable of the checkpoint timer writer on `EPT_REQ_<s>`: `timerw_<s>`.
+    pub fn timer_writer_durable(&self) -> String {
+        format!("timerw_{}", self.s())
+    }
+    /// Presence key of an instance: its principal dot-form `<o>.<a>` (= `card.id`).
+    pub fn presence_key(member: &Principal) -> String {
+        member.dot_form()
+    }
     /// Members registry key `<channel>/<o>.<a>.<uid>`.
     pub fn member_key(channel: &str, member: &Principal, uid: &LifecycleUid) -> String {
         format!("{channel}/{}.{uid}", member.dot_form())
@@ -445,6 +497,15 @@ impl SpaceNames {
         format!("{}.{uid}", member.dot_form())
     }
 }
+
+/// Per-connection reply inbox prefix `_INBOX_<connId>` (no trailing dot). The matching grant is
+/// `_INBOX_<connId>.>`; for a credential holder the connId is its own user nkey (DESIGN §6.1).
+pub fn inbox_prefix(conn_id: &str) -> String {
+    format!("_INBOX_{conn_id}")
+}
+
+/// Reply inbox prefix of the `$SYS` membership observer (`_INBOX.cotal-membership.…`).
+pub const MEMBERSHIP_OBSERVER_INBOX_PREFIX: &str = "_INBOX.cotal-membership";
 
 /// The two control rails the daemon serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,136 @@
 //! Provisioning: the one code path that mints credentials, renders `server.conf` and creates a
 //! space's streams, buckets and consumers. `up`, the harness and the smoke suites all call it.
 
+pub mod authority;
+pub mod jwt;
+pub mod layout;
+pub mod profiles;
 pub mod server_conf;
+pub mod streams;
 
+use std::path::Path;
+use std::sync::Arc;
+
+pub use authority::{AuthorityError, AuthorityErrorKind, Expiry, MeshAuthority, MintOptions};
+pub use layout::{SpaceMaterial, Workspace};
+pub use profiles::{Permissions, Profile, ReadChannels, SystemProfile};
 pub use server_conf::{ClusterConf, OperatorAuth, ServerConf, TlsFiles};
+pub use streams::{
+    create_agent_consumer, ensure_space, ensure_stream, Ensured, ProvisionError,
+    ProvisionErrorKind, ProvisionOptions, ProvisionReport,
+};
+
+use crate::creds::Credential;
+use crate::wire::{inbox_prefix, Space, SpaceNames};
+
+/// Connects with `credential`, using the inbox prefix its grants allow (`_INBOX_<user nkey>`,
+/// DESIGN §6.1). With `tls_ca` the connection requires TLS and trusts that CA. The connect is
+/// bounded by `connect_timeout`, and fails at once instead of retrying in the background.
+pub async fn connect_with_credential(
+    server_url: &str,
+    tls_ca: Option<&Path>,
+    credential: &Credential,
+    client_name: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<async_nats::Client, ProvisionError> {
+    let nkey = credential
+        .public_key()
+        .map_err(|e| ProvisionError::new(ProvisionErrorKind::Credential, e.to_string()))?;
+    connect_with_inbox(
+        server_url,
+        tls_ca,
+        credential,
+        client_name,
+        &inbox_prefix(&nkey),
+        connect_timeout,
+    )
+    .await
+}
+
+/// [`connect_with_credential`] with an explicit inbox prefix, for the `$SYS` profiles whose
+/// reply grants are not `_INBOX_<nkey>` (the observer uses
+/// [`crate::wire::MEMBERSHIP_OBSERVER_INBOX_PREFIX`], the evictor `_INBOX`).
+pub async fn connect_with_inbox(
+    server_url: &str,
+    tls_ca: Option<&Path>,
+    credential: &Credential,
+    client_name: &str,
+    inbox_prefix: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<async_nats::Client, ProvisionError> {
+    let key_pair = credential
+        .key_pair()
+        .map_err(|e| ProvisionError::new(ProvisionErrorKind::Credential, e.to_string()))?;
+    let prefix = inbox_prefix.to_string();
+    let key_pair = Arc::new(key_pair);
+    let mut options = async_nats::ConnectOptions::new()
+        .jwt(credential.jwt.clone(), move |nonce| {
+            let key_pair = key_pair.clone();
+            async move { key_pair.sign(&nonce).map_err(async_nats::AuthError::new) }
+        })
+        .custom_inbox_prefix(prefix)
+        .name(client_name)
+        .connection_timeout(connect_timeout)
+        .max_reconnects(Some(0));
+    if let Some(ca) = tls_ca {
+        options = options
+            .add_root_certificates(ca.to_path_buf())
+            .require_tls(true);
+    }
+    let connect = options.connect(server_url);
+    match tokio::time::timeout(connect_timeout, connect).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(ProvisionError::new(
+            ProvisionErrorKind::Connect,
+            format!("cannot connect to {server_url} as {client_name}: {e}"),
+        )),
+        Err(_) => Err(ProvisionError::new(
+            ProvisionErrorKind::Connect,
+            format!(
+                "cannot connect to {server_url} as {client_name}: no answer within {} ms",
+                connect_timeout.as_millis()
+            ),
+        )),
+    }
+}
+
+/// Mints a fresh one-shot `provisioner` credential for `space` and connects with it. Returns the
+/// client (keep it alive while using the context) and a JetStream context whose requests are
+/// bounded by the options' request timeout.
+pub async fn connect_provisioner(
+    authority: &MeshAuthority,
+    server_url: &str,
+    tls_ca: Option<&Path>,
+    space: &Space,
+    options: &ProvisionOptions,
+) -> Result<(async_nats::Client, async_nats::jetstream::Context), ProvisionError> {
+    let credential = authority
+        .mint(space, &Profile::Provisioner, MintOptions::new())
+        .map_err(|e| ProvisionError::new(ProvisionErrorKind::Credential, e.to_string()))?;
+    let client = connect_with_credential(
+        server_url,
+        tls_ca,
+        &credential,
+        "cotal-provisioner",
+        options.connect_timeout_value(),
+    )
+    .await?;
+    let mut js = async_nats::jetstream::new(client.clone());
+    js.set_timeout(options.request_timeout_value());
+    Ok((client, js))
+}
+
+/// Creates (idempotently) every stream and bucket of `space` as a fresh `provisioner`.
+pub async fn provision_space(
+    authority: &MeshAuthority,
+    server_url: &str,
+    tls_ca: Option<&Path>,
+    space: &Space,
+    options: &ProvisionOptions,
+) -> Result<ProvisionReport, ProvisionError> {
+    let (client, js) = connect_provisioner(authority, server_url, tls_ca, space, options).await?;
+    let report = ensure_space(&js, &SpaceNames::new(space), options).await;
+    // Best effort: the work is already acknowledged by the broker.
+    let _ = tokio::time::timeout(options.request_timeout_value(), client.drain()).await;
+    report
+}
