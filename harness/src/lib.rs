@@ -1,1 +1,23 @@
+//! The delivery harness: real nats-server brokers (single, TLS, operator-mode, clustered),
+//! faults against them (signals, restart, a blackholing proxy) and bounded waits, for the
+//! daemon's integration tests, scenarios and smoke suites. No mock broker anywhere.
 
+pub mod broker;
+pub mod cluster;
+pub mod error;
+pub mod events;
+pub mod http;
+mod process;
+pub mod proxy;
+pub mod server_bin;
+pub mod tls;
+pub mod wait;
+
+pub use broker::{Broker, BrokerBuilder};
+pub use cluster::Cluster;
+pub use error::{ErrorKind, HarnessError};
+pub use events::ClientEvents;
+pub use proxy::TcpProxy;
+pub use server_bin::nats_server_bin;
+pub use tls::TestPki;
+pub use wait::{wait_until, Attempt, Outcome};

@@ -1,0 +1,215 @@
+//! An n-node loopback JetStream cluster of real brokers, for failover scenarios (R3 assets,
+//! leader loss, node restart). Cluster ports must be known before any node starts (every node
+//! lists every route), so they are pre-picked from the kernel and the whole start is retried if
+//! another process grabs one in between. Ready means every node answers `/healthz` 200 and
+//! knows the JetStream meta leader.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use cotal_delivery::provision::ClusterConf;
+
+use crate::broker::{Broker, BrokerBuilder};
+use crate::error::HarnessError;
+use crate::http;
+use crate::wait::wait_until;
+
+/// Attempts at forming the cluster when a pre-picked cluster port was taken meanwhile.
+const START_ATTEMPTS: usize = 3;
+const READY_POLL: Duration = Duration::from_millis(50);
+const PROBE_BOUND: Duration = Duration::from_secs(2);
+/// Bound for a killed node's process to be reaped.
+const KILL_REAP_BOUND: Duration = Duration::from_secs(5);
+
+/// A running cluster; dropping it drops (SIGKILLs) every node.
+#[derive(Debug)]
+pub struct Cluster {
+    name: String,
+    nodes: Vec<Broker>,
+    ready_bound: Duration,
+}
+
+impl Cluster {
+    /// Starts `n` nodes configured like `template` (its name becomes the cluster name; nodes are
+    /// `<name>-n<i>`) and waits until the cluster is ready.
+    pub async fn start(n: usize, template: BrokerBuilder) -> Result<Cluster, HarnessError> {
+        if n == 0 {
+            return Err(HarnessError::Usage(
+                "a cluster needs at least one node".into(),
+            ));
+        }
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            match Cluster::try_start(n, &template).await {
+                Ok(mut cluster) => {
+                    cluster.wait_ready(cluster.ready_bound).await?;
+                    return Ok(cluster);
+                }
+                Err(e) if e.to_string().contains("address already in use") => last_error = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(HarnessError::Cluster(format!(
+            "no free set of cluster ports after {START_ATTEMPTS} attempts: {}",
+            last_error.map(|e| e.to_string()).unwrap_or_default()
+        )))
+    }
+
+    async fn try_start(n: usize, template: &BrokerBuilder) -> Result<Cluster, HarnessError> {
+        let cluster_name = template.name_value().to_string();
+        let ports = free_ports(n)?;
+        let mut nodes = Vec::with_capacity(n);
+        for (i, port) in ports.iter().enumerate() {
+            let builder = template
+                .clone()
+                .name(&format!("{cluster_name}-n{i}"))
+                .cluster(ClusterConf {
+                    name: cluster_name.clone(),
+                    listen_port: *port,
+                    routes: ports.clone(),
+                });
+            nodes.push(builder.spawn().await?);
+        }
+        Ok(Cluster {
+            name: cluster_name,
+            nodes,
+            ready_bound: template.ready_bound_value(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+    pub fn nodes(&self) -> &[Broker] {
+        &self.nodes
+    }
+    pub fn node(&self, i: usize) -> Result<&Broker, HarnessError> {
+        let len = self.nodes.len();
+        self.nodes
+            .get(i)
+            .ok_or_else(|| HarnessError::Usage(format!("node {i} out of range (cluster of {len})")))
+    }
+    pub fn node_mut(&mut self, i: usize) -> Result<&mut Broker, HarnessError> {
+        let len = self.nodes.len();
+        self.nodes
+            .get_mut(i)
+            .ok_or_else(|| HarnessError::Usage(format!("node {i} out of range (cluster of {len})")))
+    }
+    /// Every node's client URL, for `async_nats::connect(Vec<String>)`.
+    pub fn client_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Broker::client_url).collect()
+    }
+    /// The index of the node named `server_name`.
+    pub fn index_of(&self, server_name: &str) -> Option<usize> {
+        self.nodes.iter().position(|b| b.name() == server_name)
+    }
+
+    /// SIGKILLs node `i` and waits for it to be reaped.
+    pub async fn kill_node(&mut self, i: usize) -> Result<(), HarnessError> {
+        let node = self.node_mut(i)?;
+        node.kill()?;
+        node.wait_exit(KILL_REAP_BOUND).await.map(|_| ())
+    }
+
+    /// Restarts node `i` on its ports and store, then waits for the cluster to be ready again.
+    pub async fn restart_node(&mut self, i: usize) -> Result<(), HarnessError> {
+        self.node_mut(i)?.restart_process().await?;
+        self.wait_ready(self.ready_bound).await
+    }
+
+    /// Waits up to `bound` until every running node answers `/healthz` 200 and (with JetStream)
+    /// reports a meta leader. Killed nodes are skipped.
+    pub async fn wait_ready(&mut self, bound: Duration) -> Result<(), HarnessError> {
+        let jetstream = self
+            .nodes
+            .first()
+            .is_some_and(|b| b.conf().jetstream_store_dir().is_some());
+        let what = format!(
+            "cluster {} to be ready (healthz 200 and a meta leader on every node)",
+            self.name
+        );
+        let nodes = &mut self.nodes;
+        wait_until(bound, READY_POLL, &what, || {
+            let probes: Vec<(String, u16)> = nodes
+                .iter_mut()
+                .filter_map(|b| {
+                    b.is_running()
+                        .then(|| (b.name().to_string(), b.monitoring_port()))
+                })
+                .collect();
+            async move {
+                for (name, port) in probes {
+                    probe_node(&name, port, jetstream).await?;
+                }
+                Ok::<(), String>(())
+            }
+        })
+        .await
+    }
+
+    /// The JetStream meta leader's server name, as node `i` sees it.
+    pub async fn meta_leader(&self, i: usize) -> Result<Option<String>, HarnessError> {
+        let jsz = self.node(i)?.jsz().await?;
+        Ok(meta_leader(&jsz))
+    }
+
+    /// Connect options seeded with every node (the CA is trusted for a TLS cluster).
+    pub fn connect_options(&self) -> async_nats::ConnectOptions {
+        match self.nodes.first() {
+            Some(b) => b.connect_options(),
+            None => async_nats::ConnectOptions::new(),
+        }
+    }
+}
+
+async fn probe_node(name: &str, port: u16, jetstream: bool) -> Result<(), String> {
+    let health = http::get(port, "/healthz", PROBE_BOUND)
+        .await
+        .map_err(|e| e.to_string())?;
+    if health.status != 200 {
+        return Err(format!(
+            "{name} /healthz {}: {}",
+            health.status,
+            String::from_utf8_lossy(&health.body).trim()
+        ));
+    }
+    if jetstream {
+        let jsz = http::get(port, "/jsz", PROBE_BOUND)
+            .await
+            .map_err(|e| e.to_string())?;
+        let value = jsz.json()?;
+        if meta_leader(&value).is_none() {
+            return Err(format!("{name} knows no JetStream meta leader yet"));
+        }
+    }
+    Ok(())
+}
+
+fn meta_leader(jsz: &serde_json::Value) -> Option<String> {
+    jsz["meta_cluster"]["leader"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// `n` distinct loopback ports the kernel handed out just now (all bound at once, then released).
+fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind(("127.0.0.1", 0)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| HarnessError::io("pick a free cluster port", e))?;
+    listeners
+        .iter()
+        .map(|l| {
+            l.local_addr()
+                .map(|a| a.port())
+                .map_err(|e| HarnessError::io("read a picked cluster port", e))
+        })
+        .collect()
+}

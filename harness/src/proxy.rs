@@ -1,0 +1,246 @@
+//! A loopback TCP proxy in front of a broker, for network faults the broker process cannot fake:
+//! a path that accepts connections but carries no bytes (a blackholed route or a dead NAT entry),
+//! a path whose established connections go silent without a FIN, and a path that drops every
+//! connection at once. Each connection holds at most one chunk per direction, so a blackhole
+//! applies back-pressure instead of buffering without bound, and the byte stream stays intact
+//! after `heal()` (like TCP retransmitting across a partition).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::error::HarnessError;
+
+/// Largest chunk held per direction per connection.
+pub const CHUNK_BYTES: usize = 16 * 1024;
+/// Bound for connecting to the upstream broker.
+const UPSTREAM_CONNECT_BOUND: Duration = Duration::from_secs(5);
+/// Pause after a failed accept (e.g. out of descriptors) so the loop does not spin.
+const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+/// Fault state shared with every connection task. Connections are numbered from 1 in accept
+/// order; "established" faults apply to the numbers handed out before the fault was set.
+#[derive(Debug, Clone, Copy, Default)]
+struct FaultState {
+    /// Newly accepted connections are held: no upstream connection, no bytes.
+    blackhole_new: bool,
+    /// Connections numbered below this carry no bytes (0 = none).
+    blackhole_below: u64,
+    /// Connections numbered below this are closed (0 = none). Never lowered.
+    cut_below: u64,
+}
+
+impl FaultState {
+    fn blackholed(&self, id: u64) -> bool {
+        id < self.blackhole_below
+    }
+    fn cut(&self, id: u64) -> bool {
+        id < self.cut_below
+    }
+}
+
+/// A running proxy; dropping it stops the accept loop and closes every proxied connection.
+#[derive(Debug)]
+pub struct TcpProxy {
+    listen_port: u16,
+    upstream_port: u16,
+    state: watch::Sender<FaultState>,
+    next_id: Arc<AtomicU64>,
+    active: Arc<AtomicUsize>,
+    accept_task: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Listens on a random loopback port and forwards to `127.0.0.1:<upstream_port>`.
+    pub async fn start(upstream_port: u16) -> Result<TcpProxy, HarnessError> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(|e| HarnessError::io("bind the proxy listener", e))?;
+        let listen_port = listener
+            .local_addr()
+            .map_err(|e| HarnessError::io("read the proxy listen port", e))?
+            .port();
+        let (state, state_rx) = watch::channel(FaultState::default());
+        let next_id = Arc::new(AtomicU64::new(1));
+        let active = Arc::new(AtomicUsize::new(0));
+        let accept_task = tokio::spawn(accept_loop(
+            listener,
+            upstream_port,
+            state_rx,
+            Arc::clone(&next_id),
+            Arc::clone(&active),
+        ));
+        Ok(TcpProxy {
+            listen_port,
+            upstream_port,
+            state,
+            next_id,
+            active,
+            accept_task,
+        })
+    }
+
+    pub fn listen_port(&self) -> u16 {
+        self.listen_port
+    }
+    pub fn upstream_port(&self) -> u16 {
+        self.upstream_port
+    }
+    /// `nats://127.0.0.1:<listen port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.listen_port)
+    }
+    /// Connections accepted so far.
+    pub fn accepted_count(&self) -> u64 {
+        self.next_id.load(Ordering::SeqCst).saturating_sub(1)
+    }
+    /// Connections currently open (held or forwarding).
+    pub fn active_count(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// From now on, accept new connections but hold them: no upstream connection, no bytes,
+    /// until `heal()`.
+    pub fn blackhole_new(&self) {
+        self.state.send_modify(|s| s.blackhole_new = true);
+    }
+    /// Stop carrying bytes on every connection accepted so far, keeping the sockets open.
+    pub fn blackhole_established(&self) {
+        let below = self.next_id.load(Ordering::SeqCst);
+        self.state.send_modify(|s| s.blackhole_below = below);
+    }
+    /// Both blackholes at once: nothing gets through, old or new.
+    pub fn blackhole(&self) {
+        self.blackhole_new();
+        self.blackhole_established();
+    }
+    /// Close every connection accepted so far (both sides see the socket close).
+    pub fn cut_established(&self) {
+        let below = self.next_id.load(Ordering::SeqCst);
+        self.state
+            .send_modify(|s| s.cut_below = s.cut_below.max(below));
+    }
+    /// Lift both blackholes; held bytes and held connections proceed. Cut connections stay cut.
+    pub fn heal(&self) {
+        self.state.send_modify(|s| {
+            s.blackhole_new = false;
+            s.blackhole_below = 0;
+        });
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        // Aborting the accept loop drops its JoinSet, which aborts every connection task.
+        self.accept_task.abort();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream_port: u16,
+    state: watch::Receiver<FaultState>,
+    next_id: Arc<AtomicU64>,
+    active: Arc<AtomicUsize>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((client, _)) => {
+                    let id = next_id.fetch_add(1, Ordering::SeqCst);
+                    let held = state.borrow().blackhole_new;
+                    let guard = ActiveGuard::new(Arc::clone(&active));
+                    connections.spawn(serve(client, id, held, upstream_port, state.clone(), guard));
+                }
+                Err(_) => tokio::time::sleep(ACCEPT_RETRY_PAUSE).await,
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// Counts a connection as active for as long as its task lives.
+struct ActiveGuard(Arc<AtomicUsize>);
+
+impl ActiveGuard {
+    fn new(counter: Arc<AtomicUsize>) -> ActiveGuard {
+        counter.fetch_add(1, Ordering::SeqCst);
+        ActiveGuard(counter)
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One proxied connection. Returning drops both sockets, which closes them.
+async fn serve(
+    client: TcpStream,
+    id: u64,
+    held: bool,
+    upstream_port: u16,
+    state: watch::Receiver<FaultState>,
+    _guard: ActiveGuard,
+) {
+    let mut cut = state.clone();
+    if held {
+        let mut gate = state.clone();
+        let released = gate
+            .wait_for(|s| !s.blackhole_new || s.cut(id))
+            .await
+            .map(|s| !s.cut(id))
+            .unwrap_or(false);
+        if !released {
+            return;
+        }
+    }
+    let connect = tokio::time::timeout(
+        UPSTREAM_CONNECT_BOUND,
+        TcpStream::connect(("127.0.0.1", upstream_port)),
+    );
+    let upstream = match connect.await {
+        Ok(Ok(s)) => s,
+        _ => return,
+    };
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let (client_read, client_write) = client.into_split();
+    let (upstream_read, upstream_write) = upstream.into_split();
+    tokio::select! {
+        _ = cut.wait_for(|s| s.cut(id)) => {}
+        _ = pump(client_read, upstream_write, id, state.clone()) => {}
+        _ = pump(upstream_read, client_write, id, state.clone()) => {}
+    }
+}
+
+/// Copies `from` to `to` one chunk at a time, holding the chunk while the connection is
+/// blackholed. Ends on EOF, on an error, or when the proxy is gone.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    id: u64,
+    mut state: watch::Receiver<FaultState>,
+) {
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if state.wait_for(|s| !s.blackholed(id)).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
