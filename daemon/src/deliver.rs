@@ -349,9 +349,11 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
     }
 
     // 7. Bind the reader, membership and administration, then mark the lease ready.
+    // A signal wins over a binding that is still in flight: nothing is marked ready after it.
     let bound = tokio::select! {
-        r = keeper.plane.arm() => Some(r),
+        biased;
         _ = stop.wait() => None,
+        r = keeper.plane.arm() => Some(r),
     };
     match bound {
         None => {
@@ -364,6 +366,9 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
             return keeper.shutdown(Exit::Fault, pid_record.as_ref()).await;
         }
         Some(Ok(())) => {}
+    }
+    if let Some(name) = stop.received() {
+        return keeper.stop_signalled(name, pid_record.as_ref()).await;
     }
     if let Err(e) = keeper.lease.mark_ready().await {
         journal.line(format!(

@@ -134,7 +134,20 @@ impl Lease {
         self.since = crate::journal::epoch_ms();
         let started = Instant::now();
         let result = self.rows.create(LEASE_KEY, self.body()).await;
+        let result = self.settle_unanswered(result).await;
         self.classify_claim(result, started)
+    }
+
+    /// A create whose answer was lost may still have won at the broker: a leader-served re-read
+    /// decides, so a won claim is never left behind unreleased.
+    async fn settle_unanswered(&self, result: Result<u64, RowError>) -> Result<u64, RowError> {
+        match &result {
+            Err(e) if e.kind() == RowErrorKind::TimedOut => match self.read_own().await {
+                Reading::Held { revision } => Ok(revision),
+                _ => result,
+            },
+            _ => result,
+        }
     }
 
     fn classify_claim(
@@ -234,10 +247,11 @@ impl Lease {
 
     /// Re-creates the row after it was found gone.
     pub async fn reacquire(&mut self) -> Result<u64, ClaimError> {
-        let ready = self.ready;
+        // Like the first claim: not ready until the plane is re-armed.
+        self.ready = false;
         let started = Instant::now();
-        self.ready = ready;
         let result = self.rows.create(LEASE_KEY, self.body()).await;
+        let result = self.settle_unanswered(result).await;
         self.classify_claim(result, started)
     }
 

@@ -1,6 +1,7 @@
 //! cotal-delivery: the Cotal delivery daemon (Plane-3) as a library; `main.rs` only parses
 //! arguments and calls in here.
 
+pub mod admin;
 pub mod admission;
 pub mod cli;
 pub mod conn;

@@ -1,4 +1,4 @@
-//! Verbs of the two control rails. Each returns the reply `data` or the refusal text; the rail
+//! Verbs of the `ctl.delivery` rail (agent-callable). Each returns the reply `data` or the refusal text; the rail
 //! module owns envelopes, caller identity and reply binding.
 
 use serde_json::Value;
@@ -16,14 +16,4 @@ pub async fn delivery(
     Err(format!(
         "op \"{op}\" not supported on the delivery control service"
     ))
-}
-
-/// `ctl.delivery-admin` verbs (supervisor-callable).
-pub async fn admin(
-    _ctx: &PlaneCtx,
-    _caller: &Principal,
-    op: &str,
-    _args: &Value,
-) -> Result<Value, String> {
-    Err(format!("unsupported delivery-admin op \"{op}\""))
 }

@@ -179,7 +179,7 @@ async fn answer(
     let result = match service {
         CtlService::Delivery => crate::ops::delivery(ctx, caller, &request.op, &request.args).await,
         CtlService::DeliveryAdmin => {
-            crate::ops::admin(ctx, caller, &request.op, &request.args).await
+            crate::admin::dispatch(ctx, caller, &request.op, &request.args).await
         }
     };
     match result {

@@ -4,9 +4,11 @@
 
 pub mod broker;
 pub mod cluster;
+pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod http;
+pub mod mesh;
 mod process;
 pub mod proxy;
 pub mod server_bin;

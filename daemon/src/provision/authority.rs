@@ -149,7 +149,8 @@ impl MintOptions {
 /// 5 min for the one-shot provisioner.
 pub fn default_ttl(profile: &Profile) -> Duration {
     match profile {
-        Profile::Provisioner => PROVISIONER_TTL,
+        // An unrestricted credential lives no longer than a one-shot provisioner.
+        Profile::Provisioner | Profile::Operator => PROVISIONER_TTL,
         Profile::Delivery
         | Profile::MembershipRw
         | Profile::Agent { .. }

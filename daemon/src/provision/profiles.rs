@@ -181,6 +181,10 @@ pub enum Profile {
     Supervisor { principal: Principal },
     /// One-shot stream/bucket/consumer creation for one space.
     Provisioner,
+    /// The space account's unrestricted user: an operator's own inspection and repair (read a
+    /// lease row, delete it, look at consumers), and the harness's test-side checks. Never given
+    /// to a daemon or an agent.
+    Operator,
 }
 
 impl Profile {
@@ -192,6 +196,7 @@ impl Profile {
             Profile::Agent { .. } => "agent",
             Profile::Supervisor { .. } => "supervisor",
             Profile::Provisioner => "provisioner",
+            Profile::Operator => "operator",
         }
     }
 
@@ -207,6 +212,8 @@ impl Profile {
             } => agent(names, user_nkey, principal, lifecycle_uid, read),
             Profile::Supervisor { principal } => supervisor(names, user_nkey, principal),
             Profile::Provisioner => provisioner(names, user_nkey),
+            // Empty lists: the JWT carries no restriction.
+            Profile::Operator => Permissions::default(),
         }
     }
 }

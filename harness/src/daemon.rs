@@ -1,0 +1,310 @@
+//! The `Daemon` actor: the real `cotal-delivery` binary as a child process.
+//!
+//! Scenarios judge the daemon by what it did, so this actor only starts it, captures every line
+//! it prints (stdout and stderr, in arrival order), waits for a line with a bound, signals it by
+//! pid and reaps it. It never reaches into the daemon.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use crate::error::HarnessError;
+
+/// Locates the daemon binary: `COTAL_DELIVERY_BIN`, else `<target dir>/<profile>/cotal-delivery`
+/// next to the running test executable, building it once with cargo when it is missing.
+pub fn daemon_bin() -> Result<PathBuf, HarnessError> {
+    if let Ok(p) = std::env::var("COTAL_DELIVERY_BIN") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        return Err(HarnessError::Usage(format!(
+            "COTAL_DELIVERY_BIN={} is not a file",
+            p.display()
+        )));
+    }
+    let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
+        what: "current_exe".into(),
+        source,
+    })?;
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let candidate = dir.join("cotal-delivery");
+    if candidate.is_file() {
+        return Ok(candidate);
+    }
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "build",
+                "-q",
+                "-p",
+                "cotal-delivery",
+                "--bin",
+                "cotal-delivery",
+            ])
+            .current_dir(&workspace)
+            .status()
+            .map_err(|source| HarnessError::Io {
+                what: "cargo build -p cotal-delivery".into(),
+                source,
+            })?;
+    if status.success() && candidate.is_file() {
+        Ok(candidate)
+    } else {
+        Err(HarnessError::Usage(format!(
+            "the cotal-delivery binary is not at {} and could not be built; set COTAL_DELIVERY_BIN",
+            candidate.display()
+        )))
+    }
+}
+
+/// How to start a daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonSpec {
+    bin: Option<PathBuf>,
+    args: Vec<OsString>,
+    cwd: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl DaemonSpec {
+    /// `cotal-delivery deliver --space <space>` run from `cwd`.
+    pub fn deliver(space: &str, cwd: impl Into<PathBuf>) -> DaemonSpec {
+        DaemonSpec {
+            bin: None,
+            args: vec!["deliver".into(), "--space".into(), space.into()],
+            cwd: cwd.into(),
+            env: Vec::new(),
+        }
+    }
+    /// Any `cotal-delivery` command line.
+    pub fn command(args: &[&str], cwd: impl Into<PathBuf>) -> DaemonSpec {
+        DaemonSpec {
+            bin: None,
+            args: args.iter().map(OsString::from).collect(),
+            cwd: cwd.into(),
+            env: Vec::new(),
+        }
+    }
+    pub fn bin(mut self, bin: impl Into<PathBuf>) -> Self {
+        self.bin = Some(bin.into());
+        self
+    }
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+    pub fn server(self, url: &str) -> Self {
+        self.arg("--server").arg(url)
+    }
+    pub fn env(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.env.push((key.to_string(), value.into()));
+        self
+    }
+
+    /// Spawns the daemon with a scrubbed `COTAL_*` environment plus this spec's variables.
+    pub fn spawn(&self) -> Result<Daemon, HarnessError> {
+        let bin = match &self.bin {
+            Some(b) => b.clone(),
+            None => daemon_bin()?,
+        };
+        let mut cmd = Command::new(&bin);
+        cmd.args(&self.args)
+            .current_dir(&self.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("COTAL_") && k != "COTAL_DELIVERY_BIN" {
+                cmd.env_remove(k);
+            }
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().map_err(|source| HarnessError::Io {
+            what: format!("spawn {}", bin.display()),
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tick_tx, tick_rx) = watch::channel(0usize);
+        let tick_tx = Arc::new(tick_tx);
+        if let Some(out) = child.stdout.take() {
+            spawn_reader(out, lines.clone(), tick_tx.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            spawn_reader(err, lines.clone(), tick_tx.clone());
+        }
+        Ok(Daemon {
+            child,
+            pid,
+            lines,
+            tick: tick_rx,
+            exit: None,
+        })
+    }
+}
+
+fn spawn_reader<R>(stream: R, lines: Arc<Mutex<Vec<String>>>, tick: Arc<watch::Sender<usize>>)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            let n = {
+                let mut l = lines.lock().unwrap_or_else(|p| p.into_inner());
+                l.push(line);
+                l.len()
+            };
+            let _ = tick.send(n);
+        }
+    });
+}
+
+/// A running daemon process and everything it printed.
+pub struct Daemon {
+    child: Child,
+    pid: u32,
+    lines: Arc<Mutex<Vec<String>>>,
+    tick: watch::Receiver<usize>,
+    exit: Option<ExitStatus>,
+}
+
+impl Daemon {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Every line printed so far, in arrival order.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The transcript so far, one line each.
+    pub fn transcript(&self) -> String {
+        self.lines().join("\n")
+    }
+
+    /// Waits until a printed line contains `needle`; returns it.
+    pub async fn wait_for_line(
+        &mut self,
+        needle: &str,
+        bound: Duration,
+    ) -> Result<String, HarnessError> {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            if let Some(l) = self.lines().into_iter().find(|l| l.contains(needle)) {
+                return Ok(l);
+            }
+            // A closed feed (the process exited, its pipes are drained) ends the wait too.
+            let more = matches!(
+                tokio::time::timeout_at(deadline, self.tick.changed()).await,
+                Ok(Ok(()))
+            );
+            if !more && !self.lines().iter().any(|l| l.contains(needle)) {
+                return Err(HarnessError::Timeout {
+                    what: format!("a daemon line containing {needle:?}"),
+                    bound_ms: bound.as_millis(),
+                    last: Some(format!("transcript:\n{}", self.transcript())),
+                });
+            }
+        }
+    }
+
+    /// Whether any printed line contains `needle`.
+    pub fn has_line(&self, needle: &str) -> bool {
+        self.lines().iter().any(|l| l.contains(needle))
+    }
+
+    fn signal(&mut self, sig: Signal) -> Result<(), HarnessError> {
+        if self.exit.is_some() || self.child.try_wait().ok().flatten().is_some() {
+            return Err(self.signal_error(sig, "it has already exited".into()));
+        }
+        let raw = i32::try_from(self.pid)
+            .map_err(|_| self.signal_error(sig, "pid out of range".into()))?;
+        kill(Pid::from_raw(raw), sig).map_err(|e| self.signal_error(sig, e.to_string()))
+    }
+    fn signal_error(&self, sig: Signal, message: String) -> HarnessError {
+        HarnessError::Signal {
+            name: format!("daemon pid {}", self.pid),
+            signal: sig.to_string(),
+            message,
+        }
+    }
+    pub fn terminate(&mut self) -> Result<(), HarnessError> {
+        self.signal(Signal::SIGTERM)
+    }
+    pub fn interrupt(&mut self) -> Result<(), HarnessError> {
+        self.signal(Signal::SIGINT)
+    }
+    pub fn kill(&mut self) -> Result<(), HarnessError> {
+        self.signal(Signal::SIGKILL)
+    }
+    pub fn freeze(&mut self) -> Result<(), HarnessError> {
+        self.signal(Signal::SIGSTOP)
+    }
+    pub fn thaw(&mut self) -> Result<(), HarnessError> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    /// Waits (bounded) for the process to exit; returns its status. Output read so far stays
+    /// available; trailing lines are drained for a short moment after the exit.
+    pub async fn wait_exit(&mut self, bound: Duration) -> Result<ExitStatus, HarnessError> {
+        if let Some(s) = self.exit {
+            return Ok(s);
+        }
+        match tokio::time::timeout(bound, self.child.wait()).await {
+            Ok(Ok(status)) => {
+                self.exit = Some(status);
+                // Let the pipe readers hand over what the process wrote before it exited.
+                let settle = tokio::time::Instant::now() + Duration::from_millis(200);
+                while let Ok(Ok(())) = tokio::time::timeout_at(settle, self.tick.changed()).await {}
+                Ok(status)
+            }
+            Ok(Err(source)) => Err(HarnessError::Io {
+                what: format!("wait for daemon pid {}", self.pid),
+                source,
+            }),
+            Err(_) => Err(HarnessError::Timeout {
+                what: format!("daemon pid {} to exit", self.pid),
+                bound_ms: bound.as_millis(),
+                last: Some(format!("transcript:\n{}", self.transcript())),
+            }),
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.exit.is_none() && matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.is_running() {
+            if let Ok(raw) = i32::try_from(self.pid) {
+                let _ = kill(Pid::from_raw(raw), Signal::SIGCONT);
+                let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
+            }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! `Mesh`: a local authenticated mesh as an operator would run it, built with the daemon crate's
+//! own provisioning (one code path): an operator-mode broker with one data account per space,
+//! each space's streams and buckets, and a workspace root whose `.cotal/` holds the daemon's
+//! credentials. Test-side checks go through an `operator`-profile connection straight to the
+//! broker, never through the daemon.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use cotal_delivery::creds::Credential;
+use cotal_delivery::lease::LeaseInfo;
+use cotal_delivery::provision::{
+    self, layout::SpaceMaterial, layout::Workspace, MeshAuthority, MintOptions, Profile,
+    ProvisionOptions,
+};
+use cotal_delivery::wire::{Space, SpaceNames, LEASE_KEY};
+
+use crate::broker::{Broker, BrokerBuilder};
+use crate::daemon::DaemonSpec;
+use crate::error::HarnessError;
+
+/// How to build a mesh.
+pub struct MeshBuilder {
+    spaces: Vec<Space>,
+    broker: BrokerBuilder,
+    lease_ttl: Duration,
+    evictor: bool,
+}
+
+impl MeshBuilder {
+    /// Adds a space (validated at the provisioning boundary).
+    pub fn space(mut self, name: &str) -> Result<Self, HarnessError> {
+        let space = Space::parse(name).map_err(|e| HarnessError::Usage(e.to_string()))?;
+        self.spaces.push(space);
+        Ok(self)
+    }
+    /// Shapes the broker (TLS, max_payload, file store cap, ping interval...).
+    pub fn broker(mut self, f: impl FnOnce(BrokerBuilder) -> BrokerBuilder) -> Self {
+        self.broker = f(self.broker);
+        self
+    }
+    /// The lease bucket's `max_age` (the lease TTL).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+    /// Whether to provision the `$SYS` connection-evictor credential (default yes).
+    pub fn evictor(mut self, on: bool) -> Self {
+        self.evictor = on;
+        self
+    }
+
+    pub async fn start(self) -> Result<Mesh, HarnessError> {
+        let mut authority = MeshAuthority::new();
+        for s in &self.spaces {
+            authority.add_space(s);
+        }
+        let operator = authority
+            .operator_auth()
+            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        let broker = self.broker.operator(operator).start().await?;
+        let root = tempfile::Builder::new()
+            .prefix("cotal-ws-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("create workspace root", e))?;
+        let workspace = Workspace::new(root.path());
+        let options = ProvisionOptions::new().lease_ttl(self.lease_ttl);
+        let ca = broker.ca_pem_path();
+        for space in &self.spaces {
+            provision::provision_space(
+                &authority,
+                &broker.client_url(),
+                ca.as_deref(),
+                space,
+                &options,
+            )
+            .await
+            .map_err(|e| HarnessError::Usage(format!("provision {space}: {e}")))?;
+            let mut material = SpaceMaterial::mint(&authority, space)
+                .map_err(|e| HarnessError::Usage(e.to_string()))?;
+            if !self.evictor {
+                material.connection_evictor = None;
+            }
+            workspace
+                .write_space_material(space, &material)
+                .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        }
+        Ok(Mesh {
+            authority,
+            broker,
+            root,
+            workspace,
+            spaces: self.spaces,
+        })
+    }
+}
+
+/// A running mesh. Dropping it stops the broker and removes the workspace root.
+pub struct Mesh {
+    pub authority: MeshAuthority,
+    pub broker: Broker,
+    root: tempfile::TempDir,
+    workspace: Workspace,
+    spaces: Vec<Space>,
+}
+
+impl Mesh {
+    pub fn builder() -> MeshBuilder {
+        MeshBuilder {
+            spaces: Vec::new(),
+            broker: Broker::builder(),
+            lease_ttl: Duration::from_secs(30),
+            evictor: true,
+        }
+    }
+
+    /// The workspace root (holds `.cotal/`).
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
+    /// The first space.
+    pub fn space(&self) -> &Space {
+        &self.spaces[0]
+    }
+    pub fn url(&self) -> String {
+        self.broker.client_url()
+    }
+    pub fn tls_ca(&self) -> Option<PathBuf> {
+        self.broker.ca_pem_path()
+    }
+
+    /// `cotal-delivery deliver` for `space`, run from the workspace root against this broker
+    /// (with `--tls --tls-ca` on a TLS broker).
+    pub fn deliver(&self, space: &Space) -> DaemonSpec {
+        let mut spec = DaemonSpec::deliver(space.as_str(), self.root()).server(&self.url());
+        if let Some(ca) = self.tls_ca() {
+            spec = spec.arg("--tls").arg("--tls-ca").arg(ca);
+        }
+        spec
+    }
+
+    /// Mints a credential of `profile` in `space`'s account.
+    pub fn mint(
+        &self,
+        space: &Space,
+        profile: &Profile,
+        options: MintOptions,
+    ) -> Result<Credential, HarnessError> {
+        self.authority
+            .mint(space, profile, options)
+            .map_err(|e| HarnessError::Usage(e.to_string()))
+    }
+
+    /// Connects with `credential` (inbox prefix `_INBOX_<nkey>`, the broker's CA when TLS).
+    pub async fn connect(
+        &self,
+        credential: &Credential,
+        name: &str,
+    ) -> Result<async_nats::Client, HarnessError> {
+        provision::connect_with_credential(
+            &self.url(),
+            self.tls_ca().as_deref(),
+            credential,
+            name,
+            Duration::from_secs(5),
+        )
+        .await
+        .map_err(|e| HarnessError::Usage(e.to_string()))
+    }
+
+    /// The test side's own view of `space`: an unrestricted user of the space account.
+    pub async fn inspector(&self, space: &Space) -> Result<Inspector, HarnessError> {
+        let cred = self.mint(space, &Profile::Operator, MintOptions::new())?;
+        let client = self.connect(&cred, "harness-inspector").await?;
+        let js = jetstream::context::ContextBuilder::new()
+            .timeout(Duration::from_secs(5))
+            .build(client.clone());
+        Ok(Inspector {
+            client,
+            js,
+            names: SpaceNames::new(space),
+        })
+    }
+}
+
+/// A lease row as the broker holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub info: LeaseInfo,
+    pub revision: u64,
+}
+
+/// Test-side reads and writes, straight to the broker.
+pub struct Inspector {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub names: SpaceNames,
+}
+
+impl Inspector {
+    async fn lease_rows(&self) -> Result<cotal_delivery::kv::Rows, HarnessError> {
+        cotal_delivery::kv::Rows::open(
+            &self.js,
+            &self.names.delivery_bucket(),
+            Duration::from_secs(5),
+        )
+        .await
+        .map_err(|e| HarnessError::Usage(format!("open lease bucket: {e}")))
+    }
+
+    /// The live lease row, leader-served.
+    pub async fn lease(&self) -> Result<Option<LeaseRow>, HarnessError> {
+        use cotal_delivery::kv::Read;
+        let rows = self.lease_rows().await?;
+        match rows.read(LEASE_KEY).await {
+            Ok(Read::Present(row)) => {
+                let info: LeaseInfo = serde_json::from_slice(&row.value).map_err(|e| {
+                    HarnessError::Usage(format!("lease row is not a LeaseInfo: {e}"))
+                })?;
+                Ok(Some(LeaseRow {
+                    info,
+                    revision: row.revision,
+                }))
+            }
+            Ok(Read::Absent { .. }) => Ok(None),
+            Err(e) => Err(HarnessError::Usage(format!("read lease: {e}"))),
+        }
+    }
+
+    /// Deletes the lease row (an operator clearing it), whatever holds it.
+    pub async fn delete_lease(&self) -> Result<(), HarnessError> {
+        let rows = self.lease_rows().await?;
+        let Some(row) = self.lease().await? else {
+            return Ok(());
+        };
+        rows.delete_expecting(LEASE_KEY, row.revision)
+            .await
+            .map(|_| ())
+            .map_err(|e| HarnessError::Usage(format!("delete lease: {e}")))
+    }
+
+    /// Writes `info` over the current row (compare-and-set at its revision); returns the new revision.
+    pub async fn put_lease(&self, info: &LeaseInfo) -> Result<u64, HarnessError> {
+        let rows = self.lease_rows().await?;
+        let expected = self.lease().await?.map(|r| r.revision).unwrap_or(0);
+        let body = serde_json::to_vec(info).unwrap_or_default();
+        rows.put_expecting(LEASE_KEY, body.into(), expected)
+            .await
+            .map_err(|e| HarnessError::Usage(format!("put lease: {e}")))
+    }
+
+    pub fn names(&self) -> &SpaceNames {
+        &self.names
+    }
+}
