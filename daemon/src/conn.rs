@@ -99,23 +99,39 @@ pub enum ConnEvent {
 /// Permission violations seen on the connection (bounded), so an operation that timed out can be
 /// told apart from one the broker refused.
 #[derive(Clone, Default)]
-pub struct Violations(Arc<Mutex<Vec<(Instant, String, String)>>>);
+pub struct Violations {
+    seen: Arc<Mutex<Vec<(Instant, String, String)>>>,
+    notify: Arc<tokio::sync::Notify>,
+}
 
 /// At most this many violations are remembered.
 const VIOLATIONS_KEPT: usize = 64;
 
 impl Violations {
     fn record(&self, operation: String, subject: String) {
-        if let Ok(mut v) = self.0.lock() {
+        if let Ok(mut v) = self.seen.lock() {
             if v.len() >= VIOLATIONS_KEPT {
                 v.remove(0);
             }
             v.push((Instant::now(), operation, subject));
         }
+        self.notify.notify_waiters();
+    }
+
+    /// Resolves with the denied operation once the broker denies one on `subject` at or after
+    /// `since`; never resolves otherwise (callers race it against the operation itself).
+    pub async fn denied(&self, subject: &str, since: Instant) -> String {
+        loop {
+            let notified = self.notify.notified();
+            if let Some(op) = self.denied_since(subject, since) {
+                return op;
+            }
+            notified.await;
+        }
     }
     /// The operation denied on `subject` at or after `since`, if any.
     pub fn denied_since(&self, subject: &str, since: Instant) -> Option<String> {
-        let v = self.0.lock().ok()?;
+        let v = self.seen.lock().ok()?;
         v.iter()
             .rev()
             .find(|(at, _, s)| *at >= since && s == subject)

@@ -184,18 +184,26 @@ impl Rows {
         self.publish(key, headers, value).await
     }
 
-    /// Atomic create: succeeds only when no live row exists (over a marker it names the marker).
+    /// Atomic create: succeeds only when no live row exists. Like a KV `create`, it first
+    /// publishes expecting no history at all, and only when that conflicts reads the key: over
+    /// a delete/purge marker it publishes again expecting the marker. The first operation is
+    /// therefore the write itself, so a credential that may not write is refused on it.
     pub async fn create(&self, key: &str, value: Bytes) -> Result<u64, RowError> {
-        let expected = match self.read(key).await? {
-            Read::Present(row) => {
-                return Err(RowError::new(
+        match self.put_expecting(key, value.clone(), 0).await {
+            Err(e) if e.kind() == RowErrorKind::Conflict => match self.read(key).await? {
+                Read::Present(row) => Err(RowError::new(
                     RowErrorKind::Conflict,
                     format!("wrong last sequence: {} (key exists)", row.revision),
-                ))
-            }
-            Read::Absent { marker_revision } => marker_revision.unwrap_or(0),
-        };
-        self.put_expecting(key, value, expected).await
+                )),
+                Read::Absent {
+                    marker_revision: Some(marker),
+                } => self.put_expecting(key, value, marker).await,
+                Read::Absent {
+                    marker_revision: None,
+                } => Err(e),
+            },
+            other => other,
+        }
     }
 
     /// Deletes the row only if its last revision is `expected` (leaves a `DEL` marker).

@@ -133,9 +133,21 @@ impl Lease {
         self.ready = false;
         self.since = crate::journal::epoch_ms();
         let started = Instant::now();
-        let result = self.rows.create(LEASE_KEY, self.body()).await;
+        let result = self.create_racing_denial(started).await;
         let result = self.settle_unanswered(result).await;
         self.classify_claim(result, started)
+    }
+
+    /// The create, cut short when the broker denies the write (a denied publish is never
+    /// acknowledged, so waiting for the ack would only wait out the bound).
+    async fn create_racing_denial(&self, started: Instant) -> Result<u64, RowError> {
+        let subject = self.subject();
+        tokio::select! {
+            r = self.rows.create(LEASE_KEY, self.body()) => r,
+            op = self.violations.denied(&subject, started) => {
+                Err(RowError::from_detail(format!("{op} \"{subject}\" denied")))
+            }
+        }
     }
 
     /// A create whose answer was lost may still have won at the broker: a leader-served re-read
@@ -250,7 +262,7 @@ impl Lease {
         // Like the first claim: not ready until the plane is re-armed.
         self.ready = false;
         let started = Instant::now();
-        let result = self.rows.create(LEASE_KEY, self.body()).await;
+        let result = self.create_racing_denial(started).await;
         let result = self.settle_unanswered(result).await;
         self.classify_claim(result, started)
     }

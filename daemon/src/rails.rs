@@ -101,17 +101,23 @@ pub async fn bind(
             what: "control rail",
             detail: format!("subscribe {serve}: {e}"),
         })?;
-    // A subscription is only bound once the broker has processed it.
-    tokio::time::timeout(ctx.config.request_bound, ctx.client.flush())
-        .await
-        .map_err(|_| PlaneError {
-            what: "control rail",
-            detail: format!("subscribe {serve}: no flush answer"),
-        })?
-        .map_err(|e| PlaneError {
-            what: "control rail",
-            detail: format!("subscribe {serve}: {e}"),
-        })?;
+    // A subscription is bound only once the broker has processed it; `flush()` merely writes
+    // the socket, so a request round trip (`$JS.API.INFO`, granted) proves it.
+    match tokio::time::timeout(ctx.config.request_bound, ctx.js.query_account()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            return Err(PlaneError {
+                what: "control rail",
+                detail: format!("subscribe {serve}: round trip failed: {e}"),
+            })
+        }
+        Err(_) => {
+            return Err(PlaneError {
+                what: "control rail",
+                detail: format!("subscribe {serve}: no round trip answer"),
+            })
+        }
+    }
     let ctx = ctx.clone();
     Ok(tokio::spawn(async move {
         loop {

@@ -11,6 +11,7 @@ pub mod http;
 pub mod mesh;
 mod process;
 pub mod proxy;
+pub mod scenario;
 pub mod server_bin;
 pub mod tls;
 pub mod wait;

@@ -172,6 +172,32 @@ impl Mesh {
         .map_err(|e| HarnessError::Usage(e.to_string()))
     }
 
+    /// Like [`Mesh::connect`], also recording the connection's events (permission violations
+    /// arrive as `-ERR` server errors).
+    pub async fn connect_watched(
+        &self,
+        credential: &Credential,
+        name: &str,
+    ) -> Result<(async_nats::Client, crate::events::ClientEvents), HarnessError> {
+        let bound = Duration::from_secs(5);
+        let nkey = credential
+            .public_key()
+            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        let options = provision::credential_options(
+            credential,
+            self.tls_ca().as_deref(),
+            name,
+            &cotal_delivery::wire::inbox_prefix(&nkey),
+            bound,
+        )
+        .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        let (options, events) = crate::events::ClientEvents::capture(options);
+        let client = provision::connect_options(options, &self.url(), name, bound)
+            .await
+            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        Ok((client, events))
+    }
+
     /// The test side's own view of `space`: an unrestricted user of the space account.
     pub async fn inspector(&self, space: &Space) -> Result<Inspector, HarnessError> {
         let cred = self.mint(space, &Profile::Operator, MintOptions::new())?;
@@ -251,6 +277,16 @@ impl Inspector {
         rows.put_expecting(LEASE_KEY, body.into(), expected)
             .await
             .map_err(|e| HarnessError::Usage(format!("put lease: {e}")))
+    }
+
+    /// A request round trip with the broker: everything this connection sent before (a SUB
+    /// in particular) has been processed when it returns. `flush()` alone only writes the socket.
+    pub async fn sync(&self) -> Result<(), HarnessError> {
+        self.js
+            .query_account()
+            .await
+            .map(|_| ())
+            .map_err(|e| HarnessError::Usage(format!("round trip: {e}")))
     }
 
     pub fn names(&self) -> &SpaceNames {

@@ -58,17 +58,29 @@ pub async fn connect_with_inbox(
     inbox_prefix: &str,
     connect_timeout: std::time::Duration,
 ) -> Result<async_nats::Client, ProvisionError> {
+    let options = credential_options(credential, tls_ca, client_name, inbox_prefix, connect_timeout)?;
+    connect_options(options, server_url, client_name, connect_timeout).await
+}
+
+/// Connect options presenting `credential`: JWT + nonce signature, the given inbox prefix, TLS
+/// required with `tls_ca` trusted when one is given, no reconnects (one-shot clients).
+pub fn credential_options(
+    credential: &Credential,
+    tls_ca: Option<&Path>,
+    client_name: &str,
+    inbox_prefix: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<async_nats::ConnectOptions, ProvisionError> {
     let key_pair = credential
         .key_pair()
         .map_err(|e| ProvisionError::new(ProvisionErrorKind::Credential, e.to_string()))?;
-    let prefix = inbox_prefix.to_string();
     let key_pair = Arc::new(key_pair);
     let mut options = async_nats::ConnectOptions::new()
         .jwt(credential.jwt.clone(), move |nonce| {
             let key_pair = key_pair.clone();
             async move { key_pair.sign(&nonce).map_err(async_nats::AuthError::new) }
         })
-        .custom_inbox_prefix(prefix)
+        .custom_inbox_prefix(inbox_prefix.to_string())
         .name(client_name)
         .connection_timeout(connect_timeout)
         .max_reconnects(Some(0));
@@ -77,6 +89,16 @@ pub async fn connect_with_inbox(
             .add_root_certificates(ca.to_path_buf())
             .require_tls(true);
     }
+    Ok(options)
+}
+
+/// Connects with prepared options, bounded by `connect_timeout`.
+pub async fn connect_options(
+    options: async_nats::ConnectOptions,
+    server_url: &str,
+    client_name: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<async_nats::Client, ProvisionError> {
     let connect = options.connect(server_url);
     match tokio::time::timeout(connect_timeout, connect).await {
         Ok(Ok(client)) => Ok(client),

@@ -1,0 +1,67 @@
+//! Runs every scenario under `scenarios/` against the real daemon binary and compares its
+//! normalised transcript with the snapshot in `scenarios/snapshots/`. A changed transcript
+//! fails the test; read the diff before accepting it.
+
+use std::path::PathBuf;
+
+use delivery_harness::scenario::{run, RunOptions, Scenario};
+
+fn scenarios_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
+}
+
+async fn check(name: &str) {
+    let path = scenarios_dir().join(format!("{name}.toml"));
+    let scenario = Scenario::load(&path).expect("scenario parses");
+    assert_eq!(scenario.name, name, "the file name and the scenario name agree");
+    let outcome = run(&scenario, &RunOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (figure, ms) in &outcome.figures {
+        eprintln!("{name}: {figure}: {ms} ms");
+    }
+    insta::with_settings!({
+        snapshot_path => scenarios_dir().join("snapshots"),
+        prepend_module_to_snapshot => false,
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!(name, outcome.transcript);
+    });
+}
+
+macro_rules! scenarios {
+    ($($test:ident => $file:literal),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                check($file).await;
+            }
+        )*
+
+        /// Every scenario file is run by one of the tests above.
+        #[test]
+        fn every_scenario_file_has_a_test() {
+            let listed = [$($file),*];
+            for entry in std::fs::read_dir(scenarios_dir()).expect("scenarios dir") {
+                let path = entry.expect("entry").path();
+                if path.extension().and_then(|e| e.to_str()) == Some("toml") {
+                    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
+                    assert!(listed.contains(&stem.as_str()), "scenario {stem} has no test");
+                }
+            }
+        }
+    };
+}
+
+scenarios! {
+    clean_start_then_sigterm => "clean-start-sigterm",
+    second_daemon_is_refused => "second-daemon-refused",
+    lease_permission_denial_names_subject_and_operation => "lease-permission-denied",
+    broker_refusal_is_quoted => "broker-refusal-quoted",
+    deleted_lease_with_no_rival_is_reacquired => "lease-deleted-no-rival",
+    identical_rewrite_is_still_its_own => "lease-rewritten-identical",
+    foreign_incarnation_is_not_adopted => "lease-foreign-incarnation",
+    frozen_holder_loses_the_handover => "handover-while-frozen",
+    reused_pid_is_reported_stale => "stale-pid-record",
+    no_workspace_root_is_refused => "no-workspace-root",
+}
