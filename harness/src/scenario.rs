@@ -74,6 +74,9 @@ pub enum CredsChoice {
     Workspace,
     /// A `membership-rw` credential passed with `--creds`: it may not write the lease.
     MembershipRw,
+    /// The delivery credential copied under *another* workspace's `.cotal/` and passed with
+    /// `--creds` while the daemon runs from this workspace's root.
+    OtherWorkspace,
 }
 
 /// Where a daemon is started from.
@@ -97,6 +100,9 @@ pub enum Step {
         creds: CredsChoice,
         #[serde(default = "root_cwd")]
         cwd: CwdChoice,
+        /// Pass `--tls` even though the mesh's broker offers no TLS.
+        #[serde(default)]
+        demand_tls: bool,
     },
     /// Wait for a line containing `contains`.
     WaitLine {
@@ -262,9 +268,10 @@ pub async fn run(scenario: &Scenario, options: &RunOptions) -> Result<Outcome, H
 impl Run<'_> {
     async fn all_steps(&mut self) -> Result<(), HarnessError> {
         for (i, step) in self.scenario.steps.iter().enumerate() {
-            let line = self.step(step).await.map_err(|e| {
-                HarnessError::Usage(format!("step {} ({step:?}): {e}", i + 1))
-            })?;
+            let line = self
+                .step(step)
+                .await
+                .map_err(|e| HarnessError::Usage(format!("step {} ({step:?}): {e}", i + 1)))?;
             self.log.push(format!("{:>2}. {line}", i + 1));
         }
         Ok(())
@@ -282,30 +289,49 @@ impl Run<'_> {
 
     async fn step(&mut self, step: &Step) -> Result<String, HarnessError> {
         match step {
-            Step::Start { daemon, creds, cwd } => {
+            Step::Start {
+                daemon,
+                creds,
+                cwd,
+                demand_tls,
+            } => {
                 let space = self.mesh.space().clone();
                 let mut spec = match cwd {
                     CwdChoice::Root => self.mesh.deliver(&space),
-                    CwdChoice::Outside => {
-                        DaemonSpec::deliver(space.as_str(), self.outside.path())
-                            .server(&self.mesh.url())
-                    }
+                    CwdChoice::Outside => DaemonSpec::deliver(space.as_str(), self.outside.path())
+                        .server(&self.mesh.url()),
                 };
                 if let Some(bin) = &self.options.daemon_bin {
                     spec = spec.bin(bin);
                 }
                 if *creds == CredsChoice::MembershipRw {
-                    let cred = self
-                        .mesh
-                        .mint(&space, &Profile::MembershipRw, MintOptions::new())?;
+                    let cred =
+                        self.mesh
+                            .mint(&space, &Profile::MembershipRw, MintOptions::new())?;
                     let path = self.mesh.root().join("membership-rw-as-delivery.creds");
                     cotal_delivery::creds::write_creds_file_atomic(&path, &cred)
                         .map_err(|e| HarnessError::Usage(e.to_string()))?;
                     spec = spec.arg("--creds").arg(path);
                 }
+                if *creds == CredsChoice::OtherWorkspace {
+                    let other = self.outside.path().join("other-ws");
+                    let dir = other.join(".cotal").join(space.segment());
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| HarnessError::io("create other workspace", e))?;
+                    let path = dir.join("delivery.creds");
+                    std::fs::copy(self.mesh.workspace().delivery_creds_path(&space), &path)
+                        .map_err(|e| HarnessError::io("copy creds", e))?;
+                    spec = spec.arg("--creds").arg(path);
+                }
+                if *demand_tls {
+                    spec = spec.arg("--tls");
+                }
                 let d = spec.spawn()?;
                 self.daemons.insert(daemon.clone(), d);
-                Ok(format!("start daemon {daemon} (creds: {creds:?}, cwd: {cwd:?})"))
+                let tls = if *demand_tls { ", --tls" } else { "" };
+                Ok(format!(
+                    "start daemon {daemon} (creds: {creds:?}, cwd: {cwd:?}{tls})"
+                ))
             }
             Step::WaitLine {
                 daemon,
@@ -351,9 +377,7 @@ impl Run<'_> {
                     "KILL" => d.kill()?,
                     "STOP" => d.freeze()?,
                     "CONT" => d.thaw()?,
-                    other => {
-                        return Err(HarnessError::Usage(format!("unknown signal {other:?}")))
-                    }
+                    other => return Err(HarnessError::Usage(format!("unknown signal {other:?}"))),
                 }
                 Ok(format!("SIG{signal} to daemon {daemon}"))
             }
@@ -376,7 +400,9 @@ impl Run<'_> {
             }
             Step::ExpectRunning { daemon } => {
                 if !self.daemon(daemon)?.is_running() {
-                    return Err(HarnessError::Usage(format!("daemon {daemon} is not running")));
+                    return Err(HarnessError::Usage(format!(
+                        "daemon {daemon} is not running"
+                    )));
                 }
                 Ok(format!("daemon {daemon} is running"))
             }
@@ -407,7 +433,10 @@ impl Run<'_> {
                             }
                             if let Some(w) = &want {
                                 if !same_holder_run(&w.info, &r.info) {
-                                    return Err(format!("row is {:?}, expected {:?}", r.info, w.info));
+                                    return Err(format!(
+                                        "row is {:?}, expected {:?}",
+                                        r.info, w.info
+                                    ));
                                 }
                             }
                             Ok(())
@@ -420,10 +449,15 @@ impl Run<'_> {
                     check(&row).map_err(HarnessError::Usage)?;
                 } else {
                     let insp = &self.inspector;
-                    wait_until(bound, Duration::from_millis(100), "the lease row to match", || async {
-                        let row = insp.lease().await.map_err(|e| e.to_string())?;
-                        check(&row)
-                    })
+                    wait_until(
+                        bound,
+                        Duration::from_millis(100),
+                        "the lease row to match",
+                        || async {
+                            let row = insp.lease().await.map_err(|e| e.to_string())?;
+                            check(&row)
+                        },
+                    )
                     .await?;
                 }
                 let mut what = Vec::new();
@@ -482,9 +516,9 @@ impl Run<'_> {
                     }
                     return Ok("pid record: absent".into());
                 }
-                let name = pid_of
-                    .as_ref()
-                    .ok_or_else(|| HarnessError::Usage("expect_pid_record needs pid_of or absent".into()))?;
+                let name = pid_of.as_ref().ok_or_else(|| {
+                    HarnessError::Usage("expect_pid_record needs pid_of or absent".into())
+                })?;
                 let pid = self.daemon(name)?.pid();
                 if recorded != Some(pid) {
                     return Err(HarnessError::Usage(format!(
@@ -526,7 +560,10 @@ impl Run<'_> {
             }
             Step::FillStore {} => {
                 let n = fill_store(&self.inspector).await?;
-                Ok(format!("broker file store filled (refused after {} writes)", bucket(n)))
+                Ok(format!(
+                    "broker file store filled (refused after {} writes)",
+                    bucket(n)
+                ))
             }
         }
     }
@@ -593,7 +630,9 @@ async fn fill_store(insp: &Inspector) -> Result<usize, HarnessError> {
             if text.contains("insufficient resources") {
                 return Ok(i);
             }
-            return Err(HarnessError::Usage(format!("filler refused otherwise: {text}")));
+            return Err(HarnessError::Usage(format!(
+                "filler refused otherwise: {text}"
+            )));
         }
     }
     Err(HarnessError::Usage(format!(

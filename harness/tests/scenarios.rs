@@ -13,7 +13,10 @@ fn scenarios_dir() -> PathBuf {
 async fn check(name: &str) {
     let path = scenarios_dir().join(format!("{name}.toml"));
     let scenario = Scenario::load(&path).expect("scenario parses");
-    assert_eq!(scenario.name, name, "the file name and the scenario name agree");
+    assert_eq!(
+        scenario.name, name,
+        "the file name and the scenario name agree"
+    );
     let outcome = run(&scenario, &RunOptions::default())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -64,4 +67,7 @@ scenarios! {
     frozen_holder_loses_the_handover => "handover-while-frozen",
     reused_pid_is_reported_stale => "stale-pid-record",
     no_workspace_root_is_refused => "no-workspace-root",
+    creds_under_another_workspace_is_refused => "creds-under-another-workspace",
+    tls_demanded_refuses_a_plaintext_listener => "tls-demanded-plaintext-refused",
+    tls_mesh_serves => "tls-mesh-serves",
 }

@@ -1,0 +1,88 @@
+//! Signals at the edges of the lease, where a script cannot place them: SIGTERM after the lease
+//! row was created but before it was marked ready. The test watches the row from the broker,
+//! freezes the daemon the moment the `ready:false` row appears, proves from the broker that the
+//! daemon is frozen inside that window (the row is still not ready), and only then signals it.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv::Operation;
+use cotal_delivery::files;
+use cotal_delivery::lease::LeaseInfo;
+use cotal_delivery::wire::LEASE_KEY;
+use delivery_harness::mesh::Mesh;
+use delivery_harness::scenario::normalise;
+use futures::StreamExt;
+
+const BOUND: Duration = Duration::from_secs(20);
+/// Attempts at catching the daemon inside the create→ready window; each is conclusive or not.
+const ATTEMPTS: usize = 8;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor() {
+    let mesh = Mesh::builder()
+        .space("demo")
+        .expect("space")
+        .start()
+        .await
+        .expect("mesh");
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.expect("inspector");
+    let kv = insp
+        .js
+        .get_key_value(insp.names().delivery_bucket())
+        .await
+        .expect("lease bucket");
+
+    let mut caught = None;
+    for attempt in 1..=ATTEMPTS {
+        let mut watch = kv.watch(LEASE_KEY).await.expect("watch");
+        let mut d = mesh.deliver(&space).spawn().expect("spawn");
+        // The first row the daemon writes is its claim, `ready:false`.
+        let entry = tokio::time::timeout(BOUND, async {
+            loop {
+                match watch.next().await {
+                    Some(Ok(e)) if e.operation == Operation::Put => return e,
+                    Some(_) => continue,
+                    None => panic!("watch ended"),
+                }
+            }
+        })
+        .await
+        .expect("the claim appears");
+        d.freeze().expect("freeze");
+        let claim: LeaseInfo = serde_json::from_slice(&entry.value).expect("lease row");
+        assert!(!claim.ready, "a claim is written not ready");
+        let row = insp.lease().await.expect("read").expect("row present");
+        let inside = !row.info.ready;
+        d.terminate().expect("SIGTERM");
+        d.thaw().expect("thaw");
+        let status = d.wait_exit(BOUND).await.expect("exits");
+        assert_eq!(status.code(), Some(0), "{}", d.transcript());
+        // Whatever the interleaving, a signalled daemon leaves no row and no record behind.
+        assert!(insp.lease().await.expect("read").is_none(), "row released");
+        assert!(
+            !files::pid_path(mesh.root(), &space).exists(),
+            "record removed"
+        );
+        if inside && !d.has_line("delivery daemon up") {
+            eprintln!("caught inside the create→ready window on attempt {attempt}");
+            caught = Some(d);
+            break;
+        }
+        eprintln!("attempt {attempt}: the daemon passed the window before the freeze; again");
+    }
+    let d = caught.unwrap_or_else(|| {
+        panic!("never caught the daemon inside the window in {ATTEMPTS} attempts")
+    });
+    let transcript = normalise(&d.transcript(), mesh.root(), mesh.root());
+    insta::assert_snapshot!("sigterm_between_create_and_ready", transcript);
+
+    // A successor starts cleanly: no "a live lease already exists".
+    let mut b = mesh.deliver(&space).spawn().expect("spawn successor");
+    b.wait_for_line("delivery daemon up", BOUND)
+        .await
+        .expect("successor serves");
+    assert!(!b.has_line("a live lease already exists"));
+    b.terminate().expect("SIGTERM");
+    assert_eq!(b.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+}
