@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use delivery_harness::scenario::{self, RunOptions, Scenario};
 
 #[derive(Debug, Parser)]
-#[command(name = "harness", version, about = "Qualify the Cotal delivery daemon against real nats-server brokers")]
+#[command(
+    name = "harness",
+    version,
+    about = "Qualify the Cotal delivery daemon against real nats-server brokers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,7 +33,10 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let Command::Run { files, daemon } = cli.command;
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("harness: could not start the runtime: {e}");
