@@ -26,6 +26,45 @@ pub enum Command {
     Deliver(DeliverArgs),
     /// Report whether the space's pid record names a live delivery daemon.
     Status(StatusArgs),
+    /// Run a local authenticated mesh in the foreground: provision the space, start nats-server
+    /// in operator mode and the delivery daemon beside it; Ctrl-C stops both.
+    Up(UpArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// The space to provision and serve.
+    #[arg(long, value_name = "SPACE")]
+    pub space: String,
+    /// Workspace root; `.cotal/` is created under it (signer, server.conf, credentials, logs).
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub root: PathBuf,
+    /// Client port of the broker; 0 picks a free one.
+    #[arg(long, value_name = "PORT", default_value_t = 4222)]
+    pub port: u16,
+    /// Serve TLS with this certificate (requires --tls-key and --tls-ca); the daemon is then
+    /// always started with TLS demanded.
+    #[arg(long, value_name = "PEM", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of --tls-cert.
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// CA that signed --tls-cert, trusted by the daemon.
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// Lease TTL in seconds (the lease bucket's max_age).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub lease_ttl_secs: u64,
+    /// nats-server binary (default: $NATS_SERVER_BIN, else nats-server on PATH).
+    #[arg(long, value_name = "PATH")]
+    pub nats_server: Option<PathBuf>,
+    /// After the daemon serves, show a durable post reaching an agent that was offline when it
+    /// was posted.
+    #[arg(long)]
+    pub demo: bool,
+    /// Stop once the mesh is serving (and the demo ran) instead of waiting for Ctrl-C.
+    #[arg(long)]
+    pub once: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -68,6 +107,7 @@ pub fn run(cli: Cli) -> i32 {
     match cli.command {
         Command::Deliver(args) => run_deliver(args),
         Command::Status(args) => run_status(args),
+        Command::Up(args) => run_up(args),
     }
 }
 
@@ -145,6 +185,59 @@ fn run_status(args: StatusArgs) -> i32 {
                 "delivery daemon for space {space}: not running (no record at {})",
                 path.display()
             );
+            1
+        }
+    }
+}
+
+fn run_up(args: UpArgs) -> i32 {
+    let space = match Space::parse(&args.space) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("✗ up: --space: {e}");
+            return Exit::Config.code();
+        }
+    };
+    let tls = match (args.tls_cert, args.tls_key) {
+        (Some(cert_file), Some(key_file)) => Some(crate::provision::TlsFiles {
+            cert_file,
+            key_file,
+        }),
+        _ => None,
+    };
+    let cfg = crate::supervise::UpConfig {
+        space,
+        root: args.root,
+        port: args.port,
+        tls,
+        tls_ca: args.tls_ca,
+        nats_server: crate::supervise::nats_server_path(args.nats_server),
+        lease_ttl: std::time::Duration::from_secs(args.lease_ttl_secs.max(1)),
+        once: args.once,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("✗ up: could not start the runtime ({e})");
+            return Exit::Fault.code();
+        }
+    };
+    let demo = args.demo;
+    let result = runtime.block_on(crate::supervise::up(cfg, move |mesh| async move {
+        if demo {
+            crate::demo::offline_member_receives(&mesh).await
+        } else {
+            Ok(())
+        }
+    }));
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{e}");
             1
         }
     }
