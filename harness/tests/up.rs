@@ -1,0 +1,68 @@
+//! `cotal-delivery up` in the foreground, run as an operator would: it reports the daemon only
+//! once it serves, restarts a daemon that dies while the broker it started still runs, and on
+//! Ctrl-C stops the daemon and then the broker, leaving no process behind.
+
+use std::time::Duration;
+
+use cotal_delivery::files::{self, process_alive};
+use cotal_delivery::wire::Space;
+use delivery_harness::daemon::DaemonSpec;
+use delivery_harness::nats_server_bin;
+
+const BOUND: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c() {
+    let root = tempfile::tempdir().expect("root");
+    let bin = nats_server_bin().expect("nats-server");
+    let mut up = DaemonSpec::command(
+        &[
+            "up",
+            "--space",
+            "demo",
+            "--root",
+            root.path().to_str().expect("utf-8 path"),
+            "--port",
+            "0",
+            "--lease-ttl-secs",
+            "2",
+        ],
+        root.path(),
+    )
+    .env("NATS_SERVER_BIN", bin.display().to_string())
+    .spawn()
+    .expect("spawn up");
+    up.wait_for_line("delivery daemon serving space demo", BOUND)
+        .await
+        .expect("serving");
+    let space = Space::parse("demo").expect("space");
+    let pid_path = files::pid_path(root.path(), &space);
+    let first = files::read_pid(&pid_path).expect("the daemon recorded itself");
+    let broker_pid = files::read_pid(&root.path().join(".cotal/nats.pid")).expect("broker pid");
+
+    // A SIGKILL leaves its lease row until the TTL expires; up restarts it and reports it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the daemon");
+    up.wait_for_line("while nats-server is running - restarting it", BOUND)
+        .await
+        .expect("restart announced");
+    up.wait_for_line("delivery daemon running again", BOUND)
+        .await
+        .expect("replacement serving");
+    let second = files::read_pid(&pid_path).expect("the replacement recorded itself");
+    assert_ne!(first, second, "a new daemon process serves");
+    assert!(process_alive(second));
+
+    up.interrupt().expect("Ctrl-C");
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    assert_eq!(status.code(), Some(0), "{}", up.transcript());
+    assert!(up.has_line("delivery daemon stopped") && up.has_line("nats-server stopped"));
+    assert!(!process_alive(second), "the daemon is gone");
+    assert!(!process_alive(broker_pid), "the broker is gone");
+    assert!(!pid_path.exists(), "a cleanly stopped daemon removes its record");
+    let log = std::fs::read_to_string(files::log_path(root.path(), &space)).expect("log");
+    assert!(log.contains("received SIGTERM, exiting"), "the daemon's reason is in its log:\n{log}");
+}
