@@ -97,8 +97,12 @@ where
     let journal = Journal::stderr_only();
     let root = files::absolute(&cfg.root, &std::env::current_dir().unwrap_or_default());
     let workspace = Workspace::new(&root);
-    std::fs::create_dir_all(workspace.auth_dir())
-        .map_err(|e| UpError(format!("✗ up: could not create {}: {e}", workspace.auth_dir().display())))?;
+    std::fs::create_dir_all(workspace.auth_dir()).map_err(|e| {
+        UpError(format!(
+            "✗ up: could not create {}: {e}",
+            workspace.auth_dir().display()
+        ))
+    })?;
     let mut authority = MeshAuthority::load_or_create(&workspace.auth_dir())
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
     authority.add_space(&cfg.space);
@@ -107,9 +111,20 @@ where
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
 
     let mut broker = start_broker(&cfg, &workspace, &authority).await?;
-    journal.line(format!("✓ nats-server up at {} (operator mode, JetStream)", broker.url));
+    journal.line(format!(
+        "✓ nats-server up at {} (operator mode, JetStream)",
+        broker.url
+    ));
 
-    let result = serve(&cfg, &journal, &workspace, &authority, &broker.url, after_serving).await;
+    let result = serve(
+        &cfg,
+        &journal,
+        &workspace,
+        &authority,
+        &broker.url,
+        after_serving,
+    )
+    .await;
     stop_broker(&mut broker, &journal).await;
     result
 }
@@ -135,7 +150,8 @@ where
         "✓ space {space} provisioned ({} created, the rest already in place)",
         report.created()
     ));
-    let material = SpaceMaterial::mint(authority, space).map_err(|e| UpError(format!("✗ up: {e}")))?;
+    let material =
+        SpaceMaterial::mint(authority, space).map_err(|e| UpError(format!("✗ up: {e}")))?;
     workspace
         .write_space_material(space, &material)
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
@@ -192,8 +208,12 @@ async fn start_broker(
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
     let ports_dir = cotal.join("ports");
     let _ = std::fs::remove_dir_all(&ports_dir);
-    std::fs::create_dir_all(&ports_dir)
-        .map_err(|e| UpError(format!("✗ up: could not create {}: {e}", ports_dir.display())))?;
+    std::fs::create_dir_all(&ports_dir).map_err(|e| {
+        UpError(format!(
+            "✗ up: could not create {}: {e}",
+            ports_dir.display()
+        ))
+    })?;
     let log = open_append(&cotal.join("nats.log"))?;
     let child = Command::new(&cfg.nats_server)
         .arg("-c")
@@ -263,7 +283,9 @@ fn start_daemon(cfg: &UpConfig, workspace: &Workspace, url: &str) -> Result<Daem
     cmd.args(["deliver", "--space", cfg.space.as_str(), "--server", url])
         .current_dir(workspace.root())
         .stdin(Stdio::null())
-        .stdout(Stdio::from(log.try_clone().map_err(|e| UpError(e.to_string()))?))
+        .stdout(Stdio::from(
+            log.try_clone().map_err(|e| UpError(e.to_string()))?,
+        ))
         .stderr(Stdio::from(log))
         .kill_on_drop(true);
     // The mesh's transport on every launch: a TLS mesh always demands TLS of its daemon.
@@ -298,13 +320,23 @@ async fn wait_serving(
     let operator = authority
         .mint(space, &Profile::Operator, MintOptions::new())
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
-    let client = provision::connect_with_credential(url, cfg.tls_ca.as_deref(), &operator, "cotal-up", Duration::from_secs(5))
-        .await
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+    let client = provision::connect_with_credential(
+        url,
+        cfg.tls_ca.as_deref(),
+        &operator,
+        "cotal-up",
+        Duration::from_secs(5),
+    )
+    .await
+    .map_err(|e| UpError(format!("✗ up: {e}")))?;
     let js = async_nats::jetstream::new(client.clone());
-    let rows = Rows::open(&js, &SpaceNames::new(space).delivery_bucket(), Duration::from_secs(5))
-        .await
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+    let rows = Rows::open(
+        &js,
+        &SpaceNames::new(space).delivery_bucket(),
+        Duration::from_secs(5),
+    )
+    .await
+    .map_err(|e| UpError(format!("✗ up: {e}")))?;
     let deadline = Instant::now() + SERVING_BOUND;
     let log_path = workspace.log_path(space);
     loop {
@@ -337,7 +369,9 @@ fn last_line(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| {
         // Strip the log file's timestamp.
-        l.split_once(' ').map(|(_, rest)| rest.to_string()).unwrap_or_else(|| l.to_string())
+        l.split_once(' ')
+            .map(|(_, rest)| rest.to_string())
+            .unwrap_or_else(|| l.to_string())
     })
 }
 
@@ -415,7 +449,10 @@ async fn stop_broker(broker: &mut BrokerChild, journal: &Journal) {
             nix::sys::signal::Signal::SIGTERM,
         );
     }
-    if tokio::time::timeout(STOP_GRACE, broker.child.wait()).await.is_err() {
+    if tokio::time::timeout(STOP_GRACE, broker.child.wait())
+        .await
+        .is_err()
+    {
         let _ = broker.child.kill().await;
     }
     journal.line("• nats-server stopped");

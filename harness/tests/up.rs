@@ -62,7 +62,13 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
     assert!(up.has_line("delivery daemon stopped") && up.has_line("nats-server stopped"));
     assert!(!process_alive(second), "the daemon is gone");
     assert!(!process_alive(broker_pid), "the broker is gone");
-    assert!(!pid_path.exists(), "a cleanly stopped daemon removes its record");
+    assert!(
+        !pid_path.exists(),
+        "a cleanly stopped daemon removes its record"
+    );
     let log = std::fs::read_to_string(files::log_path(root.path(), &space)).expect("log");
-    assert!(log.contains("received SIGTERM, exiting"), "the daemon's reason is in its log:\n{log}");
+    assert!(
+        log.contains("received SIGTERM, exiting"),
+        "the daemon's reason is in its log:\n{log}"
+    );
 }

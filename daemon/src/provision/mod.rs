@@ -58,7 +58,13 @@ pub async fn connect_with_inbox(
     inbox_prefix: &str,
     connect_timeout: std::time::Duration,
 ) -> Result<async_nats::Client, ProvisionError> {
-    let options = credential_options(credential, tls_ca, client_name, inbox_prefix, connect_timeout)?;
+    let options = credential_options(
+        credential,
+        tls_ca,
+        client_name,
+        inbox_prefix,
+        connect_timeout,
+    )?;
     connect_options(options, server_url, client_name, connect_timeout).await
 }
 
