@@ -61,6 +61,8 @@ struct BrokerChild {
 struct DaemonChild {
     child: Child,
     pid: u32,
+    /// Epoch ms just before the spawn; its lease claim is later.
+    started_ms: u64,
 }
 
 /// Why `up` failed; the text is the operator's line.
@@ -295,11 +297,16 @@ fn start_daemon(cfg: &UpConfig, workspace: &Workspace, url: &str) -> Result<Daem
             cmd.arg("--tls-ca").arg(ca);
         }
     }
+    let started_ms = crate::journal::epoch_ms();
     let child = cmd
         .spawn()
         .map_err(|e| UpError(format!("✗ up: could not start the delivery daemon: {e}")))?;
     let pid = child.id().unwrap_or(0);
-    Ok(DaemonChild { child, pid })
+    Ok(DaemonChild {
+        child,
+        pid,
+        started_ms,
+    })
 }
 
 /// Waits until the lease row reads `ready` under the daemon's own holder, or the daemon exits.
@@ -346,9 +353,13 @@ async fn wait_serving(
                 "✗ up: the delivery daemon exited ({status}) without serving space {space}: {last}"
             )));
         }
-        if let Ok(Read::Present(row)) = rows.read(LEASE_KEY).await {
+        // Serving = this process recorded itself (it holds the lease) and the row it claimed
+        // after it was started reads ready. A row a killed predecessor left behind has the
+        // same holder but an older claim time and another pid record.
+        let recorded = files::read_pid(&workspace.pid_path(space)) == Some(daemon.pid);
+        if let (true, Ok(Read::Present(row))) = (recorded, rows.read(LEASE_KEY).await) {
             if let Ok(info) = serde_json::from_slice::<LeaseInfo>(&row.value) {
-                if info.ready && info.holder == holder {
+                if info.ready && info.holder == holder && info.since >= daemon.started_ms {
                     let _ = client.drain().await;
                     return Ok(());
                 }

@@ -53,7 +53,12 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
         .await
         .expect("replacement serving");
     let second = files::read_pid(&pid_path).expect("the replacement recorded itself");
-    assert_ne!(first, second, "a new daemon process serves");
+    assert_ne!(
+        first,
+        second,
+        "a new daemon process serves: {}",
+        up.transcript()
+    );
     assert!(process_alive(second));
 
     up.interrupt().expect("Ctrl-C");
