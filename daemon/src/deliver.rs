@@ -21,6 +21,7 @@ use crate::admission;
 use crate::conn::{self, ConnEvent, CredentialCell, DialErrorKind, DialSpec};
 use crate::creds::{read_creds_file, CredsErrorKind};
 use crate::files::{self, PidRecord};
+use crate::health::{HealthConfig, HealthHandle, Verdict, Watchdog};
 use crate::journal::Journal;
 use crate::kv::Rows;
 use crate::lease::{self, ClaimError, Identity, Lease, LeaseInfo, Reading, SHARD};
@@ -247,6 +248,17 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
         }
     };
 
+    // -- issue 5: from here on the broker is watched through the resident connection only.
+    let mut health: HealthHandle = Watchdog::spawn(
+        HealthConfig::from_env(),
+        resident.events.subscribe(),
+        resident.client.clone(),
+        journal.clone(),
+        space.to_string(),
+        true,
+    );
+    // -- end issue 5
+
     // 4. `$SYS` observer admission, before the endpoint or the lease.
     let (observer_path, evictor_path) = admission::sys_pair_paths(&space_dir);
     match admission::admit(&observer_path, &evictor_path, &account) {
@@ -418,6 +430,11 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
                 }
             }
             ev = keeper.events.recv() => keeper.on_conn_event(ev),
+            // -- issue 5: the transport-health verdict ends the process.
+            verdict = health.verdict() => {
+                return keeper.abandon(verdict, pid_record.as_ref()).await;
+            }
+            // -- end issue 5
         }
     };
     watch.retire().await;
@@ -612,6 +629,20 @@ impl Keeper {
             _ => {}
         }
     }
+
+    // -- issue 5
+    /// Leaves on a transport-health verdict: the broker cannot take a release now (it is gone,
+    /// or this credential expired), so the lease is left to the bucket TTL and nothing waits
+    /// for a redial.
+    async fn abandon(mut self, verdict: Verdict, pid: Option<&PidRecord>) -> Exit {
+        if let Some(p) = pid {
+            p.remove();
+        }
+        self.lease.forget();
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.plane.quiesce()).await;
+        verdict.exit()
+    }
+    // -- end issue 5
 
     async fn stop_signalled(self, name: &'static str, pid: Option<&PidRecord>) -> Exit {
         self.journal.line(format!(

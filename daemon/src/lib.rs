@@ -10,6 +10,7 @@ pub mod deliver;
 pub mod demo;
 pub mod fanout;
 pub mod files;
+pub mod health;
 pub mod journal;
 pub mod kv;
 pub mod lease;

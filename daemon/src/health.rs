@@ -1,0 +1,658 @@
+//! Transport health: the broker-gone watchdog and the credential-expiry state.
+//!
+//! Why: the daemon is coupled to its broker, so it must leave when the broker is gone, but it
+//! must not open probe connections to find out (seeds: "It opens no other connection to check
+//! the broker"), and a starved host must not make a live broker look gone. So the only inputs
+//! are the resident connection's own events: a disconnect starts a clock, a reconnect stops it.
+//! Time the daemon's own event loop was stalled (a `LoopLagMeter` on the 250 ms evaluation tick)
+//! is credited against the window; wall time has a backstop no credit can defer. An
+//! authentication-expiry error is not a disconnect: it starts its own state that only a renewal
+//! proved against the broker clears, and that ends the process at the backstop.
+//!
+//! The decision logic ([`TransportHealth`], [`LoopLagMeter`]) is pure and takes literal times in
+//! milliseconds; [`Watchdog`] drives it from the connection's event feed on its own task, so a
+//! busy run loop is never mistaken for a stalled process.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, mpsc, watch};
+
+use crate::conn::ConnEvent;
+use crate::journal::Journal;
+
+/// `COTAL_DELIVERY_BROKER_GONE_MS`: the broker-gone window.
+pub const ENV_WINDOW_MS: &str = "COTAL_DELIVERY_BROKER_GONE_MS";
+/// `COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS`: the wall-time backstop.
+pub const ENV_BACKSTOP_MS: &str = "COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS";
+/// Default window (seeds: 15 seconds).
+pub const DEFAULT_WINDOW_MS: u64 = 15_000;
+/// Default backstop as a multiple of the window (seeds: four times, never less than it).
+pub const BACKSTOP_WINDOWS: u64 = 4;
+/// The evaluation tick, also the lag meter's interval (reference `LoopLagMeter(250)`).
+pub const EVAL_TICK_MS: u64 = 250;
+/// After a verdict the run loop gets this long to exit on its own before the process is ended
+/// (the reference's hard-exit timer).
+pub const HARD_EXIT_GRACE: Duration = Duration::from_millis(2_000);
+
+/// The seeds' lines, verbatim.
+pub const LINE_BROKER_GONE: &str = "✗ delivery: broker connection unavailable (broker unreachable), exiting (coupled to the broker)";
+pub const LINE_BACKSTOP: &str = "✗ delivery: broker connection unavailable past backstop (broker unreachable), exiting (coupled to the broker)";
+pub const LINE_EXPIRED: &str = "! delivery: credential expired, awaiting proved renewal";
+pub const LINE_EXPIRED_EXIT: &str = "✗ delivery: credential expired without renewal";
+
+/// A refused health configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthError {
+    kind: HealthErrorKind,
+    detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthErrorKind {
+    /// The window is zero.
+    Window,
+    /// The backstop is shorter than the window.
+    Backstop,
+}
+
+impl HealthError {
+    pub fn kind(&self) -> HealthErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for HealthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for HealthError {}
+
+/// Window and backstop, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthConfig {
+    window_ms: u64,
+    backstop_ms: u64,
+}
+
+impl HealthConfig {
+    /// A window and an explicit backstop; refuses a zero window or a backstop below it.
+    pub fn new(window_ms: u64, backstop_ms: u64) -> Result<HealthConfig, HealthError> {
+        if window_ms == 0 {
+            return Err(HealthError {
+                kind: HealthErrorKind::Window,
+                detail: "the broker-gone window must be longer than 0 ms".into(),
+            });
+        }
+        if backstop_ms < window_ms {
+            return Err(HealthError {
+                kind: HealthErrorKind::Backstop,
+                detail: format!(
+                    "the broker-gone backstop ({backstop_ms} ms) is shorter than the window ({window_ms} ms)"
+                ),
+            });
+        }
+        Ok(HealthConfig {
+            window_ms,
+            backstop_ms,
+        })
+    }
+
+    /// The seeds' rule: window `W` (0 or garbage keeps 15000), backstop `max(W, B or 4W)`.
+    pub fn from_values(window: Option<u64>, backstop: Option<u64>) -> HealthConfig {
+        let window_ms = window.filter(|w| *w > 0).unwrap_or(DEFAULT_WINDOW_MS);
+        let backstop_ms = backstop
+            .filter(|b| *b > 0)
+            .unwrap_or(window_ms.saturating_mul(BACKSTOP_WINDOWS))
+            .max(window_ms);
+        HealthConfig {
+            window_ms,
+            backstop_ms,
+        }
+    }
+
+    /// From `COTAL_DELIVERY_BROKER_GONE_MS` and `COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS`.
+    pub fn from_env() -> HealthConfig {
+        let read = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        HealthConfig::from_values(read(ENV_WINDOW_MS), read(ENV_BACKSTOP_MS))
+    }
+
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+    pub fn backstop_ms(&self) -> u64 {
+        self.backstop_ms
+    }
+}
+
+/// Event-loop stall measured by a periodic tick: a tick that comes later than its interval
+/// charges the excess as stall. Charges are unioned intervals, so overlapping charges count once.
+#[derive(Debug, Clone)]
+pub struct LoopLagMeter {
+    interval_ms: u64,
+    last_tick_ms: Option<u64>,
+    /// Disjoint, sorted `[start, end)` spans.
+    spans: Vec<(u64, u64)>,
+}
+
+impl LoopLagMeter {
+    pub fn new(interval_ms: u64) -> LoopLagMeter {
+        LoopLagMeter {
+            interval_ms,
+            last_tick_ms: None,
+            spans: Vec::new(),
+        }
+    }
+
+    /// Records a tick at `now_ms`; returns the lag it charged (0 on the first tick).
+    pub fn tick(&mut self, now_ms: u64) -> u64 {
+        let lag = match self.last_tick_ms {
+            None => 0,
+            Some(prev) => now_ms.saturating_sub(prev).saturating_sub(self.interval_ms),
+        };
+        self.last_tick_ms = Some(now_ms);
+        if lag > 0 {
+            self.credit(lag, now_ms);
+        }
+        lag
+    }
+
+    /// Charges `[ended_at - lag, ended_at)`.
+    pub fn credit(&mut self, lag_ms: u64, ended_at_ms: u64) {
+        if lag_ms == 0 {
+            return;
+        }
+        let mut start = ended_at_ms.saturating_sub(lag_ms);
+        let mut end = ended_at_ms;
+        let mut kept = Vec::with_capacity(self.spans.len() + 1);
+        for &(s, e) in &self.spans {
+            if e < start || s > end {
+                kept.push((s, e));
+            } else {
+                start = start.min(s);
+                end = end.max(e);
+            }
+        }
+        kept.push((start, end));
+        kept.sort_unstable();
+        self.spans = kept;
+    }
+
+    /// Total charged stall, at most `span_ms`.
+    pub fn starved_ms_within(&self, span_ms: u64) -> u64 {
+        let total: u64 = self.spans.iter().map(|(s, e)| e - s).sum();
+        total.min(span_ms)
+    }
+
+    /// Clears the charges; the tick baseline is set to `now_ms` (the meter is (re)armed).
+    pub fn rearm(&mut self, now_ms: u64) {
+        self.spans.clear();
+        self.last_tick_ms = Some(now_ms);
+    }
+}
+
+/// Why the daemon must leave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Disconnected for the window, less credited stall.
+    BrokerGone,
+    /// Disconnected for the backstop in wall time, whatever the stall.
+    Backstop,
+    /// The credential expired and no proved renewal arrived by the backstop.
+    CredentialExpired,
+}
+
+impl Verdict {
+    /// The seeds' line for this verdict.
+    pub fn line(self) -> &'static str {
+        match self {
+            Verdict::BrokerGone => LINE_BROKER_GONE,
+            Verdict::Backstop => LINE_BACKSTOP,
+            Verdict::CredentialExpired => LINE_EXPIRED_EXIT,
+        }
+    }
+    /// The process exit code (`docs/operations.md`).
+    pub fn exit(self) -> crate::deliver::Exit {
+        match self {
+            Verdict::BrokerGone | Verdict::Backstop => crate::deliver::Exit::BrokerGone,
+            Verdict::CredentialExpired => crate::deliver::Exit::CredentialExpired,
+        }
+    }
+}
+
+/// The pure state machine. Times are milliseconds on any monotonic clock.
+#[derive(Debug, Clone)]
+pub struct TransportHealth {
+    cfg: HealthConfig,
+    connected: bool,
+    disconnected_at_ms: Option<u64>,
+    expired: bool,
+    lag: LoopLagMeter,
+}
+
+/// What a fed event changed, so the driver can say it once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    None,
+    /// The connection dropped and the clock started.
+    ClockStarted,
+    /// The connection is back and the clock stopped.
+    ClockStopped,
+    /// The credential expired (first report of this episode).
+    Expired,
+    /// A proved adoption cleared the expiry state.
+    ExpiryCleared,
+}
+
+impl TransportHealth {
+    /// Starts connected (the start-up dial succeeded).
+    pub fn new(cfg: HealthConfig) -> TransportHealth {
+        TransportHealth {
+            cfg,
+            connected: true,
+            disconnected_at_ms: None,
+            expired: false,
+            lag: LoopLagMeter::new(EVAL_TICK_MS),
+        }
+    }
+
+    pub fn config(&self) -> HealthConfig {
+        self.cfg
+    }
+    /// Whether the evaluation tick must run (disconnected or expired).
+    pub fn armed(&self) -> bool {
+        self.disconnected_at_ms.is_some()
+    }
+    pub fn is_expired(&self) -> bool {
+        self.expired
+    }
+
+    fn start_clock(&mut self, now_ms: u64) -> bool {
+        if self.disconnected_at_ms.is_none() {
+            self.disconnected_at_ms = Some(now_ms);
+            self.lag.rearm(now_ms);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A transport edge. A reconnect stops the clock unless the credential has expired.
+    pub fn transport(&mut self, connected: bool, now_ms: u64) -> Change {
+        self.connected = connected;
+        if !connected {
+            return if self.start_clock(now_ms) {
+                Change::ClockStarted
+            } else {
+                Change::None
+            };
+        }
+        if self.expired || self.disconnected_at_ms.is_none() {
+            return Change::None;
+        }
+        self.disconnected_at_ms = None;
+        Change::ClockStopped
+    }
+
+    /// The broker said the credential expired.
+    pub fn credential_expired(&mut self, now_ms: u64) -> Change {
+        self.start_clock(now_ms);
+        if self.expired {
+            return Change::None;
+        }
+        self.expired = true;
+        Change::Expired
+    }
+
+    /// A renewal the broker accepted was adopted. Clears the expiry state; while connected it
+    /// also stops the clock (otherwise the reconnect that follows does).
+    pub fn adopted(&mut self, _now_ms: u64) -> Change {
+        let was = self.expired;
+        self.expired = false;
+        if self.connected {
+            self.disconnected_at_ms = None;
+        }
+        if was {
+            Change::ExpiryCleared
+        } else {
+            Change::None
+        }
+    }
+
+    /// Evaluation tick: measures stall, then decides.
+    pub fn tick(&mut self, now_ms: u64) -> Option<Verdict> {
+        if !self.armed() {
+            return None;
+        }
+        self.lag.tick(now_ms);
+        self.verdict(now_ms)
+    }
+
+    /// Wall time since the clock started (0 when it is not running).
+    pub fn elapsed_ms(&self, now_ms: u64) -> u64 {
+        self.disconnected_at_ms
+            .map(|since| now_ms.saturating_sub(since))
+            .unwrap_or(0)
+    }
+
+    /// Charged stall so far in this episode.
+    pub fn stall_credited_ms(&self, now_ms: u64) -> u64 {
+        match self.disconnected_at_ms {
+            Some(since) => self.lag.starved_ms_within(now_ms.saturating_sub(since)),
+            None => 0,
+        }
+    }
+
+    /// The verdict at `now_ms`, without ticking the meter.
+    pub fn verdict(&self, now_ms: u64) -> Option<Verdict> {
+        let since = self.disconnected_at_ms?;
+        let elapsed = now_ms.saturating_sub(since);
+        if elapsed >= self.cfg.backstop_ms {
+            return Some(if self.expired {
+                Verdict::CredentialExpired
+            } else {
+                Verdict::Backstop
+            });
+        }
+        // An expired credential is not a broker outage: only the backstop ends it.
+        if self.expired {
+            return None;
+        }
+        if elapsed - self.lag.starved_ms_within(elapsed) >= self.cfg.window_ms {
+            return Some(Verdict::BrokerGone);
+        }
+        None
+    }
+}
+
+/// The handle the rest of the daemon holds on a running watchdog.
+#[derive(Clone)]
+pub struct HealthHandle {
+    adopted: mpsc::UnboundedSender<()>,
+    verdict: watch::Receiver<Option<Verdict>>,
+}
+
+impl HealthHandle {
+    /// Reports a broker-proved adoption (the only thing that clears an expiry).
+    pub fn adopted(&self) {
+        let _ = self.adopted.send(());
+    }
+
+    /// Resolves once the watchdog has decided the daemon must leave.
+    pub async fn verdict(&mut self) -> Verdict {
+        loop {
+            if let Some(v) = *self.verdict.borrow() {
+                return v;
+            }
+            if self.verdict.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// A handle fed by nothing (embedding tests of other parts).
+    pub fn detached() -> HealthHandle {
+        let (adopted, _) = mpsc::unbounded_channel();
+        let (_, verdict) = watch::channel(None);
+        HealthHandle { adopted, verdict }
+    }
+}
+
+/// Drives [`TransportHealth`] from the resident connection's events on its own task.
+pub struct Watchdog;
+
+impl Watchdog {
+    /// Spawns the watchdog. It logs the episode lines itself; on a verdict it logs the seeds'
+    /// line, publishes the verdict, and, when `hard_exit` is set, ends the process if the run
+    /// loop has not exited within [`HARD_EXIT_GRACE`].
+    pub fn spawn(
+        cfg: HealthConfig,
+        mut events: broadcast::Receiver<ConnEvent>,
+        client: async_nats::Client,
+        journal: Journal,
+        space: String,
+        hard_exit: bool,
+    ) -> HealthHandle {
+        let (adopted_tx, mut adopted_rx) = mpsc::unbounded_channel::<()>();
+        let (verdict_tx, verdict_rx) = watch::channel(None);
+        let base = Instant::now();
+        let now_ms = move || base.elapsed().as_millis() as u64;
+        tokio::spawn(async move {
+            let mut health = TransportHealth::new(cfg);
+            let mut tick = tokio::time::interval(Duration::from_millis(EVAL_TICK_MS));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut feed_open = true;
+            let verdict = loop {
+                let armed = health.armed();
+                let change = tokio::select! {
+                    ev = events.recv(), if feed_open => match ev {
+                        Ok(ConnEvent::Connected) => health.transport(true, now_ms()),
+                        Ok(ConnEvent::Disconnected) | Ok(ConnEvent::Closed) => {
+                            health.transport(false, now_ms())
+                        }
+                        Ok(ConnEvent::CredentialExpired) => health.credential_expired(now_ms()),
+                        Ok(_) => Change::None,
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            use async_nats::connection::State;
+                            let up = client.connection_state() == State::Connected;
+                            health.transport(up, now_ms())
+                        }
+                        Err(broadcast::error::RecvError::Closed) => {
+                            feed_open = false;
+                            health.transport(false, now_ms())
+                        }
+                    },
+                    Some(()) = adopted_rx.recv() => health.adopted(now_ms()),
+                    _ = tick.tick(), if armed => {
+                        let now = now_ms();
+                        if let Some(v) = health.tick(now) {
+                            journal.line(format!(
+                                "• delivery: the broker connection was unavailable for {} ms, {} ms of it credited as this process's own stall (window {} ms, backstop {} ms)",
+                                health.elapsed_ms(now),
+                                health.stall_credited_ms(now),
+                                cfg.window_ms(),
+                                cfg.backstop_ms()
+                            ));
+                            break v;
+                        }
+                        Change::None
+                    }
+                };
+                if !armed && health.armed() {
+                    tick.reset();
+                }
+                match change {
+                    Change::ClockStarted => {
+                        journal.line(format!(
+                            "! delivery: broker connection unavailable, reconnecting (space {space})"
+                        ));
+                    }
+                    Change::ClockStopped => journal.line(format!(
+                        "✓ delivery: broker connection restored (space {space})"
+                    )),
+                    Change::Expired => journal.line(LINE_EXPIRED),
+                    Change::ExpiryCleared => journal.line(format!(
+                        "✓ delivery: a renewal the broker accepted was adopted; the credential-expiry state is cleared (space {space})"
+                    )),
+                    Change::None => {}
+                }
+            };
+            journal.line(verdict.line());
+            let _ = verdict_tx.send(Some(verdict));
+            if hard_exit {
+                tokio::time::sleep(HARD_EXIT_GRACE).await;
+                journal.line(format!(
+                    "! delivery: the run loop did not exit within {} ms of the verdict; exiting now",
+                    HARD_EXIT_GRACE.as_millis()
+                ));
+                std::process::exit(verdict.exit().code());
+            }
+        });
+        HealthHandle {
+            adopted: adopted_tx,
+            verdict: verdict_rx,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(w: u64, b: u64) -> HealthConfig {
+        HealthConfig::new(w, b).unwrap()
+    }
+
+    /// Ticks every 250 ms from `from` (exclusive) to `to` (inclusive); the first verdict.
+    fn ticks(h: &mut TransportHealth, from: u64, to: u64) -> Option<(Verdict, u64)> {
+        let mut t = from;
+        while t < to {
+            t += EVAL_TICK_MS;
+            if let Some(v) = h.tick(t) {
+                return Some((v, t));
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn config_follows_the_seed_rule() {
+        let d = HealthConfig::from_values(None, None);
+        assert_eq!((d.window_ms(), d.backstop_ms()), (15_000, 60_000));
+        let z = HealthConfig::from_values(Some(0), Some(0));
+        assert_eq!((z.window_ms(), z.backstop_ms()), (15_000, 60_000));
+        let w = HealthConfig::from_values(Some(1_500), None);
+        assert_eq!((w.window_ms(), w.backstop_ms()), (1_500, 6_000));
+        // Never less than the window.
+        let short = HealthConfig::from_values(Some(2_000), Some(500));
+        assert_eq!((short.window_ms(), short.backstop_ms()), (2_000, 2_000));
+        assert_eq!(
+            HealthConfig::new(0, 10).unwrap_err().kind(),
+            HealthErrorKind::Window
+        );
+        assert_eq!(
+            HealthConfig::new(10, 9).unwrap_err().kind(),
+            HealthErrorKind::Backstop
+        );
+    }
+
+    #[test]
+    fn meter_charges_late_ticks_as_unioned_spans() {
+        let mut m = LoopLagMeter::new(2_000);
+        assert_eq!(m.tick(0), 0);
+        // Reference figure: a 30 s gap on a 2 s interval charges 28 s.
+        assert_eq!(m.tick(30_000), 28_000);
+        assert_eq!(m.starved_ms_within(60_000), 28_000);
+        // An overlapping credit counts once; a disjoint one adds.
+        m.credit(5_000, 30_000);
+        assert_eq!(m.starved_ms_within(60_000), 28_000);
+        m.credit(1_000, 40_000);
+        assert_eq!(m.starved_ms_within(60_000), 29_000);
+        assert_eq!(m.starved_ms_within(10_000), 10_000);
+        m.rearm(50_000);
+        assert_eq!(m.starved_ms_within(60_000), 0);
+        assert_eq!(m.tick(50_250), 0);
+    }
+
+    #[test]
+    fn a_disconnect_exits_after_the_window() {
+        let mut h = TransportHealth::new(cfg(1_500, 6_000));
+        assert_eq!(h.tick(100), None);
+        assert_eq!(h.transport(false, 1_000), Change::ClockStarted);
+        let mut t = 1_000;
+        let mut verdict = None;
+        while verdict.is_none() {
+            t += 250;
+            verdict = h.tick(t);
+        }
+        assert_eq!(verdict, Some(Verdict::BrokerGone));
+        assert_eq!(t, 2_500);
+    }
+
+    #[test]
+    fn a_reconnect_stops_the_clock() {
+        let mut h = TransportHealth::new(cfg(1_500, 6_000));
+        h.transport(false, 0);
+        assert_eq!(h.tick(1_250), None);
+        assert_eq!(h.transport(true, 1_400), Change::ClockStopped);
+        assert!(!h.armed());
+        assert_eq!(h.tick(10_000), None);
+        // A new episode starts its own clock.
+        h.transport(false, 20_000);
+        assert_eq!(
+            ticks(&mut h, 20_000, 30_000),
+            Some((Verdict::BrokerGone, 21_500))
+        );
+    }
+
+    #[test]
+    fn a_stall_longer_than_the_window_is_credited() {
+        let mut h = TransportHealth::new(cfg(1_500, 6_000));
+        h.transport(false, 0);
+        assert_eq!(h.tick(250), None);
+        // Frozen for 3 s: the next tick is 3 s late.
+        assert_eq!(h.tick(3_500), None);
+        assert_eq!(h.stall_credited_ms(3_500), 3_000);
+        // Unstalled time reaches the window 1.5 s after the disconnect plus the stall.
+        assert_eq!(
+            ticks(&mut h, 3_500, 9_000),
+            Some((Verdict::BrokerGone, 4_500))
+        );
+    }
+
+    #[test]
+    fn the_backstop_ignores_stall_credit() {
+        let mut h = TransportHealth::new(cfg(2_000, 6_000));
+        h.transport(false, 0);
+        let mut t = 0;
+        // Frozen 1.5 s, awake 0.1 s, over and over.
+        let mut verdict = None;
+        while verdict.is_none() {
+            t += 1_500;
+            verdict = h.tick(t);
+            if verdict.is_none() {
+                t += 100;
+                verdict = h.tick(t);
+            }
+        }
+        assert_eq!(verdict, Some(Verdict::Backstop));
+        assert!((6_000..6_000 + 1_500).contains(&t), "t = {t}");
+        assert!(h.stall_credited_ms(t) > 4_000);
+    }
+
+    #[test]
+    fn expiry_is_not_a_disconnect_and_ends_at_the_backstop() {
+        let mut h = TransportHealth::new(cfg(1_500, 6_000));
+        assert_eq!(h.credential_expired(1_000), Change::Expired);
+        assert_eq!(h.credential_expired(1_010), Change::None);
+        h.transport(false, 1_020);
+        // A reconnect alone does not clear it.
+        assert_eq!(h.transport(true, 1_500), Change::None);
+        assert_eq!(h.tick(3_000), None);
+        assert_eq!(h.tick(6_750), None);
+        assert_eq!(h.tick(7_000), Some(Verdict::CredentialExpired));
+    }
+
+    #[test]
+    fn a_proved_adoption_clears_expiry() {
+        let mut h = TransportHealth::new(cfg(1_500, 6_000));
+        h.credential_expired(0);
+        h.transport(false, 5);
+        // Adopted while disconnected: expiry clears, the clock runs until the reconnect.
+        assert_eq!(h.adopted(2_000), Change::ExpiryCleared);
+        assert!(h.armed());
+        assert_eq!(h.transport(true, 2_100), Change::ClockStopped);
+        assert_eq!(h.tick(9_000), None);
+        // Adopted while connected (after a stale reconnect): clears both at once.
+        h.credential_expired(10_000);
+        h.transport(true, 10_100);
+        assert_eq!(h.adopted(10_200), Change::ExpiryCleared);
+        assert!(!h.armed());
+    }
+}
