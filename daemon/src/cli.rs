@@ -130,6 +130,7 @@ fn run_deliver(args: DeliverArgs) -> i32 {
     cfg.tls = args.tls;
     cfg.tls_ca = args.tls_ca;
     cfg.ping_interval = deliver::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
+    cfg.plane = crate::plane::PlaneConfig::from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -2,11 +2,15 @@
 //! arguments and calls in here.
 
 pub mod admin;
+pub mod agent;
+pub mod acl;
 pub mod admission;
 pub mod cli;
+pub mod channels;
 pub mod conn;
 pub mod creds;
 pub mod deliver;
+pub mod entry;
 pub mod demo;
 pub mod fanout;
 pub mod files;
@@ -14,10 +18,14 @@ pub mod health;
 pub mod journal;
 pub mod kv;
 pub mod lease;
+pub mod membership;
 pub mod ops;
 pub mod plane;
+pub mod presence;
 pub mod provision;
+pub mod pump;
 pub mod rails;
 pub mod reader;
+pub mod scan;
 pub mod supervise;
 pub mod wire;

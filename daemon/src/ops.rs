@@ -1,19 +1,259 @@
-//! Verbs of the `ctl.delivery` rail (agent-callable). Each returns the reply `data` or the refusal text; the rail
-//! module owns envelopes, caller identity and reply binding.
+//! Verbs of the `ctl.delivery` rail (agent-callable). Each returns the reply `data` or the
+//! refusal text; the rail module owns envelopes, caller identity and reply binding.
+//!
+//! Request shapes are pinned (DESIGN §6.7): `durableJoin {channel, lifecycleUid?}`,
+//! `durableLeave {channel, generation, lifecycleUid?}`, `listMemberships {lifecycleUid?}`.
+//! Without `lifecycleUid` the caller's single live ACL row `<o>.<a>.*` names the lifecycle; two
+//! live rows are refused loudly. Every write happens only while the serving epoch the verb was
+//! admitted at still holds.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::plane::PlaneCtx;
-use crate::wire::Principal;
+use crate::acl::{AclRow, Acls};
+use crate::journal::epoch_ms;
+use crate::membership::{
+    chat_frontier, MemberRead, Members, MembershipRecord, STATE_DURABLE_ACTIVE,
+    STATE_LIVE_CONFIRMED,
+};
+use crate::plane::{PlaneCtx, NOT_SERVING, STOPPED_SERVING};
+use crate::wire::{validate_channel, LifecycleUid, Principal};
 
 /// `ctl.delivery` verbs (agent-callable).
 pub async fn delivery(
-    _ctx: &PlaneCtx,
-    _caller: &Principal,
+    ctx: &PlaneCtx,
+    caller: &Principal,
     op: &str,
-    _args: &Value,
+    args: &Value,
 ) -> Result<Value, String> {
-    Err(format!(
-        "op \"{op}\" not supported on the delivery control service"
-    ))
+    match op {
+        "durableJoin" => durable_join(ctx, caller, args).await,
+        "durableLeave" => durable_leave(ctx, caller, args).await,
+        "listMemberships" => list_memberships(ctx, caller, args).await,
+        _ => Err(format!(
+            "op \"{op}\" not supported on the delivery control service"
+        )),
+    }
+}
+
+/// The serving epoch this verb acts under.
+fn admit(ctx: &PlaneCtx) -> Result<u64, String> {
+    ctx.gate.admit().ok_or_else(|| NOT_SERVING.to_string())
+}
+
+fn still(ctx: &PlaneCtx, epoch: u64) -> Result<(), String> {
+    if ctx.gate.still(epoch) {
+        Ok(())
+    } else {
+        Err(STOPPED_SERVING.to_string())
+    }
+}
+
+/// `args` must be an object (or absent).
+fn object<'a>(
+    op: &str,
+    args: &'a Value,
+) -> Result<Option<&'a serde_json::Map<String, Value>>, String> {
+    match args {
+        Value::Null => Ok(None),
+        Value::Object(m) => Ok(Some(m)),
+        _ => Err(format!("{op}: args must be an object")),
+    }
+}
+
+/// The concrete channel argument.
+fn channel_arg(op: &str, args: &Value) -> Result<String, String> {
+    let raw = object(op, args)?
+        .and_then(|m| m.get("channel"))
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| format!("{op}: channel must be a non-blank string"))?;
+    if validate_channel(raw, false).is_ok() && validate_channel(raw, true).is_err() {
+        return Err(format!(
+            "{op}: \"{raw}\" must be a concrete channel (durable membership is per-concrete-channel, not wildcard)"
+        ));
+    }
+    validate_channel(raw, true).map_err(|e| format!("{op}: {e}"))?;
+    Ok(raw.to_string())
+}
+
+/// The lifecycle the verb addresses: the explicit `lifecycleUid`, or the caller's single live
+/// ACL row.
+async fn lifecycle_arg(
+    op: &str,
+    acls: &Acls,
+    caller: &Principal,
+    args: &Value,
+) -> Result<LifecycleUid, String> {
+    match object(op, args)?.and_then(|m| m.get("lifecycleUid")) {
+        None | Some(Value::Null) => acls
+            .single_live(caller)
+            .await
+            .map(|(uid, _)| uid)
+            .map_err(|e| e.describe(caller, op)),
+        Some(Value::String(s)) => LifecycleUid::parse(s).map_err(|e| format!("{op}: {e}")),
+        Some(_) => Err(format!("{op}: lifecycleUid must be a string")),
+    }
+}
+
+fn open_err(e: impl std::fmt::Display) -> String {
+    format!("delivery: the registry is unavailable: {e}")
+}
+
+/// Whether the caller's current ACL row covers `channel`: `Ok(())`, or the refusal.
+async fn check_acl(
+    acls: &Acls,
+    caller: &Principal,
+    uid: &LifecycleUid,
+    channel: &str,
+) -> Result<(), String> {
+    match acls
+        .read(caller, uid)
+        .await
+        .map_err(|e| format!("durableJoin: could not read the read ACL: {e}"))?
+    {
+        AclRow::Absent | AclRow::Garbled(_) => Err(format!(
+            "durableJoin: no read ACL on record for {caller} (not provisioned for durable delivery)"
+        )),
+        AclRow::Present { record, .. } if record.is_retired() => Err(format!(
+            "durableJoin: lifecycle {uid} of {caller} is retired"
+        )),
+        AclRow::Present { record, .. } if !record.covers(channel) => Err(format!(
+            "channel \"{channel}\" is not within your read ACL [{}]",
+            record.allow_subscribe.join(", ")
+        )),
+        AclRow::Present { .. } => Ok(()),
+    }
+}
+
+async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Result<Value, String> {
+    let epoch = admit(ctx)?;
+    let channel = channel_arg("durableJoin", args)?;
+    let acls = Acls::open(ctx).await.map_err(open_err)?;
+    let members = Members::open(ctx).await.map_err(open_err)?;
+    let uid = lifecycle_arg("durableJoin", &acls, caller, args).await?;
+    check_acl(&acls, caller, &uid, &channel).await?;
+
+    let (previous_generation, expected) = match members
+        .read(&channel, caller, &uid)
+        .await
+        .map_err(|e| format!("durableJoin: could not read the member row: {e}"))?
+    {
+        MemberRead::Present(rec, revision) => (rec.generation, revision),
+        MemberRead::Absent { marker_revision } => (0, marker_revision),
+        MemberRead::Garbled(e) => {
+            return Err(format!("durableJoin: the member row does not parse ({e})"))
+        }
+    };
+    // The join cursor is the CHAT frontier: posts after it are this membership's.
+    let join_cursor = chat_frontier(ctx)
+        .await
+        .map_err(|e| format!("durableJoin: could not read the CHAT frontier: {e}"))?;
+    let record = MembershipRecord {
+        channel: channel.clone(),
+        owner: caller.dot_form(),
+        lifecycle_uid: uid.to_string(),
+        state: STATE_DURABLE_ACTIVE.to_string(),
+        join_cursor,
+        activated: Some(true),
+        leave_cursor: None,
+        generation: previous_generation + 1,
+        writer_identity: ctx.me.dot_form(),
+        updated_at: epoch_ms(),
+    };
+    // Re-check just before the write: a narrowing that raced the first check wins.
+    check_acl(&acls, caller, &uid, &channel).await?;
+    still(ctx, epoch)?;
+    let revision = members
+        .write(caller, &uid, &record, expected)
+        .await
+        .map_err(|e| format!("durableJoin: the member row was not written: {e}"))?;
+    // And once more after: if the channel is no longer allowed, take our own row back.
+    if let Err(refusal) = check_acl(&acls, caller, &uid, &channel).await {
+        if let Err(e) = members.remove(&channel, caller, &uid, revision).await {
+            ctx.journal.line(format!(
+                "! delivery: durableJoin of {caller} to \"{channel}\" lost its ACL after the write, and removing the row failed: {e}"
+            ));
+        }
+        return Err(refusal);
+    }
+    Ok(json!({"durable": true, "generation": record.generation}))
+}
+
+async fn durable_leave(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Result<Value, String> {
+    let epoch = admit(ctx)?;
+    let channel = channel_arg("durableLeave", args)?;
+    let generation = object("durableLeave", args)?
+        .and_then(|m| m.get("generation"))
+        .and_then(Value::as_f64)
+        .filter(|g| g.is_finite())
+        .ok_or_else(|| {
+            "durableLeave: a finite generation is required (fail-closed stale-leave guard)"
+                .to_string()
+        })?;
+    // No ACL coverage check: a leave must work after a narrowing.
+    let acls = Acls::open(ctx).await.map_err(open_err)?;
+    let members = Members::open(ctx).await.map_err(open_err)?;
+    let uid = lifecycle_arg("durableLeave", &acls, caller, args).await?;
+    let (mut record, revision) = match members
+        .read(&channel, caller, &uid)
+        .await
+        .map_err(|e| format!("durableLeave: could not read the member row: {e}"))?
+    {
+        MemberRead::Present(rec, revision) => (rec, revision),
+        MemberRead::Absent { .. } => return Ok(json!({"channel": channel, "alreadyLeft": true})),
+        MemberRead::Garbled(e) => {
+            return Err(format!("durableLeave: the member row does not parse ({e})"))
+        }
+    };
+    if (record.generation as f64) != generation {
+        return Err(format!(
+            "durableLeave: stale leave - generation {generation} is not the membership's current generation {}",
+            record.generation
+        ));
+    }
+    if record.is_tombstone() {
+        return Ok(json!({"channel": channel, "alreadyLeft": true}));
+    }
+    let leave_cursor = chat_frontier(ctx)
+        .await
+        .map_err(|e| format!("durableLeave: could not read the CHAT frontier: {e}"))?;
+    record.leave_cursor = Some(leave_cursor.max(record.join_cursor));
+    record.state = STATE_LIVE_CONFIRMED.to_string();
+    record.writer_identity = ctx.me.dot_form();
+    record.updated_at = epoch_ms();
+    still(ctx, epoch)?;
+    // Compare-and-set on the revision just read: only a row that still exists is updated.
+    members
+        .write(caller, &uid, &record, revision)
+        .await
+        .map_err(|e| format!("durableLeave: the leave cursor was not written: {e}"))?;
+    Ok(json!({"channel": channel}))
+}
+
+async fn list_memberships(
+    ctx: &PlaneCtx,
+    caller: &Principal,
+    args: &Value,
+) -> Result<Value, String> {
+    admit(ctx)?;
+    let acls = Acls::open(ctx).await.map_err(open_err)?;
+    let members = Members::open(ctx).await.map_err(open_err)?;
+    let uid = lifecycle_arg("listMemberships", &acls, caller, args).await?;
+    let rows = members
+        .of_lifecycle(caller, &uid)
+        .await
+        .map_err(|e| format!("listMemberships: could not read the registry: {e}"))?;
+    let list: Vec<Value> = rows
+        .iter()
+        .filter(|r| !r.record.is_tombstone())
+        .map(|r| {
+            json!({
+                "channel": r.record.channel,
+                "generation": r.record.generation,
+                "activated": r.record.activated.unwrap_or(false),
+            })
+        })
+        .collect();
+    Ok(json!({"memberships": list}))
 }

@@ -72,6 +72,25 @@ pub struct PlaneConfig {
     pub reader_max_ack_pending: i64,
 }
 
+/// Override of [`PlaneConfig::nak_delay`] in milliseconds (default 2000).
+pub const NAK_DELAY_ENV: &str = "COTAL_DELIVERY_NAK_DELAY_MS";
+/// Override of [`PlaneConfig::ack_wait`] in milliseconds (default 60000). It applies when the
+/// `fanout`/`reader` durables are first created; an existing durable keeps its own `ack_wait`.
+pub const ACK_WAIT_ENV: &str = "COTAL_DELIVERY_ACK_WAIT_MS";
+
+impl PlaneConfig {
+    /// The defaults with the documented environment overrides applied (`0` or garbage keeps
+    /// the default).
+    pub fn from_env() -> PlaneConfig {
+        let d = PlaneConfig::default();
+        PlaneConfig {
+            nak_delay: crate::deliver::env_ms(NAK_DELAY_ENV, d.nak_delay),
+            ack_wait: crate::deliver::env_ms(ACK_WAIT_ENV, d.ack_wait),
+            ..d
+        }
+    }
+}
+
 impl Default for PlaneConfig {
     fn default() -> Self {
         PlaneConfig {

@@ -1,16 +1,56 @@
 //! The trusted reader: the durable `reader` on `INBOX_<s>`.
 //!
 //! Agents hold no content-bearing read on the mixed per-member store; the reader re-authorizes
-//! each entry and hands the authorized frame to the member's own `dlv_` durable.
+//! each entry and hands the authorized frame to the member's own `dlv_` durable. Per entry,
+//! fresh from the leader:
+//!
+//! - owner with no (or a garbled) ACL row: nak, and after ten deliveries term with the
+//!   reference warning. Term does not delete: the entry stays in the stream, because a missing
+//!   row does not prove the owner is gone;
+//! - retired lifecycle (tombstone on its ACL row): delete the entry from `INBOX_<s>` (an entry
+//!   the stream no longer holds counts as removed), remove the lifecycle's member row for a
+//!   durable-channel entry (best effort, a warning on failure), and ack only after the delete
+//!   succeeded. A failed delete naks and is given up after ten deliveries. A daemon that stops
+//!   serving while the delete is in flight neither acks nor terms;
+//! - ACL no longer covering the channel, or (durable-channel entries) a sequence outside the
+//!   member's join/leave interval: ack without surfacing (a leave is a hard read boundary);
+//! - otherwise publish the frame (header `Cotal-Delivery-Frame: 1`) to the member's
+//!   `dlv.<o>.<a>.<uid>` and ack the entry only once that publish is acknowledged, so a crash
+//!   between handoff and surfacing loses nothing.
+
+use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::Message;
+use async_nats::HeaderMap;
 use tokio::task::JoinHandle;
 
-use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx};
-use crate::wire::READER_DURABLE;
+use crate::acl::{AclRow, Acls};
+use crate::entry::{dedup_id, parse_dinbox_subject, Plane3DeliveryFrame, Plane3Entry, Reason};
+use crate::membership::{MemberRead, Members};
+use crate::plane::{PlaneCtx, PlaneError, StopRx};
+use crate::pump::{self, Settle};
+use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
+
+/// Entries handled concurrently (one lane per member subject hash).
+pub const READER_LANES: usize = 64;
+/// Bound on one handoff publish (or one delete) being acknowledged.
+const HANDOFF_BOUND: Duration = Duration::from_secs(5);
+
+/// The reference warning for an entry given up because its owner has no ACL row.
+pub fn unknown_owner_warning(owner: &str, deliveries: i64) -> String {
+    format!("plane-3 reader: gave up on entry for unknown owner {owner} after {deliveries} redeliveries")
+}
+
+#[derive(Clone)]
+struct Reader {
+    ctx: PlaneCtx,
+    acls: Acls,
+    members: Members,
+}
 
 /// Creates (or binds) the `reader` durable (exactly one filter subject, DESIGN §6.5).
-pub async fn bind(ctx: &PlaneCtx, mut stop: StopRx) -> Result<JoinHandle<()>, PlaneError> {
+pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneError> {
     let err = |detail: String| PlaneError {
         what: "trusted reader",
         detail,
@@ -29,7 +69,7 @@ pub async fn bind(ctx: &PlaneCtx, mut stop: StopRx) -> Result<JoinHandle<()>, Pl
         max_ack_pending: ctx.config.reader_max_ack_pending,
         ..Default::default()
     };
-    let _consumer = tokio::time::timeout(
+    let consumer = tokio::time::timeout(
         ctx.config.request_bound,
         stream.get_or_create_consumer(READER_DURABLE, config),
     )
@@ -41,9 +81,210 @@ pub async fn bind(ctx: &PlaneCtx, mut stop: StopRx) -> Result<JoinHandle<()>, Pl
         ))
     })?
     .map_err(|e| err(crate::kv::broker_words(&e)))?;
-    Ok(tokio::spawn(async move {
-        // The re-authorization loop arrives with the data path (issue 4); until then entries
-        // stay pending, unacked.
-        stopped(&mut stop).await;
-    }))
+    let reader = Reader {
+        ctx: ctx.clone(),
+        acls: Acls::open(ctx).await.map_err(|e| err(e.to_string()))?,
+        members: Members::open(ctx).await.map_err(|e| err(e.to_string()))?,
+    };
+    Ok(tokio::spawn(pump::run(
+        ctx.clone(),
+        consumer,
+        stop,
+        READER_LANES,
+        "trusted reader",
+        move |msg, epoch| {
+            let reader = reader.clone();
+            async move {
+                let verdict = reader.handle(&msg, epoch).await;
+                pump::settle(&reader.ctx, &msg, epoch, verdict).await;
+            }
+        },
+    )))
+}
+
+impl Reader {
+    fn given_up(&self, msg: &Message) -> bool {
+        pump::deliveries(msg) >= self.ctx.config.reader_max_redeliveries
+    }
+
+    async fn handle(&self, msg: &Message, epoch: u64) -> Settle {
+        let prefix = self.ctx.names.space().prefix();
+        let Some((member, uid)) = parse_dinbox_subject(&msg.subject, &prefix) else {
+            tracing::warn!(subject = %msg.subject, "reader: unparseable subject; terminated");
+            return Settle::Term;
+        };
+        let entry: Plane3Entry = match serde_json::from_slice(&msg.payload) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(subject = %msg.subject, error = %e, "reader: malformed entry; terminated");
+                return Settle::Term;
+            }
+        };
+        let record = match self.acls.read(&member, &uid).await {
+            Err(e) => {
+                tracing::warn!(error = %e, "reader: ACL read failed; nak");
+                return Settle::Nak;
+            }
+            Ok(AclRow::Absent) | Ok(AclRow::Garbled(_)) => {
+                if self.given_up(msg) {
+                    if self.ctx.gate.still(epoch) {
+                        self.ctx.journal.line(format!(
+                            "! {}",
+                            unknown_owner_warning(
+                                &SpaceNames::acl_key(&member, &uid),
+                                pump::deliveries(msg)
+                            )
+                        ));
+                    }
+                    return Settle::Term;
+                }
+                return Settle::Nak;
+            }
+            Ok(AclRow::Present { record, .. }) => record,
+        };
+        if record.is_retired() {
+            return self.drop_retired(msg, epoch, &member, &uid, &entry).await;
+        }
+        if !record.covers(&entry.channel) {
+            return Settle::Ack;
+        }
+        if entry.reason == Reason::DurableChannel {
+            match self.members.read(&entry.channel, &member, &uid).await {
+                Err(e) => {
+                    tracing::warn!(error = %e, "reader: member row read failed; nak");
+                    return Settle::Nak;
+                }
+                Ok(MemberRead::Present(row, _)) if row.admits(entry.seq) => {}
+                Ok(_) => return Settle::Ack,
+            }
+        }
+        match self.hand_off(&member, &uid, &entry).await {
+            Ok(()) => Settle::Ack,
+            Err(e) => {
+                tracing::warn!(subject = %msg.subject, error = %e, "reader: handoff failed");
+                if self.given_up(msg) {
+                    Settle::Term
+                } else {
+                    Settle::Nak
+                }
+            }
+        }
+    }
+
+    async fn hand_off(
+        &self,
+        member: &Principal,
+        uid: &LifecycleUid,
+        entry: &Plane3Entry,
+    ) -> Result<(), String> {
+        let frame = Plane3DeliveryFrame::for_entry(entry);
+        let body = serde_json::to_vec(&frame).map_err(|e| e.to_string())?;
+        let mut headers = HeaderMap::new();
+        headers.insert(DELIVERY_FRAME_HEADER, "1");
+        if let Some(id) = dedup_id(&entry.msg, member, uid, entry.generation) {
+            headers.insert("Nats-Msg-Id", id.as_str());
+        }
+        let subject = self.ctx.names.dlv_subject(member, uid);
+        let work = async {
+            let ack = self
+                .ctx
+                .js
+                .publish_with_headers(subject.clone(), headers, body.into())
+                .await
+                .map_err(|e| crate::kv::broker_words(&e))?;
+            ack.await.map_err(|e| crate::kv::broker_words(&e))
+        };
+        match tokio::time::timeout(HANDOFF_BOUND, work).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("publish {subject}: {e}")),
+            Err(_) => Err(format!(
+                "publish {subject}: no ack within {} ms",
+                HANDOFF_BOUND.as_millis()
+            )),
+        }
+    }
+
+    async fn drop_retired(
+        &self,
+        msg: &Message,
+        epoch: u64,
+        member: &Principal,
+        uid: &LifecycleUid,
+        entry: &Plane3Entry,
+    ) -> Settle {
+        let seq = pump::stream_sequence(msg);
+        let deleted = self.delete_entry(seq).await;
+        if !self.ctx.gate.still(epoch) {
+            // Stopped serving while the delete was in flight: the next daemon retries it.
+            return Settle::Leave;
+        }
+        if let Err(e) = deleted {
+            tracing::warn!(seq, error = %e, "reader: deleting a retired lifecycle's entry failed");
+            return if self.given_up(msg) {
+                Settle::Term
+            } else {
+                Settle::Nak
+            };
+        }
+        if entry.reason == Reason::DurableChannel {
+            if let Err(e) = self.remove_member_row(&entry.channel, member, uid).await {
+                self.ctx.journal.line(format!(
+                    "! plane-3 reader: could not remove the member row {} of retired lifecycle {}.{uid}: {e}",
+                    SpaceNames::member_key(&entry.channel, member, uid),
+                    member.dot_form()
+                ));
+            }
+        }
+        Settle::Ack
+    }
+
+    /// Deletes INBOX entry `seq`; an entry the stream no longer holds counts as removed.
+    async fn delete_entry(&self, seq: u64) -> Result<(), String> {
+        let work = async {
+            let stream = self
+                .ctx
+                .js
+                .get_stream_no_info(self.ctx.names.inbox_stream())
+                .await
+                .map_err(|e| crate::kv::broker_words(&e))?;
+            match stream.delete_message(seq).await {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    let words = crate::kv::broker_words(&e);
+                    if words.to_lowercase().contains("no message found") {
+                        Ok(())
+                    } else {
+                        Err(words)
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(HANDOFF_BOUND, work).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {} ms", HANDOFF_BOUND.as_millis())),
+        }
+    }
+
+    async fn remove_member_row(
+        &self,
+        channel: &str,
+        member: &Principal,
+        uid: &LifecycleUid,
+    ) -> Result<(), String> {
+        match self
+            .members
+            .read(channel, member, uid)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            MemberRead::Absent { .. } => Ok(()),
+            MemberRead::Present(_, revision) => self
+                .members
+                .remove(channel, member, uid, revision)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            MemberRead::Garbled(_) => Err("the row does not parse".into()),
+        }
+    }
 }

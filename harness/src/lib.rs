@@ -2,6 +2,7 @@
 //! faults against them (signals, restart, a blackholing proxy) and bounded waits, for the
 //! daemon's integration tests, scenarios and smoke suites. No mock broker anywhere.
 
+pub mod agent;
 pub mod broker;
 pub mod cluster;
 pub mod daemon;

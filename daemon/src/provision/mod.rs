@@ -1,6 +1,7 @@
 //! Provisioning: the one code path that mints credentials, renders `server.conf` and creates a
 //! space's streams, buckets and consumers. `up`, the harness and the smoke suites all call it.
 
+pub mod agent;
 pub mod authority;
 pub mod jwt;
 pub mod layout;

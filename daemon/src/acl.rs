@@ -1,0 +1,207 @@
+//! Read-ACL rows (`cotal_acl_<s>`, key `<o>.<a>.<uid>`): what a member may read *now*.
+//!
+//! The manager writes these rows at mint and remint; the daemon only reads them, leader-served,
+//! fresh for every decision (a re-check against a cached ACL would not be a re-check).
+//!
+//! Retirement tombstone (our definition; the reference names the concept but not the field):
+//! a retired lifecycle's row keeps its key and gains `"retired": true` and `"retiredAt": <epoch
+//! ms>`. Either field marks the row retired. A retired lifecycle never comes back, so entries
+//! addressed to it are deleted from `INBOX_<s>` the first time the reader meets them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::kv::{Read, RowError, Rows};
+use crate::plane::PlaneCtx;
+use crate::wire::{channel_matches, LifecycleUid, Principal, SpaceNames};
+
+/// `AclRecord` of the reference, plus the retirement tombstone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AclRecord {
+    pub allow_subscribe: Vec<String>,
+    /// Ceiling from the last credential issue; absent means equal to `allow_subscribe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_allow_subscribe: Option<Vec<String>>,
+    #[serde(default)]
+    pub revision: u64,
+    #[serde(default)]
+    pub updated_at: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_at: Option<u64>,
+}
+
+impl AclRecord {
+    pub fn new(allow_subscribe: Vec<String>, revision: u64, updated_at: u64) -> AclRecord {
+        AclRecord {
+            allow_subscribe,
+            issued_allow_subscribe: None,
+            revision,
+            updated_at,
+            retired: false,
+            retired_at: None,
+        }
+    }
+    /// Whether the row carries the retirement tombstone.
+    pub fn is_retired(&self) -> bool {
+        self.retired || self.retired_at.is_some()
+    }
+    /// Whether the current read ACL covers `channel`: some `allowSubscribe` pattern matches it,
+    /// and so does some pattern of the issued ceiling when there is one.
+    pub fn covers(&self, channel: &str) -> bool {
+        let allowed = self
+            .allow_subscribe
+            .iter()
+            .any(|p| channel_matches(p, channel));
+        let under_ceiling = match &self.issued_allow_subscribe {
+            None => true,
+            Some(ceiling) => ceiling.iter().any(|p| channel_matches(p, channel)),
+        };
+        allowed && under_ceiling && !self.is_retired()
+    }
+}
+
+/// What a leader-served read of one ACL row found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AclRow {
+    Present {
+        record: AclRecord,
+        revision: u64,
+    },
+    /// No live row: the owner is unknown (which does not prove it is gone).
+    Absent,
+    /// A row that does not parse: treated like an absent one (defer), with the parse error.
+    Garbled(String),
+}
+
+/// Why resolving a principal's single live lifecycle failed.
+#[derive(Debug, Clone)]
+pub enum AliasError {
+    /// No live (present, not retired) ACL row `<o>.<a>.*`.
+    None,
+    /// More than one live row: refuse loudly, never pick one.
+    Ambiguous(Vec<String>),
+    Read(RowError),
+}
+
+impl AliasError {
+    /// The refusal text for `principal`.
+    pub fn describe(&self, principal: &Principal, verb: &str) -> String {
+        match self {
+            AliasError::None => format!(
+                "{verb}: no read ACL on record for {principal} (not provisioned for durable delivery)"
+            ),
+            AliasError::Ambiguous(uids) => format!(
+                "{verb}: {principal} has {} live ACL rows ({}); name the lifecycle with lifecycleUid - refusing to guess",
+                uids.len(),
+                uids.join(", ")
+            ),
+            AliasError::Read(e) => format!("{verb}: could not read the ACL rows of {principal}: {e}"),
+        }
+    }
+}
+
+/// The ACL bucket, read leader-served.
+#[derive(Clone)]
+pub struct Acls {
+    rows: Rows,
+    ctx: PlaneCtx,
+}
+
+impl Acls {
+    pub async fn open(ctx: &PlaneCtx) -> Result<Acls, RowError> {
+        let rows = Rows::open(&ctx.js, &ctx.names.acl_bucket(), ctx.config.request_bound).await?;
+        Ok(Acls {
+            rows,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// The row of one lifecycle, fresh from the leader.
+    pub async fn read(&self, member: &Principal, uid: &LifecycleUid) -> Result<AclRow, RowError> {
+        match self.rows.read(&SpaceNames::acl_key(member, uid)).await? {
+            Read::Absent { .. } => Ok(AclRow::Absent),
+            Read::Present(row) => match serde_json::from_slice::<AclRecord>(&row.value) {
+                Ok(record) => Ok(AclRow::Present {
+                    record,
+                    revision: row.revision,
+                }),
+                Err(e) => Ok(AclRow::Garbled(e.to_string())),
+            },
+        }
+    }
+
+    /// The principal's single live lifecycle: the one present, non-retired row `<o>.<a>.*`.
+    pub async fn single_live(
+        &self,
+        member: &Principal,
+    ) -> Result<(LifecycleUid, AclRecord), AliasError> {
+        let filter = format!("{}.*", member.dot_form());
+        let keys = crate::scan::keys(
+            &self.ctx.js,
+            self.rows.bucket(),
+            &filter,
+            self.ctx.config.request_bound,
+        )
+        .await
+        .map_err(AliasError::Read)?;
+        let mut live = Vec::new();
+        for key in keys {
+            let Some(uid) = key
+                .rsplit_once('.')
+                .and_then(|(_, u)| LifecycleUid::parse(u).ok())
+            else {
+                continue;
+            };
+            if let AclRow::Present { record, .. } =
+                self.read(member, &uid).await.map_err(AliasError::Read)?
+            {
+                if !record.is_retired() {
+                    live.push((uid, record));
+                }
+            }
+        }
+        match live.len() {
+            0 => Err(AliasError::None),
+            1 => Ok(live.remove(0)),
+            _ => Err(AliasError::Ambiguous(
+                live.iter().map(|(u, _)| u.to_string()).collect(),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coverage_follows_patterns_ceiling_and_tombstone() {
+        let mut r = AclRecord::new(vec!["eng.>".into(), "general".into()], 1, 0);
+        assert!(r.covers("eng.alerts"));
+        assert!(r.covers("general"));
+        assert!(!r.covers("ops"));
+        r.issued_allow_subscribe = Some(vec!["general".into()]);
+        assert!(!r.covers("eng.alerts"));
+        assert!(r.covers("general"));
+        r.retired_at = Some(5);
+        assert!(!r.covers("general"));
+        assert!(r.is_retired());
+    }
+
+    #[test]
+    fn the_row_shape_is_camel_case_and_omits_the_absent_tombstone() {
+        let r = AclRecord::new(vec!["general".into()], 2, 7);
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"allowSubscribe":["general"],"revision":2,"updatedAt":7})
+        );
+        let back: AclRecord = serde_json::from_str(
+            r#"{"allowSubscribe":[],"revision":1,"updatedAt":1,"retired":true}"#,
+        )
+        .unwrap();
+        assert!(back.is_retired());
+    }
+}

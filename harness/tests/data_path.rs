@@ -1,0 +1,202 @@
+//! The durable data path end to end on a real broker with the real daemon: fan-out writer,
+//! trusted reader, membership registry and the agent client. Every scenario checks broker
+//! state from the test side (stream contents, consumer state, rows), not only what the agent
+//! surfaced.
+
+mod data_path_support;
+
+use std::time::Duration;
+
+use cotal_delivery::agent::Backstop;
+use delivery_harness::agent::{self, surface_for, surface_until, texts};
+use serde_json::json;
+
+use data_path_support::*;
+
+fn generation(b: &Backstop) -> u64 {
+    match b {
+        Backstop::Durable { generation } => *generation,
+        other => panic!("expected joined durable, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_member_receives_after_reconnect() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut daemon = start_daemon(&mesh).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
+        .await
+        .unwrap();
+    let joined = bob.durable_join("general").await.unwrap();
+    assert_eq!(generation(&joined.backstop), 1);
+    // The registry holds the row, written by the daemon.
+    let row = member_row(&insp, "general", &bob_m.principal, &bob_m.lifecycle_uid)
+        .await
+        .expect("member row");
+    assert_eq!(row["state"], "durable-active");
+    assert_eq!(row["generation"], 1);
+    drop(joined);
+    drop(bob); // offline
+
+    for i in 0..3 {
+        let m = alice.message("general", &format!("offline-{i}"), None);
+        alice.post("general", &m).await.unwrap();
+    }
+    // Broker state: three copies fanned out, three frames handed off, all pending for bob.
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    eventually("3 frames in DLV for bob", SURFACE_BOUND, || async {
+        dlv_count(&insp, &p, &u).await == 3
+    })
+    .await;
+    assert_eq!(inbox_count(&insp, &p, &u).await, 3);
+    let durable = cotal_delivery::wire::SpaceNames::dlv_durable(&p, &u);
+    let before = consumer(&insp, &insp.names.dlv_stream(), &durable).await;
+    assert_eq!(before.num_pending, 3);
+    // The reader acked every entry only after the handoff.
+    eventually("reader has nothing pending", SURFACE_BOUND, || async {
+        let r = consumer(&insp, &insp.names.inbox_stream(), "reader").await;
+        r.num_ack_pending == 0 && r.num_pending == 0
+    })
+    .await;
+
+    let bob = agent::connect(&mesh, &bob_m, "bob").await.unwrap();
+    let mut delivery = bob.bind_delivery().await.unwrap();
+    let frames = surface_until(&mut delivery, SURFACE_BOUND, |f| f.len() >= 3).await;
+    assert_eq!(texts(&frames), ["offline-0", "offline-1", "offline-2"]);
+    assert!(frames.iter().all(|f| f.channel == "general"));
+    let after = consumer(&insp, &insp.names.dlv_stream(), &durable).await;
+    assert_eq!((after.num_pending, after.num_ack_pending), (0, 0));
+    stop_daemon(&mut daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_who_left_gets_everything_before_the_leave_cursor_and_nothing_after() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut daemon = start_daemon(&mesh).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
+        .await
+        .unwrap();
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    let joined = bob.durable_join("general").await.unwrap();
+    let g = generation(&joined.backstop);
+    for i in 0..2 {
+        let m = alice.message("general", &format!("before-{i}"), None);
+        alice.post("general", &m).await.unwrap();
+    }
+    eventually("2 frames handed off", SURFACE_BOUND, || async {
+        dlv_count(&insp, &p, &u).await == 2
+    })
+    .await;
+    // A stale generation is refused; the current one leaves.
+    let stale = bob.durable_leave("general", g + 7).await.unwrap_err();
+    assert!(stale.detail().contains("stale leave"), "{stale}");
+    let left = bob.durable_leave("general", g).await.unwrap();
+    assert_eq!(left, json!({"channel": "general"}));
+    let row = member_row(&insp, "general", &p, &u).await.unwrap();
+    let leave_cursor = row["leaveCursor"].as_u64().expect("leave cursor");
+    assert_eq!(row["state"], "live-confirmed");
+    for i in 0..2 {
+        let m = alice.message("general", &format!("after-{i}"), None);
+        let seq = alice.post("general", &m).await.unwrap();
+        assert!(seq > leave_cursor);
+    }
+    // Nothing after the cursor is copied or handed off; a second leave is idempotent.
+    let again = bob.durable_leave("general", g).await.unwrap();
+    assert_eq!(again, json!({"channel": "general", "alreadyLeft": true}));
+    eventually("fan-out caught up", SURFACE_BOUND, || async {
+        let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+        f.num_pending == 0 && f.num_ack_pending == 0
+    })
+    .await;
+    assert_eq!(inbox_count(&insp, &p, &u).await, 2);
+    assert_eq!(dlv_count(&insp, &p, &u).await, 2);
+    let list = bob.list_memberships().await.unwrap();
+    assert_eq!(list, json!({"memberships": []}));
+
+    let mut delivery = bob.bind_delivery().await.unwrap();
+    let mut frames = surface_until(&mut delivery, SURFACE_BOUND, |f| f.len() >= 2).await;
+    frames.extend(surface_for(&mut delivery, QUIET).await);
+    assert_eq!(texts(&frames), ["before-0", "before-1"]);
+    stop_daemon(&mut daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_id_less_posts_are_both_delivered() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut daemon = start_daemon(&mesh).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
+        .await
+        .unwrap();
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    bob.durable_join("general").await.unwrap();
+    for text in ["first", "second"] {
+        let m = alice.message("general", text, Some(""));
+        alice.post("general", &m).await.unwrap();
+    }
+    eventually("2 id-less frames", SURFACE_BOUND, || async {
+        dlv_count(&insp, &p, &u).await == 2
+    })
+    .await;
+    assert_eq!(inbox_count(&insp, &p, &u).await, 2);
+    let mut delivery = bob.bind_delivery().await.unwrap();
+    let frames = surface_until(&mut delivery, SURFACE_BOUND, |f| f.len() >= 2).await;
+    assert_eq!(texts(&frames), ["first", "second"]);
+    assert!(frames.iter().all(|f| f.msg["id"] == ""));
+    stop_daemon(&mut daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_path_delivers_with_no_daemon_running() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
+        .await
+        .unwrap();
+    // No daemon: the join is live, the backstop unestablished, loudly.
+    let mut joined = bob
+        .durable_join_within("general", Duration::from_secs(2))
+        .await
+        .unwrap();
+    let Backstop::Unestablished { reason } = &joined.backstop else {
+        panic!("joined durable with no daemon: {:?}", joined.backstop);
+    };
+    assert!(reason.contains("no delivery daemon"), "{reason}");
+    let m = alice.message("general", "live-hello", None);
+    alice.post("general", &m).await.unwrap();
+    let got = tokio::time::timeout(SURFACE_BOUND, futures::StreamExt::next(&mut joined.live))
+        .await
+        .unwrap()
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&got.payload).unwrap();
+    assert_eq!(body["parts"][0]["text"], "live-hello");
+    // The binding still happens, with the warning naming durable, space and condition.
+    let delivery = bob.bind_delivery().await.unwrap();
+    assert!(delivery.durable().starts_with("dlv_local-bob-"));
+    // No member row exists: nothing was asserted without the daemon.
+    assert!(
+        member_row(&insp, "general", &bob_m.principal, &bob_m.lifecycle_uid)
+            .await
+            .is_none()
+    );
+    snapshot_settings().bind(|| {
+        insta::assert_snapshot!(
+            "live_path_without_daemon_warnings",
+            bob.warnings().join("\n")
+        );
+    });
+}

@@ -1,0 +1,166 @@
+//! Shared fixture of the data-path tests: a mesh, the real daemon with the documented short
+//! windows, and test-side reads of broker state (stream subjects, consumer state, rows).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::pull;
+use cotal_delivery::kv::{Read, Rows};
+use cotal_delivery::wire::{LifecycleUid, Principal, Space, SpaceNames};
+use delivery_harness::daemon::{Daemon, DaemonSpec};
+use delivery_harness::mesh::{Inspector, Mesh};
+use futures::TryStreamExt;
+
+/// Nak delay the tests run the daemon with (`COTAL_DELIVERY_NAK_DELAY_MS`).
+pub const NAK_DELAY_MS: &str = "100";
+/// Ack wait of the daemon's durables in tests (`COTAL_DELIVERY_ACK_WAIT_MS`).
+pub const ACK_WAIT_MS: &str = "2000";
+pub const UP_BOUND: Duration = Duration::from_secs(20);
+pub const SURFACE_BOUND: Duration = Duration::from_secs(10);
+/// How long "nothing arrives" is watched.
+pub const QUIET: Duration = Duration::from_millis(1500);
+
+pub fn daemon_spec(mesh: &Mesh) -> DaemonSpec {
+    mesh.deliver(mesh.space())
+        .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+        .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
+}
+
+pub async fn start_daemon(mesh: &Mesh) -> Daemon {
+    let mut d = daemon_spec(mesh).spawn().expect("spawn daemon");
+    d.wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("daemon up");
+    d
+}
+
+pub async fn stop_daemon(d: &mut Daemon) {
+    d.terminate().expect("sigterm");
+    d.wait_exit(Duration::from_secs(15)).await.expect("exit");
+}
+
+pub async fn mesh() -> Mesh {
+    Mesh::builder()
+        .space("demo")
+        .expect("space")
+        .start()
+        .await
+        .expect("mesh")
+}
+
+/// How many messages `stream` holds on exactly `subject` (leader-served stream info).
+pub async fn count_on(insp: &Inspector, stream: &str, subject: &str) -> u64 {
+    let s = insp.js.get_stream_no_info(stream).await.expect("stream");
+    let mut info = s.info_with_subjects(subject).await.expect("info");
+    let mut n = 0;
+    while let Some((subj, count)) = info.try_next().await.expect("page") {
+        if subj == subject {
+            n += count as u64;
+        }
+    }
+    n
+}
+
+pub async fn inbox_count(insp: &Inspector, p: &Principal, uid: &LifecycleUid) -> u64 {
+    count_on(
+        insp,
+        &insp.names.inbox_stream(),
+        &insp.names.dinbox_subject(p, uid),
+    )
+    .await
+}
+
+pub async fn dlv_count(insp: &Inspector, p: &Principal, uid: &LifecycleUid) -> u64 {
+    count_on(
+        insp,
+        &insp.names.dlv_stream(),
+        &insp.names.dlv_subject(p, uid),
+    )
+    .await
+}
+
+/// Consumer state from the broker.
+pub async fn consumer(
+    insp: &Inspector,
+    stream: &str,
+    name: &str,
+) -> async_nats::jetstream::consumer::Info {
+    let s = insp.js.get_stream_no_info(stream).await.expect("stream");
+    let c: async_nats::jetstream::consumer::Consumer<pull::Config> =
+        s.get_consumer(name).await.expect("consumer");
+    c.cached_info().clone()
+}
+
+/// Waits (bounded) until `f` holds, polling the broker.
+pub async fn eventually<F, Fut>(what: &str, bound: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        if f().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "timed out after {} ms waiting for: {what}",
+                bound.as_millis()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A row of a bucket as the broker holds it.
+pub async fn row(insp: &Inspector, bucket: &str, key: &str) -> Option<serde_json::Value> {
+    let rows = Rows::open(&insp.js, bucket, Duration::from_secs(5))
+        .await
+        .expect("bucket");
+    match rows.read(key).await.expect("read") {
+        Read::Present(r) => serde_json::from_slice(&r.value).ok(),
+        Read::Absent { .. } => None,
+    }
+}
+
+pub async fn member_row(
+    insp: &Inspector,
+    channel: &str,
+    p: &Principal,
+    uid: &LifecycleUid,
+) -> Option<serde_json::Value> {
+    row(
+        insp,
+        &insp.names.members_bucket(),
+        &SpaceNames::member_key(channel, p, uid),
+    )
+    .await
+}
+
+/// Writes a channel config row (e.g. `{"deliveryClass":"live"}`).
+pub async fn set_channel(insp: &Inspector, channel: &str, config: serde_json::Value) {
+    let subject = format!("$KV.{}.{channel}", insp.names.channels_bucket());
+    insp.js
+        .publish(subject, config.to_string().into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+}
+
+/// Snapshot settings normalising nkeys, lifecycle uids, ports, paths and revisions.
+pub fn snapshot_settings() -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path("snapshots");
+    settings.set_prepend_module_to_snapshot(false);
+    settings.add_filter(r"[A-Z0-9]{56}", "[NKEY]");
+    settings.add_filter(r"\b[a-z0-9]{32}\b", "[UID]");
+    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]");
+    settings.add_filter(r"/tmp/[^\s]+", "[PATH]");
+    settings.add_filter(r"revision \d+", "revision [REV]");
+    settings
+}
+
+pub fn space(mesh: &Mesh) -> Space {
+    mesh.space().clone()
+}
