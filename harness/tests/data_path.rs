@@ -200,3 +200,87 @@ async fn the_live_path_delivers_with_no_daemon_running() {
         );
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_channel_mention_reaches_an_authorized_non_member_only() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    set_channel(&insp, "lobby", json!({"deliveryClass": "live"})).await;
+    let mut daemon = start_daemon(&mesh).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["lobby"])
+        .await
+        .unwrap();
+    let (carol, carol_m) = agent::spawn(&mesh, &insp, "carol", &["lobby"])
+        .await
+        .unwrap();
+    let (dave, dave_m) = agent::spawn(&mesh, &insp, "dave", &["ops"]).await.unwrap();
+    carol.announce("idle").await.unwrap();
+    dave.announce("idle").await.unwrap();
+    // Neither joined; carol may read the channel, dave may not.
+    let mut m = alice.message("lobby", "hey @carol @dave @nobody", None);
+    m["mentions"] = json!(["Carol", "dave", "nobody"]);
+    alice.post("lobby", &m).await.unwrap();
+    // A post with no mention on a live channel is copied to no one.
+    let plain = alice.message("lobby", "no mention", None);
+    alice.post("lobby", &plain).await.unwrap();
+
+    let (cp, cu) = (carol_m.principal.clone(), carol_m.lifecycle_uid.clone());
+    eventually("carol's frame", SURFACE_BOUND, || async {
+        dlv_count(&insp, &cp, &cu).await == 1
+    })
+    .await;
+    eventually("fan-out caught up", SURFACE_BOUND, || async {
+        let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+        f.num_pending == 0 && f.num_ack_pending == 0
+    })
+    .await;
+    assert_eq!(inbox_count(&insp, &cp, &cu).await, 1);
+    assert_eq!(
+        inbox_count(&insp, &dave_m.principal, &dave_m.lifecycle_uid).await,
+        0
+    );
+    assert_eq!(
+        dlv_count(&insp, &dave_m.principal, &dave_m.lifecycle_uid).await,
+        0
+    );
+    let mut delivery = carol.bind_delivery().await.unwrap();
+    let frames = surface_until(&mut delivery, SURFACE_BOUND, |f| !f.is_empty()).await;
+    assert_eq!(texts(&frames), ["hey @carol @dave @nobody"]);
+    assert_eq!(frames[0].channel, "lobby");
+    stop_daemon(&mut daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_mention_copies_to_no_one() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    set_channel(&insp, "=defaults", json!({"deliveryClass": "live"})).await;
+    let mut daemon = start_daemon(&mesh).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["lobby"])
+        .await
+        .unwrap();
+    let twin_a_m = agent::provision(&mesh, &insp, mesh.space(), "twin_a", &["lobby"])
+        .await
+        .unwrap();
+    let twin_b_m = agent::provision(&mesh, &insp, mesh.space(), "twin_b", &["lobby"])
+        .await
+        .unwrap();
+    // Two live instances carry the same card name.
+    let twin_a = agent::connect(&mesh, &twin_a_m, "Twin").await.unwrap();
+    let twin_b = agent::connect(&mesh, &twin_b_m, "twin").await.unwrap();
+    twin_a.announce("idle").await.unwrap();
+    twin_b.announce("working").await.unwrap();
+    let mut m = alice.message("lobby", "which twin?", None);
+    m["mentions"] = json!(["twin"]);
+    alice.post("lobby", &m).await.unwrap();
+    eventually("fan-out caught up", SURFACE_BOUND, || async {
+        let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+        f.num_pending == 0 && f.num_ack_pending == 0 && f.delivered.stream_sequence >= 1
+    })
+    .await;
+    for t in [&twin_a_m, &twin_b_m] {
+        assert_eq!(inbox_count(&insp, &t.principal, &t.lifecycle_uid).await, 0);
+        assert_eq!(dlv_count(&insp, &t.principal, &t.lifecycle_uid).await, 0);
+    }
+    stop_daemon(&mut daemon).await;
+}
