@@ -27,5 +27,6 @@ pub mod pump;
 pub mod rails;
 pub mod reader;
 pub mod scan;
+pub mod store;
 pub mod supervise;
 pub mod wire;
