@@ -77,3 +77,46 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
         "the daemon's reason is in its log:\n{log}"
     );
 }
+
+/// The README's main job: `up --demo --once` shows a durable post reach an agent that was offline
+/// when it was posted, then stops cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_main_job_delivers_a_durable_post_to_an_agent_that_was_offline() {
+    let root = tempfile::tempdir().expect("root");
+    let bin = nats_server_bin().expect("nats-server");
+    let mut up = DaemonSpec::command(
+        &[
+            "up",
+            "--space",
+            "demo",
+            "--root",
+            root.path().to_str().expect("utf-8 path"),
+            "--port",
+            "0",
+            "--demo",
+            "--once",
+        ],
+        root.path(),
+    )
+    .env("NATS_SERVER_BIN", bin.display().to_string())
+    .spawn()
+    .expect("spawn up");
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    assert_eq!(status.code(), Some(0), "{}", up.transcript());
+    let t = up.transcript();
+    for line in [
+        "✓ delivery daemon serving space demo",
+        "• demo: bob joined general durably (generation 1",
+        "• demo: bob goes offline",
+        "while bob is offline",
+        "(1 pending, checked on the broker)",
+        "✓ demo: bob surfaced [general] alice: hello bob - this was posted while you were offline",
+        "• nats-server stopped",
+    ] {
+        assert!(t.contains(line), "missing {line:?} in:\n{t}");
+    }
+    let a = t.find("bob goes offline").expect("offline");
+    let b = t.find("alice posts").expect("post");
+    let c = t.find("bob surfaced").expect("surfaced");
+    assert!(a < b && b < c, "offline, then posted, then surfaced:\n{t}");
+}
