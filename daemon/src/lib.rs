@@ -1,17 +1,17 @@
 //! cotal-delivery: the Cotal delivery daemon (Plane-3) as a library; `main.rs` only parses
 //! arguments and calls in here.
 
-pub mod admin;
-pub mod agent;
 pub mod acl;
+pub mod admin;
 pub mod admission;
-pub mod cli;
+pub mod agent;
 pub mod channels;
+pub mod cli;
 pub mod conn;
 pub mod creds;
 pub mod deliver;
-pub mod entry;
 pub mod demo;
+pub mod entry;
 pub mod fanout;
 pub mod files;
 pub mod health;
