@@ -1,17 +1,145 @@
 //! Verbs of the `ctl.delivery-admin` rail (supervisor-callable). Answered one at a time, in
 //! arrival order (the rail module serialises them).
+//!
+//! `reloadCreds` adopts a renewed credential only once start-up is complete and only after the
+//! broker accepted it on a disposable connection; `reloadStoreIdentity` says which store the
+//! daemon reloads from and refuses a challenger that writes somewhere else. A request read while
+//! the resident connection is moving onto an adopted credential waits for that reconnect
+//! (bounded), because a reply sent while the connection is down would be lost.
 
-use serde_json::Value;
+use std::sync::atomic::Ordering;
+
+use serde_json::{json, Value};
 
 use crate::plane::PlaneCtx;
+use crate::renew::{NOT_STARTED, RECONNECT_WAIT_BOUND};
+use crate::store::{check_same_store, StoreIdentity};
 use crate::wire::Principal;
 
 /// Dispatches one admin verb; returns the reply `data` or the refusal text.
 pub async fn dispatch(
-    _ctx: &PlaneCtx,
+    ctx: &PlaneCtx,
     _caller: &Principal,
     op: &str,
-    _args: &Value,
+    args: &Value,
 ) -> Result<Value, String> {
-    Err(format!("unsupported delivery-admin op \"{op}\""))
+    if let Some(renewal) = &ctx.renewal {
+        renewal.reconnect.settled(RECONNECT_WAIT_BOUND).await;
+    }
+    let result = match op {
+        "reloadCreds" => reload_creds(ctx, args).await,
+        "reloadStoreIdentity" => reload_store_identity(ctx, args),
+        _ => Err(format!("unsupported delivery-admin op \"{op}\"")),
+    };
+    match result {
+        Ok(v) => Ok(scrub_value(v)),
+        Err(e) => Err(scrub(&e)),
+    }
+}
+
+fn expected<'a>(args: &'a Value, component: &str) -> Option<&'a str> {
+    args.get("expected")
+        .and_then(|e| e.get(component))
+        .and_then(Value::as_str)
+}
+
+async fn reload_creds(ctx: &PlaneCtx, args: &Value) -> Result<Value, String> {
+    if !ctx.startup_complete.load(Ordering::SeqCst) {
+        return Err(NOT_STARTED.into());
+    }
+    let Some(renewal) = &ctx.renewal else {
+        return Err("delivery: this daemon has no renewal source; nothing adopted".into());
+    };
+    // Membership first: the delivery adoption schedules the reconnect relative to the reply.
+    let membership = renewal
+        .reload_membership(expected(args, "membership"))
+        .await;
+    let delivery = renewal.reload(expected(args, "delivery")).await;
+    let mut errors = Vec::new();
+    let delivery_json = match delivery {
+        Ok(acc) => json!({"ok": true, "brokerAccepted": acc.to_json()}),
+        Err(e) => {
+            errors.push(format!("delivery: {e}"));
+            json!({"ok": false, "error": e})
+        }
+    };
+    let membership_json = match membership {
+        Ok(v) => v,
+        Err(e) => {
+            errors.push(format!("membership: {e}"));
+            json!({"ok": false, "error": e})
+        }
+    };
+    if errors.is_empty() {
+        Ok(json!({"delivery": delivery_json, "membership": membership_json}))
+    } else {
+        Err(format!("reloadCreds: {}", errors.join("; ")))
+    }
+}
+
+fn reload_store_identity(ctx: &PlaneCtx, args: &Value) -> Result<Value, String> {
+    let Some(renewal) = &ctx.renewal else {
+        return Err("delivery: this daemon has no renewal source".into());
+    };
+    let ours = renewal
+        .store()
+        .identity()
+        .map_err(|e| format!("delivery: the store identity is unusable: {e}"))?;
+    if let Some(challenge) = args.get("expected").filter(|v| !v.is_null()) {
+        let theirs = StoreIdentity::from_json(challenge)
+            .map_err(|e| format!("delivery: reloadStoreIdentity: {e}"))?;
+        check_same_store(&ours, &theirs).map_err(|e| e.to_string())?;
+    }
+    Ok(ours.to_json())
+}
+
+/// Replaces any run of exactly 64 hex characters (a fingerprint) so none reaches a reply.
+pub fn scrub(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let run = bytes[i..]
+            .iter()
+            .take_while(|b| b.is_ascii_hexdigit())
+            .count();
+        if run == 0 {
+            let ch = text[i..].chars().next().unwrap_or(' ');
+            out.push(ch);
+            i += ch.len_utf8();
+            continue;
+        }
+        if run >= 64 {
+            out.push_str("[digest]");
+        } else {
+            out.push_str(&text[i..i + run]);
+        }
+        i += run;
+    }
+    out
+}
+
+fn scrub_value(v: Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(scrub(&s)),
+        Value::Array(a) => Value::Array(a.into_iter().map(scrub_value).collect()),
+        Value::Object(o) => {
+            Value::Object(o.into_iter().map(|(k, v)| (k, scrub_value(v))).collect())
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_never_reach_a_reply() {
+        let d = "a".repeat(64);
+        assert_eq!(scrub(&format!("x {d} y")), "x [digest] y");
+        assert_eq!(scrub("cafe 1234 ✓"), "cafe 1234 ✓");
+        let v = scrub_value(json!({"e": [format!("fp {d}")]}));
+        assert_eq!(v, json!({"e": ["fp [digest]"]}));
+    }
 }

@@ -18,26 +18,60 @@ use tokio::sync::broadcast;
 
 use crate::creds::Credential;
 
-/// Shared cell holding what the next (re)connect presents.
+/// Shared cell holding what the next (re)connect presents. Setting it wakes a redial that is
+/// waiting for a credential that has not expired (see [`CredentialCell::wait_unexpired`]).
 #[derive(Clone, Debug)]
-pub struct CredentialCell(Arc<RwLock<Credential>>);
+pub struct CredentialCell {
+    held: Arc<RwLock<Credential>>,
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
+}
 
 impl CredentialCell {
     pub fn new(p: Credential) -> Self {
-        CredentialCell(Arc::new(RwLock::new(p)))
+        CredentialCell {
+            held: Arc::new(RwLock::new(p)),
+            generation: Arc::new(tokio::sync::watch::channel(0).0),
+        }
     }
     pub fn get(&self) -> Credential {
-        match self.0.read() {
+        match self.held.read() {
             Ok(g) => g.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
     pub fn set(&self, p: Credential) {
-        match self.0.write() {
+        match self.held.write() {
             Ok(mut g) => *g = p,
             Err(poisoned) => *poisoned.into_inner() = p,
         }
+        self.generation.send_modify(|g| *g += 1);
     }
+    /// The held credential once it has not expired. A redial must never present an expired JWT:
+    /// the broker answers it with an authorization violation, after which the client gives up
+    /// reconnecting for good, so no renewal adopted later could bring the connection back. The
+    /// wait ends when a credential is set; the handshake's own timeout bounds it (the client then
+    /// retries, which is what a redial during an expiry should do).
+    pub async fn wait_unexpired(&self) -> Credential {
+        let mut changes = self.generation.subscribe();
+        loop {
+            let p = self.get();
+            if !credential_expired(&p) {
+                return p;
+            }
+            if changes.changed().await.is_err() {
+                return p;
+            }
+        }
+    }
+}
+
+/// Whether the broker would refuse `p` as expired now (`exp` at or before the current second).
+pub fn credential_expired(p: &Credential) -> bool {
+    let now_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    matches!(p.claims().ok().and_then(|c| c.exp), Some(exp) if exp <= now_secs)
 }
 
 /// Default client ping interval of the resident connection (`COTAL_DELIVERY_PING_INTERVAL_MS`).
@@ -289,12 +323,19 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
         kind: DialErrorKind::Refused,
         detail,
     })?;
+    if credential_expired(&credential.get()) {
+        return Err(DialError {
+            kind: DialErrorKind::Refused,
+            detail: "the credential has expired; renew it before starting the daemon".into(),
+        });
+    }
     let (events, _) = broadcast::channel(256);
     let violations = Violations::default();
     let cell = credential.clone();
     let mut options = ConnectOptions::with_auth_callback(move |nonce: Vec<u8>| {
-        let p = cell.get();
+        let cell = cell.clone();
         async move {
+            let p = cell.wait_unexpired().await;
             let kp = nkeys::KeyPair::from_seed(&p.seed).map_err(AuthError::new)?;
             let sig = kp.sign(&nonce).map_err(AuthError::new)?;
             let mut auth = async_nats::Auth::new();

@@ -26,6 +26,8 @@ use crate::journal::Journal;
 use crate::kv::Rows;
 use crate::lease::{self, ClaimError, Identity, Lease, LeaseInfo, Reading, SHARD};
 use crate::plane::{Plane, PlaneConfig, PlaneCtx, ServingGate};
+use crate::renew::{Preflight, Renewal, RenewalParts};
+use crate::store::{CredsFileStore, FsStore, SecretStore};
 use crate::wire::{Principal, Space, SpaceNames, LEASE_KEY};
 
 /// Default broker when `--server` is not given.
@@ -223,6 +225,18 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
         .tls(cfg.tls, cfg.tls_ca.clone())
         .ping_interval(cfg.ping_interval);
     let cell = CredentialCell::new(credential);
+    // -- issue 5: the source renewals are re-read from: the workspace store, or the --creds file.
+    let store: Arc<dyn SecretStore> = match &cfg.creds {
+        None => Arc::new(FsStore::new(root.clone())),
+        Some(_) => match CredsFileStore::new(creds_path.clone(), space.clone()) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                journal.line(format!("✗ delivery: {e}"));
+                return Exit::Config;
+            }
+        },
+    };
+    // -- end issue 5
     let resident = tokio::select! {
         r = conn::dial(&spec, cell) => r,
         name = stop.wait() => {
@@ -334,6 +348,18 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
     };
 
     let startup_complete = Arc::new(AtomicBool::new(false));
+    // -- issue 5: renewal of the standing credential (75% re-read, reloadCreds).
+    let renewal = Arc::new(Renewal::new(RenewalParts {
+        store,
+        space: space.clone(),
+        cell: resident.credential.clone(),
+        preflight: Preflight::new(cfg.server.clone(), cfg.tls_ca.clone()),
+        client: resident.client.clone(),
+        events: resident.events.clone(),
+        health: health.clone(),
+        journal: journal.clone(),
+    }));
+    // -- end issue 5
     let ctx = PlaneCtx {
         client: resident.client.clone(),
         js: js.clone(),
@@ -343,6 +369,8 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
         gate: ServingGate::default(),
         config: cfg.plane.clone(),
         startup_complete: startup_complete.clone(),
+        // -- issue 5
+        renewal: Some(renewal.clone()),
     };
     let mut keeper = Keeper {
         journal: journal.clone(),
@@ -430,7 +458,10 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
                 }
             }
             ev = keeper.events.recv() => keeper.on_conn_event(ev),
-            // -- issue 5: the transport-health verdict ends the process.
+            // -- issue 5: the 75% re-read, and the transport-health verdict that ends the process.
+            _ = renewal.due() => {
+                renewal.on_due().await;
+            }
             verdict = health.verdict() => {
                 return keeper.abandon(verdict, pid_record.as_ref()).await;
             }

@@ -26,6 +26,7 @@ pub mod provision;
 pub mod pump;
 pub mod rails;
 pub mod reader;
+pub mod renew;
 pub mod scan;
 pub mod store;
 pub mod supervise;

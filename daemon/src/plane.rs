@@ -116,6 +116,8 @@ pub struct PlaneCtx {
     pub config: PlaneConfig,
     /// Flipped once start-up is complete (after the lease watch is bound).
     pub startup_complete: Arc<AtomicBool>,
+    /// The credential renewal of the resident connection (`reloadCreds`, `reloadStoreIdentity`).
+    pub renewal: Option<Arc<crate::renew::Renewal>>,
 }
 
 /// Why a binding could not be established.

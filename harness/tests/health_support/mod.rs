@@ -48,7 +48,11 @@ pub fn own_lines(transcript: &str) -> String {
         .filter(|l| {
             l.starts_with('✓') || l.starts_with('✗') || l.starts_with('!') || l.starts_with('•')
         })
-        .filter(|l| !l.contains("$SYS sweeps bound") && !l.contains("renew"))
+        .filter(|l| {
+            !l.contains("$SYS sweeps bound")
+                && !l.contains("renew its lease")
+                && !l.contains("renews its delivery lease")
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }
