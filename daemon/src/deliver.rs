@@ -291,6 +291,7 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
         }
         Err(e) => {
             journal.line(format!("✗ {e}"));
+            health.stand_down();
             let _ = resident.client.drain().await;
             return Exit::Admission;
         }
@@ -334,6 +335,7 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
             ),
         };
         journal.line(line);
+        health.stand_down();
         let _ = resident.client.drain().await;
         return exit;
     }
@@ -382,6 +384,7 @@ pub async fn run(cfg: DeliverConfig) -> Exit {
         connected: true,
         events: resident.events.subscribe(),
         client: resident.client.clone(),
+        health: health.clone(),
     };
 
     if let Some(name) = stop.received() {
@@ -496,6 +499,8 @@ struct Keeper {
     connected: bool,
     events: broadcast::Receiver<ConnEvent>,
     client: async_nats::Client,
+    /// Told to stand down when the daemon leaves on its own account.
+    health: HealthHandle,
 }
 
 impl Keeper {
@@ -685,6 +690,8 @@ impl Keeper {
 
     /// Unrecord, stop serving, release the lease at the broker's revision (if still ours), close.
     async fn shutdown(mut self, exit: Exit, pid: Option<&PidRecord>) -> Exit {
+        // From here the connection's events are this process closing it, not the broker.
+        self.health.stand_down();
         if let Some(p) = pid {
             p.remove();
         }

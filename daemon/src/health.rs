@@ -14,6 +14,8 @@
 //! busy run loop is never mistaken for a stalled process.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, watch};
@@ -376,9 +378,17 @@ impl TransportHealth {
 pub struct HealthHandle {
     adopted: mpsc::UnboundedSender<()>,
     verdict: watch::Receiver<Option<Verdict>>,
+    /// Set when the daemon begins its own shutdown: the connection events that follow (its own
+    /// drain) are not the broker going away, so the watchdog says nothing more.
+    retired: Arc<AtomicBool>,
 }
 
 impl HealthHandle {
+    /// The daemon is leaving on its own account: stop watching, quietly.
+    pub fn stand_down(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+    }
+
     /// Reports a broker-proved adoption (the only thing that clears an expiry).
     pub fn adopted(&self) {
         let _ = self.adopted.send(());
@@ -400,7 +410,11 @@ impl HealthHandle {
     pub fn detached() -> HealthHandle {
         let (adopted, _) = mpsc::unbounded_channel();
         let (_, verdict) = watch::channel(None);
-        HealthHandle { adopted, verdict }
+        HealthHandle {
+            adopted,
+            verdict,
+            retired: Arc::default(),
+        }
     }
 }
 
@@ -423,6 +437,8 @@ impl Watchdog {
         let (verdict_tx, verdict_rx) = watch::channel(None);
         let base = Instant::now();
         let now_ms = move || base.elapsed().as_millis() as u64;
+        let retired = Arc::new(AtomicBool::new(false));
+        let standing_down = retired.clone();
         tokio::spawn(async move {
             let mut health = TransportHealth::new(cfg);
             let mut tick = tokio::time::interval(Duration::from_millis(EVAL_TICK_MS));
@@ -464,6 +480,9 @@ impl Watchdog {
                         Change::None
                     }
                 };
+                if standing_down.load(Ordering::SeqCst) {
+                    return;
+                }
                 if !armed && health.armed() {
                     tick.reset();
                 }
@@ -497,6 +516,7 @@ impl Watchdog {
         HealthHandle {
             adopted: adopted_tx,
             verdict: verdict_rx,
+            retired,
         }
     }
 }
