@@ -111,6 +111,19 @@ pub fn run(cli: Cli) -> i32 {
     }
 }
 
+/// The process runtime: two workers (the machine size the daemon is qualified on). A failure
+/// to build it is reported under `who` and becomes the fault exit code.
+pub fn runtime(who: &str) -> Result<tokio::runtime::Runtime, i32> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("✗ {who}: could not start the runtime ({e})");
+            Exit::Fault.code()
+        })
+}
+
 fn current_dir() -> PathBuf {
     std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
 }
@@ -131,18 +144,10 @@ fn run_deliver(args: DeliverArgs) -> i32 {
     cfg.tls_ca = args.tls_ca;
     cfg.ping_interval = deliver::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
     cfg.plane = crate::plane::PlaneConfig::from_env();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("✗ delivery: could not start the runtime ({e})");
-            return Exit::Fault.code();
-        }
-    };
-    runtime.block_on(deliver::run(cfg)).code()
+    match runtime("delivery") {
+        Ok(rt) => rt.block_on(deliver::run(cfg)).code(),
+        Err(code) => code,
+    }
 }
 
 fn run_status(args: StatusArgs) -> i32 {
@@ -216,16 +221,9 @@ fn run_up(args: UpArgs) -> i32 {
         lease_ttl: std::time::Duration::from_secs(args.lease_ttl_secs.max(1)),
         once: args.once,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("✗ up: could not start the runtime ({e})");
-            return Exit::Fault.code();
-        }
+    let runtime = match runtime("up") {
+        Ok(rt) => rt,
+        Err(code) => return code,
     };
     let demo = args.demo;
     let result = runtime.block_on(crate::supervise::up(cfg, move |mesh| async move {

@@ -11,27 +11,22 @@ use delivery_harness::nats_server_bin;
 
 const BOUND: Duration = Duration::from_secs(60);
 
+/// `cotal-delivery up --space demo --root <root> --port 0 <extra…>` as an operator types it.
+fn spawn_up(root: &std::path::Path, extra: &[&str]) -> delivery_harness::daemon::Daemon {
+    let bin = nats_server_bin().expect("nats-server");
+    let root_arg = root.to_str().expect("utf-8 path");
+    let mut args = vec!["up", "--space", "demo", "--root", root_arg, "--port", "0"];
+    args.extend_from_slice(extra);
+    DaemonSpec::command(&args, root)
+        .env("NATS_SERVER_BIN", bin.display().to_string())
+        .spawn()
+        .expect("spawn up")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c() {
     let root = tempfile::tempdir().expect("root");
-    let bin = nats_server_bin().expect("nats-server");
-    let mut up = DaemonSpec::command(
-        &[
-            "up",
-            "--space",
-            "demo",
-            "--root",
-            root.path().to_str().expect("utf-8 path"),
-            "--port",
-            "0",
-            "--lease-ttl-secs",
-            "2",
-        ],
-        root.path(),
-    )
-    .env("NATS_SERVER_BIN", bin.display().to_string())
-    .spawn()
-    .expect("spawn up");
+    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "2"]);
     up.wait_for_line("delivery daemon serving space demo", BOUND)
         .await
         .expect("serving");
@@ -83,24 +78,7 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_main_job_delivers_a_durable_post_to_an_agent_that_was_offline() {
     let root = tempfile::tempdir().expect("root");
-    let bin = nats_server_bin().expect("nats-server");
-    let mut up = DaemonSpec::command(
-        &[
-            "up",
-            "--space",
-            "demo",
-            "--root",
-            root.path().to_str().expect("utf-8 path"),
-            "--port",
-            "0",
-            "--demo",
-            "--once",
-        ],
-        root.path(),
-    )
-    .env("NATS_SERVER_BIN", bin.display().to_string())
-    .spawn()
-    .expect("spawn up");
+    let mut up = spawn_up(root.path(), &["--demo", "--once"]);
     let status = up.wait_exit(BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
     let t = up.transcript();
