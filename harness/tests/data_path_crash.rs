@@ -80,7 +80,7 @@ async fn no_post_is_lost_while_the_daemon_is_killed_and_restarted() {
         ids.push(m["id"].as_str().unwrap().to_string());
         alice.post("general", &m).await.unwrap();
         // Roughly one post in eight kills the daemon mid-flight, at most six times.
-        if kills < 6 && rng.next() % 8 == 0 {
+        if kills < 6 && rng.next().is_multiple_of(8) {
             tokio::time::sleep(Duration::from_millis(rng.next() % 40)).await;
             daemon.kill().unwrap();
             daemon.wait_exit(Duration::from_secs(5)).await.unwrap();
