@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cotal_delivery::creds::write_creds_file_atomic;
 use cotal_delivery::files;
 use cotal_delivery::lease::LeaseInfo;
-use cotal_delivery::provision::{MintOptions, Profile};
+use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile, SystemProfile};
 use serde::Deserialize;
 
 use crate::daemon::{Daemon, DaemonSpec};
@@ -165,6 +166,15 @@ pub enum Step {
     Status { contains: String, code: i32 },
     /// Fill the broker's file store until a write is refused for lack of resources.
     FillStore {},
+    /// Tamper with the `$SYS` pair next to the daemon's credentials.
+    SysMaterial {
+        /// `missing`, or `other-account` (an observer that scans another account).
+        #[serde(default)]
+        observer: Option<String>,
+        /// `missing`, or `other-signer` (an evictor signed by another system-account key).
+        #[serde(default)]
+        evictor: Option<String>,
+    },
 }
 
 fn workspace_creds() -> CredsChoice {
@@ -557,6 +567,59 @@ impl Run<'_> {
                     )));
                 }
                 Ok(format!("status reports {contains:?} (exit {code})"))
+            }
+            Step::SysMaterial { observer, evictor } => {
+                let space = self.mesh.space().clone();
+                let ws = self.mesh.workspace();
+                // Another mesh's signer: same space name, another account and system key.
+                let mut other = MeshAuthority::new();
+                other.add_space(&space);
+                let mut done = Vec::new();
+                match observer.as_deref() {
+                    None => {}
+                    Some("missing") => {
+                        std::fs::remove_file(ws.membership_observer_creds_path(&space))
+                            .map_err(|e| HarnessError::io("remove observer", e))?;
+                        done.push("the $SYS observer credential is removed");
+                    }
+                    Some("other-account") => {
+                        let cred = other
+                            .mint_system(
+                                &space,
+                                SystemProfile::MembershipObserver,
+                                MintOptions::new(),
+                            )
+                            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+                        write_creds_file_atomic(&ws.membership_observer_creds_path(&space), &cred)
+                            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+                        done.push("the $SYS observer is replaced by one scanning another account");
+                    }
+                    Some(o) => return Err(HarnessError::Usage(format!("observer = {o:?}?"))),
+                }
+                match evictor.as_deref() {
+                    None => {}
+                    Some("missing") => {
+                        std::fs::remove_file(ws.connection_evictor_creds_path(&space))
+                            .map_err(|e| HarnessError::io("remove evictor", e))?;
+                        done.push("the $SYS evictor credential is removed");
+                    }
+                    Some("other-signer") => {
+                        let cred = other
+                            .mint_system(
+                                &space,
+                                SystemProfile::ConnectionEvictor,
+                                MintOptions::new(),
+                            )
+                            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+                        write_creds_file_atomic(&ws.connection_evictor_creds_path(&space), &cred)
+                            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+                        done.push(
+                            "the $SYS evictor is replaced by one signed by another system key",
+                        );
+                    }
+                    Some(o) => return Err(HarnessError::Usage(format!("evictor = {o:?}?"))),
+                }
+                Ok(done.join("; "))
             }
             Step::FillStore {} => {
                 let n = fill_store(&self.inspector).await?;

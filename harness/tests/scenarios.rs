@@ -70,4 +70,9 @@ scenarios! {
     creds_under_another_workspace_is_refused => "creds-under-another-workspace",
     tls_demanded_refuses_a_plaintext_listener => "tls-demanded-plaintext-refused",
     tls_mesh_serves => "tls-mesh-serves",
+    admission_refuses_without_an_observer => "admission-observer-missing",
+    admission_refuses_an_observer_of_another_account => "admission-observer-other-account",
+    admission_refuses_a_torn_rotation => "admission-torn-rotation",
+    admission_without_an_evictor_is_deny_new_only => "admission-no-evictor",
+    lease_expired_while_frozen_is_recreated => "lease-expired-while-frozen",
 }
