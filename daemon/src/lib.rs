@@ -5,6 +5,7 @@ pub mod acl;
 pub mod admin;
 pub mod admission;
 pub mod agent;
+pub mod catchup;
 pub mod channels;
 pub mod cli;
 pub mod conn;

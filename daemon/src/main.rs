@@ -3,6 +3,15 @@
 use clap::Parser;
 
 fn main() {
+    // Structured diagnostics beside the human lines, only when asked for (`RUST_LOG`): the human
+    // lines are the interface and stay unmixed by default.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     let cli = cotal_delivery::cli::Cli::parse();
     std::process::exit(cotal_delivery::cli::run(cli));
 }

@@ -177,6 +177,27 @@ async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resul
         }
         return Err(refusal);
     }
+    // Posts captured between the cursor read and the row write may have been routed without
+    // this row: copy them now. A failure leaves the row standing and says so.
+    if let Err(e) = crate::catchup::activate(
+        ctx,
+        &channel,
+        caller,
+        &uid,
+        record.generation,
+        join_cursor,
+    )
+    .await
+    {
+        ctx.journal.line(format!(
+            "! delivery: activation catch-up of {caller} on \"{channel}\" failed: {e}"
+        ));
+        return Ok(json!({
+            "durable": false,
+            "reason": format!("activation catch-up failed: {e}"),
+            "generation": record.generation,
+        }));
+    }
     Ok(json!({"durable": true, "generation": record.generation}))
 }
 

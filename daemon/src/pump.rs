@@ -89,6 +89,7 @@ pub async fn run<H, F>(
         });
         senders.push(tx);
     }
+    let mut retention = RetentionWatch::default();
     'outer: loop {
         let mut messages = tokio::select! {
             _ = stopped(&mut stop) => break 'outer,
@@ -110,6 +111,7 @@ pub async fn run<H, F>(
             };
             match next {
                 Some(Ok(msg)) => {
+                    retention.observe(&ctx, what, stream_sequence(&msg));
                     let Some(epoch) = ctx.gate.admit() else {
                         // Not serving: leave it pending; it redelivers to whoever serves.
                         continue;
@@ -139,6 +141,46 @@ pub async fn run<H, F>(
     tasks.abort_all();
 }
 
+/// Notices messages the broker discarded before this consumer read them.
+///
+/// Both durables filter their whole stream (`chat.>`, `dinbox.>`), so the stream sequences of
+/// first deliveries only ever step by one; a jump means the messages in between are gone, which
+/// for `INBOX_<s>`/`CHAT_<s>` means per-subject retention (`max_msgs_per_subject`, discard old)
+/// dropped them before they were copied or handed off. The guarantee is at-least-once *within
+/// retention*; this makes the edge of it visible instead of a silent gap (DESIGN §6.8).
+#[derive(Debug, Default)]
+pub struct RetentionWatch {
+    /// Highest stream sequence seen in this run; redeliveries sit below it.
+    last: u64,
+    /// Messages found gone so far.
+    pub discarded: u64,
+}
+
+impl RetentionWatch {
+    /// Records a delivery; returns the size of the gap it revealed, if any.
+    pub fn gap(&mut self, seq: u64) -> Option<(u64, u64)> {
+        if seq == 0 || seq <= self.last {
+            return None;
+        }
+        let gap = (self.last > 0 && seq > self.last + 1).then(|| (self.last + 1, seq - 1));
+        self.last = seq;
+        if let Some((from, to)) = gap {
+            self.discarded += to - from + 1;
+        }
+        gap
+    }
+
+    fn observe(&mut self, ctx: &PlaneCtx, what: &str, seq: u64) {
+        if let Some((from, to)) = self.gap(seq) {
+            ctx.journal.line(format!(
+                "! delivery: the {what} found {} message(s) gone before it read them (stream sequences {from}..={to}): discarded by retention, never delivered ({} so far in this run)",
+                to - from + 1,
+                self.discarded
+            ));
+        }
+    }
+}
+
 /// The lane of a subject (FNV-1a).
 fn lane_of(subject: &str, lanes: usize) -> usize {
     let mut h: u64 = 0xcbf29ce484222325;
@@ -147,4 +189,20 @@ fn lane_of(subject: &str, lanes: usize) -> usize {
         h = h.wrapping_mul(0x100000001b3);
     }
     (h % lanes as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jump_in_first_deliveries_is_a_retention_gap() {
+        let mut w = RetentionWatch::default();
+        assert_eq!(w.gap(5), None, "the first delivery sets the baseline");
+        assert_eq!(w.gap(6), None);
+        assert_eq!(w.gap(3), None, "a redelivery below the high mark");
+        assert_eq!(w.gap(10), Some((7, 9)));
+        assert_eq!(w.discarded, 3);
+        assert_eq!(w.gap(11), None);
+    }
 }

@@ -1,0 +1,156 @@
+//! Activation catch-up for a durable join.
+//!
+//! A join's cursor is the CHAT frontier read *before* its member row is written. A post captured
+//! in between (sequence above the cursor) may already have been routed by the fan-out writer,
+//! which read the channel's members before the row existed, so the new member would never get
+//! its copy. After the row is written the daemon therefore copies the posts of
+//! `(joinCursor, frontier-after-write]` itself. The fan-out writer copies every later post (it
+//! reads the row fresh), and a post it also copied lands twice under one dedup id, which the
+//! broker stores once (an id-less post may surface twice, as the seeds allow).
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use futures::StreamExt;
+use serde_json::Value;
+
+use crate::channels::{Channels, DeliveryClass};
+use crate::entry::{parse_chat_subject, sender_id, Reason};
+use crate::fanout::{store_copies, Target};
+use crate::membership::chat_frontier;
+use crate::plane::PlaneCtx;
+use crate::wire::{LifecycleUid, Principal, SpaceNames};
+
+/// Most posts one catch-up copies; the window is the few milliseconds of a join's row write.
+pub const CATCH_UP_MAX_POSTS: usize = 10_000;
+/// Bound on the whole catch-up.
+const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
+
+/// Copies to `member` the posts on `channel` in `(join_cursor, frontier]` (frontier read now).
+/// Returns how many copies were stored.
+pub async fn activate(
+    ctx: &PlaneCtx,
+    channel: &str,
+    member: &Principal,
+    uid: &LifecycleUid,
+    generation: u64,
+    join_cursor: u64,
+) -> Result<usize, String> {
+    let frontier = chat_frontier(ctx)
+        .await
+        .map_err(|e| format!("the CHAT frontier: {e}"))?;
+    if frontier <= join_cursor {
+        return Ok(0);
+    }
+    let channels = Channels::open(ctx)
+        .await
+        .map_err(|e| format!("the channel class: {e}"))?;
+    let class = channels
+        .class_of(channel)
+        .await
+        .map_err(|e| format!("the channel class: {e}"))?;
+    if class != DeliveryClass::Durable {
+        return Ok(0);
+    }
+    match tokio::time::timeout(
+        CATCH_UP_BOUND,
+        copy_range(ctx, channel, member, uid, generation, join_cursor, frontier),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "not finished within {} ms",
+            CATCH_UP_BOUND.as_millis()
+        )),
+    }
+}
+
+async fn copy_range(
+    ctx: &PlaneCtx,
+    channel: &str,
+    member: &Principal,
+    uid: &LifecycleUid,
+    generation: u64,
+    join_cursor: u64,
+    frontier: u64,
+) -> Result<usize, String> {
+    let stream = ctx
+        .js
+        .get_stream_no_info(ctx.names.chat_stream())
+        .await
+        .map_err(|e| crate::kv::broker_words(&e))?;
+    // The reference's activation consumer: `cu_<o>-<a>-<uid>_<generation>`, one filter.
+    let name = format!(
+        "cu_{}_{generation}",
+        SpaceNames::dlv_durable(member, uid).trim_start_matches("dlv_")
+    );
+    let consumer = stream
+        .create_consumer(pull::Config {
+            name: Some(name.clone()),
+            filter_subject: ctx.names.chat_read_subject(channel),
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: join_cursor + 1,
+            },
+            ack_policy: AckPolicy::None,
+            inactive_threshold: Duration::from_secs(30),
+            memory_storage: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| crate::kv::broker_words(&e))?;
+    let result = async {
+        let mut copied = 0usize;
+        let mut seen = 0usize;
+        while seen < CATCH_UP_MAX_POSTS {
+            let batch = consumer
+                .fetch()
+                .max_messages(256)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut batch = Box::pin(batch);
+            let mut got = 0usize;
+            let mut past = false;
+            while let Some(msg) = batch.next().await {
+                let msg = msg.map_err(|e| e.to_string())?;
+                got += 1;
+                seen += 1;
+                let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(u64::MAX);
+                if seq > frontier {
+                    past = true;
+                    break;
+                }
+                let prefix = ctx.names.space().prefix();
+                let Some((sender, ch)) = parse_chat_subject(&msg.subject, &prefix) else {
+                    continue;
+                };
+                if ch != channel || &sender == member {
+                    continue;
+                }
+                let Ok(body) = serde_json::from_slice::<Value>(&msg.payload) else {
+                    continue;
+                };
+                if sender_id(&body) != Some(sender.dot_form().as_str()) {
+                    continue;
+                }
+                let target = Target {
+                    member: member.clone(),
+                    uid: uid.clone(),
+                    reason: Reason::DurableChannel,
+                    generation,
+                };
+                store_copies(ctx, &body, channel, seq, std::slice::from_ref(&target)).await?;
+                copied += 1;
+            }
+            if past || got == 0 {
+                break;
+            }
+        }
+        Ok(copied)
+    }
+    .await;
+    let _ = stream.delete_consumer(&name).await;
+    result
+}
