@@ -136,6 +136,9 @@ impl DaemonSpec {
                 cmd.env_remove(k);
             }
         }
+        // Diagnostics would interleave with the human lines the scenarios snapshot; a spec that
+        // wants them sets RUST_LOG itself.
+        cmd.env_remove("RUST_LOG");
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
