@@ -179,15 +179,8 @@ async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resul
     }
     // Posts captured between the cursor read and the row write may have been routed without
     // this row: copy them now. A failure leaves the row standing and says so.
-    if let Err(e) = crate::catchup::activate(
-        ctx,
-        &channel,
-        caller,
-        &uid,
-        record.generation,
-        join_cursor,
-    )
-    .await
+    if let Err(e) =
+        crate::catchup::activate(ctx, &channel, caller, &uid, record.generation, join_cursor).await
     {
         ctx.journal.line(format!(
             "! delivery: activation catch-up of {caller} on \"{channel}\" failed: {e}"
