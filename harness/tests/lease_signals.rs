@@ -86,3 +86,49 @@ async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor
     b.terminate().expect("SIGTERM");
     assert_eq!(b.wait_exit(BOUND).await.expect("exit").code(), Some(0));
 }
+
+/// A signal that arrives while the claim is on its way never abandons it: the daemon waits for
+/// the broker's answer and releases a claim that won. The daemon dials through a proxy that the
+/// test blackholes the moment admission passes (the claim is next), signals the daemon, then
+/// heals the proxy. Whatever the exact interleaving, the daemon exits as signalled and leaves no
+/// row behind: a claim cancelled by the signal would leave an orphan row until the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_that_won() {
+    use delivery_harness::TcpProxy;
+
+    let mesh = Mesh::builder()
+        .space("demo")
+        .expect("space")
+        .start()
+        .await
+        .expect("mesh");
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.expect("inspector");
+    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
+    let mut d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), mesh.root())
+        .server(&proxy.url())
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line("$SYS sweeps bound", BOUND)
+        .await
+        .expect("admission passed");
+    proxy.blackhole_established();
+    d.terminate().expect("SIGTERM");
+    // Held connection: the daemon cannot finish its claim, so it is still running.
+    assert!(d.is_running());
+    proxy.heal();
+    let status = d.wait_exit(BOUND).await.expect("exits");
+    assert_eq!(status.code(), Some(0), "{}", d.transcript());
+    assert!(
+        d.has_line("received SIGTERM, exiting"),
+        "{}",
+        d.transcript()
+    );
+    assert!(!d.has_line("delivery daemon up"), "{}", d.transcript());
+    assert!(
+        insp.lease().await.expect("read").is_none(),
+        "no orphan claim: {}",
+        d.transcript()
+    );
+    assert!(!files::pid_path(mesh.root(), &space).exists());
+}

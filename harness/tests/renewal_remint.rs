@@ -3,8 +3,10 @@
 //! another account (self-consistent, named for the space, dead to this broker) never clobbers
 //! a working credential; offline it refuses that signer by authority continuity (`iss`).
 
-use cotal_delivery::creds::read_creds_file;
-use cotal_delivery::provision::MeshAuthority;
+use std::time::Duration;
+
+use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use cotal_delivery::renew::{remint_daemon_creds, Preflight, RemintOutcome};
 use delivery_harness::mesh::Mesh;
 
@@ -21,7 +23,19 @@ async fn a_preflight_keeps_the_last_good_credential_from_a_broker_dead_signer() 
     mesh.authority.save(&ws.auth_dir()).expect("save signer");
     let preflight = Preflight::new(mesh.url(), mesh.tls_ca());
     let path = ws.delivery_creds_path(&space);
-    let before = read_creds_file(&path).expect("delivery creds");
+    // The credential in place: a short-lived re-sign of the provisioned one, so the renewal
+    // (standing lifetime) is a different JWT even within the same second.
+    let provisioned = read_creds_file(&path).expect("delivery creds");
+    let before = mesh
+        .mint(
+            &space,
+            &Profile::Delivery,
+            MintOptions::new()
+                .renewal_of(&provisioned)
+                .expires_in(Duration::from_secs(120)),
+        )
+        .expect("short re-sign");
+    write_creds_file_atomic(&path, &before).expect("install it");
 
     // The real signer: proved against the broker, written, same nkey.
     let report = remint_daemon_creds(mesh.root(), &space, None, Some(&preflight)).await;
