@@ -52,11 +52,6 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         what: "fan-out writer",
         detail,
     };
-    let stream = ctx
-        .js
-        .get_stream_no_info(ctx.names.chat_stream())
-        .await
-        .map_err(|e| err(crate::kv::broker_words(&e)))?;
     let config = pull::Config {
         durable_name: Some(FANOUT_DURABLE.to_string()),
         filter_subject: ctx.names.chat_all(),
@@ -65,18 +60,8 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         deliver_policy: DeliverPolicy::New,
         ..Default::default()
     };
-    let consumer = tokio::time::timeout(
-        ctx.config.request_bound,
-        stream.get_or_create_consumer(FANOUT_DURABLE, config),
-    )
-    .await
-    .map_err(|_| {
-        err(format!(
-            "no answer within {} ms",
-            ctx.config.request_bound.as_millis()
-        ))
-    })?
-    .map_err(|e| err(crate::kv::broker_words(&e)))?;
+    let consumer =
+        pump::bind_durable(ctx, "fan-out writer", &ctx.names.chat_stream(), config).await?;
     let writer = Writer {
         ctx: ctx.clone(),
         channels: Channels::open(ctx).await.map_err(|e| err(e.to_string()))?,

@@ -141,6 +141,35 @@ pub async fn run<H, F>(
     tasks.abort_all();
 }
 
+/// Creates (or binds) the durable `config` names on `stream`, within the request bound; a
+/// failure is a `PlaneError` under `what`.
+pub async fn bind_durable(
+    ctx: &PlaneCtx,
+    what: &'static str,
+    stream: &str,
+    config: pull::Config,
+) -> Result<Consumer<pull::Config>, crate::plane::PlaneError> {
+    let err = |detail: String| crate::plane::PlaneError { what, detail };
+    let name = config.durable_name.clone().unwrap_or_default();
+    let stream = ctx
+        .js
+        .get_stream_no_info(stream)
+        .await
+        .map_err(|e| err(crate::kv::broker_words(&e)))?;
+    tokio::time::timeout(
+        ctx.config.request_bound,
+        stream.get_or_create_consumer(&name, config),
+    )
+    .await
+    .map_err(|_| {
+        err(format!(
+            "no answer within {} ms",
+            ctx.config.request_bound.as_millis()
+        ))
+    })?
+    .map_err(|e| err(crate::kv::broker_words(&e)))
+}
+
 /// Notices messages the broker discarded before this consumer read them.
 ///
 /// Both durables filter their whole stream (`chat.>`, `dinbox.>`), so the stream sequences of

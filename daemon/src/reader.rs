@@ -55,11 +55,6 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         what: "trusted reader",
         detail,
     };
-    let stream = ctx
-        .js
-        .get_stream_no_info(ctx.names.inbox_stream())
-        .await
-        .map_err(|e| err(crate::kv::broker_words(&e)))?;
     let config = pull::Config {
         durable_name: Some(READER_DURABLE.to_string()),
         filter_subject: ctx.names.dinbox_all(),
@@ -69,18 +64,8 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         max_ack_pending: ctx.config.reader_max_ack_pending,
         ..Default::default()
     };
-    let consumer = tokio::time::timeout(
-        ctx.config.request_bound,
-        stream.get_or_create_consumer(READER_DURABLE, config),
-    )
-    .await
-    .map_err(|_| {
-        err(format!(
-            "no answer within {} ms",
-            ctx.config.request_bound.as_millis()
-        ))
-    })?
-    .map_err(|e| err(crate::kv::broker_words(&e)))?;
+    let consumer =
+        pump::bind_durable(ctx, "trusted reader", &ctx.names.inbox_stream(), config).await?;
     let reader = Reader {
         ctx: ctx.clone(),
         acls: Acls::open(ctx).await.map_err(|e| err(e.to_string()))?,
