@@ -23,6 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the delivery daemon for one space (auth mode only; one shard).
+    #[command(after_help = DELIVER_ENV_HELP)]
     Deliver(DeliverArgs),
     /// Report whether the space's pid record names a live delivery daemon.
     Status(StatusArgs),
@@ -66,6 +67,18 @@ pub struct UpArgs {
     #[arg(long)]
     pub once: bool,
 }
+
+/// Timing overrides of `deliver` (defaults are the seeds'; tests shrink windows through these).
+const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps the default):
+  COTAL_DELIVERY_BROKER_GONE_MS           broker-gone window, less event-loop stall [15000]
+  COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS  wall-time backstop, never below the window [4 x window]
+  COTAL_DELIVERY_PING_INTERVAL_MS         client ping interval of the resident connection [2500]
+  COTAL_DELIVERY_REMINT_RETRY_MS          retry of the credential re-read after a missed remint [60000]
+  COTAL_DELIVERY_NAK_DELAY_MS             nak delay of a retried post or entry [2000]
+  COTAL_DELIVERY_ACK_WAIT_MS              ack wait of the fanout/reader durables at creation [60000]
+  RUST_LOG                                structured diagnostics on stderr (off by default)
+The lease TTL is the max_age of the cotal_delivery_<space> bucket, set at provisioning.
+Exit codes: docs/operations.md.";
 
 #[derive(Debug, clap::Args)]
 pub struct DeliverArgs {
