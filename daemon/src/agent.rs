@@ -413,16 +413,17 @@ impl Agent {
             .await
             .map_err(|_| AgentError::new(AgentErrorKind::TimedOut, "flush after subscribe"))?
             .map_err(|e| AgentError::new(AgentErrorKind::Broker, e.to_string()))?;
-        let refused = self
-            .server_errors
-            .lock()
-            .map(|v| {
-                v[errors_before.min(v.len())..]
-                    .iter()
-                    .any(|e| e.contains(&subject))
-            })
-            .unwrap_or(false);
-        if refused {
+        let refused = || {
+            self.server_errors
+                .lock()
+                .map(|v| {
+                    v[errors_before.min(v.len())..]
+                        .iter()
+                        .any(|e| e.contains(&subject))
+                })
+                .unwrap_or(false)
+        };
+        if refused() {
             return Err(AgentError::new(
                 AgentErrorKind::Broker,
                 format!("the broker refused the live subscription {subject}"),
@@ -449,6 +450,28 @@ impl Agent {
                 reason: e.detail().to_string(),
             },
         };
+        // The join is atomic across the broker-confirmed live subscribe and the membership
+        // write. `flush()` only writes the socket, but the daemon's reply travelled the same
+        // connection after the SUB, so a refusal of the SUB has arrived by now: a late refusal
+        // takes the membership back and fails the join.
+        if refused() {
+            let undone = match &backstop {
+                Backstop::Durable { generation } => {
+                    match self.durable_leave(channel, *generation).await {
+                        Ok(_) => format!("the membership (generation {generation}) was removed"),
+                        Err(e) => format!(
+                            "removing the membership (generation {generation}) failed: {}",
+                            e.detail()
+                        ),
+                    }
+                }
+                Backstop::Unestablished { .. } => "no membership was written".to_string(),
+            };
+            return Err(AgentError::new(
+                AgentErrorKind::Broker,
+                format!("the broker refused the live subscription {subject}; {undone}"),
+            ));
+        }
         if let Backstop::Unestablished { reason } = &backstop {
             self.warnings.push(format!(
                 "! delivery: {} joined \"{channel}\" live with the durable backstop unestablished ({reason})",
