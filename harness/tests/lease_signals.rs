@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_nats::jetstream::kv::Operation;
 use cotal_delivery::files;
 use cotal_delivery::lease::LeaseInfo;
-use cotal_delivery::wire::LEASE_KEY;
+use cotal_delivery::wire::{SpaceNames, LEASE_KEY};
 use delivery_harness::mesh::Mesh;
 use delivery_harness::scenario::normalise;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 const BOUND: Duration = Duration::from_secs(20);
 /// Attempts at catching the daemon inside the create→ready window; each is conclusive or not.
@@ -131,4 +131,63 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
         d.transcript()
     );
     assert!(!files::pid_path(mesh.root(), &space).exists());
+}
+
+/// A signal that arrives while the connection is redialing still ends in a release once the
+/// redial completes, never in a row left to the TTL. The proxy drops the daemon's connection
+/// and holds its redial; the daemon is signalled; the proxy lets the redial through. (The daemon
+/// waits up to 5 s from the drop before sending the release; async-nats would also queue a
+/// request across the redial, so this outcome does not single out that wait.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_during_a_redial_waits_for_it_and_then_releases() {
+    use delivery_harness::TcpProxy;
+
+    let mesh = Mesh::builder()
+        .space("demo")
+        .expect("space")
+        .start()
+        .await
+        .expect("mesh");
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.expect("inspector");
+    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
+    let mut d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), mesh.root())
+        .server(&proxy.url())
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line("delivery daemon up", BOUND)
+        .await
+        .expect("serving");
+    assert!(insp.lease().await.expect("read").is_some());
+    // Start-up is complete once the lease watch is bound: its consumer exists on the broker.
+    let lease_stream = SpaceNames::kv_stream(&insp.names().delivery_bucket());
+    delivery_harness::wait_until(
+        BOUND,
+        Duration::from_millis(50),
+        "the lease watch consumer",
+        || async {
+            let stream = insp.js.get_stream_no_info(&lease_stream).await.ok()?;
+            let names: Vec<String> = stream.consumer_names().try_collect().await.ok()?;
+            names
+                .iter()
+                .any(|n| n.starts_with("leasewatch_"))
+                .then_some(())
+        },
+    )
+    .await
+    .expect("start-up complete");
+    proxy.blackhole_new();
+    proxy.cut_established();
+    d.wait_for_line("broker connection unavailable, reconnecting", BOUND)
+        .await
+        .expect("the drop is seen");
+    d.terminate().expect("SIGTERM");
+    proxy.heal();
+    let status = d.wait_exit(BOUND).await.expect("exits");
+    assert_eq!(status.code(), Some(0), "{}", d.transcript());
+    assert!(
+        insp.lease().await.expect("read").is_none(),
+        "released after the redial, not left to the TTL: {}",
+        d.transcript()
+    );
 }
