@@ -217,7 +217,9 @@ async fn start_broker(
         ))
     })?;
     let log = open_append(&cotal.join("nats.log"))?;
-    let child = Command::new(&cfg.nats_server)
+    let mut cmd = Command::new(&cfg.nats_server);
+    die_with_up(&mut cmd);
+    let child = cmd
         .arg("-c")
         .arg(&conf_path)
         .arg("--ports_file_dir")
@@ -263,6 +265,21 @@ async fn start_broker(
     }
 }
 
+/// The children of a foreground `up` (its broker, its daemon) die with it, even when `up` itself
+/// is killed without a chance to stop them: Linux `PR_SET_DEATHSIG`, tied to the spawning thread,
+/// which is a runtime worker living as long as `up`.
+fn die_with_up(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: the closure runs between fork and exec and only makes the async-signal-safe
+    // prctl(2) call.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
 fn read_ports_file(dir: &Path, pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(dir.join(format!("nats-server_{pid}.ports"))).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
@@ -282,6 +299,7 @@ fn start_daemon(cfg: &UpConfig, workspace: &Workspace, url: &str) -> Result<Daem
     let log_path = workspace.log_path(&cfg.space);
     let log = open_append(&log_path)?;
     let mut cmd = Command::new(exe);
+    die_with_up(&mut cmd);
     cmd.args(["deliver", "--space", cfg.space.as_str(), "--server", url])
         .current_dir(workspace.root())
         .stdin(Stdio::null())
