@@ -136,8 +136,17 @@ pub async fn bind(
             }
         }
         let _ = sub.unsubscribe().await;
+        // Requests already delivered to this subscription are answered (the gate is closed by
+        // now, so with the not-serving refusal) instead of being dropped into their callers'
+        // timeouts. The subscription is closed, so this ends with its buffer.
+        while let Ok(Some(msg)) = tokio::time::timeout(DRAIN_BOUND, sub.next()).await {
+            handle(&ctx, service, msg).await;
+        }
     }))
 }
+
+/// Bound on waiting for each buffered request while a rail is unbound.
+const DRAIN_BOUND: Duration = Duration::from_millis(100);
 
 async fn handle(ctx: &PlaneCtx, service: CtlService, msg: async_nats::Message) {
     let subject = msg.subject.to_string();
