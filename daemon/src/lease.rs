@@ -109,10 +109,6 @@ impl Lease {
     pub fn revision(&self) -> Option<u64> {
         self.revision
     }
-    /// `cotal_delivery_<s>.lease.0`, as refusals name it.
-    pub fn row_name(&self) -> String {
-        format!("{}.{LEASE_KEY}", self.rows.bucket())
-    }
     pub fn subject(&self) -> String {
         self.rows.subject(LEASE_KEY)
     }
@@ -293,24 +289,6 @@ pub fn renew_interval(ttl: Duration) -> Duration {
     (ttl / 2).max(Duration::from_secs(1))
 }
 
-/// What to do after a re-read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseAction {
-    KeepServing,
-    StayQuiet,
-    Reacquire,
-    Exit,
-}
-
-pub fn lease_action(r: &Reading) -> LeaseAction {
-    match r {
-        Reading::Held { .. } => LeaseAction::KeepServing,
-        Reading::Unknown { .. } => LeaseAction::StayQuiet,
-        Reading::Gone => LeaseAction::Reacquire,
-        Reading::Taken { .. } => LeaseAction::Exit,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,23 +336,6 @@ mod tests {
         assert_eq!(
             renew_interval(Duration::from_secs(1)),
             Duration::from_secs(1)
-        );
-    }
-
-    #[test]
-    fn actions_follow_the_reading() {
-        assert_eq!(
-            lease_action(&Reading::Held { revision: 1 }),
-            LeaseAction::KeepServing
-        );
-        assert_eq!(lease_action(&Reading::Gone), LeaseAction::Reacquire);
-        assert_eq!(
-            lease_action(&Reading::Taken { by: "x".into() }),
-            LeaseAction::Exit
-        );
-        assert_eq!(
-            lease_action(&Reading::Unknown { why: "x".into() }),
-            LeaseAction::StayQuiet
         );
     }
 }

@@ -157,12 +157,6 @@ impl Plane {
     pub fn new(ctx: PlaneCtx) -> Plane {
         Plane { ctx, bound: None }
     }
-    pub fn ctx(&self) -> &PlaneCtx {
-        &self.ctx
-    }
-    pub fn is_armed(&self) -> bool {
-        self.bound.is_some()
-    }
 
     /// Binds the fan-out writer, the trusted reader and both rails, then opens the gate. On a
     /// failure everything bound so far is unbound again and the gate stays closed.

@@ -25,12 +25,7 @@ async fn offline_member_receives_after_reconnect() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut daemon = start_daemon(&mesh).await;
-    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
-        .await
-        .unwrap();
-    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
-        .await
-        .unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let joined = bob.durable_join("general").await.unwrap();
     assert_eq!(generation(&joined.backstop), 1);
     // The registry holds the row, written by the daemon.
@@ -78,12 +73,7 @@ async fn a_member_who_left_gets_everything_before_the_leave_cursor_and_nothing_a
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut daemon = start_daemon(&mesh).await;
-    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
-        .await
-        .unwrap();
-    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
-        .await
-        .unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
     let joined = bob.durable_join("general").await.unwrap();
     let g = generation(&joined.backstop);
@@ -133,12 +123,7 @@ async fn two_id_less_posts_are_both_delivered() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut daemon = start_daemon(&mesh).await;
-    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
-        .await
-        .unwrap();
-    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
-        .await
-        .unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
     bob.durable_join("general").await.unwrap();
     for text in ["first", "second"] {
@@ -161,12 +146,7 @@ async fn two_id_less_posts_are_both_delivered() {
 async fn the_live_path_delivers_with_no_daemon_running() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
-        .await
-        .unwrap();
-    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
-        .await
-        .unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     // No daemon: the join is live, the backstop unestablished, loudly.
     let mut joined = bob
         .durable_join_within("general", Duration::from_secs(2))

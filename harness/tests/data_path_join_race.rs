@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use cotal_delivery::agent::Backstop;
-use delivery_harness::agent;
 use futures::StreamExt;
 
 use data_path_support::*;
@@ -30,12 +29,7 @@ async fn every_post_above_the_join_cursor_reaches_a_member_who_joined_during_a_b
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut daemon = start_daemon(&mesh).await;
-    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
-        .await
-        .unwrap();
-    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
-        .await
-        .unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
 
     let cycling = std::sync::atomic::AtomicBool::new(true);
     let burst = async {

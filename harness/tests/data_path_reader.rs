@@ -55,12 +55,7 @@ async fn a_retired_lifecycle_is_cleaned_up_and_never_redelivered() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut daemon = start_daemon(&mesh).await;
-    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
-        .await
-        .unwrap();
-    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
-        .await
-        .unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
     bob.durable_join("general").await.unwrap();
     drop(bob);
@@ -108,12 +103,7 @@ async fn an_owner_without_an_acl_row_is_retried_ten_times_then_given_up_and_kept
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut daemon = start_daemon(&mesh).await;
-    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
-        .await
-        .unwrap();
-    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
-        .await
-        .unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
     bob.durable_join("general").await.unwrap();
     stop_daemon(&mut daemon).await;

@@ -94,21 +94,7 @@ async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor
 /// row behind: a claim cancelled by the signal would leave an orphan row until the TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_that_won() {
-    use delivery_harness::TcpProxy;
-
-    let mesh = Mesh::builder()
-        .space("demo")
-        .expect("space")
-        .start()
-        .await
-        .expect("mesh");
-    let space = mesh.space().clone();
-    let insp = mesh.inspector(&space).await.expect("inspector");
-    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
-    let mut d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), mesh.root())
-        .server(&proxy.url())
-        .spawn()
-        .expect("spawn");
+    let (mesh, space, insp, proxy, mut d) = daemon_behind_a_proxy().await;
     d.wait_for_line("$SYS sweeps bound", BOUND)
         .await
         .expect("admission passed");
@@ -140,21 +126,8 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
 /// request across the redial, so this outcome does not single out that wait.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_during_a_redial_waits_for_it_and_then_releases() {
-    use delivery_harness::TcpProxy;
-
-    let mesh = Mesh::builder()
-        .space("demo")
-        .expect("space")
-        .start()
-        .await
-        .expect("mesh");
-    let space = mesh.space().clone();
-    let insp = mesh.inspector(&space).await.expect("inspector");
-    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
-    let mut d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), mesh.root())
-        .server(&proxy.url())
-        .spawn()
-        .expect("spawn");
+    // The mesh stays bound: dropping it stops the broker.
+    let (_mesh, _space, insp, proxy, mut d) = daemon_behind_a_proxy().await;
     d.wait_for_line("delivery daemon up", BOUND)
         .await
         .expect("serving");
@@ -190,4 +163,30 @@ async fn a_signal_during_a_redial_waits_for_it_and_then_releases() {
         "released after the redial, not left to the TTL: {}",
         d.transcript()
     );
+}
+
+/// A mesh and its inspector, and a daemon that dials the broker through a proxy the test holds.
+async fn daemon_behind_a_proxy() -> (
+    Mesh,
+    cotal_delivery::wire::Space,
+    delivery_harness::mesh::Inspector,
+    delivery_harness::TcpProxy,
+    delivery_harness::daemon::Daemon,
+) {
+    let mesh = Mesh::builder()
+        .space("demo")
+        .expect("space")
+        .start()
+        .await
+        .expect("mesh");
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.expect("inspector");
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .expect("proxy");
+    let d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), mesh.root())
+        .server(&proxy.url())
+        .spawn()
+        .expect("spawn");
+    (mesh, space, insp, proxy, d)
 }

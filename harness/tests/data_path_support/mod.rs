@@ -161,6 +161,26 @@ pub fn snapshot_settings() -> insta::Settings {
     settings
 }
 
+/// alice and bob, fresh lifecycles both reading `general`, connected (bob with his material).
+pub async fn alice_and_bob(
+    mesh: &Mesh,
+    insp: &Inspector,
+) -> (
+    cotal_delivery::agent::Agent,
+    (
+        cotal_delivery::agent::Agent,
+        cotal_delivery::provision::agent::AgentMaterial,
+    ),
+) {
+    let (alice, _) = delivery_harness::agent::spawn(mesh, insp, "alice", &["general"])
+        .await
+        .expect("alice");
+    let bob = delivery_harness::agent::spawn(mesh, insp, "bob", &["general"])
+        .await
+        .expect("bob");
+    (alice, bob)
+}
+
 pub fn space(mesh: &Mesh) -> Space {
     mesh.space().clone()
 }
