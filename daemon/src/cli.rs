@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::deliver::{self, DeliverConfig, Exit};
 use crate::files::{self, PidLiveness};
+use crate::space::{self as deliver, DeliverConfig, Exit};
 use crate::wire::Space;
 
 #[derive(Debug, Parser)]
@@ -86,7 +86,7 @@ pub struct DeliverArgs {
     #[arg(long, value_name = "SPACE")]
     pub space: String,
     /// Broker URL to dial (nats:// or tls://).
-    #[arg(long, value_name = "URL", default_value = deliver::DEFAULT_SERVER)]
+    #[arg(long, value_name = "URL", default_value = deliver::startup::DEFAULT_SERVER)]
     pub server: String,
     /// Workspace root to serve: the directory that holds .cotal/. Default: the nearest .cotal/
     /// above the working directory; with neither the daemon refuses before reading a credential.
@@ -155,7 +155,7 @@ fn run_deliver(args: DeliverArgs) -> i32 {
     cfg.creds = args.creds;
     cfg.tls = args.tls;
     cfg.tls_ca = args.tls_ca;
-    cfg.ping_interval = deliver::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
+    cfg.ping_interval = crate::env::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
     cfg.plane = crate::plane::PlaneConfig::from_env();
     match runtime("delivery") {
         Ok(rt) => rt.block_on(deliver::run(cfg)).code(),
@@ -241,7 +241,7 @@ fn run_up(args: UpArgs) -> i32 {
     let demo = args.demo;
     let result = runtime.block_on(crate::supervise::up(cfg, move |mesh| async move {
         if demo {
-            crate::demo::offline_member_receives(&mesh).await
+            crate::supervise::demo::offline_member_receives(&mesh).await
         } else {
             Ok(())
         }

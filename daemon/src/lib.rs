@@ -1,34 +1,35 @@
 //! cotal-delivery: the Cotal delivery daemon (Plane-3) as a library; `main.rs` only parses
 //! arguments and calls in here.
+//!
+//! # Layout
+//!
+//! Folders by ring, top to bottom; each uses only the rings listed below it.
+//!
+//! - [`cli`]: the command line, the only place a way out becomes an exit code.
+//! - [`host`]: processes serving several spaces (lanes, standby).
+//! - [`supervise`] (`up`, the main-job demo) and [`agent`] (the agent client).
+//! - [`space`]: one space's daemon: start-up, lease and keeper, lease watch, health, renewal,
+//!   admission, arming the plane and the rails under the lease.
+//! - [`rails`]: `ctl.delivery` and `ctl.delivery-admin` (serving, verbs).
+//! - [`plane`]: the data plane: fan-out writer, trusted reader, membership registry, row reads.
+//! - [`provision`]: credentials, `server.conf`, streams and buckets (one code path for all).
+//! - base files: [`wire`] (names and shapes), [`creds`], [`conn`], [`kv`], [`store`],
+//!   [`files`], [`journal`], [`env`].
 
-pub mod acl;
-pub mod admin;
-pub mod admission;
 pub mod agent;
-pub mod catchup;
-pub mod channels;
 pub mod cli;
+pub mod host;
+pub mod plane;
+pub mod provision;
+pub mod rails;
+pub mod space;
+pub mod supervise;
+
 pub mod conn;
 pub mod creds;
-pub mod deliver;
-pub mod demo;
-pub mod entry;
-pub mod fanout;
+pub mod env;
 pub mod files;
-pub mod health;
 pub mod journal;
 pub mod kv;
-pub mod lease;
-pub mod membership;
-pub mod ops;
-pub mod plane;
-pub mod presence;
-pub mod provision;
-pub mod pump;
-pub mod rails;
-pub mod reader;
-pub mod renew;
-pub mod scan;
 pub mod store;
-pub mod supervise;
 pub mod wire;

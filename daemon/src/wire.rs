@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 /// Longest channel name the spec admits (`MAX_CHANNEL_LENGTH`).
 pub const MAX_CHANNEL_LENGTH: usize = 4096;
 /// Longest space name we accept; it is embedded in stream, bucket and subject names.
@@ -524,6 +526,55 @@ impl CtlService {
     /// The queue group the daemon serves the rail in.
     pub fn queue_group(self) -> &'static str {
         self.as_str()
+    }
+}
+
+/// The read-ACL row of one lifecycle (`cotal_acl_<s>`, key `<o>.<a>.<uid>`):
+/// `AclRecord` of the reference, plus the retirement tombstone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AclRecord {
+    pub allow_subscribe: Vec<String>,
+    /// Ceiling from the last credential issue; absent means equal to `allow_subscribe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_allow_subscribe: Option<Vec<String>>,
+    #[serde(default)]
+    pub revision: u64,
+    #[serde(default)]
+    pub updated_at: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_at: Option<u64>,
+}
+
+impl AclRecord {
+    pub fn new(allow_subscribe: Vec<String>, revision: u64, updated_at: u64) -> AclRecord {
+        AclRecord {
+            allow_subscribe,
+            issued_allow_subscribe: None,
+            revision,
+            updated_at,
+            retired: false,
+            retired_at: None,
+        }
+    }
+    /// Whether the row carries the retirement tombstone.
+    pub fn is_retired(&self) -> bool {
+        self.retired || self.retired_at.is_some()
+    }
+    /// Whether the current read ACL covers `channel`: some `allowSubscribe` pattern matches it,
+    /// and so does some pattern of the issued ceiling when there is one.
+    pub fn covers(&self, channel: &str) -> bool {
+        let allowed = self
+            .allow_subscribe
+            .iter()
+            .any(|p| channel_matches(p, channel));
+        let under_ceiling = match &self.issued_allow_subscribe {
+            None => true,
+            Some(ceiling) => ceiling.iter().any(|p| channel_matches(p, channel)),
+        };
+        allowed && under_ceiling && !self.is_retired()
     }
 }
 

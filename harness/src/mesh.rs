@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use cotal_delivery::creds::Credential;
-use cotal_delivery::lease::LeaseInfo;
 use cotal_delivery::provision::{
     self, layout::SpaceMaterial, layout::Workspace, MeshAuthority, MintOptions, Profile,
     ProvisionOptions,
 };
+use cotal_delivery::space::lease::LeaseInfo;
 use cotal_delivery::wire::{Space, SpaceNames, LEASE_KEY};
 
 use crate::broker::{Broker, BrokerBuilder};

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::Operation;
 use cotal_delivery::files;
-use cotal_delivery::lease::LeaseInfo;
+use cotal_delivery::space::lease::LeaseInfo;
 use cotal_delivery::wire::{SpaceNames, LEASE_KEY};
 use delivery_harness::mesh::Mesh;
 use delivery_harness::scenario::normalise;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
-use cotal_delivery::renew::{remint_daemon_creds_for, Preflight, RemintOutcome};
+use cotal_delivery::space::renew::{remint_daemon_creds_for, Preflight, RemintOutcome};
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::Mesh;
 use serde_json::{json, Value};

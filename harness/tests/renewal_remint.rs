@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
-use cotal_delivery::renew::{remint_daemon_creds, Preflight, RemintOutcome};
+use cotal_delivery::space::renew::{remint_daemon_creds, Preflight, RemintOutcome};
 use delivery_harness::mesh::Mesh;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use cotal_delivery::agent::Delivery;
-use cotal_delivery::entry::{Plane3DeliveryFrame, Plane3Entry, Reason};
+use cotal_delivery::plane::entry::{Plane3DeliveryFrame, Plane3Entry, Reason};
 use cotal_delivery::wire::DELIVERY_FRAME_HEADER;
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;

@@ -9,7 +9,6 @@
 
 use async_nats::jetstream::Context;
 
-use crate::acl::AclRecord;
 use crate::creds::Credential;
 use crate::journal::epoch_ms;
 use crate::kv::{Read, Rows};
@@ -17,6 +16,7 @@ use crate::provision::{
     create_agent_consumer, MeshAuthority, MintOptions, Profile, ProvisionError, ProvisionErrorKind,
     ReadChannels,
 };
+use crate::wire::AclRecord;
 use crate::wire::{LifecycleUid, Principal, Space, SpaceNames};
 
 /// Bound on each ACL write.

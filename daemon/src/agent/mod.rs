@@ -28,8 +28,8 @@ use tokio::sync::watch;
 use crate::creds::Credential;
 use crate::journal::epoch_ms;
 use crate::kv::{Read, Rows};
-use crate::lease::LeaseInfo;
 use crate::rails::ControlReply;
+use crate::space::lease::LeaseInfo;
 use crate::wire::{
     inbox_prefix, CtlService, LifecycleUid, Principal, Space, SpaceNames, DELIVERY_FRAME_HEADER,
     LEASE_KEY,
@@ -242,7 +242,7 @@ impl Agent {
     pub async fn post(&self, channel: &str, msg: &Value) -> Result<u64, AgentError> {
         let subject = self.names.chat_subject(&self.spec.principal, channel);
         let mut headers = HeaderMap::new();
-        let id = crate::entry::message_id(msg);
+        let id = crate::plane::entry::message_id(msg);
         if !id.is_empty() {
             headers.insert("Nats-Msg-Id", id);
         }
@@ -625,7 +625,8 @@ impl Delivery {
                 .map(|v| v.as_str() == "1")
                 .unwrap_or(false);
             let frame = if has_header {
-                serde_json::from_slice::<crate::entry::Plane3DeliveryFrame>(&next.payload).ok()
+                serde_json::from_slice::<crate::plane::entry::Plane3DeliveryFrame>(&next.payload)
+                    .ok()
             } else {
                 None
             };

@@ -8,6 +8,8 @@
 //! a daemon that dies while the broker is still running is restarted; a clean or signalled exit
 //! is left stopped. Ctrl-C stops the daemon (SIGTERM, then SIGKILL after 15 s), then the broker.
 
+pub mod demo;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -19,11 +21,11 @@ use crate::creds::read_creds_file;
 use crate::files;
 use crate::journal::Journal;
 use crate::kv::{Read, Rows};
-use crate::lease::LeaseInfo;
 use crate::provision::{
     self, MeshAuthority, MintOptions, Profile, ProvisionOptions, ServerConf, SpaceMaterial,
     TlsFiles, Workspace,
 };
+use crate::space::lease::LeaseInfo;
 use crate::wire::{Principal, Space, SpaceNames, LEASE_KEY};
 
 /// How long `up` waits for the broker's ports file.

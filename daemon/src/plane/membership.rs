@@ -188,7 +188,7 @@ impl Members {
         filter: &str,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Vec<MemberRow>, RowError> {
-        let keys = crate::scan::keys(
+        let keys = crate::plane::scan::keys(
             &self.ctx.js,
             self.rows.bucket(),
             filter,

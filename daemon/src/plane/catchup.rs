@@ -14,10 +14,10 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use futures::StreamExt;
 use serde_json::Value;
 
-use crate::channels::{Channels, DeliveryClass};
-use crate::entry::{parse_chat_subject, sender_id, Reason};
-use crate::fanout::{store_copies, Target};
-use crate::membership::chat_frontier;
+use crate::plane::channels::{Channels, DeliveryClass};
+use crate::plane::entry::{parse_chat_subject, sender_id, Reason};
+use crate::plane::fanout::{store_copies, Target};
+use crate::plane::membership::chat_frontier;
 use crate::plane::PlaneCtx;
 use crate::wire::{LifecycleUid, Principal, SpaceNames};
 

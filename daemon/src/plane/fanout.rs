@@ -17,12 +17,12 @@ use async_nats::HeaderMap;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use crate::acl::{AclRow, Acls};
-use crate::channels::{Channels, DeliveryClass};
-use crate::entry::{dedup_id, mentions, parse_chat_subject, sender_id, Plane3Entry, Reason};
-use crate::membership::Members;
+use crate::plane::acl::{AclRow, Acls};
+use crate::plane::channels::{Channels, DeliveryClass};
+use crate::plane::entry::{dedup_id, mentions, parse_chat_subject, sender_id, Plane3Entry, Reason};
+use crate::plane::membership::Members;
+use crate::plane::pump::{self, Settle};
 use crate::plane::{PlaneCtx, PlaneError, StopRx};
-use crate::pump::{self, Settle};
 use crate::wire::{LifecycleUid, Principal, FANOUT_DURABLE};
 
 /// Posts handled concurrently (one lane per subject hash).
@@ -147,11 +147,12 @@ impl Writer {
                     return Ok(Vec::new());
                 }
                 let roster =
-                    crate::presence::live_roster(&self.ctx, crate::journal::epoch_ms()).await?;
+                    crate::plane::presence::live_roster(&self.ctx, crate::journal::epoch_ms())
+                        .await?;
                 let mut out: Vec<Target> = Vec::new();
                 for name in names {
-                    let crate::presence::Resolved::Unique(peer) =
-                        crate::presence::resolve(&roster, &name)
+                    let crate::plane::presence::Resolved::Unique(peer) =
+                        crate::plane::presence::resolve(&roster, &name)
                     else {
                         continue;
                     };

@@ -17,10 +17,11 @@ use tokio::sync::{broadcast, watch};
 
 use crate::conn::{ConnEvent, CredentialCell};
 use crate::creds::{Credential, JwtClaims};
-use crate::health::HealthHandle;
 use crate::journal::Journal;
 use crate::provision::jwt::{encode_user, UserClaimsSpec};
 use crate::provision::Profile;
+use crate::rails::admin::RECONNECT_WAIT_BOUND;
+use crate::space::health::HealthHandle;
 use crate::store::{
     account_signer_key, delivery_creds_key, membership_rw_creds_key, FsStore, SecretStore,
 };
@@ -33,12 +34,8 @@ pub const DEFAULT_REMINT_RETRY: Duration = Duration::from_secs(60);
 pub const RENEW_AT_SHARE: f64 = 0.75;
 /// The resident connection moves onto an adopted credential this long after the reply.
 pub const RECONNECT_AFTER_REPLY: Duration = Duration::from_millis(250);
-/// An admin request read while that reconnect is in flight waits at most this long.
-pub const RECONNECT_WAIT_BOUND: Duration = Duration::from_secs(5);
 /// Bound on a disposable preflight connection.
 pub const PREFLIGHT_BOUND: Duration = Duration::from_secs(5);
-/// Refusal of `reloadCreds` before start-up is complete (seeds).
-pub const NOT_STARTED: &str = "delivery: this daemon has not finished starting (its lease watch is not bound yet); nothing adopted - the next renewal pass or the daemon's own 75% re-read adopts the re-signed credential";
 
 /// The unix second at which a credential with these claims is due for renewal, if it expires.
 pub fn renew_point_secs(claims: &JwtClaims) -> Option<i64> {
@@ -209,7 +206,7 @@ impl Renewal {
             events: parts.events,
             health: parts.health,
             journal: parts.journal,
-            retry: crate::deliver::env_ms(ENV_REMINT_RETRY_MS, DEFAULT_REMINT_RETRY),
+            retry: crate::env::env_ms(ENV_REMINT_RETRY_MS, DEFAULT_REMINT_RETRY),
             last: Mutex::new(live),
             next_due_ms: Mutex::new(due),
             adopting: tokio::sync::Mutex::new(()),
@@ -632,6 +629,30 @@ async fn remint_one(
     RemintOutcome::Written {
         identity: acc.identity,
         exp: acc.exp,
+    }
+}
+
+/// The admin rail's credential verbs, served by this renewal.
+impl crate::rails::admin::CredentialAdmin for Renewal {
+    fn settled(&self, bound: Duration) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.reconnect.settled(bound))
+    }
+    fn reload_delivery<'a>(
+        &'a self,
+        expected: Option<&'a str>,
+    ) -> futures::future::BoxFuture<'a, Result<Value, String>> {
+        Box::pin(async move { self.reload(expected).await.map(|a| a.to_json()) })
+    }
+    fn reload_membership<'a>(
+        &'a self,
+        expected: Option<&'a str>,
+    ) -> futures::future::BoxFuture<'a, Result<Value, String>> {
+        Box::pin(Renewal::reload_membership(self, expected))
+    }
+    fn store_identity(&self) -> Result<crate::store::StoreIdentity, String> {
+        self.store()
+            .identity()
+            .map_err(|e| format!("delivery: the store identity is unusable: {e}"))
     }
 }
 

@@ -1,9 +1,10 @@
-//! Plane-3 bindings as one unit the lease can arm and quiesce.
+//! The data plane: what a lease holder does with messages (Plane-3).
 //!
-//! The daemon serves only under its lease. When the lease is in doubt it *quiesces*: the fan-out
-//! writer, the trusted reader and both control rails are unbound, nothing more is acked, and a
-//! request admitted before the quiesce is refused rather than answered. `ServingGate` carries
-//! that decision to every in-flight handler; `Plane` owns the bound tasks.
+//! Owns the fan-out writer, the trusted reader and the rows they read (ACLs, members, channels,
+//! presence), and the context they share. Invariant: nothing here acks, replies ok or writes
+//! unless [`ServingGate`] still shows the epoch the work was admitted at, so a quiesce (the lease
+//! in doubt) stops every in-flight handler from acting. Imports only the base files and
+//! `provision`; never `rails/` or `space/` (the space ring arms and quiesces this one).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,10 +12,20 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::journal::Journal;
 use crate::wire::{Principal, SpaceNames};
+
+pub mod acl;
+pub mod catchup;
+pub mod channels;
+pub mod entry;
+pub mod fanout;
+pub mod membership;
+pub mod presence;
+pub mod pump;
+pub mod reader;
+pub mod scan;
 
 /// Refusal for a request that was admitted before a quiesce.
 pub const STOPPED_SERVING: &str =
@@ -47,11 +58,11 @@ impl ServingGate {
     pub fn is_serving(&self) -> bool {
         self.serving.load(Ordering::SeqCst)
     }
-    fn open(&self) {
+    pub fn open(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.serving.store(true, Ordering::SeqCst);
     }
-    fn close(&self) {
+    pub fn close(&self) {
         self.serving.store(false, Ordering::SeqCst);
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
@@ -84,8 +95,8 @@ impl PlaneConfig {
     pub fn from_env() -> PlaneConfig {
         let d = PlaneConfig::default();
         PlaneConfig {
-            nak_delay: crate::deliver::env_ms(NAK_DELAY_ENV, d.nak_delay),
-            ack_wait: crate::deliver::env_ms(ACK_WAIT_ENV, d.ack_wait),
+            nak_delay: crate::env::env_ms(NAK_DELAY_ENV, d.nak_delay),
+            ack_wait: crate::env::env_ms(ACK_WAIT_ENV, d.ack_wait),
             ..d
         }
     }
@@ -116,8 +127,6 @@ pub struct PlaneCtx {
     pub config: PlaneConfig,
     /// Flipped once start-up is complete (after the lease watch is bound).
     pub startup_complete: Arc<AtomicBool>,
-    /// The credential renewal of the resident connection (`reloadCreds`, `reloadStoreIdentity`).
-    pub renewal: Option<Arc<crate::renew::Renewal>>,
 }
 
 /// Why a binding could not be established.
@@ -137,79 +146,6 @@ impl std::error::Error for PlaneError {}
 
 /// A stop signal every bound task selects on.
 pub type StopRx = watch::Receiver<bool>;
-
-/// The bound components of one arming.
-struct Bound {
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-/// Bound on waiting for the bound tasks to wind down at a quiesce.
-const QUIESCE_BOUND: Duration = Duration::from_secs(5);
-
-/// Owner of the Plane-3 tasks.
-pub struct Plane {
-    ctx: PlaneCtx,
-    bound: Option<Bound>,
-}
-
-impl Plane {
-    pub fn new(ctx: PlaneCtx) -> Plane {
-        Plane { ctx, bound: None }
-    }
-
-    /// Binds the fan-out writer, the trusted reader and both rails, then opens the gate. On a
-    /// failure everything bound so far is unbound again and the gate stays closed.
-    pub async fn arm(&mut self) -> Result<(), PlaneError> {
-        if self.bound.is_some() {
-            return Ok(());
-        }
-        let (stop, stop_rx) = watch::channel(false);
-        let mut tasks = Vec::new();
-        let result = async {
-            tasks.push(crate::fanout::bind(&self.ctx, stop_rx.clone()).await?);
-            tasks.push(crate::reader::bind(&self.ctx, stop_rx.clone()).await?);
-            for service in [
-                crate::wire::CtlService::Delivery,
-                crate::wire::CtlService::DeliveryAdmin,
-            ] {
-                tasks.push(crate::rails::bind(&self.ctx, service, stop_rx.clone()).await?);
-            }
-            Ok::<(), PlaneError>(())
-        }
-        .await;
-        let bound = Bound { stop, tasks };
-        match result {
-            Ok(()) => {
-                self.ctx.gate.open();
-                self.bound = Some(bound);
-                Ok(())
-            }
-            Err(e) => {
-                unbind(bound).await;
-                Err(e)
-            }
-        }
-    }
-
-    /// Closes the gate first (nothing admitted before acts after this), then unbinds.
-    pub async fn quiesce(&mut self) {
-        self.ctx.gate.close();
-        if let Some(bound) = self.bound.take() {
-            unbind(bound).await;
-        }
-    }
-}
-
-async fn unbind(bound: Bound) {
-    let _ = bound.stop.send(true);
-    for task in bound.tasks {
-        let abort = task.abort_handle();
-        if tokio::time::timeout(QUIESCE_BOUND, task).await.is_err() {
-            abort.abort();
-        }
-    }
-}
 
 /// Waits until `stop` turns true (or its sender is gone).
 pub async fn stopped(stop: &mut StopRx) {

@@ -220,10 +220,10 @@ impl Verdict {
         }
     }
     /// The process exit code (`docs/operations.md`).
-    pub fn exit(self) -> crate::deliver::Exit {
+    pub fn exit(self) -> crate::space::exit::Exit {
         match self {
-            Verdict::BrokerGone | Verdict::Backstop => crate::deliver::Exit::BrokerGone,
-            Verdict::CredentialExpired => crate::deliver::Exit::CredentialExpired,
+            Verdict::BrokerGone | Verdict::Backstop => crate::space::exit::Exit::BrokerGone,
+            Verdict::CredentialExpired => crate::space::exit::Exit::CredentialExpired,
         }
     }
 }

@@ -25,11 +25,13 @@ use async_nats::jetstream::Message;
 use async_nats::HeaderMap;
 use tokio::task::JoinHandle;
 
-use crate::acl::{AclRow, Acls};
-use crate::entry::{dedup_id, parse_dinbox_subject, Plane3DeliveryFrame, Plane3Entry, Reason};
-use crate::membership::{MemberRead, Members};
+use crate::plane::acl::{AclRow, Acls};
+use crate::plane::entry::{
+    dedup_id, parse_dinbox_subject, Plane3DeliveryFrame, Plane3Entry, Reason,
+};
+use crate::plane::membership::{MemberRead, Members};
+use crate::plane::pump::{self, Settle};
 use crate::plane::{PlaneCtx, PlaneError, StopRx};
-use crate::pump::{self, Settle};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
 /// Entries handled concurrently (one lane per member subject hash).

@@ -8,59 +8,11 @@
 //! ms>`. Either field marks the row retired. A retired lifecycle never comes back, so entries
 //! addressed to it are deleted from `INBOX_<s>` the first time the reader meets them.
 
-use serde::{Deserialize, Serialize};
-
 use crate::kv::{Read, RowError, Rows};
 use crate::plane::PlaneCtx;
-use crate::wire::{channel_matches, LifecycleUid, Principal, SpaceNames};
+use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
-/// `AclRecord` of the reference, plus the retirement tombstone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AclRecord {
-    pub allow_subscribe: Vec<String>,
-    /// Ceiling from the last credential issue; absent means equal to `allow_subscribe`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub issued_allow_subscribe: Option<Vec<String>>,
-    #[serde(default)]
-    pub revision: u64,
-    #[serde(default)]
-    pub updated_at: u64,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub retired: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retired_at: Option<u64>,
-}
-
-impl AclRecord {
-    pub fn new(allow_subscribe: Vec<String>, revision: u64, updated_at: u64) -> AclRecord {
-        AclRecord {
-            allow_subscribe,
-            issued_allow_subscribe: None,
-            revision,
-            updated_at,
-            retired: false,
-            retired_at: None,
-        }
-    }
-    /// Whether the row carries the retirement tombstone.
-    pub fn is_retired(&self) -> bool {
-        self.retired || self.retired_at.is_some()
-    }
-    /// Whether the current read ACL covers `channel`: some `allowSubscribe` pattern matches it,
-    /// and so does some pattern of the issued ceiling when there is one.
-    pub fn covers(&self, channel: &str) -> bool {
-        let allowed = self
-            .allow_subscribe
-            .iter()
-            .any(|p| channel_matches(p, channel));
-        let under_ceiling = match &self.issued_allow_subscribe {
-            None => true,
-            Some(ceiling) => ceiling.iter().any(|p| channel_matches(p, channel)),
-        };
-        allowed && under_ceiling && !self.is_retired()
-    }
-}
+pub use crate::wire::AclRecord;
 
 /// What a leader-served read of one ACL row found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,7 +90,7 @@ impl Acls {
         member: &Principal,
     ) -> Result<(LifecycleUid, AclRecord), AliasError> {
         let filter = format!("{}.*", member.dot_form());
-        let keys = crate::scan::keys(
+        let keys = crate::plane::scan::keys(
             &self.ctx.js,
             self.rows.bucket(),
             &filter,

@@ -8,27 +8,54 @@
 //! (bounded), because a reply sent while the connection is down would be lost.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use futures::future::BoxFuture;
 use serde_json::{json, Value};
 
 use crate::plane::PlaneCtx;
-use crate::renew::{NOT_STARTED, RECONNECT_WAIT_BOUND};
 use crate::store::{check_same_store, StoreIdentity};
 use crate::wire::Principal;
+
+/// Bound on waiting for a reconnect onto an adopted credential before an admin request is
+/// answered (seeds: "once that reconnect completes, or after 5s").
+pub const RECONNECT_WAIT_BOUND: Duration = Duration::from_secs(5);
+/// Refusal of `reloadCreds` before start-up is complete (the seeds' wording).
+pub const NOT_STARTED: &str = "delivery: this daemon has not finished starting (its lease watch is not bound yet); nothing adopted - the next renewal pass or the daemon's own 75% re-read adopts the re-signed credential";
+
+/// The credential verbs the admin rail serves, implemented by the space daemon's renewal (a ring
+/// above this one): the rail only dispatches and shapes replies.
+pub trait CredentialAdmin: Send + Sync {
+    /// Waits, at most `bound`, until a reconnect onto an adopted credential has completed.
+    fn settled(&self, bound: Duration) -> BoxFuture<'_, ()>;
+    /// Proves and adopts a renewed delivery credential; the reply's `brokerAccepted` object.
+    fn reload_delivery<'a>(
+        &'a self,
+        expected: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Value, String>>;
+    /// Proves and adopts a renewed membership credential; the component's result object.
+    fn reload_membership<'a>(
+        &'a self,
+        expected: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Value, String>>;
+    /// The identity of the store the daemon reloads its credential from.
+    fn store_identity(&self) -> Result<StoreIdentity, String>;
+}
 
 /// Dispatches one admin verb; returns the reply `data` or the refusal text.
 pub async fn dispatch(
     ctx: &PlaneCtx,
+    credentials: Option<&dyn CredentialAdmin>,
     _caller: &Principal,
     op: &str,
     args: &Value,
 ) -> Result<Value, String> {
-    if let Some(renewal) = &ctx.renewal {
-        renewal.reconnect.settled(RECONNECT_WAIT_BOUND).await;
+    if let Some(renewal) = credentials {
+        renewal.settled(RECONNECT_WAIT_BOUND).await;
     }
     let result = match op {
-        "reloadCreds" => reload_creds(ctx, args).await,
-        "reloadStoreIdentity" => reload_store_identity(ctx, args),
+        "reloadCreds" => reload_creds(ctx, credentials, args).await,
+        "reloadStoreIdentity" => reload_store_identity(credentials, args),
         _ => Err(format!("unsupported delivery-admin op \"{op}\"")),
     };
     match result {
@@ -43,21 +70,25 @@ fn expected<'a>(args: &'a Value, component: &str) -> Option<&'a str> {
         .and_then(Value::as_str)
 }
 
-async fn reload_creds(ctx: &PlaneCtx, args: &Value) -> Result<Value, String> {
+async fn reload_creds(
+    ctx: &PlaneCtx,
+    credentials: Option<&dyn CredentialAdmin>,
+    args: &Value,
+) -> Result<Value, String> {
     if !ctx.startup_complete.load(Ordering::SeqCst) {
         return Err(NOT_STARTED.into());
     }
-    let Some(renewal) = &ctx.renewal else {
+    let Some(renewal) = credentials else {
         return Err("delivery: this daemon has no renewal source; nothing adopted".into());
     };
     // Membership first: the delivery adoption schedules the reconnect relative to the reply.
     let membership = renewal
         .reload_membership(expected(args, "membership"))
         .await;
-    let delivery = renewal.reload(expected(args, "delivery")).await;
+    let delivery = renewal.reload_delivery(expected(args, "delivery")).await;
     let mut errors = Vec::new();
     let delivery_json = match delivery {
-        Ok(acc) => json!({"ok": true, "brokerAccepted": acc.to_json()}),
+        Ok(accepted) => json!({"ok": true, "brokerAccepted": accepted}),
         Err(e) => {
             errors.push(format!("delivery: {e}"));
             json!({"ok": false, "error": e})
@@ -77,14 +108,14 @@ async fn reload_creds(ctx: &PlaneCtx, args: &Value) -> Result<Value, String> {
     }
 }
 
-fn reload_store_identity(ctx: &PlaneCtx, args: &Value) -> Result<Value, String> {
-    let Some(renewal) = &ctx.renewal else {
+fn reload_store_identity(
+    credentials: Option<&dyn CredentialAdmin>,
+    args: &Value,
+) -> Result<Value, String> {
+    let Some(renewal) = credentials else {
         return Err("delivery: this daemon has no renewal source".into());
     };
-    let ours = renewal
-        .store()
-        .identity()
-        .map_err(|e| format!("delivery: the store identity is unusable: {e}"))?;
+    let ours = renewal.store_identity()?;
     if let Some(challenge) = args.get("expected").filter(|v| !v.is_null()) {
         let theirs = StoreIdentity::from_json(challenge)
             .map_err(|e| format!("delivery: reloadStoreIdentity: {e}"))?;

@@ -6,6 +6,7 @@
 //! forged reply target under another caller's subtree gets nothing. A reply the broker could not
 //! carry (larger than `max_payload`) is replaced by a refusal that gives its size.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -15,6 +16,11 @@ use tokio::task::JoinHandle;
 
 use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx, NOT_SERVING, STOPPED_SERVING};
 use crate::wire::{CtlService, Principal};
+
+pub mod admin;
+pub mod ops;
+
+use admin::CredentialAdmin;
 
 /// `ControlRequest` of the reference.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -89,6 +95,7 @@ const REPLY_BOUND: Duration = Duration::from_secs(5);
 /// Subscribes the rail (queue-grouped) and serves it until `stop`.
 pub async fn bind(
     ctx: &PlaneCtx,
+    credentials: Option<Arc<dyn CredentialAdmin>>,
     service: CtlService,
     mut stop: StopRx,
 ) -> Result<JoinHandle<()>, PlaneError> {
@@ -128,9 +135,9 @@ pub async fn bind(
                     let ctx = ctx.clone();
                     if service == CtlService::DeliveryAdmin {
                         // The admin rail answers one request at a time, in arrival order.
-                        handle(&ctx, service, msg).await;
+                        handle(&ctx, credentials.as_deref(), service, msg).await;
                     } else {
-                        tokio::spawn(async move { handle(&ctx, service, msg).await });
+                        tokio::spawn(async move { handle(&ctx, None, service, msg).await });
                     }
                 }
             }
@@ -140,7 +147,7 @@ pub async fn bind(
         // now, so with the not-serving refusal) instead of being dropped into their callers'
         // timeouts. The subscription is closed, so this ends with its buffer.
         while let Ok(Some(msg)) = tokio::time::timeout(DRAIN_BOUND, sub.next()).await {
-            handle(&ctx, service, msg).await;
+            handle(&ctx, credentials.as_deref(), service, msg).await;
         }
     }))
 }
@@ -148,7 +155,12 @@ pub async fn bind(
 /// Bound on waiting for each buffered request while a rail is unbound.
 const DRAIN_BOUND: Duration = Duration::from_millis(100);
 
-async fn handle(ctx: &PlaneCtx, service: CtlService, msg: async_nats::Message) {
+async fn handle(
+    ctx: &PlaneCtx,
+    credentials: Option<&dyn CredentialAdmin>,
+    service: CtlService,
+    msg: async_nats::Message,
+) {
     let subject = msg.subject.to_string();
     let Some(reply) = msg.reply.as_ref().map(|r| r.to_string()) else {
         return;
@@ -163,7 +175,7 @@ async fn handle(ctx: &PlaneCtx, service: CtlService, msg: async_nats::Message) {
         Some(caller) => match ctx.gate.admit() {
             None => ControlReply::refuse(NOT_SERVING),
             Some(epoch) => {
-                let answer = answer(ctx, service, &caller, &msg.payload).await;
+                let answer = answer(ctx, credentials, service, &caller, &msg.payload).await;
                 if answer.ok && !ctx.gate.still(epoch) {
                     ControlReply::refuse(STOPPED_SERVING)
                 } else {
@@ -179,6 +191,7 @@ async fn handle(ctx: &PlaneCtx, service: CtlService, msg: async_nats::Message) {
 
 async fn answer(
     ctx: &PlaneCtx,
+    credentials: Option<&dyn CredentialAdmin>,
     service: CtlService,
     caller: &Principal,
     payload: &[u8],
@@ -192,9 +205,9 @@ async fn answer(
         return ControlReply::refuse("sender mismatch - request rejected");
     }
     let result = match service {
-        CtlService::Delivery => crate::ops::delivery(ctx, caller, &request.op, &request.args).await,
+        CtlService::Delivery => ops::delivery(ctx, caller, &request.op, &request.args).await,
         CtlService::DeliveryAdmin => {
-            crate::admin::dispatch(ctx, caller, &request.op, &request.args).await
+            admin::dispatch(ctx, credentials, caller, &request.op, &request.args).await
         }
     };
     match result {

@@ -9,9 +9,9 @@
 
 use serde_json::{json, Value};
 
-use crate::acl::{AclRow, Acls};
 use crate::journal::epoch_ms;
-use crate::membership::{
+use crate::plane::acl::{AclRow, Acls};
+use crate::plane::membership::{
     chat_frontier, MemberRead, Members, MembershipRecord, STATE_DURABLE_ACTIVE,
     STATE_LIVE_CONFIRMED,
 };
@@ -180,7 +180,8 @@ async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resul
     // Posts captured between the cursor read and the row write may have been routed without
     // this row: copy them now. A failure leaves the row standing and says so.
     if let Err(e) =
-        crate::catchup::activate(ctx, &channel, caller, &uid, record.generation, join_cursor).await
+        crate::plane::catchup::activate(ctx, &channel, caller, &uid, record.generation, join_cursor)
+            .await
     {
         ctx.journal.line(format!(
             "! delivery: activation catch-up of {caller} on \"{channel}\" failed: {e}"

@@ -1,0 +1,102 @@
+//! Plane-3 bindings as one unit the lease can arm and quiesce.
+//!
+//! The daemon serves only under its lease. When the lease is in doubt it *quiesces*: the fan-out
+//! writer, the trusted reader and both control rails are unbound, nothing more is acked, and a
+//! request admitted before the quiesce is refused rather than answered. The gate carries that
+//! decision to every in-flight handler; `Plane` owns the bound tasks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::plane::{PlaneCtx, PlaneError};
+use crate::rails::admin::CredentialAdmin;
+
+/// The bound components of one arming.
+struct Bound {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Bound on waiting for the bound tasks to wind down at a quiesce.
+const QUIESCE_BOUND: Duration = Duration::from_secs(5);
+
+/// Owner of the Plane-3 tasks.
+pub struct Plane {
+    ctx: PlaneCtx,
+    /// The credential verbs the admin rail serves (`reloadCreds`, `reloadStoreIdentity`).
+    credentials: Option<Arc<dyn CredentialAdmin>>,
+    bound: Option<Bound>,
+}
+
+impl Plane {
+    pub fn new(ctx: PlaneCtx, credentials: Option<Arc<dyn CredentialAdmin>>) -> Plane {
+        Plane {
+            ctx,
+            credentials,
+            bound: None,
+        }
+    }
+
+    /// Binds the fan-out writer, the trusted reader and both rails, then opens the gate. On a
+    /// failure everything bound so far is unbound again and the gate stays closed.
+    pub async fn arm(&mut self) -> Result<(), PlaneError> {
+        if self.bound.is_some() {
+            return Ok(());
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let result = async {
+            tasks.push(crate::plane::fanout::bind(&self.ctx, stop_rx.clone()).await?);
+            tasks.push(crate::plane::reader::bind(&self.ctx, stop_rx.clone()).await?);
+            for service in [
+                crate::wire::CtlService::Delivery,
+                crate::wire::CtlService::DeliveryAdmin,
+            ] {
+                tasks.push(
+                    crate::rails::bind(
+                        &self.ctx,
+                        self.credentials.clone(),
+                        service,
+                        stop_rx.clone(),
+                    )
+                    .await?,
+                );
+            }
+            Ok::<(), PlaneError>(())
+        }
+        .await;
+        let bound = Bound { stop, tasks };
+        match result {
+            Ok(()) => {
+                self.ctx.gate.open();
+                self.bound = Some(bound);
+                Ok(())
+            }
+            Err(e) => {
+                unbind(bound).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Closes the gate first (nothing admitted before acts after this), then unbinds.
+    pub async fn quiesce(&mut self) {
+        self.ctx.gate.close();
+        if let Some(bound) = self.bound.take() {
+            unbind(bound).await;
+        }
+    }
+}
+
+async fn unbind(bound: Bound) {
+    let _ = bound.stop.send(true);
+    for task in bound.tasks {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(QUIESCE_BOUND, task).await.is_err() {
+            abort.abort();
+        }
+    }
+}
