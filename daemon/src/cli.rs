@@ -1,12 +1,87 @@
-//! Command-line surface of `cotal-delivery`.
+//! Command-line surface of `cotal-delivery`, and the only place a way out becomes an exit code.
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::files::{self, PidLiveness};
-use crate::space::{self as deliver, DeliverConfig, Exit};
+use crate::space::health::Verdict;
+use crate::space::{self as deliver, Closed, DeliverConfig, Ended, StartErrorKind};
 use crate::wire::Space;
+
+/// Exit codes a supervisor can act on: the table of `docs/operations.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Stopped by SIGTERM/SIGINT; lease released.
+    Signalled = 0,
+    /// An unexpected fault during start-up or serving.
+    Fault = 1,
+    /// Command-line usage error (clap's own exit code).
+    Usage = 2,
+    /// Refused before dialing: workspace root, credential, flags.
+    Config = 3,
+    /// The broker did not answer the start-up reachability check (or offered no TLS).
+    Unreachable = 4,
+    /// `$SYS` observer admission refused.
+    Admission = 5,
+    /// Another daemon holds (or took) the lease.
+    LeaseHeld = 6,
+    /// The credential may not write the lease.
+    LeaseDenied = 7,
+    /// The broker refused a lease write for another reason.
+    LeaseRefused = 8,
+    /// The broker-gone watchdog expired.
+    BrokerGone = 9,
+    /// The credential expired without a proved renewal.
+    CredentialExpired = 10,
+}
+
+impl Exit {
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// The one match from a start refusal to its exit code.
+    pub fn of_start(kind: StartErrorKind) -> Exit {
+        match kind {
+            StartErrorKind::Stopped => Exit::Signalled,
+            StartErrorKind::Fault => Exit::Fault,
+            StartErrorKind::Config | StartErrorKind::StoreIdentity | StartErrorKind::Account => {
+                Exit::Config
+            }
+            StartErrorKind::Unreachable => Exit::Unreachable,
+            StartErrorKind::Admission => Exit::Admission,
+            StartErrorKind::LeaseHeld => Exit::LeaseHeld,
+            StartErrorKind::LeaseDenied => Exit::LeaseDenied,
+            StartErrorKind::LeaseRefused => Exit::LeaseRefused,
+            StartErrorKind::BrokerGone => Exit::BrokerGone,
+            StartErrorKind::CredentialExpired => Exit::CredentialExpired,
+        }
+    }
+
+    /// The one match from a closure reason to its exit code.
+    pub fn of_closed(closed: &Closed) -> Exit {
+        match closed {
+            Closed::Stopped { .. } => Exit::Signalled,
+            Closed::Fault { .. } => Exit::Fault,
+            Closed::LeaseTaken { .. } => Exit::LeaseHeld,
+            Closed::LeaseDenied { .. } => Exit::LeaseDenied,
+            Closed::LeaseRefused { .. } => Exit::LeaseRefused,
+            Closed::BrokerGone { .. } => Exit::BrokerGone,
+            Closed::CredentialExpired => Exit::CredentialExpired,
+        }
+    }
+
+    /// The way a `deliver` process ended, as its exit code.
+    pub fn of_ended(ended: &Ended) -> Exit {
+        match ended {
+            Ended::Refused(e) => Exit::of_start(e.kind()),
+            Ended::Closed(c) => Exit::of_closed(c),
+            Ended::Abandoned(Verdict::CredentialExpired) => Exit::CredentialExpired,
+            Ended::Abandoned(_) => Exit::BrokerGone,
+        }
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -86,7 +161,7 @@ pub struct DeliverArgs {
     #[arg(long, value_name = "SPACE")]
     pub space: String,
     /// Broker URL to dial (nats:// or tls://).
-    #[arg(long, value_name = "URL", default_value = deliver::startup::DEFAULT_SERVER)]
+    #[arg(long, value_name = "URL", default_value = deliver::process::DEFAULT_SERVER)]
     pub server: String,
     /// Workspace root to serve: the directory that holds .cotal/. Default: the nearest .cotal/
     /// above the working directory; with neither the daemon refuses before reading a credential.
@@ -94,8 +169,14 @@ pub struct DeliverArgs {
     pub root: Option<PathBuf>,
     /// The scoped `delivery` credential file. Default: <root>/.cotal/space.<hexkey>/delivery.creds.
     /// A file under another workspace than the one served is refused.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "store")]
     pub creds: Option<PathBuf>,
+    /// An injected directory store instead of a workspace: DIR holds
+    /// space.<hexkey>/delivery.creds (re-read there for renewals), the $SYS pair beside it, and
+    /// its own identity DIR/store.id. No .cotal/ is resolved or needed; no pid record or log
+    /// file is written (lines go to stderr). Mutually exclusive with --creds.
+    #[arg(long, value_name = "DIR", conflicts_with = "root")]
+    pub store: Option<PathBuf>,
     /// Require TLS to the broker: refuse a listener that offers no TLS instead of upgrading on
     /// its greeting. A TLS-required mesh always starts the daemon with this flag.
     #[arg(long)]
@@ -153,12 +234,19 @@ fn run_deliver(args: DeliverArgs) -> i32 {
     cfg.server = args.server;
     cfg.root = args.root;
     cfg.creds = args.creds;
+    cfg.store = args.store;
     cfg.tls = args.tls;
     cfg.tls_ca = args.tls_ca;
     cfg.ping_interval = crate::env::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
     cfg.plane = crate::plane::PlaneConfig::from_env();
+    cfg.health = crate::space::health::HealthConfig::from_env();
     match runtime("delivery") {
-        Ok(rt) => rt.block_on(deliver::run(cfg)).code(),
+        Ok(rt) => {
+            let ended = rt.block_on(deliver::process::run(cfg));
+            // A task still blocked on the broker must not hold the exit.
+            rt.shutdown_background();
+            Exit::of_ended(&ended).code()
+        }
         Err(code) => code,
     }
 }
@@ -252,5 +340,149 @@ fn run_up(args: UpArgs) -> i32 {
             eprintln!("{e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::lease::{ReleaseError, ReleaseErrorKind, Released};
+    use crate::space::StartError;
+
+    /// The exit-code table of `docs/operations.md`, row by row: `(code, meaning)`.
+    fn documented_codes() -> Vec<(i32, String)> {
+        let doc = include_str!("../../docs/operations.md");
+        let table = doc
+            .split("## Exit codes")
+            .nth(1)
+            .expect("docs/operations.md has an Exit codes section");
+        table
+            .lines()
+            .skip_while(|l| !l.starts_with("| code"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                (
+                    cells[1].parse().expect("a numeric code"),
+                    cells[2].to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Every closure reason and start refusal maps to the code the operations table documents
+    /// for it, and every documented code is reached by some reason. Mutation seen caught:
+    /// mapping `Closed::LeaseTaken` to `Exit::LeaseRefused` (8 instead of 6) fails the
+    /// `another daemon holds the lease` row.
+    #[test]
+    fn every_closure_reason_maps_to_its_documented_exit_code() {
+        let table = documented_codes();
+        let meaning = |code: i32| {
+            table
+                .iter()
+                .find(|(c, _)| *c == code)
+                .map(|(_, m)| m.clone())
+                .unwrap_or_else(|| panic!("code {code} is not in docs/operations.md"))
+        };
+        let released = Ok(Released::Released);
+        let unproved = Err(ReleaseError::new(ReleaseErrorKind::Unconfirmed, "x"));
+        // (reason, words its documented row must contain)
+        let closures: Vec<(Closed, &str)> = vec![
+            (
+                Closed::Stopped {
+                    by: "SIGTERM",
+                    release: released,
+                },
+                "SIGTERM",
+            ),
+            (
+                Closed::Stopped {
+                    by: "SIGINT",
+                    release: unproved,
+                },
+                "SIGINT",
+            ),
+            (Closed::Fault { detail: "x".into() }, "unexpected fault"),
+            (
+                Closed::LeaseTaken {
+                    by: "local.U".into(),
+                },
+                "another daemon holds the lease",
+            ),
+            (
+                Closed::LeaseDenied { detail: "x".into() },
+                "may not write the lease",
+            ),
+            (
+                Closed::LeaseRefused { detail: "x".into() },
+                "refused a lease write",
+            ),
+            (
+                Closed::BrokerGone {
+                    verdict: Verdict::BrokerGone,
+                },
+                "broker-gone watchdog",
+            ),
+            (
+                Closed::BrokerGone {
+                    verdict: Verdict::Backstop,
+                },
+                "broker-gone watchdog",
+            ),
+            (
+                Closed::CredentialExpired,
+                "expired without a proved renewal",
+            ),
+        ];
+        let mut reached = std::collections::BTreeSet::new();
+        for (closed, words) in closures {
+            let code = Exit::of_ended(&Ended::Closed(closed.clone())).code();
+            assert!(
+                meaning(code).contains(words),
+                "{closed:?} → {code}: {}",
+                meaning(code)
+            );
+            reached.insert(code);
+        }
+        let starts = [
+            (StartErrorKind::Stopped, "SIGTERM"),
+            (StartErrorKind::Fault, "unexpected fault"),
+            (StartErrorKind::Config, "refused before dialing"),
+            (StartErrorKind::StoreIdentity, "refused before dialing"),
+            (StartErrorKind::Account, "refused before dialing"),
+            (StartErrorKind::Unreachable, "reachability"),
+            (StartErrorKind::Admission, "admission refused"),
+            (StartErrorKind::LeaseHeld, "another daemon holds the lease"),
+            (StartErrorKind::LeaseDenied, "may not write the lease"),
+            (StartErrorKind::LeaseRefused, "refused a lease write"),
+            (StartErrorKind::BrokerGone, "broker-gone watchdog"),
+            (
+                StartErrorKind::CredentialExpired,
+                "expired without a proved renewal",
+            ),
+        ];
+        for (kind, words) in starts {
+            let code = Exit::of_ended(&Ended::Refused(StartError::new(kind, "x"))).code();
+            assert!(
+                meaning(code).contains(words),
+                "{kind:?} → {code}: {}",
+                meaning(code)
+            );
+            reached.insert(code);
+        }
+        for (verdict, code) in [
+            (Verdict::BrokerGone, 9),
+            (Verdict::Backstop, 9),
+            (Verdict::CredentialExpired, 10),
+        ] {
+            assert_eq!(Exit::of_ended(&Ended::Abandoned(verdict)).code(), code);
+        }
+        reached.insert(Exit::Usage.code());
+        let documented: std::collections::BTreeSet<i32> = table.iter().map(|(c, _)| *c).collect();
+        assert_eq!(
+            reached, documented,
+            "every documented code is some reason's"
+        );
     }
 }

@@ -248,6 +248,68 @@ pub struct Resident {
     pub events: broadcast::Sender<ConnEvent>,
     pub violations: Violations,
     pub credential: CredentialCell,
+    pub link: Link,
+}
+
+/// After [`Link::retire`], the pause before each redial attempt (each attempt is then refused
+/// by the auth callback before CONNECT, so a retired connection never comes back).
+const RETIRED_REDIAL_PAUSE: Duration = Duration::from_secs(24 * 3600);
+
+/// The resident connection's link state, kept where the client's events arrive: when it last
+/// dropped (so a wait for the redial is counted from the drop, not from whoever asks) and
+/// whether its owner retired it (so it never reconnects after a close).
+#[derive(Clone, Default)]
+pub struct Link {
+    dropped_at: Arc<Mutex<Option<Instant>>>,
+    retired: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Link {
+    /// When the connection dropped, while it is down; `None` while it is up.
+    pub fn dropped_at(&self) -> Option<Instant> {
+        self.dropped_at.lock().ok().and_then(|g| *g)
+    }
+    fn on_event(&self, ev: &ConnEvent) {
+        if let Ok(mut g) = self.dropped_at.lock() {
+            match ev {
+                ConnEvent::Connected => *g = None,
+                ConnEvent::Disconnected | ConnEvent::Closed => {
+                    g.get_or_insert_with(Instant::now);
+                }
+                _ => {}
+            }
+        }
+    }
+    /// From now on every redial is refused before it authenticates.
+    pub fn retire(&self) {
+        self.retired
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Resident {
+    /// Closes the connection for good: no redial authenticates after this, and a live
+    /// connection is drained (bounded). A connection that is down is not waited for.
+    pub async fn close(&self, bound: Duration) {
+        self.link.retire();
+        use async_nats::connection::State;
+        if self.client.connection_state() == State::Connected {
+            let _ = tokio::time::timeout(bound, async {
+                let mut events = self.events.subscribe();
+                if self.client.drain().await.is_ok() {
+                    while let Ok(ev) = events.recv().await {
+                        if matches!(ev, ConnEvent::Closed) {
+                            break;
+                        }
+                    }
+                }
+            })
+            .await;
+        }
+    }
 }
 
 /// The user public key (`U…`) of a seed.
@@ -332,9 +394,16 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
     let (events, _) = broadcast::channel(256);
     let violations = Violations::default();
     let cell = credential.clone();
+    let link = Link::default();
+    let retired = link.clone();
+    let pause = link.clone();
     let mut options = ConnectOptions::with_auth_callback(move |nonce: Vec<u8>| {
         let cell = cell.clone();
+        let retired = retired.clone();
         async move {
+            if retired.is_retired() {
+                return Err(AuthError::new("this connection was closed by its owner"));
+            }
             let p = cell.wait_unexpired().await;
             let kp = nkeys::KeyPair::from_seed(&p.seed).map_err(AuthError::new)?;
             let sig = kp.sign(&nonce).map_err(AuthError::new)?;
@@ -348,7 +417,19 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
     .name(spec.name.clone())
     .ping_interval(spec.ping_interval)
     .connection_timeout(spec.connect_bound)
-    .max_reconnects(None);
+    .max_reconnects(None)
+    .reconnect_delay_callback(move |attempts| {
+        if pause.is_retired() {
+            return RETIRED_REDIAL_PAUSE;
+        }
+        // the client's own default: 0, then 2^(n-1) ms, at most 4 s.
+        let exp = u32::try_from(attempts.saturating_sub(1)).unwrap_or(u32::MAX);
+        if attempts <= 1 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(2_u64.saturating_pow(exp)).min(Duration::from_secs(4))
+        }
+    });
     if spec.tls_required {
         options = options.require_tls(true);
     }
@@ -357,11 +438,14 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
     }
     let tx = events.clone();
     let seen = violations.clone();
+    let stamp = link.clone();
     options = options.event_callback(move |event| {
         let tx = tx.clone();
         let seen = seen.clone();
+        let stamp = stamp.clone();
         async move {
             let ev = classify(&event);
+            stamp.on_event(&ev);
             if let ConnEvent::PermissionDenied { operation, subject } = &ev {
                 seen.record(operation.clone(), subject.clone());
             }
@@ -375,6 +459,7 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
             events,
             violations,
             credential,
+            link,
         }),
         Ok(Err(e)) => {
             let text = e.to_string();

@@ -214,21 +214,35 @@ fn check_key(key: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The workspace's `.cotal/` directory as a store.
+/// The workspace's `.cotal/` directory as a store, or (injected, [`FsStore::at_dir`]) any
+/// directory holding the same keys directly.
 #[derive(Debug, Clone)]
 pub struct FsStore {
     root: PathBuf,
+    /// Where the keys and `store.id` live: `<root>/.cotal`, or the injected directory itself.
+    dir: PathBuf,
 }
 
 impl FsStore {
     pub fn new(root: impl Into<PathBuf>) -> FsStore {
-        FsStore { root: root.into() }
+        let root = root.into();
+        let dir = root.join(crate::files::COTAL_DIR);
+        FsStore { root, dir }
+    }
+    /// A directory store that is no workspace: keys live directly under `dir`, and its identity
+    /// is `dir` with the `store.id` recorded there.
+    pub fn at_dir(dir: impl Into<PathBuf>) -> FsStore {
+        let dir = dir.into();
+        FsStore {
+            root: dir.clone(),
+            dir,
+        }
     }
     pub fn root(&self) -> &Path {
         &self.root
     }
     fn cotal_dir(&self) -> PathBuf {
-        self.root.join(crate::files::COTAL_DIR)
+        self.dir.clone()
     }
     pub fn path_of(&self, key: &str) -> Result<PathBuf, StoreError> {
         check_key(key)?;

@@ -5,9 +5,10 @@
 //! observer/evictor pair, must refuse to start rather than attribute connections wrongly, so
 //! this runs before the daemon touches the lease.
 
-use std::path::{Path, PathBuf};
-
-use crate::creds::{read_creds_file, CredsErrorKind};
+use crate::creds::Credential;
+use crate::provision::layout::{CONNECTION_EVICTOR_CREDS_FILE, MEMBERSHIP_OBSERVER_CREDS_FILE};
+use crate::store::SecretStore;
+use crate::wire::Space;
 
 /// The admitted sweep authority.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,19 +54,60 @@ fn connz_accounts(claims: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// `space.<key>/membership-observer.creds`: the `$SYS` observer, beside the delivery credential.
+pub fn observer_key(space: &Space) -> String {
+    format!("{}/{MEMBERSHIP_OBSERVER_CREDS_FILE}", space.segment())
+}
+/// `space.<key>/connection-evictor.creds`: the optional `$SYS` evictor.
+pub fn evictor_key(space: &Space) -> String {
+    format!("{}/{CONNECTION_EVICTOR_CREDS_FILE}", space.segment())
+}
+
+/// One credential of the `$SYS` pair as the store holds it, with where it lives (for messages).
+pub struct Held {
+    pub at: String,
+    pub value: Result<Option<Credential>, String>,
+}
+
+impl Held {
+    /// Reads `key` from `store` (a blocking call: the caller runs it off the async workers).
+    pub fn read(store: &dyn SecretStore, key: &str) -> Held {
+        let at = store.locate(key);
+        let value = match store.get(key) {
+            Ok(None) => Ok(None),
+            Ok(Some(text)) => Credential::parse(&text)
+                .map(Some)
+                .map_err(|e| format!("credential file {at}: {}", e.detail())),
+            Err(e) => Err(format!("credential file {at}: {e}")),
+        };
+        Held { at, value }
+    }
+}
+
+/// The `$SYS` observer (required) and evictor (optional) as read from the store.
+pub struct SysPair {
+    pub observer: Held,
+    pub evictor: Held,
+}
+
+impl SysPair {
+    pub fn read(store: &dyn SecretStore, space: &Space) -> SysPair {
+        SysPair {
+            observer: Held::read(store, &observer_key(space)),
+            evictor: Held::read(store, &evictor_key(space)),
+        }
+    }
+}
+
 /// Checks the observer (required) and evictor (optional) next to the daemon's credentials.
-pub fn admit(
-    observer_path: &Path,
-    evictor_path: &Path,
-    expected_account: &str,
-) -> Result<Admitted, AdmissionError> {
+pub fn admit(pair: &SysPair, expected_account: &str) -> Result<Admitted, AdmissionError> {
     let refuse = |detail: String| Err(AdmissionError { detail });
-    let observer = match read_creds_file(observer_path) {
-        Ok(c) => c,
-        Err(e) if e.kind() == CredsErrorKind::Io && !observer_path.exists() => {
+    let observer_at = &pair.observer.at;
+    let observer = match &pair.observer.value {
+        Ok(Some(c)) => c,
+        Ok(None) => {
             return refuse(format!(
-                "the $SYS membership-observer credential is missing ({})",
-                observer_path.display()
+                "the $SYS membership-observer credential is missing ({observer_at})"
             ))
         }
         Err(e) => {
@@ -85,42 +127,38 @@ pub fn admit(
     let accounts = connz_accounts(&claims.nats);
     if accounts.is_empty() {
         return refuse(format!(
-            "the $SYS membership-observer credential ({}) grants no $SYS.REQ.ACCOUNT.<account>.CONNZ scan",
-            observer_path.display()
+            "the $SYS membership-observer credential ({observer_at}) grants no $SYS.REQ.ACCOUNT.<account>.CONNZ scan"
         ));
     }
     if !accounts.iter().any(|a| a == expected_account) {
         return refuse(format!(
-            "the $SYS membership-observer credential ({}) scans account {} but this daemon serves account {}",
-            observer_path.display(),
+            "the $SYS membership-observer credential ({observer_at}) scans account {} but this daemon serves account {}",
             accounts.join(", "),
             expected_account
         ));
     }
-    let evictor_present = evictor_path.exists();
-    if evictor_present {
-        let evictor = read_creds_file(evictor_path)
-            .and_then(|c| c.claims())
-            .map_err(|e| AdmissionError {
+    let evictor_present = match &pair.evictor.value {
+        Ok(None) => false,
+        Ok(Some(evictor)) => {
+            let evictor = evictor.claims().map_err(|e| AdmissionError {
                 detail: format!("the $SYS connection-evictor credential is unreadable ({e})"),
             })?;
-        if evictor.iss != claims.iss {
-            return refuse(format!(
-                "the $SYS observer and evictor were signed by different system-account keys ({} vs {}): a torn rotation",
-                claims.iss, evictor.iss
-            ));
+            if evictor.iss != claims.iss {
+                return refuse(format!(
+                    "the $SYS observer and evictor were signed by different system-account keys ({} vs {}): a torn rotation",
+                    claims.iss, evictor.iss
+                ));
+            }
+            true
         }
-    }
+        Err(e) => {
+            return refuse(format!(
+                "the $SYS connection-evictor credential is unreadable ({e})"
+            ))
+        }
+    };
     Ok(Admitted {
         account: expected_account.to_string(),
         evictor_present,
     })
-}
-
-/// Paths of the `$SYS` pair for a space directory.
-pub fn sys_pair_paths(space_dir: &Path) -> (PathBuf, PathBuf) {
-    (
-        space_dir.join("membership-observer.creds"),
-        space_dir.join("connection-evictor.creds"),
-    )
 }

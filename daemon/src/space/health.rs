@@ -33,8 +33,9 @@ pub const DEFAULT_WINDOW_MS: u64 = 15_000;
 pub const BACKSTOP_WINDOWS: u64 = 4;
 /// The evaluation tick, also the lag meter's interval (reference `LoopLagMeter(250)`).
 pub const EVAL_TICK_MS: u64 = 250;
-/// After a verdict the run loop gets this long to exit on its own before the process is ended
-/// (the reference's hard-exit timer).
+/// After a verdict a process host gives its daemon this long to close on its own before it
+/// ends the process anyway (the reference's hard-exit timer). Host policy: this module never
+/// exits a process; `cli.rs` applies it, a multi-space host retires only that lane.
 pub const HARD_EXIT_GRACE: Duration = Duration::from_millis(2_000);
 
 /// The seeds' lines, verbatim.
@@ -219,13 +220,6 @@ impl Verdict {
             Verdict::CredentialExpired => LINE_EXPIRED_EXIT,
         }
     }
-    /// The process exit code (`docs/operations.md`).
-    pub fn exit(self) -> crate::space::exit::Exit {
-        match self {
-            Verdict::BrokerGone | Verdict::Backstop => crate::space::exit::Exit::BrokerGone,
-            Verdict::CredentialExpired => crate::space::exit::Exit::CredentialExpired,
-        }
-    }
 }
 
 /// The pure state machine. Times are milliseconds on any monotonic clock.
@@ -394,6 +388,11 @@ impl HealthHandle {
         let _ = self.adopted.send(());
     }
 
+    /// The verdict, if the watchdog has reached one.
+    pub fn verdict_now(&self) -> Option<Verdict> {
+        *self.verdict.borrow()
+    }
+
     /// Resolves once the watchdog has decided the daemon must leave.
     pub async fn verdict(&mut self) -> Verdict {
         loop {
@@ -423,15 +422,13 @@ pub struct Watchdog;
 
 impl Watchdog {
     /// Spawns the watchdog. It logs the episode lines itself; on a verdict it logs the seeds'
-    /// line, publishes the verdict, and, when `hard_exit` is set, ends the process if the run
-    /// loop has not exited within [`HARD_EXIT_GRACE`].
+    /// line and publishes the verdict (the daemon closes on it; nothing here exits a process).
     pub fn spawn(
         cfg: HealthConfig,
         mut events: broadcast::Receiver<ConnEvent>,
         client: async_nats::Client,
         journal: Journal,
         space: String,
-        hard_exit: bool,
     ) -> HealthHandle {
         let (adopted_tx, mut adopted_rx) = mpsc::unbounded_channel::<()>();
         let (verdict_tx, verdict_rx) = watch::channel(None);
@@ -504,14 +501,6 @@ impl Watchdog {
             };
             journal.line(verdict.line());
             let _ = verdict_tx.send(Some(verdict));
-            if hard_exit {
-                tokio::time::sleep(HARD_EXIT_GRACE).await;
-                journal.line(format!(
-                    "! delivery: the run loop did not exit within {} ms of the verdict; exiting now",
-                    HARD_EXIT_GRACE.as_millis()
-                ));
-                std::process::exit(verdict.exit().code());
-            }
         });
         HealthHandle {
             adopted: adopted_tx,

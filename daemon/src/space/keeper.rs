@@ -8,19 +8,23 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use crate::conn::ConnEvent;
-use crate::files::PidRecord;
+use crate::conn::{ConnEvent, Resident};
 use crate::journal::Journal;
-use crate::space::exit::Exit;
+use crate::space::daemon::Closed;
 use crate::space::health::{HealthHandle, Verdict};
-use crate::space::lease::{ClaimError, Lease, Reading, SHARD};
+use crate::space::lease::{
+    ClaimError, Lease, Reading, ReleaseError, ReleaseErrorKind, Released, SHARD,
+};
 use crate::space::serving::Plane;
 use crate::wire::Space;
 
-/// How long a signalled release waits for a redialing connection (seeds: five seconds).
+/// How long a signalled release waits for a redialing connection, counted from the drop
+/// (seeds: five seconds).
 pub const RELEASE_REDIAL_BOUND: Duration = Duration::from_secs(5);
-/// Bound on the whole signalled shutdown; past it the process exits anyway.
+/// Bound on the whole signalled shutdown; past it the daemon closes anyway.
 pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
+/// Bound on draining the resident connection at the close.
+const DRAIN_BOUND: Duration = Duration::from_secs(2);
 
 /// The lease, the plane it guards, and what has been said about them.
 pub(crate) struct Keeper {
@@ -33,9 +37,11 @@ pub(crate) struct Keeper {
     pub(crate) quiesced: bool,
     pub(crate) connected: bool,
     pub(crate) events: broadcast::Receiver<ConnEvent>,
-    pub(crate) client: async_nats::Client,
+    pub(crate) resident: Resident,
     /// Told to stand down when the daemon leaves on its own account.
     pub(crate) health: HealthHandle,
+    /// How long a release waits for a dropped connection to come back, from the drop.
+    pub(crate) redial_wait: Duration,
 }
 
 impl Keeper {
@@ -85,7 +91,7 @@ impl Keeper {
     }
 
     /// Renew at TTL/2; on failure quiesce first, then arbitrate on a re-read.
-    pub(crate) async fn on_renew_tick(&mut self) -> Option<Exit> {
+    pub(crate) async fn on_renew_tick(&mut self) -> Option<Closed> {
         match self.lease.renew().await {
             Ok(_) => {
                 if self.quiesced {
@@ -121,7 +127,7 @@ impl Keeper {
                         self.journal.line(format!(
                             "✗ delivery: the lease for shard {SHARD} is held by {by}, not by this process (renew: {why}), exiting so the holder is single"
                         ));
-                        Some(Exit::LeaseHeld)
+                        Some(Closed::LeaseTaken { by })
                     }
                 }
             }
@@ -129,7 +135,7 @@ impl Keeper {
     }
 
     /// A change of the key that is not our own write: quiesce first, then arbitrate.
-    pub(crate) async fn on_watch_event(&mut self) -> Option<Exit> {
+    pub(crate) async fn on_watch_event(&mut self) -> Option<Closed> {
         self.quiesce().await;
         match self.lease.read_own().await {
             Reading::Held { revision } => {
@@ -151,12 +157,12 @@ impl Keeper {
                 self.journal.line(format!(
                     "✗ delivery: a lease watch event read the key as held by {by}, not by this process, exiting so the holder is single"
                 ));
-                Some(Exit::LeaseHeld)
+                Some(Closed::LeaseTaken { by })
             }
         }
     }
 
-    pub(crate) async fn reacquire(&mut self, cause: &str, from_watch: bool) -> Option<Exit> {
+    pub(crate) async fn reacquire(&mut self, cause: &str, from_watch: bool) -> Option<Closed> {
         match self.lease.reacquire().await {
             Ok(revision) => {
                 self.resume(&format!("it won the atomic create at revision {revision}"))
@@ -178,7 +184,7 @@ impl Keeper {
                     format!("✗ delivery: lost the lease ({cause}) and another daemon has taken shard {SHARD} ({detail}), exiting so the holder is single")
                 };
                 self.journal.line(line);
-                Some(Exit::LeaseHeld)
+                Some(Closed::LeaseTaken { by: detail })
             }
             Err(e) => {
                 self.lease.forget();
@@ -186,8 +192,12 @@ impl Keeper {
                     "✗ delivery: could not re-acquire the lease for shard {SHARD} ({e}); it serves only under its lease, exiting"
                 ));
                 Some(match e {
-                    ClaimError::Denied { .. } => Exit::LeaseDenied,
-                    _ => Exit::LeaseRefused,
+                    ClaimError::Denied { .. } => Closed::LeaseDenied {
+                        detail: e.to_string(),
+                    },
+                    _ => Closed::LeaseRefused {
+                        detail: e.to_string(),
+                    },
                 })
             }
         }
@@ -204,63 +214,120 @@ impl Keeper {
     /// Leaves on a transport-health verdict: the broker cannot take a release now (it is gone,
     /// or this credential expired), so the lease is left to the bucket TTL and nothing waits
     /// for a redial.
-    pub(crate) async fn abandon(mut self, verdict: Verdict, pid: Option<&PidRecord>) -> Exit {
-        if let Some(p) = pid {
-            p.remove();
-        }
+    pub(crate) async fn abandon(mut self, verdict: Verdict) -> Closed {
         self.lease.forget();
         let _ = tokio::time::timeout(Duration::from_secs(1), self.plane.quiesce()).await;
-        verdict.exit()
+        self.resident.close(DRAIN_BOUND).await;
+        Closed::of_verdict(verdict)
     }
 
-    pub(crate) async fn stop_signalled(self, name: &'static str, pid: Option<&PidRecord>) -> Exit {
-        self.journal.line(format!(
-            "• delivery: received {name}, exiting (space {}, shard {SHARD})",
-            self.space
-        ));
-        self.shutdown(Exit::Signalled, pid).await
+    pub(crate) async fn stop_signalled(self, by: &'static str) -> Closed {
+        self.journal
+            .line(crate::space::daemon::stop_line(by, &self.space));
+        self.stop(by).await
     }
 
-    /// Unrecord, stop serving, release the lease at the broker's revision (if still ours), close.
-    pub(crate) async fn shutdown(mut self, exit: Exit, pid: Option<&PidRecord>) -> Exit {
-        // From here the connection's events are this process closing it, not the broker.
+    /// Stopped by request: withdraw serving, release the row this instance owns, close.
+    pub(crate) async fn stop(mut self, by: &'static str) -> Closed {
+        let release = self.shutdown().await;
+        Closed::Stopped { by, release }
+    }
+
+    /// Leaves for `closed`, releasing what this instance still owns on the way out.
+    pub(crate) async fn leave(mut self, closed: Closed) -> Closed {
+        let _ = self.shutdown().await;
+        closed
+    }
+
+    /// Stop serving, release the lease at the broker's revision (if still ours), close the
+    /// connection so it never reconnects. Bounded by [`SHUTDOWN_BOUND`].
+    async fn shutdown(&mut self) -> Result<Released, ReleaseError> {
+        // From here the connection's events are this daemon closing it, not the broker.
         self.health.stand_down();
-        if let Some(p) = pid {
-            p.remove();
-        }
+        let bound = SHUTDOWN_BOUND.max(self.redial_wait + Duration::from_secs(5));
         let work = async {
             self.plane.quiesce().await;
-            if self.lease.revision().is_some() {
-                self.wait_connected(RELEASE_REDIAL_BOUND).await;
-                if let Err(e) = self.lease.release().await {
+            let release = self.release().await;
+            if let Err(e) = &release {
+                if e.kind() != ReleaseErrorKind::Foreign {
                     self.journal.line(format!(
                         "! delivery: could not release the lease for shard {SHARD} ({e}); the bucket TTL will expire it"
                     ));
                 }
             }
-            let _ = self.client.drain().await;
+            release
         };
-        if tokio::time::timeout(SHUTDOWN_BOUND, work).await.is_err() {
-            self.journal.line(format!(
-                "! delivery: shutdown did not finish within {} s; exiting anyway",
-                SHUTDOWN_BOUND.as_secs()
-            ));
-        }
-        exit
+        let release = match tokio::time::timeout(bound, work).await {
+            Ok(release) => release,
+            Err(_) => {
+                self.journal.line(format!(
+                    "! delivery: shutdown did not finish within {} s; exiting anyway",
+                    bound.as_secs()
+                ));
+                Err(ReleaseError::new(
+                    ReleaseErrorKind::Unconfirmed,
+                    format!("the shutdown did not finish within {} s", bound.as_secs()),
+                ))
+            }
+        };
+        self.resident.close(DRAIN_BOUND).await;
+        release
     }
 
-    /// Waits (bounded) for the resident connection to be up, so a release is not sent into a
-    /// connection that is redialing and would never be answered.
-    pub(crate) async fn wait_connected(&mut self, bound: Duration) {
-        use async_nats::connection::State;
-        let deadline = tokio::time::Instant::now() + bound;
-        while self.client.connection_state() != State::Connected {
-            if tokio::time::timeout_at(deadline, self.events.recv())
-                .await
-                .is_err()
-            {
-                return;
+    /// The release of the row this instance owns. When the connection is down, or drops while
+    /// the release is in flight, it waits for the redial up to `redial_wait` counted from the
+    /// drop, repeats the release once on the reconnected connection, then decides.
+    pub(crate) async fn release(&mut self) -> Result<Released, ReleaseError> {
+        if self.lease.revision().is_none() {
+            return Ok(Released::NotHeld);
+        }
+        self.wait_redial().await?;
+        let attempt_at = tokio::time::Instant::now();
+        match self.lease.release().await {
+            Ok(r) => Ok(r),
+            Err(e) if e.kind() == ReleaseErrorKind::Foreign => Err(e),
+            Err(e) => {
+                let dropped = self.resident.link.dropped_at();
+                let dropped_in_flight = dropped.is_some_and(|at| at >= attempt_at.into_std());
+                if !dropped_in_flight && !self.is_down() {
+                    return Err(e);
+                }
+                self.wait_redial().await?;
+                self.lease.release().await
             }
         }
+    }
+
+    fn is_down(&self) -> bool {
+        use async_nats::connection::State;
+        self.resident.client.connection_state() != State::Connected
+    }
+
+    /// Waits while the connection is down, up to `redial_wait` from the moment it dropped.
+    async fn wait_redial(&mut self) -> Result<(), ReleaseError> {
+        if !self.is_down() {
+            return Ok(());
+        }
+        let since = self
+            .resident
+            .link
+            .dropped_at()
+            .unwrap_or_else(std::time::Instant::now);
+        let deadline = tokio::time::Instant::from_std(since + self.redial_wait);
+        while self.is_down() {
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
+                Ok(Err(broadcast::error::RecvError::Closed)) | Err(_) => {
+                    return Err(ReleaseError::new(
+                        ReleaseErrorKind::Unconfirmed,
+                        format!(
+                            "the connection dropped and did not come back within {} ms of the drop",
+                            self.redial_wait.as_millis()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

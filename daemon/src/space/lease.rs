@@ -263,26 +263,117 @@ impl Lease {
         self.classify_claim(result, started)
     }
 
-    /// Releases the row at the broker's current revision, only if it is still ours. Returns
-    /// whether a row was released.
-    pub async fn release(&mut self) -> Result<bool, RowError> {
+    /// Releases the row at the broker's current revision, only if it is still ours (holder and
+    /// incarnation). A row that is already gone is released; another holder's row is never
+    /// touched and is reported by name.
+    pub async fn release(&mut self) -> Result<Released, ReleaseError> {
         if self.revision.is_none() {
-            return Ok(false);
+            return Ok(Released::NotHeld);
         }
         match self.read_own().await {
             Reading::Held { revision } => {
-                self.rows.delete_expecting(LEASE_KEY, revision).await?;
-                self.revision = None;
-                Ok(true)
+                match self.rows.delete_expecting(LEASE_KEY, revision).await {
+                    Ok(_) => {
+                        self.revision = None;
+                        Ok(Released::Released)
+                    }
+                    Err(e) if e.kind() == RowErrorKind::Conflict => {
+                        // written between the read and the delete: say who holds it now.
+                        match self.read_own().await {
+                            Reading::Taken { by } => Err(self.foreign(by)),
+                            Reading::Gone => {
+                                self.revision = None;
+                                Ok(Released::Released)
+                            }
+                            _ => Err(ReleaseError::new(
+                                ReleaseErrorKind::NotCommitted,
+                                format!("the broker refused the release ({})", e.detail()),
+                            )),
+                        }
+                    }
+                    Err(e) => Err(ReleaseError::new(
+                        match e.kind() {
+                            RowErrorKind::Refused => ReleaseErrorKind::NotCommitted,
+                            _ => ReleaseErrorKind::Unconfirmed,
+                        },
+                        e.detail().to_string(),
+                    )),
+                }
             }
-            Reading::Unknown { why } => Err(RowError::from_detail(why)),
-            Reading::Gone | Reading::Taken { .. } => {
+            Reading::Unknown { why } => Err(ReleaseError::new(ReleaseErrorKind::Unconfirmed, why)),
+            Reading::Gone => {
                 self.revision = None;
-                Ok(false)
+                Ok(Released::Released)
             }
+            Reading::Taken { by } => Err(self.foreign(by)),
         }
     }
+
+    fn foreign(&mut self, by: String) -> ReleaseError {
+        self.revision = None;
+        ReleaseError::new(
+            ReleaseErrorKind::Foreign,
+            format!("another instance's lease row is there ({by})"),
+        )
+        .holder(by)
+    }
 }
+
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// This instance's row is gone from the broker (deleted now, or already gone).
+    Released,
+    /// This instance held no row (it never won one, or it lost it earlier).
+    NotHeld,
+}
+
+/// Why a release was not proved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseError {
+    kind: ReleaseErrorKind,
+    detail: String,
+    holder: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseErrorKind {
+    /// The broker refused the delete.
+    NotCommitted,
+    /// The broker could not confirm it (no answer, or the connection was down).
+    Unconfirmed,
+    /// Another instance's row is there; [`ReleaseError::holder`] names it.
+    Foreign,
+}
+
+impl ReleaseError {
+    pub fn new(kind: ReleaseErrorKind, detail: impl Into<String>) -> ReleaseError {
+        ReleaseError {
+            kind,
+            detail: detail.into(),
+            holder: None,
+        }
+    }
+    fn holder(mut self, by: String) -> ReleaseError {
+        self.holder = Some(by);
+        self
+    }
+    pub fn kind(&self) -> ReleaseErrorKind {
+        self.kind
+    }
+    /// The holder of the foreign row ([`ReleaseErrorKind::Foreign`]).
+    pub fn foreign_holder(&self) -> Option<&str> {
+        self.holder.as_deref()
+    }
+}
+
+impl fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for ReleaseError {}
 
 /// Half the TTL, never under a second: the renew interval.
 pub fn renew_interval(ttl: Duration) -> Duration {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use futures::StreamExt;
 
+use crate::journal::Journal;
 use crate::space::lease::{Identity, LeaseInfo};
 use crate::wire::{SpaceNames, LEASE_KEY};
 
@@ -26,13 +27,19 @@ pub(crate) struct LeaseWatch {
     messages: Option<jetstream::consumer::push::Ordered>,
     stream: jetstream::stream::Stream<()>,
     name: String,
+    journal: Journal,
+    client: async_nats::Client,
 }
+
+/// Bound on the delete of the watch consumer at retirement.
+const RETIRE_BOUND: Duration = Duration::from_secs(2);
 
 impl LeaseWatch {
     pub(crate) async fn bind(
         js: &jetstream::Context,
         names: &SpaceNames,
         me: &Identity,
+        journal: Journal,
     ) -> Result<LeaseWatch, String> {
         use jetstream::consumer::{push, DeliverPolicy};
         let stream = js
@@ -59,6 +66,8 @@ impl LeaseWatch {
             messages: Some(messages),
             stream,
             name,
+            journal,
+            client: js.client(),
         })
     }
 
@@ -93,13 +102,24 @@ impl LeaseWatch {
         self.messages = None;
     }
 
-    /// Deletes the watch consumer; a failed delete leaves reclamation to the broker.
+    /// Deletes the watch consumer. A failed delete is said (seeds: "A failed delete emits a
+    /// warning") and leaves reclamation to the broker (five minutes of inactivity).
     pub(crate) async fn retire(&mut self) {
         self.messages = None;
-        let _ = tokio::time::timeout(
-            Duration::from_secs(2),
-            self.stream.delete_consumer(&self.name),
-        )
-        .await;
+        // A connection that is down cannot carry the delete: the broker reclaims the consumer.
+        if self.client.connection_state() != async_nats::connection::State::Connected {
+            return;
+        }
+        let why = match tokio::time::timeout(RETIRE_BOUND, self.stream.delete_consumer(&self.name))
+            .await
+        {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => crate::kv::broker_words(&e),
+            Err(_) => format!("no answer within {} ms", RETIRE_BOUND.as_millis()),
+        };
+        self.journal.line(format!(
+            "! delivery: could not delete the lease watch consumer {} ({why}); the broker reclaims it after five minutes of inactivity",
+            self.name
+        ));
     }
 }

@@ -1,0 +1,758 @@
+//! The space daemon as a value: one space's delivery daemon, started from explicit inputs and
+//! ended with a typed reason.
+//!
+//! Why: a process exit code cannot be the daemon's way out once a process hosts more than one
+//! space (the multi-space host's lanes) or embeds one (`start_delivery_service`). So
+//! [`SpaceDaemon::start`] returns only once the seeds' readiness holds (lease ready, fan-out,
+//! reader and both rails bound, lease watch bound) or refuses with a [`StartError`] after
+//! closing what it opened; a running daemon ends in a [`Closed`] reason that every waiter sees.
+//! Nothing here reads a workspace root, writes a pid record or exits the process: those are
+//! the host's (`space/process.rs` for `deliver --space`, `cli.rs` for the exit codes).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use tokio::sync::watch;
+
+use crate::conn::{self, CredentialCell, DialErrorKind, DialSpec, Resident};
+use crate::creds::Credential;
+use crate::journal::Journal;
+use crate::kv::Rows;
+use crate::plane::{PlaneConfig, PlaneCtx, ServingGate};
+use crate::space::admission::{self, SysPair};
+use crate::space::health::{HealthConfig, HealthHandle, Verdict, Watchdog};
+use crate::space::keeper::{Keeper, RELEASE_REDIAL_BOUND};
+use crate::space::lease::{
+    self, ClaimError, Identity, Lease, ReleaseError, ReleaseErrorKind, Released, SHARD,
+};
+use crate::space::lease_watch::{LeaseWatch, WatchEvent};
+use crate::space::renew::{Preflight, Renewal, RenewalParts};
+use crate::space::serving::Plane;
+use crate::store::SecretStore;
+use crate::wire::{Principal, Space, SpaceNames};
+
+/// Lease TTL when the bucket declares no `max_age` (the reference `LEASE_TTL_MS`).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// The cause a [`SpaceDaemon::close`] stops with.
+pub const CLOSE_CAUSE: &str = "close()";
+
+/// A host's request to stop, carrying its cause (`"SIGTERM"`, `"SIGINT"`, [`CLOSE_CAUSE`]).
+///
+/// A `watch`, so a task that starts waiting after the request still sees it, and the first
+/// request decides the cause.
+#[derive(Clone)]
+pub struct Stop(watch::Receiver<Option<&'static str>>);
+
+impl Stop {
+    /// A stop and the sender that triggers it (`send_replace(Some(cause))`).
+    pub fn channel() -> (watch::Sender<Option<&'static str>>, Stop) {
+        let (tx, rx) = watch::channel(None);
+        (tx, Stop(rx))
+    }
+    /// A stop that never fires (a host that only ever closes through the handle).
+    pub fn never() -> Stop {
+        Stop::channel().1
+    }
+    /// The cause, once stopped.
+    pub fn cause(&self) -> Option<&'static str> {
+        *self.0.borrow()
+    }
+    /// Resolves with the cause once stopped (never, if the sender is gone unfired).
+    pub async fn stopped(&mut self) -> &'static str {
+        loop {
+            if let Some(cause) = *self.0.borrow() {
+                return cause;
+            }
+            if self.0.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// The host's stop and the handle's own `close()`, as one.
+struct Stops {
+    host: Stop,
+    own: Stop,
+}
+
+impl Stops {
+    fn cause(&self) -> Option<&'static str> {
+        self.host.cause().or_else(|| self.own.cause())
+    }
+    async fn stopped(&mut self) -> &'static str {
+        tokio::select! {
+            c = self.host.stopped() => c,
+            c = self.own.stopped() => c,
+        }
+    }
+}
+
+/// Everything one space's daemon is started with. No field names a workspace root: the host
+/// resolved those inputs already.
+#[derive(Clone)]
+pub struct SpaceConfig {
+    pub space: Space,
+    /// Broker URL (`nats://` or `tls://`).
+    pub server: String,
+    /// Demand TLS: refuse a listener that offers none.
+    pub tls: bool,
+    pub tls_ca: Option<PathBuf>,
+    /// The standing delivery credential to start with.
+    pub credential: Credential,
+    /// Where renewals of that credential are re-read from (the same source it came from).
+    pub store: Arc<dyn SecretStore>,
+    /// Where the `$SYS` observer/evictor pair is read from (`space.<key>/…creds`).
+    pub sys_store: Arc<dyn SecretStore>,
+    /// What the admission line names as the place the `$SYS` sweeps are bound to.
+    pub sweeps_bound_to: String,
+    pub ping_interval: Duration,
+    pub plane: PlaneConfig,
+    pub health: HealthConfig,
+    /// How long a release at the close waits for a dropped connection, counted from the drop.
+    pub redial_wait: Duration,
+    /// Where the daemon's human lines go.
+    pub journal: Journal,
+    /// Called once the claim won, before anything is bound: a process host records itself
+    /// here (its pid record), so the record exists before the daemon reports itself up.
+    pub on_lease_won: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl SpaceConfig {
+    /// The seeds' defaults around the given inputs; the `$SYS` pair is read from `store`.
+    pub fn new(
+        space: Space,
+        server: impl Into<String>,
+        credential: Credential,
+        store: Arc<dyn SecretStore>,
+    ) -> SpaceConfig {
+        let sweeps_bound_to = store
+            .identity()
+            .map(|i| i.to_string())
+            .unwrap_or_else(|_| "the injected store".into());
+        SpaceConfig {
+            space,
+            server: server.into(),
+            tls: false,
+            tls_ca: None,
+            credential,
+            sys_store: store.clone(),
+            store,
+            sweeps_bound_to,
+            ping_interval: Duration::from_millis(conn::DEFAULT_PING_INTERVAL_MS),
+            plane: PlaneConfig::default(),
+            health: HealthConfig::from_values(None, None),
+            redial_wait: RELEASE_REDIAL_BOUND,
+            journal: Journal::stderr_only(),
+            on_lease_won: None,
+        }
+    }
+}
+
+/// Why a running space daemon ended. Every way out carries one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closed {
+    /// Stopped by request (a signal's name, or [`CLOSE_CAUSE`]); `release` says what became of
+    /// the row this instance owned.
+    Stopped {
+        by: &'static str,
+        release: Result<Released, ReleaseError>,
+    },
+    /// The broker-gone watchdog expired ([`Verdict::BrokerGone`] or [`Verdict::Backstop`]).
+    BrokerGone { verdict: Verdict },
+    /// The credential expired and no proved renewal arrived by the backstop.
+    CredentialExpired,
+    /// Another holder's row is (or took) the lease; the row was not touched.
+    LeaseTaken { by: String },
+    /// Re-acquiring the lease was denied by permissions (quoted).
+    LeaseDenied { detail: String },
+    /// Re-acquiring the lease was refused for another reason (quoted).
+    LeaseRefused { detail: String },
+    /// An unexpected fault.
+    Fault { detail: String },
+}
+
+impl Closed {
+    pub(crate) fn of_verdict(verdict: Verdict) -> Closed {
+        match verdict {
+            Verdict::CredentialExpired => Closed::CredentialExpired,
+            v => Closed::BrokerGone { verdict: v },
+        }
+    }
+}
+
+impl fmt::Display for Closed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Closed::Stopped { by, release } => match release {
+                Ok(_) => write!(f, "stopped by {by}; the lease was released"),
+                Err(e) => write!(f, "stopped by {by}; the lease release was not proved ({e})"),
+            },
+            Closed::BrokerGone { verdict } => f.write_str(verdict.line()),
+            Closed::CredentialExpired => f.write_str(Verdict::CredentialExpired.line()),
+            Closed::LeaseTaken { by } => write!(f, "the lease is held by {by}"),
+            Closed::LeaseDenied { detail } => write!(f, "the lease write was denied ({detail})"),
+            Closed::LeaseRefused { detail } => write!(f, "the lease write was refused ({detail})"),
+            Closed::Fault { detail } => write!(f, "fault: {detail}"),
+        }
+    }
+}
+
+/// Why a start refused. Every refusal closed what the start had opened (connections, a won
+/// claim) before it was returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartError {
+    kind: StartErrorKind,
+    detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartErrorKind {
+    /// Refused before dialing: the credential or another input is unusable.
+    Config,
+    /// The injected store declares no stable identity, or another one than assigned.
+    StoreIdentity,
+    /// The initial delivery credential belongs to another account than assigned.
+    Account,
+    /// The broker did not answer the reachability check, refused the connection, or offered no
+    /// TLS while TLS was demanded.
+    Unreachable,
+    /// `$SYS` observer admission refused.
+    Admission,
+    /// Another daemon holds the lease.
+    LeaseHeld,
+    /// The credential may not write the lease.
+    LeaseDenied,
+    /// The broker refused the lease write for another reason.
+    LeaseRefused,
+    /// The broker-gone watchdog expired during the start.
+    BrokerGone,
+    /// The credential expired during the start.
+    CredentialExpired,
+    /// Stopped by request during the start (a won claim was released).
+    Stopped,
+    /// An unexpected fault (a won claim was released).
+    Fault,
+}
+
+impl StartError {
+    pub fn new(kind: StartErrorKind, detail: impl Into<String>) -> StartError {
+        StartError {
+            kind,
+            detail: detail.into(),
+        }
+    }
+    pub fn kind(&self) -> StartErrorKind {
+        self.kind
+    }
+    fn of_verdict(verdict: Verdict) -> StartError {
+        let kind = match verdict {
+            Verdict::CredentialExpired => StartErrorKind::CredentialExpired,
+            _ => StartErrorKind::BrokerGone,
+        };
+        StartError::new(kind, verdict.line().trim_start_matches("✗ "))
+    }
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// A running space daemon. Dropping the handle does not stop it: ask with [`SpaceDaemon::stop`]
+/// or [`SpaceDaemon::close`].
+pub struct SpaceDaemon {
+    space: Space,
+    close: watch::Sender<Option<&'static str>>,
+    end: Shared<BoxFuture<'static, Closed>>,
+    health: HealthHandle,
+}
+
+impl SpaceDaemon {
+    /// Starts serving `cfg.space`. Returns once the lease is ready, the fan-out writer, the
+    /// trusted reader and both rails are bound, and the lease watch is bound; refuses with a
+    /// [`StartError`] otherwise, after closing what it opened and releasing a claim it won.
+    pub async fn start(cfg: SpaceConfig, stop: Stop) -> Result<SpaceDaemon, StartError> {
+        let (close, own) = Stop::channel();
+        let mut stops = Stops { host: stop, own };
+        let journal = cfg.journal.clone();
+        let space = cfg.space.clone();
+        let refuse = |kind: StartErrorKind, text: String| {
+            journal.line(format!("✗ {text}"));
+            StartError::new(kind, text)
+        };
+        let stopped_line = |by: &str| {
+            journal.line(stop_line(by, &space));
+            StartError::new(StartErrorKind::Stopped, format!("stopped by {by}"))
+        };
+
+        let (nkey, account) = match (cfg.credential.public_key(), cfg.credential.claims()) {
+            (Ok(k), Ok(c)) => (k, c.account().to_string()),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(refuse(StartErrorKind::Config, format!("delivery: {e}")))
+            }
+        };
+        let me = Principal::for_nkey(&nkey)
+            .map_err(|e| refuse(StartErrorKind::Config, format!("delivery: {e}")))?;
+
+        // Reachability: the first dial of the resident connection.
+        let spec = DialSpec::new(cfg.server.clone())
+            .tls(cfg.tls, cfg.tls_ca.clone())
+            .ping_interval(cfg.ping_interval);
+        let dialed = tokio::select! {
+            r = conn::dial(&spec, CredentialCell::new(cfg.credential.clone())) => r,
+            by = stops.stopped() => return Err(stopped_line(by)),
+        };
+        let resident = dialed.map_err(|e| {
+            let text = match e.kind() {
+                DialErrorKind::Unreachable => format!(
+                    "delivery: can't reach NATS at {}. Run: cotal up ({e})",
+                    cfg.server
+                ),
+                DialErrorKind::PlaintextRefused => format!("delivery: {e}"),
+                DialErrorKind::Refused => format!(
+                    "delivery: the broker at {} refused this daemon's connection ({e})",
+                    cfg.server
+                ),
+            };
+            refuse(StartErrorKind::Unreachable, text)
+        })?;
+
+        // From here on the broker is watched through the resident connection only.
+        let health = Watchdog::spawn(
+            cfg.health,
+            resident.events.subscribe(),
+            resident.client.clone(),
+            journal.clone(),
+            space.to_string(),
+        );
+        // Closes what the start opened before the lease was claimed.
+        let unwind = |resident: Resident, health: HealthHandle, err: StartError| async move {
+            health.stand_down();
+            resident.close(CLOSE_DRAIN_BOUND).await;
+            err
+        };
+
+        // `$SYS` observer admission, before the endpoint or the lease. The store read runs off
+        // the async workers (a store may be a remote backend); a health fault during it rejects
+        // the start once it returned.
+        let sys_store = cfg.sys_store.clone();
+        let for_space = space.clone();
+        let pair =
+            tokio::task::spawn_blocking(move || SysPair::read(&*sys_store, &for_space)).await;
+        if let Some(verdict) = health.verdict_now() {
+            return Err(unwind(resident, health, StartError::of_verdict(verdict)).await);
+        }
+        let pair = match pair {
+            Ok(p) => p,
+            Err(e) => {
+                let err = refuse(
+                    StartErrorKind::Fault,
+                    format!("delivery: the $SYS credential read failed ({e})"),
+                );
+                return Err(unwind(resident, health, err).await);
+            }
+        };
+        match admission::admit(&pair, &account) {
+            Ok(a) => {
+                journal.line(format!(
+                    "• delivery: $SYS sweeps bound to {} (account {})",
+                    cfg.sweeps_bound_to, a.account
+                ));
+                if !a.evictor_present {
+                    journal.line(format!(
+                        "• delivery: no connection-evictor credential at {}: deny-new-only posture, eviction unavailable until it is provisioned",
+                        pair.evictor.at
+                    ));
+                }
+            }
+            Err(e) => {
+                let err = refuse(StartErrorKind::Admission, e.to_string());
+                return Err(unwind(resident, health, err).await);
+            }
+        }
+
+        let names = SpaceNames::new(&space);
+        let js = jetstream::context::ContextBuilder::new()
+            .timeout(cfg.plane.request_bound)
+            .build(resident.client.clone());
+        let ttl = lease_ttl(&js, &names).await;
+        let rows = match Rows::open(&js, &names.delivery_bucket(), cfg.plane.request_bound).await {
+            Ok(r) => r,
+            Err(e) => {
+                let err = refuse(
+                    StartErrorKind::LeaseRefused,
+                    format!(
+                        "delivery: acquiring the lease for shard {SHARD} failed: {e}. Not binding."
+                    ),
+                );
+                return Err(unwind(resident, health, err).await);
+            }
+        };
+        let identity = Identity {
+            holder: me.dot_form(),
+            incarnation: uuid::Uuid::new_v4().simple().to_string(),
+        };
+        let mut lease = Lease::new(rows, identity.clone(), resident.violations.clone());
+
+        // The single-flight lease. A stop during the claim waits for the broker's answer.
+        if let Err(e) = lease.claim().await {
+            let bucket = names.delivery_bucket();
+            let err = match &e {
+                ClaimError::Held { .. } => refuse(
+                    StartErrorKind::LeaseHeld,
+                    format!("delivery: a live lease already exists for shard {SHARD} — another delivery daemon is running. Not binding."),
+                ),
+                ClaimError::Denied { operation, subject } => refuse(
+                    StartErrorKind::LeaseDenied,
+                    format!("delivery: the lease write for shard {SHARD} was refused ({operation} \"{subject}\") — this credential cannot write {bucket}.{}. Not binding. Use a credential holding the \"delivery\" profile.", crate::wire::LEASE_KEY),
+                ),
+                ClaimError::Refused { detail } => refuse(
+                    StartErrorKind::LeaseRefused,
+                    format!("delivery: acquiring the lease for shard {SHARD} failed: {detail}. Not binding."),
+                ),
+            };
+            return Err(unwind(resident, health, err).await);
+        }
+
+        if let Some(won) = &cfg.on_lease_won {
+            won();
+        }
+        let startup_complete = Arc::new(AtomicBool::new(false));
+        // Renewal of the standing credential (75 % re-read, `reloadCreds`).
+        let renewal = Arc::new(Renewal::new(RenewalParts {
+            store: cfg.store.clone(),
+            space: space.clone(),
+            cell: resident.credential.clone(),
+            preflight: Preflight::new(cfg.server.clone(), cfg.tls_ca.clone()),
+            client: resident.client.clone(),
+            events: resident.events.clone(),
+            health: health.clone(),
+            journal: journal.clone(),
+        }));
+        let ctx = PlaneCtx {
+            client: resident.client.clone(),
+            js: js.clone(),
+            names: names.clone(),
+            journal: journal.clone(),
+            me: me.clone(),
+            gate: ServingGate::default(),
+            config: cfg.plane.clone(),
+            startup_complete: startup_complete.clone(),
+        };
+        let mut keeper = Keeper {
+            journal: journal.clone(),
+            space: space.clone(),
+            lease,
+            plane: Plane::new(ctx, Some(renewal.clone())),
+            noted: "held",
+            quiesced: false,
+            connected: true,
+            events: resident.events.subscribe(),
+            resident,
+            health: health.clone(),
+            redial_wait: cfg.redial_wait,
+        };
+        // From the claim on, every refusal releases it (the keeper's way out).
+        if let Some(verdict) = health.verdict_now() {
+            keeper.abandon(verdict).await;
+            return Err(StartError::of_verdict(verdict));
+        }
+        if let Some(by) = stops.cause() {
+            keeper.stop_signalled(by).await;
+            return Err(StartError::new(
+                StartErrorKind::Stopped,
+                format!("stopped by {by}"),
+            ));
+        }
+
+        // Bind the fan-out writer, the reader and both rails, then mark the lease ready.
+        // A stop wins over a binding still in flight: nothing is marked ready after it.
+        let mut verdicts = health.clone();
+        let bound = tokio::select! {
+            biased;
+            by = stops.stopped() => Err(Err(by)),
+            v = verdicts.verdict() => Err(Ok(v)),
+            r = keeper.plane.arm() => Ok(r),
+        };
+        match bound {
+            Err(Err(by)) => {
+                keeper.stop_signalled(by).await;
+                return Err(StartError::new(
+                    StartErrorKind::Stopped,
+                    format!("stopped by {by}"),
+                ));
+            }
+            Err(Ok(verdict)) => {
+                keeper.abandon(verdict).await;
+                return Err(StartError::of_verdict(verdict));
+            }
+            Ok(Err(e)) => {
+                journal.line("✗ delivery: start-up failed - releasing the shard before exiting");
+                journal.line(format!("✗ delivery: {e}"));
+                let detail = format!("delivery: {e}");
+                keeper
+                    .leave(Closed::Fault {
+                        detail: detail.clone(),
+                    })
+                    .await;
+                return Err(StartError::new(StartErrorKind::Fault, detail));
+            }
+            Ok(Ok(())) => {}
+        }
+        if let Some(by) = stops.cause() {
+            keeper.stop_signalled(by).await;
+            return Err(StartError::new(
+                StartErrorKind::Stopped,
+                format!("stopped by {by}"),
+            ));
+        }
+        if let Err(e) = keeper.lease.mark_ready().await {
+            journal.line(format!(
+                "! delivery: bound but could not mark the lease ready ({e}); the next renew re-synchronises"
+            ));
+        }
+        journal.line(format!(
+            "✓ delivery daemon up (space {space}) — stop with: cotal down"
+        ));
+
+        // The lease watch; start-up is complete once it is bound.
+        let watch = match LeaseWatch::bind(&js, &names, &identity, journal.clone()).await {
+            Ok(w) => w,
+            Err(e) => {
+                journal.line("✗ delivery: start-up failed - releasing the shard before exiting");
+                journal.line(format!(
+                    "✗ delivery: the lease watch could not be bound ({e})"
+                ));
+                let detail = format!("delivery: the lease watch could not be bound ({e})");
+                keeper
+                    .leave(Closed::Fault {
+                        detail: detail.clone(),
+                    })
+                    .await;
+                return Err(StartError::new(StartErrorKind::Fault, detail));
+            }
+        };
+        startup_complete.store(true, Ordering::SeqCst);
+
+        let serving = Serving {
+            keeper,
+            watch,
+            renewal,
+            stops,
+            health: health.clone(),
+            renew_every: lease::renew_interval(ttl),
+        };
+        let end = tokio::spawn(serving.run());
+        let end: BoxFuture<'static, Closed> = Box::pin(async move {
+            end.await.unwrap_or_else(|e| Closed::Fault {
+                detail: format!("the keeper task ended abnormally ({e})"),
+            })
+        });
+        Ok(SpaceDaemon {
+            space,
+            close,
+            end: end.shared(),
+            health,
+        })
+    }
+
+    pub fn space(&self) -> &Space {
+        &self.space
+    }
+
+    /// Asks the daemon to close (idempotent; returns at once). The first cause wins.
+    pub fn stop(&self) {
+        self.close.send_if_modified(|cause| {
+            if cause.is_none() {
+                *cause = Some(CLOSE_CAUSE);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Resolves with the reason once the daemon has ended (without asking it to).
+    pub fn closed(&self) -> Shared<BoxFuture<'static, Closed>> {
+        self.end.clone()
+    }
+
+    /// Withdraws serving, releases only the row this instance owns, closes the connection so
+    /// it never reconnects, and resolves with the outcome. Every call awaits the same end.
+    pub fn close(&self) -> BoxFuture<'static, Result<Closed, CloseError>> {
+        self.stop();
+        let end = self.end.clone();
+        Box::pin(async move { CloseError::judge(end.await) })
+    }
+
+    /// The same as [`SpaceDaemon::close`] (the seeds' `drain()` returns the same promise).
+    pub fn drain(&self) -> BoxFuture<'static, Result<Closed, CloseError>> {
+        self.close()
+    }
+
+    /// Resolves once the broker-gone watchdog (or the credential expiry) reached a verdict: a
+    /// process host gives [`SpaceDaemon::closed`] a grace from here, then ends anyway.
+    pub async fn verdict(&self) -> Verdict {
+        let mut h = self.health.clone();
+        h.verdict().await
+    }
+}
+
+/// Why a `close()` was not proved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseError {
+    kind: ReleaseErrorKind,
+    detail: String,
+    holder: Option<String>,
+    closed: Box<Closed>,
+}
+
+impl CloseError {
+    /// `Ok` only when the daemon ended by the request and the row it owned is proved gone.
+    fn judge(closed: Closed) -> Result<Closed, CloseError> {
+        let (kind, detail, holder) = match &closed {
+            Closed::Stopped { release: Ok(_), .. } => return Ok(closed),
+            Closed::Stopped {
+                release: Err(e), ..
+            } => (
+                e.kind(),
+                e.to_string(),
+                e.foreign_holder().map(str::to_string),
+            ),
+            Closed::LeaseTaken { by } => (
+                ReleaseErrorKind::Foreign,
+                format!("another instance's lease row is there ({by})"),
+                Some(by.clone()),
+            ),
+            other => (
+                ReleaseErrorKind::Unconfirmed,
+                format!(
+                    "the daemon had already closed ({other}); its row is left to the bucket TTL"
+                ),
+                None,
+            ),
+        };
+        Err(CloseError {
+            kind,
+            detail,
+            holder,
+            closed: Box::new(closed),
+        })
+    }
+    pub fn kind(&self) -> ReleaseErrorKind {
+        self.kind
+    }
+    /// The other instance's holder, when its row is there.
+    pub fn holder(&self) -> Option<&str> {
+        self.holder.as_deref()
+    }
+    /// How the daemon ended.
+    pub fn closed(&self) -> &Closed {
+        &self.closed
+    }
+}
+
+impl fmt::Display for CloseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "delivery: close() did not prove the release: {}",
+            self.detail
+        )
+    }
+}
+
+impl std::error::Error for CloseError {}
+
+/// Bound on draining the resident connection when a start unwinds.
+const CLOSE_DRAIN_BOUND: Duration = Duration::from_secs(2);
+
+/// The line a requested stop is reported with.
+pub(crate) fn stop_line(by: &str, space: &Space) -> String {
+    if by == CLOSE_CAUSE {
+        format!("• delivery: close() requested, closing (space {space}, shard {SHARD})")
+    } else {
+        format!("• delivery: received {by}, exiting (space {space}, shard {SHARD})")
+    }
+}
+
+/// What the serve loop owns once start-up is complete.
+struct Serving {
+    keeper: Keeper,
+    watch: LeaseWatch,
+    renewal: Arc<Renewal>,
+    stops: Stops,
+    health: HealthHandle,
+    renew_every: Duration,
+}
+
+impl Serving {
+    /// Serves under the lease until a stop, a lost lease or a transport verdict.
+    async fn run(self) -> Closed {
+        let Serving {
+            mut keeper,
+            mut watch,
+            renewal,
+            mut stops,
+            mut health,
+            renew_every,
+        } = self;
+        let mut renew = tokio::time::interval(renew_every);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        renew.tick().await;
+        let closed = loop {
+            tokio::select! {
+                by = stops.stopped() => {
+                    watch.retire().await;
+                    return keeper.stop_signalled(by).await;
+                }
+                _ = renew.tick() => {
+                    if let Some(closed) = keeper.on_renew_tick().await { break closed; }
+                }
+                event = watch.next() => {
+                    match event {
+                        Some(WatchEvent::Foreign) => {
+                            if let Some(closed) = keeper.on_watch_event().await { break closed; }
+                        }
+                        Some(WatchEvent::Own) => {}
+                        None => {
+                            keeper.journal.line("! delivery: the lease watch trigger faulted (its consumer ended); the renew interval remains the arbiter");
+                            watch.park();
+                        }
+                    }
+                }
+                ev = keeper.events.recv() => keeper.on_conn_event(ev),
+                // the 75% re-read, and the transport-health verdict that ends the daemon.
+                _ = renewal.due() => {
+                    renewal.on_due().await;
+                }
+                verdict = health.verdict() => {
+                    return keeper.abandon(verdict).await;
+                }
+            }
+        };
+        watch.retire().await;
+        keeper.leave(closed).await
+    }
+}
+
+/// The lease TTL: the bucket's `max_age` (set at provisioning), or the reference default.
+async fn lease_ttl(js: &jetstream::Context, names: &SpaceNames) -> Duration {
+    let stream = SpaceNames::kv_stream(&names.delivery_bucket());
+    match js.get_stream(stream).await {
+        Ok(mut s) => match s.info().await {
+            Ok(info) if info.config.max_age > Duration::ZERO => info.config.max_age,
+            _ => DEFAULT_LEASE_TTL,
+        },
+        Err(_) => DEFAULT_LEASE_TTL,
+    }
+}
