@@ -4,9 +4,15 @@
 //! connection at once. Each connection holds at most one chunk per direction, so a blackhole
 //! applies back-pressure instead of buffering without bound, and the byte stream stays intact
 //! after `heal()` (like TCP retransmitting across a partition).
+//!
+//! A *hold* is the one content-aware fault: from the first client chunk that contains a given
+//! byte pattern on, that connection's client-to-broker bytes are kept (bounded) instead of
+//! forwarded, and the test can read what was kept (which requests the client made meanwhile)
+//! before it releases them in order. It pins one request of the client in flight while the
+//! broker-to-client direction keeps flowing.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,6 +29,42 @@ pub const CHUNK_BYTES: usize = 16 * 1024;
 const UPSTREAM_CONNECT_BOUND: Duration = Duration::from_secs(5);
 /// Pause after a failed accept (e.g. out of descriptors) so the loop does not spin.
 const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(10);
+/// Most client bytes a hold keeps; past it the client feels back-pressure until the release.
+pub const HOLD_MAX_BYTES: usize = 1024 * 1024;
+
+/// The content-triggered hold of client-to-broker bytes (see the module doc).
+#[derive(Debug, Default)]
+struct Hold {
+    /// Armed pattern; the first client chunk containing it starts the hold.
+    pattern: Option<Vec<u8>>,
+    /// The connection being held, once triggered.
+    held_id: Option<u64>,
+    /// The bytes kept so far, in order.
+    held: Vec<u8>,
+}
+
+impl Hold {
+    /// Keeps `chunk` if connection `id` is (or now becomes) held; `false` = forward it.
+    fn capture(&mut self, id: u64, chunk: &[u8]) -> bool {
+        if self.held_id.is_none() {
+            let hit = self
+                .pattern
+                .as_deref()
+                .is_some_and(|p| chunk.windows(p.len()).any(|w| w == p));
+            if hit {
+                self.held_id = Some(id);
+            }
+        }
+        if self.held_id == Some(id) {
+            self.held.extend_from_slice(chunk);
+            return true;
+        }
+        false
+    }
+    fn full(&self, id: u64) -> bool {
+        self.held_id == Some(id) && self.held.len() >= HOLD_MAX_BYTES
+    }
+}
 
 /// Fault state shared with every connection task. Connections are numbered from 1 in accept
 /// order; "established" faults apply to the numbers handed out before the fault was set.
@@ -53,6 +95,9 @@ pub struct TcpProxy {
     state: watch::Sender<FaultState>,
     next_id: Arc<AtomicU64>,
     active: Arc<AtomicUsize>,
+    hold: Arc<Mutex<Hold>>,
+    /// Bumped at each release, so a holding pump flushes even while its client is silent.
+    released: watch::Sender<u64>,
     accept_task: JoinHandle<()>,
 }
 
@@ -69,10 +114,16 @@ impl TcpProxy {
         let (state, state_rx) = watch::channel(FaultState::default());
         let next_id = Arc::new(AtomicU64::new(1));
         let active = Arc::new(AtomicUsize::new(0));
+        let hold = Arc::new(Mutex::new(Hold::default()));
+        let (released, released_rx) = watch::channel(0u64);
         let accept_task = tokio::spawn(accept_loop(
             listener,
             upstream_port,
-            state_rx,
+            Shared {
+                state: state_rx,
+                hold: Arc::clone(&hold),
+                released: released_rx,
+            },
             Arc::clone(&next_id),
             Arc::clone(&active),
         ));
@@ -82,6 +133,8 @@ impl TcpProxy {
             state,
             next_id,
             active,
+            hold,
+            released,
             accept_task,
         })
     }
@@ -126,6 +179,32 @@ impl TcpProxy {
         self.state
             .send_modify(|s| s.cut_below = s.cut_below.max(below));
     }
+    /// Arms a hold: from the first client chunk (of any connection) containing `pattern`, that
+    /// connection's client-to-broker bytes are kept until [`TcpProxy::release`].
+    pub fn hold_from(&self, pattern: &[u8]) {
+        let mut h = self.hold.lock().unwrap_or_else(|p| p.into_inner());
+        *h = Hold {
+            pattern: Some(pattern.to_vec()),
+            ..Hold::default()
+        };
+    }
+    /// The client bytes a hold has kept so far (empty until it triggered).
+    pub fn held(&self) -> Vec<u8> {
+        self.hold
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .held
+            .clone()
+    }
+    /// Disarms the hold; the kept bytes go to the broker, in order, before any later ones.
+    pub fn release(&self) {
+        {
+            let mut h = self.hold.lock().unwrap_or_else(|p| p.into_inner());
+            h.pattern = None;
+        }
+        self.released.send_modify(|n| *n += 1);
+    }
+
     /// Lift both blackholes; held bytes and held connections proceed. Cut connections stay cut.
     pub fn heal(&self) {
         self.state.send_modify(|s| {
@@ -142,10 +221,18 @@ impl Drop for TcpProxy {
     }
 }
 
+/// What every connection task shares with the proxy handle.
+#[derive(Clone)]
+struct Shared {
+    state: watch::Receiver<FaultState>,
+    hold: Arc<Mutex<Hold>>,
+    released: watch::Receiver<u64>,
+}
+
 async fn accept_loop(
     listener: TcpListener,
     upstream_port: u16,
-    state: watch::Receiver<FaultState>,
+    shared: Shared,
     next_id: Arc<AtomicU64>,
     active: Arc<AtomicUsize>,
 ) {
@@ -155,9 +242,9 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((client, _)) => {
                     let id = next_id.fetch_add(1, Ordering::SeqCst);
-                    let held = state.borrow().blackhole_new;
+                    let held = shared.state.borrow().blackhole_new;
                     let guard = ActiveGuard::new(Arc::clone(&active));
-                    connections.spawn(serve(client, id, held, upstream_port, state.clone(), guard));
+                    connections.spawn(serve(client, id, held, upstream_port, shared.clone(), guard));
                 }
                 Err(_) => tokio::time::sleep(ACCEPT_RETRY_PAUSE).await,
             },
@@ -188,9 +275,10 @@ async fn serve(
     id: u64,
     held: bool,
     upstream_port: u16,
-    state: watch::Receiver<FaultState>,
+    shared: Shared,
     _guard: ActiveGuard,
 ) {
+    let state = shared.state.clone();
     let mut cut = state.clone();
     if held {
         let mut gate = state.clone();
@@ -217,27 +305,70 @@ async fn serve(
     let (upstream_read, upstream_write) = upstream.into_split();
     tokio::select! {
         _ = cut.wait_for(|s| s.cut(id)) => {}
-        _ = pump(client_read, upstream_write, id, state.clone()) => {}
-        _ = pump(upstream_read, client_write, id, state.clone()) => {}
+        _ = pump(client_read, upstream_write, id, state.clone(), Some(&shared)) => {}
+        _ = pump(upstream_read, client_write, id, state.clone(), None) => {}
     }
 }
 
+/// Writes the bytes a released hold kept for connection `id`, if it is the held one.
+async fn flush_hold(hold: &Mutex<Hold>, id: u64, to: &mut OwnedWriteHalf) -> bool {
+    let kept = {
+        let mut h = hold.lock().unwrap_or_else(|p| p.into_inner());
+        if h.pattern.is_some() || h.held_id != Some(id) {
+            return true;
+        }
+        h.held_id = None;
+        std::mem::take(&mut h.held)
+    };
+    kept.is_empty() || to.write_all(&kept).await.is_ok()
+}
+
 /// Copies `from` to `to` one chunk at a time, holding the chunk while the connection is
-/// blackholed. Ends on EOF, on an error, or when the proxy is gone.
+/// blackholed. The client-to-broker direction (`hold` given) also honours a hold. Ends on EOF,
+/// on an error, or when the proxy is gone.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     id: u64,
     mut state: watch::Receiver<FaultState>,
+    hold: Option<&Shared>,
 ) {
     let mut buf = vec![0u8; CHUNK_BYTES];
+    let mut released = hold.map(|h| h.released.clone());
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let full = hold.is_some_and(|h| h.hold.lock().unwrap_or_else(|p| p.into_inner()).full(id));
+        let n = tokio::select! {
+            read = from.read(&mut buf), if !full => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            changed = async { released.as_mut()?.changed().await.ok() }, if released.is_some() => {
+                if changed.is_none() {
+                    released = None;
+                }
+                if let Some(h) = hold {
+                    if !flush_hold(&h.hold, id, &mut to).await {
+                        return;
+                    }
+                }
+                continue;
+            }
+            else => return,
         };
         if state.wait_for(|s| !s.blackholed(id)).await.is_err() {
             return;
+        }
+        if let Some(h) = hold {
+            if !flush_hold(&h.hold, id, &mut to).await {
+                return;
+            }
+            if h.hold
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .capture(id, &buf[..n])
+            {
+                continue;
+            }
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -703,12 +703,37 @@ async fn fill_store(insp: &Inspector) -> Result<usize, HarnessError> {
     )))
 }
 
+/// An nkey (user, account, operator, server): a prefix letter and 55 base32 characters.
+pub const NKEY_PATTERN: &str = r"\b[UAONC][A-Z2-7]{55}\b";
+
+/// Replaces each distinct nkey with `[NKEY<n>]`, numbered in order of first appearance, so a
+/// transcript still shows whether two keys are the same one (`[NKEY1] vs [NKEY2]` is a torn
+/// rotation, `[NKEY1] vs [NKEY1]` would not be).
+pub fn number_nkeys(text: &str) -> String {
+    let Ok(re) = regex::Regex::new(NKEY_PATTERN) else {
+        return text.to_string();
+    };
+    let mut seen: Vec<String> = Vec::new();
+    re.replace_all(text, |caps: &regex::Captures<'_>| {
+        let key = caps[0].to_string();
+        let n = match seen.iter().position(|k| *k == key) {
+            Some(i) => i + 1,
+            None => {
+                seen.push(key);
+                seen.len()
+            }
+        };
+        format!("[NKEY{n}]")
+    })
+    .into_owned()
+}
+
 /// Replaces volatile parts (paths, nkeys, revisions, pids, durations) with stable tokens.
 pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
     let mut out = text.replace(&root.display().to_string(), "[ROOT]");
     out = out.replace(&outside.display().to_string(), "[OUTSIDE]");
+    out = number_nkeys(&out);
     let rules: &[(&str, &str)] = &[
-        (r"\b[UAON][A-Z2-7]{55}\b", "[NKEY]"),
         (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
         (r"localhost:\d+", "localhost:[PORT]"),
         (r"revision \d+", "revision [REV]"),
@@ -723,4 +748,23 @@ pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation caught: one shared `[NKEY]` token for every key (the old filter) makes the
+    /// torn-rotation line read the same whether the two keys differ or not.
+    #[test]
+    fn nkeys_are_numbered_in_order_of_appearance() {
+        let a = format!("A{}", "B".repeat(55));
+        let b = format!("A{}", "C".repeat(55));
+        let text = format!("signed by {a} vs {b}\naccount {a}");
+        assert_eq!(
+            number_nkeys(&text),
+            "signed by [NKEY1] vs [NKEY2]\naccount [NKEY1]"
+        );
+        assert_eq!(number_nkeys(&format!("{a} vs {a}")), "[NKEY1] vs [NKEY1]");
+    }
 }

@@ -1,101 +1,111 @@
 //! A request the daemon admitted before it quiesced is refused, never answered `ok`.
 //!
-//! The daemon is frozen; an agent's `durableJoin` is routed to it (the test sees the broker
-//! route it); an operator deletes the lease row; the daemon is thawed with both in its socket.
-//! The lease watch quiesces it before the join's handler can finish its round trips, so the
-//! handler's reply is the refusal. Whichever wins on a given attempt, a reply is only ever a
-//! completed join or that refusal, and the daemon resumes serving under a re-created lease.
+//! The daemon dials through a proxy that holds its outgoing bytes from the join handler's first
+//! round trip on (the leader read of alice's ACL row), so the handler is admitted and pinned in
+//! flight. An operator deletes the lease row; the watch event still reaches the daemon (only its
+//! outgoing direction is held), and the test waits until the held bytes show the keeper marking
+//! the lease not-ready, which it does only after the serving gate closed. Then the hold is
+//! released: the handler's round trips complete under a closed gate, and its reply must be the
+//! in-flight refusal, with nothing written on the broker.
 
 mod data_path_support;
 
 use std::time::Duration;
 
 use cotal_delivery::agent::AgentErrorKind;
-use delivery_harness::agent;
-use futures::StreamExt;
+use cotal_delivery::plane::{NOT_SERVING, STOPPED_SERVING};
+use cotal_delivery::wire::{SpaceNames, LEASE_KEY};
+use delivery_harness::daemon::DaemonSpec;
+use delivery_harness::{agent, TcpProxy};
 use serde_json::json;
 
 use data_path_support::*;
 
-/// Attempts at catching the handler inside the quiesce; each one is valid either way.
-const ATTEMPTS: usize = 10;
+/// Bound on seeing the held bytes reach a given request. The handler's held read times out
+/// after the daemon's 5 s request bound, so the release must come well before that.
+const HELD_BOUND: Duration = Duration::from_secs(3);
 
+/// Waits until the bytes `proxy` holds contain `needle`.
+async fn held_contains(proxy: &TcpProxy, needle: &str, what: &str) {
+    eventually(what, HELD_BOUND, || async {
+        let held = proxy.held();
+        held.windows(needle.len()).any(|w| w == needle.as_bytes())
+    })
+    .await;
+}
+
+/// Mutation caught: the in-flight checks removed (`still(epoch)` in `rails/ops.rs` and in the
+/// rail's reply path always true) — the held join then completes and answers `ok`, and its
+/// member row appears on the broker. The drain's `not serving` refusal cannot stand in for it:
+/// the test demands the `stopped serving` text and the handler is proved admitted (its ACL read
+/// is what triggered the hold).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_admitted_before_a_quiesce_is_refused_not_answered_ok() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let proxy = TcpProxy::start(mesh.broker.port()).await.unwrap();
+    let mut daemon = DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+        .server(&proxy.url())
+        .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+        .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
+        .spawn()
+        .unwrap();
+    daemon
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .unwrap();
     let (alice, alice_m) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();
-    // The test side sees every request the broker routes on the rail.
-    let mut routed = insp
-        .client
-        .subscribe(
-            insp.names
-                .ctl_serve(cotal_delivery::wire::CtlService::Delivery),
-        )
+    let acl_subject = format!(
+        "$KV.{}.{}",
+        insp.names.acl_bucket(),
+        SpaceNames::acl_key(&alice_m.principal, &alice_m.lifecycle_uid)
+    );
+    let lease_subject = format!("$KV.{}.{LEASE_KEY}", insp.names.delivery_bucket());
+    proxy.hold_from(acl_subject.as_bytes());
+
+    let args = json!({"channel": "general", "lifecycleUid": alice_m.lifecycle_uid.as_str()});
+    let (reply, _) = tokio::join!(
+        alice.request("durableJoin", args.clone(), Duration::from_secs(15)),
+        async {
+            // Admitted and in flight: its ACL read left the daemon and is held.
+            held_contains(&proxy, &acl_subject, "the join handler's ACL read").await;
+            insp.delete_lease().await.unwrap();
+            // The keeper closed the gate, unbound, and is now marking the lease not-ready.
+            held_contains(&proxy, &lease_subject, "the keeper's lease write").await;
+            proxy.release();
+        }
+    );
+    let e = reply.expect_err("an admitted join across a quiesce is refused");
+    assert_eq!(e.kind(), AgentErrorKind::Refused, "{e}");
+    assert_eq!(e.detail(), STOPPED_SERVING, "the in-flight refusal: {e}");
+    assert_ne!(e.detail(), NOT_SERVING);
+
+    // The daemon re-created its lease and serves again.
+    daemon
+        .wait_for_line("serving shard 0 again", UP_BOUND)
         .await
         .unwrap();
-    insp.sync().await.unwrap();
-
-    let mut refusals = Vec::new();
-    for attempt in 1..=ATTEMPTS {
-        let resumed_before = daemon
-            .lines()
-            .iter()
-            .filter(|l| l.contains("serving shard 0 again"))
-            .count();
-        daemon.freeze().unwrap();
-        let args = json!({"channel": "general", "lifecycleUid": alice_m.lifecycle_uid.as_str()});
-        let join = {
-            let alice = &alice;
-            async move {
-                alice
-                    .request("durableJoin", args, Duration::from_secs(15))
-                    .await
-            }
-        };
-        let (reply, _) = tokio::join!(join, async {
-            // Once the broker routed the request (to us and to the frozen daemon), the
-            // operator deletes the row, and the daemon thaws with both waiting for it.
-            let _ = tokio::time::timeout(Duration::from_secs(5), routed.next())
-                .await
-                .expect("the request is routed");
-            insp.delete_lease().await.unwrap();
-            daemon.thaw().unwrap();
-        });
-        match reply {
-            Ok(data) => assert_eq!(data["durable"], true, "a completed join: {data}"),
-            Err(e) => {
-                assert_eq!(e.kind(), AgentErrorKind::Refused, "{e}");
-                assert!(
-                    e.detail().contains("stopped serving this shard")
-                        || e.detail().contains("not serving this shard"),
-                    "only the quiesce refusal: {e}"
-                );
-                refusals.push(e.detail().to_string());
-            }
-        }
-        // The daemon re-created its lease and serves again.
-        eventually("the daemon resumes", UP_BOUND, || async {
-            daemon
-                .lines()
-                .iter()
-                .filter(|l| l.contains("serving shard 0 again"))
-                .count()
-                > resumed_before
-        })
-        .await;
-        insp.lease().await.unwrap().expect("lease re-created");
-        if !refusals.is_empty() {
-            eprintln!("refused on attempt {attempt}: {}", refusals[0]);
-            break;
-        }
-    }
+    assert!(daemon.has_line("stopped serving shard 0"));
+    insp.lease().await.unwrap().expect("lease re-created");
+    // The refused join wrote nothing.
+    assert_eq!(
+        member_row(&insp, "general", &alice_m.principal, &alice_m.lifecycle_uid).await,
+        None,
+        "a refused join left a member row"
+    );
+    // Serving again, the same join completes and is on the broker.
+    let data = alice
+        .request("durableJoin", args, Duration::from_secs(15))
+        .await
+        .expect("joins once serving again");
+    assert_eq!(data["durable"], true, "{data}");
     assert!(
-        !refusals.is_empty(),
-        "no attempt caught a request inside the quiesce"
+        member_row(&insp, "general", &alice_m.principal, &alice_m.lifecycle_uid)
+            .await
+            .is_some(),
+        "the completed join's member row"
     );
     assert!(daemon.is_running());
     stop_daemon(&mut daemon).await;

@@ -88,21 +88,45 @@ async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor
 }
 
 /// A signal that arrives while the claim is on its way never abandons it: the daemon waits for
-/// the broker's answer and releases a claim that won. The daemon dials through a proxy that the
-/// test blackholes the moment admission passes (the claim is next), signals the daemon, then
-/// heals the proxy. Whatever the exact interleaving, the daemon exits as signalled and leaves no
-/// row behind: a claim cancelled by the signal would leave an orphan row until the TTL.
+/// the broker's answer and releases a claim that won. The daemon dials through a proxy that holds
+/// its outgoing bytes from the claim's create (`HPUB $KV.<bucket>.lease.0`) on, so the claim is
+/// proved in flight when SIGTERM lands; the daemon is seen still running (waiting) for a quiet
+/// spell, then the hold is released. The broker then shows the claim written and deleted (the
+/// release), and the daemon exits as signalled. Mutation caught: the claim raced against the stop
+/// signal in `startup.rs` (`select!` on `stop.wait()`): the daemon exits during the hold and the
+/// lease stream never sees the create.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_that_won() {
-    let (mesh, space, insp, proxy, mut d) = daemon_behind_a_proxy().await;
-    d.wait_for_line("$SYS sweeps bound", BOUND)
-        .await
-        .expect("admission passed");
-    proxy.blackhole_established();
+    let (mesh, space, insp, proxy, mut d) = daemon_behind_a_proxy(|names| {
+        Some(format!("HPUB $KV.{}.{LEASE_KEY} ", names.delivery_bucket()))
+    })
+    .await;
+    let claim = format!("HPUB $KV.{}.{LEASE_KEY} ", insp.names().delivery_bucket());
+    delivery_harness::wait_until(
+        BOUND,
+        Duration::from_millis(20),
+        "the claim held in flight",
+        || async {
+            let held = proxy.held();
+            held.windows(claim.len())
+                .any(|w| w == claim.as_bytes())
+                .then_some(())
+        },
+    )
+    .await
+    .expect("the claim left the daemon");
+    assert!(
+        insp.lease().await.expect("read").is_none(),
+        "not yet written"
+    );
     d.terminate().expect("SIGTERM");
-    // Held connection: the daemon cannot finish its claim, so it is still running.
-    assert!(d.is_running());
-    proxy.heal();
+    // Held claim: the daemon waits for its answer instead of exiting on the signal.
+    assert!(
+        d.wait_exit(HELD_QUIET).await.is_err(),
+        "exited with its claim in flight: {}",
+        d.transcript()
+    );
+    proxy.release();
     let status = d.wait_exit(BOUND).await.expect("exits");
     assert_eq!(status.code(), Some(0), "{}", d.transcript());
     assert!(
@@ -116,8 +140,31 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
         "no orphan claim: {}",
         d.transcript()
     );
+    // The broker saw the claim win and then its release: the key's last record is a delete
+    // marker that follows the create.
+    let stream = insp
+        .js
+        .get_stream(SpaceNames::kv_stream(&insp.names().delivery_bucket()))
+        .await
+        .expect("lease stream");
+    let last = stream
+        .get_last_raw_message_by_subject(&format!(
+            "$KV.{}.{LEASE_KEY}",
+            insp.names().delivery_bucket()
+        ))
+        .await
+        .expect("the key has records");
+    let op = last
+        .headers
+        .get("KV-Operation")
+        .map(|v| v.as_str().to_string());
+    assert_eq!(op.as_deref(), Some("DEL"), "released by a delete marker");
+    assert!(last.sequence >= 2, "the delete follows the create");
     assert!(!files::pid_path(mesh.root(), &space).exists());
 }
+
+/// How long a daemon with its claim held is watched for not exiting.
+const HELD_QUIET: Duration = Duration::from_millis(1_000);
 
 /// A signal that arrives while the connection is redialing still ends in a release once the
 /// redial completes, never in a row left to the TTL. The proxy drops the daemon's connection
@@ -127,7 +174,7 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_during_a_redial_waits_for_it_and_then_releases() {
     // The mesh stays bound: dropping it stops the broker.
-    let (_mesh, _space, insp, proxy, mut d) = daemon_behind_a_proxy().await;
+    let (_mesh, _space, insp, proxy, mut d) = daemon_behind_a_proxy(|_| None).await;
     d.wait_for_line("delivery daemon up", BOUND)
         .await
         .expect("serving");
@@ -165,8 +212,11 @@ async fn a_signal_during_a_redial_waits_for_it_and_then_releases() {
     );
 }
 
-/// A mesh and its inspector, and a daemon that dials the broker through a proxy the test holds.
-async fn daemon_behind_a_proxy() -> (
+/// A mesh and its inspector, and a daemon that dials the broker through a proxy the test holds;
+/// the proxy's hold is armed, before the daemon dials, on the pattern `hold` gives (if any).
+async fn daemon_behind_a_proxy(
+    hold: impl FnOnce(&SpaceNames) -> Option<String>,
+) -> (
     Mesh,
     cotal_delivery::wire::Space,
     delivery_harness::mesh::Inspector,
@@ -184,6 +234,9 @@ async fn daemon_behind_a_proxy() -> (
     let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
         .await
         .expect("proxy");
+    if let Some(pattern) = hold(insp.names()) {
+        proxy.hold_from(pattern.as_bytes());
+    }
     let d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), mesh.root())
         .server(&proxy.url())
         .spawn()

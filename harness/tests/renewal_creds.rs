@@ -139,11 +139,21 @@ async fn short_credential_without_renewal_reports_missed_remints_then_exits_at_t
     snapshot!("renewal_expiry_without_renewal", lines);
 }
 
+/// Tolerance on the adoption instant: the daemon's timer, one store read, one preflight
+/// connection (connect + PONG) and the test reading the line, on two busy cores. A quarter of
+/// the 8 s lifetime is 2 s, so 50 % or 100 % fall well outside it.
+const ADOPTION_TOLERANCE_MS: i64 = 1_000;
+
+/// The renewal is adopted at 75 % of the credential's `iat → exp` lifetime, measured from the
+/// test side against the claims it minted, then outlives the original expiry. Mutation caught:
+/// `RENEW_AT_SHARE` set to 0.5 (adopted at 4.4 s of 8 s, 1.6 s before the 75 % point).
 #[tokio::test]
 async fn a_renewal_written_by_the_owner_is_adopted_at_75_percent_and_outlives_the_expiry() {
     let mesh = mesh().await;
-    let cred = shorten(&mesh, Duration::from_secs(5));
+    let cred = shorten(&mesh, Duration::from_secs(8));
     let exp_ms = exp_of(&cred) * 1000;
+    let iat_ms = cred.claims().expect("claims").iat * 1000;
+    let due_ms = iat_ms + (exp_ms - iat_ms) * 3 / 4;
     let mut d = start(
         &mesh,
         &[
@@ -169,6 +179,19 @@ async fn a_renewal_written_by_the_owner_is_adopted_at_75_percent_and_outlives_th
     d.wait_for_line("adopted the renewed credential", BOUND)
         .await
         .expect("adopted at 75 %");
+    let adopted_ms = unix_now_ms();
+    println!(
+        "MEASURED adoption at {} ms of a {} ms lifetime (75 % = {} ms)",
+        adopted_ms - iat_ms,
+        exp_ms - iat_ms,
+        due_ms - iat_ms
+    );
+    assert!(
+        adopted_ms >= due_ms && adopted_ms <= due_ms + ADOPTION_TOLERANCE_MS,
+        "adopted {} ms from the 75 % point: {}",
+        adopted_ms - due_ms,
+        d.transcript()
+    );
     d.wait_for_line("broker connection restored", BOUND)
         .await
         .expect("moved onto it");
