@@ -132,9 +132,10 @@ impl JwtClaims {
     pub fn account(&self) -> &str {
         self.issuer_account.as_deref().unwrap_or(&self.iss)
     }
-    /// Lifetime in seconds (`exp - iat`), `None` for a credential that never expires.
+    /// Lifetime in seconds (`exp - iat`), `None` for a credential that never expires or whose
+    /// claimed times are too far apart for an `i64` (they come from the JWT, never trusted).
     pub fn lifetime_secs(&self) -> Option<i64> {
-        self.exp.map(|exp| exp - self.iat)
+        self.exp.and_then(|exp| exp.checked_sub(self.iat))
     }
 }
 

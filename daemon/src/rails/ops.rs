@@ -126,6 +126,14 @@ async fn check_acl(
     }
 }
 
+/// The generation a join writes after `previous` (read from a stored row, so it may be anything):
+/// refused instead of wrapping or panicking at the top of the range.
+fn next_generation(previous: u64) -> Result<u64, String> {
+    previous.checked_add(1).ok_or_else(|| {
+        format!("durableJoin: the member row's generation {previous} is at the maximum and cannot be advanced; nothing written")
+    })
+}
+
 async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Result<Value, String> {
     let epoch = admit(ctx)?;
     let channel = channel_arg("durableJoin", args)?;
@@ -157,7 +165,7 @@ async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resul
         join_cursor,
         activated: Some(true),
         leave_cursor: None,
-        generation: previous_generation + 1,
+        generation: next_generation(previous_generation)?,
         writer_identity: ctx.me.dot_form(),
         updated_at: epoch_ms(),
     };
@@ -271,4 +279,20 @@ async fn list_memberships(
         })
         .collect();
     Ok(json!({"memberships": list}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation caught: `previous + 1` instead of `checked_add` (panics on a stored
+    /// `u64::MAX` generation in a debug build, wraps to 0 in a release one).
+    #[test]
+    fn a_stored_generation_at_the_maximum_is_refused_not_wrapped() {
+        assert_eq!(next_generation(0), Ok(1));
+        assert_eq!(next_generation(41), Ok(42));
+        let refusal = next_generation(u64::MAX).unwrap_err();
+        assert!(refusal.contains("at the maximum"), "{refusal}");
+        assert!(refusal.contains(&u64::MAX.to_string()), "{refusal}");
+    }
 }

@@ -37,11 +37,22 @@ pub const RECONNECT_AFTER_REPLY: Duration = Duration::from_millis(250);
 /// Bound on a disposable preflight connection.
 pub const PREFLIGHT_BOUND: Duration = Duration::from_secs(5);
 
-/// The unix second at which a credential with these claims is due for renewal, if it expires.
-pub fn renew_point_secs(claims: &JwtClaims) -> Option<i64> {
-    let exp = claims.exp?;
-    let life = (exp - claims.iat).max(0) as f64;
-    Some(claims.iat + (life * RENEW_AT_SHARE).floor() as i64)
+/// The unix second at which a credential with these claims is due for renewal (`None` when it
+/// never expires). `iat`/`exp` come from a JWT, so they may be anything: a lifetime or renewal
+/// point outside `i64` is refused, never wrapped.
+pub fn renew_point_secs(claims: &JwtClaims) -> Result<Option<i64>, String> {
+    let Some(exp) = claims.exp else {
+        return Ok(None);
+    };
+    let unusable = || {
+        format!(
+            "its lifetime cannot be computed (iat {}, exp {exp})",
+            claims.iat
+        )
+    };
+    let life = exp.checked_sub(claims.iat).ok_or_else(unusable)?.max(0);
+    let share = (life as f64 * RENEW_AT_SHARE).floor() as i64;
+    claims.iat.checked_add(share).map(Some).ok_or_else(unusable)
 }
 
 /// What the broker accepted: the user nkey and the JWT's expiry (unix seconds).
@@ -214,12 +225,14 @@ impl Renewal {
         }
     }
 
+    /// When the timer re-reads for `cred` (unix ms): its renewal point, never for a credential
+    /// that does not expire, at once when its times are unusable (the re-read then reports it).
     fn due_ms_for(cred: &Credential) -> i64 {
-        cred.claims()
-            .ok()
-            .and_then(|c| renew_point_secs(&c))
-            .map(|s| s * 1000)
-            .unwrap_or(i64::MAX)
+        match cred.claims().map(|c| renew_point_secs(&c)) {
+            Ok(Ok(Some(s))) => s.saturating_mul(1000),
+            Ok(Ok(None)) => i64::MAX,
+            Ok(Err(_)) | Err(_) => crate::journal::epoch_ms() as i64,
+        }
     }
 
     fn live(&self) -> Credential {
@@ -341,6 +354,15 @@ impl Renewal {
             }
             return Reread::Missed(format!(
                 "{where_} still holds the previous cred — the renewal owner has not re-signed it (the manager re-signs + reloads every half-TTL); run `cotal doctor auth --fix`, or restart the mesh's manager, before this JWT expires"
+            ));
+        }
+        if let Err(e) = candidate
+            .claims()
+            .map_err(|e| e.detail().to_string())
+            .and_then(|c| renew_point_secs(&c))
+        {
+            return Reread::Refused(format!(
+                "{where_} holds a credential whose times are unusable ({e}); the live credential is unchanged"
             ));
         }
         let accepted = match self.preflight.prove(&candidate).await {
@@ -678,9 +700,33 @@ mod tests {
             issuer_account: None,
             nats: Value::Null,
         };
-        assert_eq!(renew_point_secs(&c), Some(1_075));
+        assert_eq!(renew_point_secs(&c), Ok(Some(1_075)));
         let never = JwtClaims { exp: None, ..c };
-        assert_eq!(renew_point_secs(&never), None);
+        assert_eq!(renew_point_secs(&never), Ok(None));
+    }
+
+    /// Mutation caught: `exp - iat` and `iat + share` unchecked (a JWT with `iat` far below 0
+    /// and `exp` near `i64::MAX` panics in a debug build and wraps in a release one).
+    #[test]
+    fn a_lifetime_outside_the_integer_range_is_refused_not_wrapped() {
+        let c = JwtClaims {
+            jti: String::new(),
+            iat: -10,
+            exp: Some(i64::MAX),
+            iss: String::new(),
+            sub: String::new(),
+            name: String::new(),
+            issuer_account: None,
+            nats: Value::Null,
+        };
+        let e = renew_point_secs(&c).unwrap_err();
+        assert!(e.contains("cannot be computed"), "{e}");
+        let reversed = JwtClaims {
+            iat: i64::MAX,
+            exp: Some(i64::MIN),
+            ..c
+        };
+        assert!(renew_point_secs(&reversed).is_err());
     }
 
     fn signer_store(a: &MeshAuthority, s: &Space) -> (tempfile::TempDir, MemoryStore) {
