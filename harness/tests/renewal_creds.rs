@@ -216,6 +216,13 @@ async fn a_renewal_written_by_the_owner_is_adopted_at_75_percent_and_outlives_th
     let _ = d.wait_exit(BOUND).await;
 }
 
+/// A rogue re-sign is refused in the reference shape (`ok:false`, per-component `data`); a real
+/// one is adopted, its reply goes out on the old connection, the reconnect starts 250 ms after
+/// that reply (seen on the broker), and an admin request sent meanwhile is answered only after
+/// the reconnect. Mutations caught: the failure answered as a bare refusal (no `data`); the
+/// reconnect not waiting for the reply (`schedule` with no reply wait and no delay: the daemon
+/// reconnects before the reply); `settled()` skipped in `admin::dispatch` (the next request is
+/// answered before the reconnect).
 #[tokio::test]
 async fn reload_creds_refuses_a_rogue_resign_and_adopts_a_real_one() {
     let mesh = mesh().await;
@@ -246,6 +253,18 @@ async fn reload_creds_refuses_a_rogue_resign_and_adopts_a_real_one() {
     let error = reply["error"].as_str().unwrap_or_default();
     assert!(error.contains("did not accept"), "{reply}");
     assert!(!has_digest(&reply.to_string()), "{reply}");
+    // The reference shape: `ok:false` with both components reported, the refused one without
+    // `brokerAccepted`, the other one proved.
+    let delivery = &reply["data"]["delivery"];
+    assert_eq!(delivery["ok"], false, "{reply}");
+    assert!(delivery.get("brokerAccepted").is_none(), "{reply}");
+    assert!(
+        delivery["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("did not accept")),
+        "{reply}"
+    );
+    assert_eq!(reply["data"]["membership"]["ok"], true, "{reply}");
     // The live credential is undisturbed and the rail still answers.
     assert_eq!(broker_jwt_of_daemon(&mesh).await, live_jwt_at_broker);
     let id = boss
@@ -272,7 +291,14 @@ async fn reload_creds_refuses_a_rogue_resign_and_adopts_a_real_one() {
         .request("reloadCreds", expected, Duration::from_secs(15))
         .await
         .expect("answered");
+    let replied_at_ms = unix_now_ms();
     measured("reloadCreds round trip (adoption)", t.elapsed());
+    // The reply came before the reconnect: the old connection carried it.
+    assert!(
+        !d.has_line("broker connection unavailable"),
+        "reconnected before the reply: {}",
+        d.transcript()
+    );
     println!("adopt reply: {reply}");
     assert_eq!(reply["ok"], true, "{reply}");
     assert_eq!(
@@ -291,6 +317,7 @@ async fn reload_creds_refuses_a_rogue_resign_and_adopts_a_real_one() {
         .request("reloadStoreIdentity", json!({}), Duration::from_secs(15))
         .await
         .expect("answered after the reconnect");
+    let answered_at_ms = unix_now_ms();
     measured(
         "admin request during the post-adoption reconnect",
         t.elapsed(),
@@ -299,6 +326,24 @@ async fn reload_creds_refuses_a_rogue_resign_and_adopts_a_real_one() {
     d.wait_for_line("broker connection restored", BOUND)
         .await
         .unwrap();
+    // From the broker: the daemon's new connection started 250 ms (less the reply's delivery to
+    // the test) after the reply, and before the next request was answered.
+    let started_ms = daemon_connection_start_ms(&mesh).await;
+    println!(
+        "MEASURED reply -> reconnect {} ms, reconnect -> next answer {} ms",
+        started_ms - replied_at_ms,
+        answered_at_ms - started_ms
+    );
+    assert!(
+        started_ms - replied_at_ms >= 200,
+        "the reconnect came {} ms after the reply",
+        started_ms - replied_at_ms
+    );
+    assert!(
+        started_ms <= answered_at_ms,
+        "the next request was answered {} ms before the reconnect",
+        started_ms - answered_at_ms
+    );
     assert_eq!(
         broker_jwt_of_daemon(&mesh).await.as_deref(),
         Some(good.jwt.as_str())
@@ -307,6 +352,46 @@ async fn reload_creds_refuses_a_rogue_resign_and_adopts_a_real_one() {
     snapshot!("renewal_rogue_then_real", own_lines(&d.transcript()));
     d.terminate().unwrap();
     let _ = d.wait_exit(BOUND).await;
+}
+
+/// When the broker says the daemon's connection started (`/connz` `start`), unix ms.
+async fn daemon_connection_start_ms(mesh: &Mesh) -> i64 {
+    let connz = mesh.broker.monitor("/connz").await.expect("/connz");
+    let start = connz["connections"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "cotal:delivery"))
+        .and_then(|c| c["start"].as_str())
+        .unwrap_or_else(|| panic!("no daemon connection in {connz}"))
+        .to_string();
+    rfc3339_ms(&start).unwrap_or_else(|| panic!("unreadable start {start:?}"))
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fraction]Z` as unix ms (the broker reports UTC).
+fn rfc3339_ms(text: &str) -> Option<i64> {
+    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    let ms: i64 = format!("{frac:0<3}")[..3].parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + hh) * 60 + mm) * 60_000 + ss * 1000 + ms)
+}
+
+#[test]
+fn rfc3339_reads_the_broker_timestamps() {
+    assert_eq!(rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+    assert_eq!(
+        rfc3339_ms("2026-11-30T15:40:01.123456789Z"),
+        Some(1_796_053_201_123)
+    );
 }
 
 fn has_digest(text: &str) -> bool {

@@ -23,11 +23,28 @@ pub const RECONNECT_WAIT_BOUND: Duration = Duration::from_secs(5);
 /// Refusal of `reloadCreds` before start-up is complete (the seeds' wording).
 pub const NOT_STARTED: &str = "delivery: this daemon has not finished starting (its lease watch is not bound yet); nothing adopted - the next renewal pass or the daemon's own 75% re-read adopts the re-signed credential";
 
+/// A refused admin verb: its text, and the reply `data` a verb keeps even when it fails
+/// (`reloadCreds` answers `ok:false` with its per-component `delivery` / `membership` results).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminRefusal {
+    pub error: String,
+    pub data: Option<Value>,
+}
+
+impl From<String> for AdminRefusal {
+    fn from(error: String) -> AdminRefusal {
+        AdminRefusal { error, data: None }
+    }
+}
+
 /// The credential verbs the admin rail serves, implemented by the space daemon's renewal (a ring
 /// above this one): the rail only dispatches and shapes replies.
 pub trait CredentialAdmin: Send + Sync {
     /// Waits, at most `bound`, until a reconnect onto an adopted credential has completed.
     fn settled(&self, bound: Duration) -> BoxFuture<'_, ()>;
+    /// The reply to the request just answered has been published (or could not be): a reconnect
+    /// onto a credential that request adopted may start its 250 ms count now.
+    fn replied(&self);
     /// Proves and adopts a renewed delivery credential; the reply's `brokerAccepted` object.
     fn reload_delivery<'a>(
         &'a self,
@@ -49,18 +66,21 @@ pub async fn dispatch(
     _caller: &Principal,
     op: &str,
     args: &Value,
-) -> Result<Value, String> {
+) -> Result<Value, AdminRefusal> {
     if let Some(renewal) = credentials {
         renewal.settled(RECONNECT_WAIT_BOUND).await;
     }
     let result = match op {
         "reloadCreds" => reload_creds(ctx, credentials, args).await,
-        "reloadStoreIdentity" => reload_store_identity(credentials, args),
-        _ => Err(format!("unsupported delivery-admin op \"{op}\"")),
+        "reloadStoreIdentity" => reload_store_identity(credentials, args).map_err(Into::into),
+        _ => Err(format!("unsupported delivery-admin op \"{op}\"").into()),
     };
     match result {
         Ok(v) => Ok(scrub_value(v)),
-        Err(e) => Err(scrub(&e)),
+        Err(r) => Err(AdminRefusal {
+            error: scrub(&r.error),
+            data: r.data.map(scrub_value),
+        }),
     }
 }
 
@@ -74,12 +94,16 @@ async fn reload_creds(
     ctx: &PlaneCtx,
     credentials: Option<&dyn CredentialAdmin>,
     args: &Value,
-) -> Result<Value, String> {
+) -> Result<Value, AdminRefusal> {
     if !ctx.startup_complete.load(Ordering::SeqCst) {
-        return Err(NOT_STARTED.into());
+        return Err(NOT_STARTED.to_string().into());
     }
     let Some(renewal) = credentials else {
-        return Err("delivery: this daemon has no renewal source; nothing adopted".into());
+        return Err(
+            "delivery: this daemon has no renewal source; nothing adopted"
+                .to_string()
+                .into(),
+        );
     };
     // Membership first: the delivery adoption schedules the reconnect relative to the reply.
     let membership = renewal
@@ -101,10 +125,16 @@ async fn reload_creds(
             json!({"ok": false, "error": e})
         }
     };
+    // Both components are always reported; a failure of either makes the reply `ok:false`
+    // and keeps that shape (reference §C.3).
+    let data = json!({"delivery": delivery_json, "membership": membership_json});
     if errors.is_empty() {
-        Ok(json!({"delivery": delivery_json, "membership": membership_json}))
+        Ok(data)
     } else {
-        Err(format!("reloadCreds: {}", errors.join("; ")))
+        Err(AdminRefusal {
+            error: format!("reloadCreds: {}", errors.join("; ")),
+            data: Some(data),
+        })
     }
 }
 

@@ -186,7 +186,16 @@ async fn handle(
     };
     let max_payload = ctx.client.server_info().max_payload;
     let body = encode_reply(&answer, max_payload);
-    let _ = tokio::time::timeout(REPLY_BOUND, ctx.client.publish(reply, body.into())).await;
+    let _ = tokio::time::timeout(REPLY_BOUND, async {
+        if ctx.client.publish(reply, body.into()).await.is_ok() {
+            // Out of the client's buffer before an adopted credential's reconnect may start.
+            let _ = ctx.client.flush().await;
+        }
+    })
+    .await;
+    if let Some(c) = credentials {
+        c.replied();
+    }
 }
 
 async fn answer(
@@ -205,14 +214,20 @@ async fn answer(
         return ControlReply::refuse("sender mismatch - request rejected");
     }
     let result = match service {
-        CtlService::Delivery => ops::delivery(ctx, caller, &request.op, &request.args).await,
+        CtlService::Delivery => ops::delivery(ctx, caller, &request.op, &request.args)
+            .await
+            .map_err(admin::AdminRefusal::from),
         CtlService::DeliveryAdmin => {
             admin::dispatch(ctx, credentials, caller, &request.op, &request.args).await
         }
     };
     match result {
         Ok(data) => ControlReply::ok(data),
-        Err(error) => ControlReply::refuse(error),
+        Err(r) => ControlReply {
+            ok: false,
+            data: r.data,
+            error: Some(r.error),
+        },
     }
 }
 

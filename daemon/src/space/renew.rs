@@ -111,12 +111,16 @@ impl Preflight {
 #[derive(Clone)]
 pub struct ReconnectGate {
     in_flight: Arc<watch::Sender<bool>>,
+    /// True from a `reloadCreds` adoption until the rail says its reply was published: the
+    /// reconnect counts its 250 ms from the reply, not from the adoption decision.
+    awaiting_reply: Arc<watch::Sender<bool>>,
 }
 
 impl Default for ReconnectGate {
     fn default() -> Self {
         ReconnectGate {
             in_flight: Arc::new(watch::channel(false).0),
+            awaiting_reply: Arc::new(watch::channel(false).0),
         }
     }
 }
@@ -128,18 +132,31 @@ impl ReconnectGate {
         let _ = tokio::time::timeout(bound, rx.wait_for(|busy| !*busy)).await;
     }
 
-    /// Reconnects `client` after `delay`, marking the gate busy until the `Connected` event
-    /// (bounded by [`RECONNECT_WAIT_BOUND`]).
+    /// The reply to the admin request being answered was published.
+    pub fn replied(&self) {
+        self.awaiting_reply.send_replace(false);
+    }
+
+    /// Reconnects `client` (after the admin reply plus [`RECONNECT_AFTER_REPLY`] when
+    /// `after_reply`, at once otherwise), marking the gate busy until the `Connected` event
+    /// (bounded by [`RECONNECT_WAIT_BOUND`]). The wait for the reply is bounded by the same 5 s.
     fn schedule(
         &self,
         client: async_nats::Client,
         events: broadcast::Sender<ConnEvent>,
-        delay: Duration,
+        after_reply: bool,
     ) {
         self.in_flight.send_replace(true);
+        if after_reply {
+            self.awaiting_reply.send_replace(true);
+        }
+        let mut replied = self.awaiting_reply.subscribe();
         let gate = self.in_flight.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
+            if after_reply {
+                let _ = tokio::time::timeout(RECONNECT_WAIT_BOUND, replied.wait_for(|w| !*w)).await;
+                tokio::time::sleep(RECONNECT_AFTER_REPLY).await;
+            }
             let mut rx = events.subscribe();
             if client.force_reconnect().await.is_ok() {
                 let _ = tokio::time::timeout(RECONNECT_WAIT_BOUND, async {
@@ -379,13 +396,8 @@ impl Renewal {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = candidate;
         self.health.adopted();
-        let delay = if from_admin {
-            RECONNECT_AFTER_REPLY
-        } else {
-            Duration::ZERO
-        };
         self.reconnect
-            .schedule(self.client.clone(), self.events.clone(), delay);
+            .schedule(self.client.clone(), self.events.clone(), from_admin);
         Reread::Adopted(accepted)
     }
 
@@ -658,6 +670,9 @@ async fn remint_one(
 impl crate::rails::admin::CredentialAdmin for Renewal {
     fn settled(&self, bound: Duration) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(self.reconnect.settled(bound))
+    }
+    fn replied(&self) {
+        self.reconnect.replied();
     }
     fn reload_delivery<'a>(
         &'a self,
