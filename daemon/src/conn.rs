@@ -46,6 +46,11 @@ impl CredentialCell {
         }
         self.generation.send_modify(|g| *g += 1);
     }
+    /// A receiver that changes each time a credential is set (an adopted renewal), so a second
+    /// connection under the same credential can move onto it.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
     /// The held credential once it has not expired. A redial must never present an expired JWT:
     /// the broker answers it with an authorization violation, after which the client gives up
     /// reconnecting for good, so no renewal adopted later could bring the connection back. The

@@ -20,6 +20,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use tokio::sync::watch;
 
 use crate::conn::{self, CredentialCell, DialErrorKind, DialSpec, Resident};
+use crate::space::timer::{TimerWriter, TimerWriterParts};
 use crate::creds::Credential;
 use crate::journal::Journal;
 use crate::kv::Rows;
@@ -427,6 +428,7 @@ impl SpaceDaemon {
             won();
         }
         let startup_complete = Arc::new(AtomicBool::new(false));
+        let credential = resident.credential.clone();
         // Renewal of the standing credential (75 % re-read, `reloadCreds`).
         let renewal = Arc::new(Renewal::new(RenewalParts {
             store: cfg.store.clone(),
@@ -542,11 +544,20 @@ impl SpaceDaemon {
             }
         };
         startup_complete.store(true, Ordering::SeqCst);
+        // The checkpoint timer writer: its own connection under the credential held now; its
+        // faults restart it and never reach the serve loop.
+        let timer = TimerWriter::start(TimerWriterParts::new(
+            spec.clone(),
+            credential,
+            space.clone(),
+            journal.clone(),
+        ));
 
         let serving = Serving {
             keeper,
             watch,
             renewal,
+            timer,
             stops,
             health: health.clone(),
             renew_every: lease::renew_interval(ttl),
@@ -690,6 +701,7 @@ struct Serving {
     keeper: Keeper,
     watch: LeaseWatch,
     renewal: Arc<Renewal>,
+    timer: TimerWriter,
     stops: Stops,
     health: HealthHandle,
     renew_every: Duration,
@@ -702,6 +714,7 @@ impl Serving {
             mut keeper,
             mut watch,
             renewal,
+            timer,
             mut stops,
             mut health,
             renew_every,
@@ -713,7 +726,9 @@ impl Serving {
             tokio::select! {
                 by = stops.stopped() => {
                     watch.retire().await;
-                    return keeper.stop_signalled(by).await;
+                    let closed = keeper.stop_signalled(by).await;
+                    timer.stop().await;
+                    return closed;
                 }
                 _ = renew.tick() => {
                     if let Some(closed) = keeper.on_renew_tick().await { break closed; }
@@ -736,12 +751,15 @@ impl Serving {
                     renewal.on_due().await;
                 }
                 verdict = health.verdict() => {
+                    // Coupled to the broker: no drain to wait for; dropping the writer stops it.
                     return keeper.abandon(verdict).await;
                 }
             }
         };
         watch.retire().await;
-        keeper.leave(closed).await
+        let closed = keeper.leave(closed).await;
+        timer.stop().await;
+        closed
     }
 }
 

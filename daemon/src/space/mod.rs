@@ -19,6 +19,7 @@ pub mod process;
 pub mod renew;
 pub mod serving;
 pub mod signal;
+pub mod timer;
 
 pub use daemon::{CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
 pub use process::{DeliverConfig, Ended};

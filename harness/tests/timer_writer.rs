@@ -1,0 +1,589 @@
+//! The checkpoint timer writer against a real nats-server 2.15 (issue 12, "Must show"): a
+//! workflow pause that expires through the broker's own message schedule, stale and refused
+//! requests, a writer fault (its durable deleted, its connection kicked) that leaves delivery
+//! serving while the writer comes back, a stop that returns at once (measured), and the
+//! writer's connection moving onto a renewed credential before the old one expires (`/connz`).
+//! Measured figures print as `MEASURED …` lines.
+
+#[macro_use]
+mod health_support;
+mod data_path_support;
+
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use cotal_delivery::conn::{CredentialCell, DialSpec};
+use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::journal::Journal;
+use cotal_delivery::provision::{self, MeshAuthority, MintOptions, Profile};
+use cotal_delivery::space::renew::{remint_daemon_creds_for, Preflight};
+use cotal_delivery::space::timer::{
+    status_key, Armed, ScheduleRequest, TimerStatus, TimerWriter, TimerWriterParts, WriterState,
+    CONNECTION_NAME,
+};
+use cotal_delivery::wire::{Space, SpaceNames};
+use delivery_harness::daemon::Daemon;
+use delivery_harness::mesh::{Inspector, Mesh};
+use futures::StreamExt;
+
+use data_path_support::{alice_and_bob, consumer, count_on, dlv_count, eventually};
+
+const DAEMON_UP: &str = "delivery daemon up";
+const WRITER_UP: &str = "✓ timer writer up (space demo) — workflow pauses on this space expire";
+const WRITER_DOWN: &str = "! timer writer: down (";
+const BOUND: Duration = Duration::from_secs(20);
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// One timer coordinate of the `wf` endpoint.
+struct Timer {
+    base: String,
+    timer_id: String,
+}
+
+impl Timer {
+    fn new(names: &SpaceNames, timer_id: &str) -> Timer {
+        Timer {
+            base: format!("{}.ept.wf.i1.1.{timer_id}", names.space().prefix()),
+            timer_id: timer_id.into(),
+        }
+    }
+    fn schedule(&self) -> String {
+        format!("{}.schedule", self.base)
+    }
+    fn armed(&self) -> String {
+        format!("{}.armed", self.base)
+    }
+    fn fire(&self) -> String {
+        format!("{}.fire", self.base)
+    }
+    fn request(&self, generation: u64, deadline: i64) -> ScheduleRequest {
+        ScheduleRequest {
+            v: 1,
+            timer_id: self.timer_id.clone(),
+            generation,
+            deadline,
+            plane: Some("timer".into()),
+            phase: Some("schedule".into()),
+            space: Some("demo".into()),
+        }
+    }
+}
+
+/// The workflow side: writes the authoritative status row (leader-read by the writer).
+async fn put_status(insp: &Inspector, t: &Timer, generation: u64, deadline: i64) {
+    let key = status_key("wf", &t.timer_id);
+    let body = serde_json::to_vec(&TimerStatus {
+        state: "waiting".into(),
+        generation,
+        deadline,
+    })
+    .unwrap();
+    insp.js
+        .publish(
+            format!("$KV.{}.{key}", insp.names.records_bucket()),
+            body.into(),
+        )
+        .await
+        .expect("publish status")
+        .await
+        .expect("status stored");
+}
+
+/// The workflow instance publishes its `.schedule` request on `EPT_REQ_<s>`.
+async fn request(
+    insp: &Inspector,
+    t: &Timer,
+    req: &ScheduleRequest,
+    headers: HeaderMap,
+) -> Result<u64, String> {
+    let body = serde_json::to_vec(req).unwrap();
+    let ack = insp
+        .js
+        .publish_with_headers(t.schedule(), headers, body.into())
+        .await
+        .map_err(|e| e.to_string())?;
+    ack.await.map(|a| a.sequence).map_err(|e| e.to_string())
+}
+
+async fn start(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
+    let mut spec = data_path_support::daemon_spec(mesh).env("COTAL_DELIVERY_TIMER_POLL_MS", "200");
+    for (k, v) in env {
+        spec = spec.env(k, *v);
+    }
+    let mut d = spec.spawn().expect("spawn");
+    d.wait_for_line(DAEMON_UP, BOUND).await.expect("daemon up");
+    d.wait_for_line(WRITER_UP, BOUND).await.expect("writer up");
+    d
+}
+
+/// The writer's connection as `/connz?auth=true` shows it: (cid, jwt).
+async fn writer_conn(mesh: &Mesh) -> Option<(u64, String)> {
+    conn_named(mesh, CONNECTION_NAME).await
+}
+
+async fn conn_named(mesh: &Mesh, name: &str) -> Option<(u64, String)> {
+    let connz = mesh.broker.monitor("/connz?auth=true").await.ok()?;
+    connz["connections"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+        .map(|c| {
+            (
+                c["cid"].as_u64().unwrap_or(0),
+                c["jwt"].as_str().unwrap_or("").to_string(),
+            )
+        })
+}
+
+fn writer_ups(d: &Daemon) -> usize {
+    d.lines().iter().filter(|l| l.contains(WRITER_UP)).count()
+}
+
+/// Arms a fresh timer `deadline_in` from now and waits for the broker's `.fire` on `EPT_<s>`
+/// (the scheduler stores it there); the deadline, when it was seen (unix ms), and the message.
+async fn expire_one(
+    insp: &Inspector,
+    timer_id: &str,
+    deadline_in: Duration,
+) -> Result<(i64, i64, async_nats::jetstream::message::StreamMessage), String> {
+    let t = Timer::new(&insp.names, timer_id);
+    let deadline = now_ms() + deadline_in.as_millis() as i64;
+    put_status(insp, &t, 1, deadline).await;
+    request(insp, &t, &t.request(1, deadline), HeaderMap::new())
+        .await
+        .expect("request stored");
+    let ept = insp
+        .js
+        .get_stream_no_info(insp.names.ept_stream())
+        .await
+        .unwrap();
+    let until = Instant::now() + BOUND;
+    loop {
+        if let Ok(fire) = ept.get_last_raw_message_by_subject(&t.fire()).await {
+            return Ok((deadline, now_ms(), fire));
+        }
+        if Instant::now() >= until {
+            return Err(format!(
+                "the pause did not expire: no .fire on {} within {} ms",
+                t.fire(),
+                BOUND.as_millis()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A workflow pause expires through a real broker schedule: the writer arms `.armed` with the
+/// `.fire` target and the broker publishes `.fire` at the deadline, stamped by the scheduler.
+/// A stale generation is discarded and never armed. Mutations seen failing: deriving the fire
+/// target from the body (`check_request` no longer compared) was not needed for this path, but
+/// dropping the generation comparison in `Arming::arm` armed the stale request (its `.armed`
+/// count became 1), and publishing without `Nats-Schedule` left `.fire` never arriving.
+#[tokio::test]
+async fn a_workflow_pause_expires_through_a_real_broker_schedule() {
+    let mesh = data_path_support::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = start(&mesh, &[]).await;
+
+    let (deadline, fired_at, fire) = expire_one(&insp, "t1", Duration::from_millis(1500))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    println!(
+        "MEASURED deadline -> .fire observed: {} ms",
+        fired_at - deadline
+    );
+    assert!(
+        fired_at >= deadline,
+        "fired {} ms early",
+        deadline - fired_at
+    );
+    let t1 = Timer::new(&insp.names, "t1");
+    let scheduler = fire
+        .headers
+        .get("Nats-Scheduler")
+        .map(|v| v.as_str().to_string());
+    assert_eq!(scheduler.as_deref(), Some(t1.armed().as_str()));
+    // The broker consumed the one-shot schedule when it fired.
+    assert_eq!(
+        count_on(&insp, &insp.names.ept_stream(), &t1.armed()).await,
+        0
+    );
+
+    // A pause still running: its armed schedule, as the broker stores it.
+    let t0 = Timer::new(&insp.names, "t0");
+    let far = now_ms() + 600_000;
+    put_status(&insp, &t0, 1, far).await;
+    request(&insp, &t0, &t0.request(1, far), HeaderMap::new())
+        .await
+        .unwrap();
+    let ept = insp
+        .js
+        .get_stream_no_info(insp.names.ept_stream())
+        .await
+        .unwrap();
+    let names = insp.names.clone();
+    eventually("t0 armed", BOUND, || async {
+        count_on(&insp, &names.ept_stream(), &t0.armed()).await == 1
+    })
+    .await;
+    let armed = ept
+        .get_last_raw_message_by_subject(&t0.armed())
+        .await
+        .expect(".armed stored");
+    let header = |name: &str| armed.headers.get(name).map(|v| v.as_str().to_string());
+    assert_eq!(header("Nats-Schedule-Target"), Some(t0.fire()));
+    assert!(
+        header("Nats-Schedule").is_some_and(|v| v.starts_with("@at ")),
+        "{:?}",
+        header("Nats-Schedule")
+    );
+    let body: Armed = serde_json::from_slice(&armed.payload).unwrap();
+    assert_eq!((body.generation, body.deadline), (1, far));
+    // Re-arming the same (timerId, generation) replaces it: still one schedule.
+    request(&insp, &t0, &t0.request(1, far), HeaderMap::new())
+        .await
+        .unwrap();
+
+    // A stale generation: the status moved to generation 2, the request names 1.
+    let t2 = Timer::new(&insp.names, "t2");
+    let later = now_ms() + 60_000;
+    put_status(&insp, &t2, 2, later).await;
+    request(&insp, &t2, &t2.request(1, later), HeaderMap::new())
+        .await
+        .unwrap();
+    d.wait_for_line(
+        "• timer writer: discarded cotal.demo.ept.wf.i1.1.t2.schedule (stale); not armed",
+        BOUND,
+    )
+    .await
+    .expect("stale discarded");
+    // A request whose body names another timer than its subject is refused for good.
+    let t3 = Timer::new(&insp.names, "t3");
+    put_status(&insp, &t3, 1, later).await;
+    let mut wrong = t3.request(1, later);
+    wrong.timer_id = "t1".into();
+    request(&insp, &t3, &wrong, HeaderMap::new()).await.unwrap();
+    d.wait_for_line(
+        "! timer writer: refused a .schedule request permanently (cotal.demo.ept.wf.i1.1.t3.schedule: timerId",
+        BOUND,
+    )
+    .await
+    .expect("refused");
+    // The broker itself refuses scheduling headers on EPT_REQ (schedules disabled there).
+    // Scheduling headers: the broker refuses two of them on EPT_REQ (schedules disabled there)
+    // and stores the other two; those the writer refuses for good, so nothing is armed.
+    for (name, value, broker_code) in [
+        ("Nats-Schedule", "@at 2030-01-01T00:00:00Z", Some("10188")),
+        ("Nats-Scheduler", "x.y", Some("10212")),
+        (
+            "Nats-Schedule-Target",
+            "cotal.demo.ept.wf.i1.1.t3.fire",
+            None,
+        ),
+        ("Nats-Schedule-Rollup", "sub", None),
+    ] {
+        let mut h = HeaderMap::new();
+        h.insert(name, value);
+        let stored = request(&insp, &t3, &t3.request(1, later), h).await;
+        match broker_code {
+            Some(code) => assert!(
+                stored.as_ref().is_err_and(|e| e.contains(code)),
+                "{name}: {stored:?}"
+            ),
+            None => {
+                stored.unwrap_or_else(|e| panic!("{name} stored: {e}"));
+                d.wait_for_line(
+                    &format!("! timer writer: refused a .schedule request permanently (cotal.demo.ept.wf.i1.1.t3.schedule: it carries the scheduling header {name})"),
+                    BOUND,
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{name} refused: {e}\n{}", d.transcript()));
+            }
+        }
+    }
+
+    // Broker state: nothing armed for t2 or t3, and the durable settled every request.
+    eventually("timerw settled everything", BOUND, || async {
+        let c = consumer(
+            &insp,
+            &names.ept_req_stream(),
+            &names.timer_writer_durable(),
+        )
+        .await;
+        c.num_pending == 0 && c.num_ack_pending == 0
+    })
+    .await;
+    assert_eq!(count_on(&insp, &names.ept_stream(), &t2.armed()).await, 0);
+    assert_eq!(count_on(&insp, &names.ept_stream(), &t3.armed()).await, 0);
+    assert_eq!(count_on(&insp, &names.ept_stream(), &t0.armed()).await, 1);
+    assert_eq!(count_on(&insp, &names.ept_stream(), &t0.fire()).await, 0);
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// KICKs connection `cid` with the workspace's `$SYS` connection-evictor credential.
+async fn kick(mesh: &Mesh, space: &Space, cid: u64) {
+    let evictor = read_creds_file(&mesh.workspace().connection_evictor_creds_path(space)).unwrap();
+    let sys = provision::connect_with_inbox(
+        &mesh.url(),
+        None,
+        &evictor,
+        "test-evictor",
+        "_INBOX",
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let varz = mesh.broker.varz().await.unwrap();
+    let server = varz["server_id"].as_str().unwrap().to_string();
+    let reply = sys
+        .request(
+            format!("$SYS.REQ.SERVER.{server}.KICK"),
+            serde_json::json!({ "cid": cid }).to_string().into(),
+        )
+        .await
+        .expect("kick answered");
+    let v: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert!(v.get("error").is_none(), "{v}");
+}
+
+/// A writer fault never takes delivery down, and the writer comes back: its durable deleted
+/// (it logs the reference down line, backs off, re-binds and logs up again) and its connection
+/// kicked (it reconnects and arms again). Throughout, the daemon's resident connection keeps its
+/// cid and a durable post is handed off. Mutation seen failing: treating a fault as fatal
+/// (`run` breaking out of its loop instead of backing off) left one `timer writer up` line and
+/// no `.fire` after the kick.
+#[tokio::test]
+async fn a_writer_fault_keeps_delivery_serving_and_the_writer_comes_back() {
+    let mesh = data_path_support::mesh().await;
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.unwrap();
+    let mut d = start(&mesh, &[("COTAL_DELIVERY_TIMER_RETRY_MS", "200")]).await;
+    let (resident_cid, _) = conn_named(&mesh, "cotal:delivery").await.expect("resident");
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let _joined = bob.durable_join("general").await.unwrap();
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+
+    // Fault 1: the writer's durable is deleted under it.
+    let names = insp.names.clone();
+    let stream = insp
+        .js
+        .get_stream_no_info(names.ept_req_stream())
+        .await
+        .unwrap();
+    stream
+        .delete_consumer(&names.timer_writer_durable())
+        .await
+        .unwrap();
+    d.wait_for_line(WRITER_DOWN, BOUND)
+        .await
+        .expect("down line");
+    eventually("the writer is up again", BOUND, || async {
+        writer_ups(&d) >= 2
+    })
+    .await;
+    let down = d
+        .lines()
+        .into_iter()
+        .find(|l| l.contains(WRITER_DOWN))
+        .unwrap();
+    assert!(
+        down.ends_with("— retrying in 0s; pauses on this space do not expire until it is back"),
+        "{down}"
+    );
+    assert!(
+        down.contains("fetching from its durable timerw_demo") && down.contains("Consumer Deleted"),
+        "{down}"
+    );
+    // Delivery served throughout.
+    let m = alice.message("general", "during-writer-fault", None);
+    alice.post("general", &m).await.unwrap();
+    eventually("1 frame handed off to bob", BOUND, || async {
+        dlv_count(&insp, &p, &u).await == 1
+    })
+    .await;
+
+    // Fault 2: the writer's connection is cut by the broker.
+    let (cid, _) = writer_conn(&mesh).await.expect("writer connection");
+    kick(&mesh, &space, cid).await;
+    eventually("the writer reconnected", BOUND, || async {
+        matches!(writer_conn(&mesh).await, Some((c, _)) if c != cid)
+    })
+    .await;
+    let (deadline, fired_at, _) = expire_one(&insp, "after-kick", Duration::from_millis(300))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    assert!(fired_at >= deadline);
+    let m = alice.message("general", "after-writer-kick", None);
+    alice.post("general", &m).await.unwrap();
+    eventually("2 frames handed off to bob", BOUND, || async {
+        dlv_count(&insp, &p, &u).await == 2
+    })
+    .await;
+    // The daemon's own connection was never touched, and it never exited.
+    assert_eq!(
+        conn_named(&mesh, "cotal:delivery").await.map(|c| c.0),
+        Some(resident_cid)
+    );
+    assert!(d.is_running());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+fn parts(url: &str, cred: cotal_delivery::creds::Credential, space: &Space) -> TimerWriterParts {
+    let mut parts = TimerWriterParts::new(
+        DialSpec::new(url),
+        CredentialCell::new(cred),
+        space.clone(),
+        Journal::stderr_only(),
+    );
+    parts.retry = Duration::from_secs(60);
+    parts.poll = Duration::from_secs(30);
+    parts
+}
+
+/// Stop wakes a backoff and ends a pending fetch at once (measured). The writer is run as the
+/// daemon runs it, in process: first against a port nobody listens on (it goes down and sleeps
+/// through a 60 s backoff), then against the mesh (it is up, in a 30 s fetch). Mutations seen
+/// failing: removing the stop arm of the backoff `select!` (stop waited out the 2 s bound) and
+/// removing the stop arm around the fetch (the same).
+#[tokio::test]
+async fn stop_during_a_backoff_or_a_fetch_returns_at_once() {
+    let space = Space::parse("demo").unwrap();
+    let mut authority = MeshAuthority::new();
+    authority.add_space(&space);
+    let cred = authority
+        .mint(&space, &Profile::Delivery, MintOptions::new())
+        .unwrap();
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let w = TimerWriter::start(parts(&format!("nats://127.0.0.1:{closed}"), cred, &space));
+    assert!(w.wait_state(WriterState::Down, BOUND).await);
+    let t = Instant::now();
+    w.stop().await;
+    let in_backoff = t.elapsed();
+    println!(
+        "MEASURED stop during a 60 s backoff: {} ms",
+        in_backoff.as_millis()
+    );
+    assert!(in_backoff < Duration::from_millis(250), "{in_backoff:?}");
+
+    let mesh = data_path_support::mesh().await;
+    let cred = read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space())).unwrap();
+    let w = TimerWriter::start(parts(&mesh.url(), cred, mesh.space()));
+    assert!(w.wait_state(WriterState::Up, BOUND).await);
+    // Up means its first 30 s fetch is being issued; the durable shows it waiting.
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let names = insp.names.clone();
+    eventually("the fetch is pending at the broker", BOUND, || async {
+        consumer(
+            &insp,
+            &names.ept_req_stream(),
+            &names.timer_writer_durable(),
+        )
+        .await
+        .num_waiting
+            >= 1
+    })
+    .await;
+    let t = Instant::now();
+    w.stop().await;
+    let in_fetch = t.elapsed();
+    println!(
+        "MEASURED stop during a 30 s fetch (drain included): {} ms",
+        in_fetch.as_millis()
+    );
+    assert!(in_fetch < Duration::from_millis(500), "{in_fetch:?}");
+    eventually("the writer's connection is gone", BOUND, || async {
+        writer_conn(&mesh).await.is_none()
+    })
+    .await;
+}
+
+/// The writer presents the daemon's credential now: when the daemon adopts a renewal at 75 %,
+/// the writer's connection (as `/connz` shows it) carries the renewed JWT before the old one
+/// expires, and it stays up past that expiry. Mutation seen failing: removing the
+/// `renewals.changed()` arm (no forced reconnect) left the old JWT in `/connz` until the
+/// broker closed the connection at expiry.
+#[tokio::test]
+async fn the_writer_moves_onto_a_renewed_credential_before_the_old_one_expires() {
+    let mesh = data_path_support::mesh().await;
+    mesh.authority
+        .save(&mesh.workspace().auth_dir())
+        .expect("save signer");
+    let path = mesh.workspace().delivery_creds_path(mesh.space());
+    let current = read_creds_file(&path).unwrap();
+    let short = mesh
+        .mint(
+            mesh.space(),
+            &Profile::Delivery,
+            MintOptions::new()
+                .renewal_of(&current)
+                .expires_in(Duration::from_secs(6)),
+        )
+        .unwrap();
+    write_creds_file_atomic(&path, &short).unwrap();
+    let exp_ms = short.claims().unwrap().exp.unwrap() * 1000;
+    let mut d = start(
+        &mesh,
+        &[
+            ("COTAL_DELIVERY_BROKER_GONE_MS", "1000"),
+            ("COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS", "3000"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        writer_conn(&mesh).await.map(|c| c.1),
+        Some(short.jwt.clone())
+    );
+    let preflight = Preflight::new(mesh.url(), None);
+    let report = remint_daemon_creds_for(
+        mesh.root(),
+        mesh.space(),
+        None,
+        Some(&preflight),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(report.all_written(), "{report:?}");
+    let renewed = read_creds_file(&path).unwrap();
+    d.wait_for_line("adopted the renewed credential", BOUND)
+        .await
+        .expect("adopted at 75 %");
+    let adopted = Instant::now();
+    eventually("the writer presents the renewed JWT", BOUND, || async {
+        writer_conn(&mesh).await.map(|c| c.1) == Some(renewed.jwt.clone())
+    })
+    .await;
+    let moved_at = now_ms();
+    println!(
+        "MEASURED adoption -> writer on the renewed JWT: {} ms; {} ms before the old exp",
+        adopted.elapsed().as_millis(),
+        exp_ms - moved_at
+    );
+    assert!(
+        moved_at < exp_ms,
+        "moved {} ms after expiry",
+        moved_at - exp_ms
+    );
+    // Past the old expiry: the writer never went down and still arms.
+    let wait = Duration::from_millis((exp_ms + 1_000 - now_ms()).max(0) as u64);
+    tokio::time::sleep(wait).await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (deadline, fired_at, _) = expire_one(&insp, "renewed", Duration::from_millis(300))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    assert!(fired_at >= deadline);
+    assert!(!d.has_line(WRITER_DOWN), "{}", d.transcript());
+    assert_eq!(writer_ups(&d), 1, "{}", d.transcript());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
