@@ -311,3 +311,14 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// Whether `line` comes from one of the space daemon's side components (the checkpoint timer
+/// writer, the membership feed). They run beside start-up and shutdown, so where their lines
+/// fall among the main job's depends on scheduling: main-job transcripts leave them out, and
+/// the components' own tests judge them.
+pub fn is_component_line(line: &str) -> bool {
+    let body = line.trim_start_matches(['✓', '✗', '!', '•', ' ']);
+    body.starts_with("timer writer")
+        || body.starts_with("membership feed")
+        || body.starts_with("membership:")
+}

@@ -644,6 +644,9 @@ impl Run<'_> {
         for (name, d) in &self.daemons {
             out.push_str(&format!("\ndaemon {name}:\n"));
             for l in d.lines() {
+                if crate::daemon::is_component_line(&l) {
+                    continue;
+                }
                 out.push_str("  ");
                 out.push_str(&l);
                 out.push('\n');

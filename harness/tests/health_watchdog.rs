@@ -61,6 +61,10 @@ fn via_proxy(mesh: &Mesh, proxy: &TcpProxy) -> delivery_harness::daemon::DaemonS
 async fn up(mesh: &Mesh, d: &mut Daemon) {
     d.wait_for_line(UP, BOUND).await.expect("daemon up");
     wait_started(mesh, mesh.space(), BOUND).await;
+    // The timer writer's own connection is dialed once start-up completes.
+    d.wait_for_line("timer writer up", BOUND)
+        .await
+        .expect("timer writer up");
 }
 
 /// Healthy, the watchdog opens no connection of its own: observed for three ping intervals

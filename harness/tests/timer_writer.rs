@@ -24,7 +24,6 @@ use cotal_delivery::space::timer::{
 use cotal_delivery::wire::{Space, SpaceNames};
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
-use futures::StreamExt;
 
 use data_path_support::{alice_and_bob, consumer, count_on, dlv_count, eventually};
 
@@ -181,10 +180,11 @@ async fn expire_one(
 
 /// A workflow pause expires through a real broker schedule: the writer arms `.armed` with the
 /// `.fire` target and the broker publishes `.fire` at the deadline, stamped by the scheduler.
-/// A stale generation is discarded and never armed. Mutations seen failing: deriving the fire
-/// target from the body (`check_request` no longer compared) was not needed for this path, but
-/// dropping the generation comparison in `Arming::arm` armed the stale request (its `.armed`
-/// count became 1), and publishing without `Nats-Schedule` left `.fire` never arriving.
+/// A stale generation is discarded and never armed; scheduling headers the broker lets through
+/// and a body naming another timer are refused for good. Mutations seen failing: dropping the
+/// generation comparison in `Arming::arm` (the stale request was armed, no `(stale)` line), and
+/// skipping the scheduling-header check in `Arming::decide` (the `Nats-Schedule-Target`
+/// request was not refused).
 #[tokio::test]
 async fn a_workflow_pause_expires_through_a_real_broker_schedule() {
     let mesh = data_path_support::mesh().await;
@@ -356,9 +356,8 @@ async fn kick(mesh: &Mesh, space: &Space, cid: u64) {
 /// A writer fault never takes delivery down, and the writer comes back: its durable deleted
 /// (it logs the reference down line, backs off, re-binds and logs up again) and its connection
 /// kicked (it reconnects and arms again). Throughout, the daemon's resident connection keeps its
-/// cid and a durable post is handed off. Mutation seen failing: treating a fault as fatal
-/// (`run` breaking out of its loop instead of backing off) left one `timer writer up` line and
-/// no `.fire` after the kick.
+/// cid and a durable post is handed off. Mutation seen failing: ending the restart loop on a
+/// fault (`run` breaking before the down line): no down line, no second `timer writer up`.
 #[tokio::test]
 async fn a_writer_fault_keeps_delivery_serving_and_the_writer_comes_back() {
     let mesh = data_path_support::mesh().await;
@@ -510,9 +509,9 @@ async fn stop_during_a_backoff_or_a_fetch_returns_at_once() {
 
 /// The writer presents the daemon's credential now: when the daemon adopts a renewal at 75 %,
 /// the writer's connection (as `/connz` shows it) carries the renewed JWT before the old one
-/// expires, and it stays up past that expiry. Mutation seen failing: removing the
-/// `renewals.changed()` arm (no forced reconnect) left the old JWT in `/connz` until the
-/// broker closed the connection at expiry.
+/// expires, and it stays up past that expiry. Mutation seen failing: no forced reconnect on
+/// `renewals.changed()` (the writer moved only once the broker closed it at the expiry, 744 ms
+/// late).
 #[tokio::test]
 async fn the_writer_moves_onto_a_renewed_credential_before_the_old_one_expires() {
     let mesh = data_path_support::mesh().await;

@@ -61,6 +61,7 @@ pub fn own_lines(transcript: &str) -> String {
         .filter(|l| {
             l.starts_with('✓') || l.starts_with('✗') || l.starts_with('!') || l.starts_with('•')
         })
+        .filter(|l| !delivery_harness::daemon::is_component_line(l))
         .filter(|l| !l.contains("$SYS sweeps bound"))
         .filter(|l| !(l.starts_with('✓') && l.contains("renews its delivery lease")))
         .collect::<Vec<_>>()
