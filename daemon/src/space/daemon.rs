@@ -20,7 +20,6 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use tokio::sync::watch;
 
 use crate::conn::{self, CredentialCell, DialErrorKind, DialSpec, Resident};
-use crate::space::timer::{TimerWriter, TimerWriterParts};
 use crate::creds::Credential;
 use crate::journal::Journal;
 use crate::kv::Rows;
@@ -34,6 +33,7 @@ use crate::space::lease::{
 use crate::space::lease_watch::{LeaseWatch, WatchEvent};
 use crate::space::renew::{Preflight, Renewal, RenewalParts};
 use crate::space::serving::Plane;
+use crate::space::timer::{TimerWriter, TimerWriterParts};
 use crate::store::SecretStore;
 use crate::wire::{Principal, Space, SpaceNames};
 
