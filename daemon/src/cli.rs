@@ -150,7 +150,7 @@ const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps th
   COTAL_DELIVERY_PING_INTERVAL_MS         client ping interval of the resident connection [2500]
   COTAL_DELIVERY_REMINT_RETRY_MS          retry of the credential re-read after a missed remint [60000]
   COTAL_DELIVERY_NAK_DELAY_MS             nak delay of a retried post or entry [2000]
-  COTAL_DELIVERY_ACK_WAIT_MS              ack wait of the fanout/reader durables at creation [60000]
+  COTAL_DELIVERY_ACK_WAIT_MS              ack wait of the fanout/reader durables (crash recovery) [5000]
   COTAL_DELIVERY_TIMER_RETRY_MS           first restart backoff of the timer writer, doubling to 300000 [5000]
   COTAL_DELIVERY_TIMER_POLL_MS            how long one timer-writer fetch waits for .schedule requests [1000]
   RUST_LOG                                structured diagnostics on stderr (off by default)

@@ -27,7 +27,7 @@ pub const CATCH_UP_MAX_POSTS: usize = 10_000;
 const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
 
 /// Copies to `member` the posts on `channel` in `(join_cursor, frontier]` (frontier read now).
-/// Returns how many copies were stored.
+/// Returns the `INBOX_<s>` sequences of the copies stored (so a refused join can take them back).
 pub async fn activate(
     ctx: &PlaneCtx,
     channel: &str,
@@ -35,12 +35,12 @@ pub async fn activate(
     uid: &LifecycleUid,
     generation: u64,
     join_cursor: u64,
-) -> Result<usize, String> {
+) -> Result<Vec<u64>, String> {
     let frontier = chat_frontier(ctx)
         .await
         .map_err(|e| format!("the CHAT frontier: {e}"))?;
     if frontier <= join_cursor {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let channels = Channels::open(ctx)
         .await
@@ -50,7 +50,7 @@ pub async fn activate(
         .await
         .map_err(|e| format!("the channel class: {e}"))?;
     if class != DeliveryClass::Durable {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     match tokio::time::timeout(
         CATCH_UP_BOUND,
@@ -74,7 +74,7 @@ async fn copy_range(
     generation: u64,
     join_cursor: u64,
     frontier: u64,
-) -> Result<usize, String> {
+) -> Result<Vec<u64>, String> {
     let stream = ctx
         .js
         .get_stream_no_info(ctx.names.chat_stream())
@@ -100,7 +100,7 @@ async fn copy_range(
         .await
         .map_err(|e| crate::kv::broker_words(&e))?;
     let result = async {
-        let mut copied = 0usize;
+        let mut copied = Vec::new();
         let mut seen = 0usize;
         while seen < CATCH_UP_MAX_POSTS {
             let batch = consumer
@@ -141,8 +141,9 @@ async fn copy_range(
                     reason: Reason::DurableChannel,
                     generation,
                 };
-                store_copies(ctx, &body, channel, seq, std::slice::from_ref(&target)).await?;
-                copied += 1;
+                copied.extend(
+                    store_copies(ctx, &body, channel, seq, std::slice::from_ref(&target)).await?,
+                );
             }
             if past || got == 0 {
                 break;

@@ -70,8 +70,9 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
     };
     let ctx = ctx.clone();
     Ok(tokio::spawn(pump::run(
-        ctx,
+        ctx.clone(),
         consumer,
+        ctx.names.chat_stream(),
         stop,
         FANOUT_LANES,
         "fan-out writer",
@@ -112,7 +113,7 @@ impl Writer {
             }
         };
         match store_copies(&self.ctx, &body, &channel, seq, &targets).await {
-            Ok(()) => Settle::Ack,
+            Ok(_) => Settle::Ack,
             Err(e) => {
                 tracing::warn!(subject = %msg.subject, error = %e, "fan-out: a copy was not stored; nak");
                 Settle::Nak
@@ -130,14 +131,18 @@ impl Writer {
         match self.channels.class_of(channel).await? {
             DeliveryClass::Durable => {
                 let rows = self.members.of_channel(channel).await?;
+                // Each post is judged by the interval it was posted in, kept closed or current.
                 Ok(rows
                     .into_iter()
-                    .filter(|r| &r.member != sender && r.record.admits(seq))
-                    .map(|r| Target {
-                        member: r.member,
-                        uid: r.uid,
-                        reason: Reason::DurableChannel,
-                        generation: r.record.generation,
+                    .filter(|r| &r.member != sender)
+                    .filter_map(|r| {
+                        let generation = r.record.generation_admitting(seq)?;
+                        Some(Target {
+                            member: r.member,
+                            uid: r.uid,
+                            reason: Reason::DurableChannel,
+                            generation,
+                        })
                     })
                     .collect())
             }
@@ -185,13 +190,14 @@ impl Writer {
 const COPY_BOUND: Duration = Duration::from_secs(10);
 
 /// Publishes every copy and waits until the broker stored each (or reports the first failure).
+/// Returns the `INBOX_<s>` sequences the copies are stored at (a duplicate names the stored one).
 pub async fn store_copies(
     ctx: &PlaneCtx,
     msg: &Value,
     channel: &str,
     seq: u64,
     targets: &[Target],
-) -> Result<(), String> {
+) -> Result<Vec<u64>, String> {
     let work = async {
         let mut acks = Vec::with_capacity(targets.len());
         for t in targets {
@@ -215,11 +221,14 @@ pub async fn store_copies(
                 .map_err(|e| format!("publish {subject}: {}", crate::kv::broker_words(&e)))?;
             acks.push((subject, ack));
         }
+        let mut stored = Vec::with_capacity(acks.len());
         for (subject, ack) in acks {
-            ack.await
+            let ack = ack
+                .await
                 .map_err(|e| format!("store {subject}: {}", crate::kv::broker_words(&e)))?;
+            stored.push(ack.sequence);
         }
-        Ok(())
+        Ok(stored)
     };
     match tokio::time::timeout(COPY_BOUND, work).await {
         Ok(r) => r,

@@ -5,6 +5,13 @@
 //! its own membership). Each row carries a join cursor and, after a leave, a leave cursor: a post
 //! is eligible for the backstop exactly when its CHAT sequence lies in `(joinCursor,
 //! leaveCursor]`, so a post concurrent with a join or leave orders deterministically.
+//!
+//! A rejoin rewrites the one row per key, so the row also keeps the *closed* intervals of earlier
+//! generations (`priorIntervals`) for as long as the fan-out writer or the trusted reader may
+//! still judge a post of them: a post the writer routes after the rejoin, or an entry the reader
+//! hands off after it, is judged by the interval it was posted in. They are pruned once both
+//! have passed them ([`prune_prior`]) and capped at [`MAX_PRIOR_INTERVALS`]. A reader that does
+//! not know the field (the reference) ignores it and sees the current interval, as before.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +40,28 @@ pub struct MembershipRecord {
     pub writer_identity: String,
     #[serde(default)]
     pub updated_at: u64,
+    /// Closed intervals of earlier generations still needed by the writer or the reader.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prior_intervals: Vec<PriorInterval>,
 }
+
+/// A closed interval `(joinCursor, leaveCursor]` of an earlier generation of the row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PriorInterval {
+    pub generation: u64,
+    pub join_cursor: u64,
+    pub leave_cursor: u64,
+    /// `INBOX_<s>`'s last sequence read once the fan-out writer was seen past `leave_cursor`:
+    /// every copy of this interval sits at or below it, so the interval may go once the
+    /// reader's ack floor reaches it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbox_mark: Option<u64>,
+}
+
+/// Most closed intervals one row keeps; beyond it the oldest goes (with a warning), so a row
+/// stays small however often a member rejoins while the writer lags.
+pub const MAX_PRIOR_INTERVALS: usize = 32;
 
 pub const STATE_DURABLE_ACTIVE: &str = "durable-active";
 pub const STATE_LIVE_CONFIRMED: &str = "live-confirmed";
@@ -46,6 +74,105 @@ impl MembershipRecord {
     pub fn is_tombstone(&self) -> bool {
         self.leave_cursor.is_some()
     }
+
+    /// The generation whose interval (current or kept closed one) admits CHAT sequence `seq`.
+    pub fn generation_admitting(&self, seq: u64) -> Option<u64> {
+        if self.admits(seq) {
+            return Some(self.generation);
+        }
+        self.prior_intervals
+            .iter()
+            .find(|p| seq > p.join_cursor && seq <= p.leave_cursor)
+            .map(|p| p.generation)
+    }
+
+    /// Whether an entry copied for `generation` at CHAT sequence `seq` is still inside that
+    /// generation's interval (the reader's re-check).
+    pub fn admits_entry(&self, seq: u64, generation: u64) -> bool {
+        self.generation_admitting(seq) == Some(generation)
+    }
+
+    /// The record a join at `join_cursor` writes over this one (generation + 1): the interval
+    /// this row had, closed at its leave cursor or, still open, at the new join cursor, joins
+    /// the kept closed intervals.
+    pub fn closed_for_rejoin(&self, join_cursor: u64) -> Vec<PriorInterval> {
+        let mut prior = self.prior_intervals.clone();
+        let leave = self
+            .leave_cursor
+            .unwrap_or(join_cursor)
+            .max(self.join_cursor);
+        if leave > self.join_cursor {
+            prior.push(PriorInterval {
+                generation: self.generation,
+                join_cursor: self.join_cursor,
+                leave_cursor: leave,
+                inbox_mark: None,
+            });
+        }
+        prior
+    }
+}
+
+/// How far the fan-out writer and the trusted reader have got, read leader-served from the broker
+/// in this order (the order the pruning argument needs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// `fanout`'s ack floor (CHAT sequence): every post at or below it has all its copies stored.
+    pub writer_floor: u64,
+    /// `INBOX_<s>`'s last sequence, read after `writer_floor`.
+    pub inbox_last: u64,
+    /// `reader`'s ack floor (INBOX sequence), read after `inbox_last`.
+    pub reader_floor: u64,
+}
+
+/// Drops the closed intervals both the writer and the reader have passed; returns how many
+/// intervals had to be dropped by the cap instead (never passed).
+///
+/// An interval ending at leave cursor `L` is passed by the writer once `writer_floor >= L`; from
+/// then on every copy of it is stored, at INBOX sequences no higher than the INBOX last sequence
+/// read after that floor (its mark). It is passed by the reader once the reader's ack floor,
+/// read later still, reaches that mark: every copy has then been handed off or dropped.
+pub fn prune_prior(prior: &mut Vec<PriorInterval>, progress: Option<Progress>) -> usize {
+    if let Some(p) = progress {
+        for interval in prior.iter_mut() {
+            if interval.inbox_mark.is_none() && p.writer_floor >= interval.leave_cursor {
+                interval.inbox_mark = Some(p.inbox_last);
+            }
+        }
+        prior.retain(|i| i.inbox_mark.is_none_or(|mark| p.reader_floor < mark));
+    }
+    let over = prior.len().saturating_sub(MAX_PRIOR_INTERVALS);
+    prior.drain(..over);
+    over
+}
+
+/// Reads [`Progress`] from the broker (`None` if any read fails: then nothing is pruned).
+pub async fn progress(ctx: &PlaneCtx) -> Option<Progress> {
+    use async_nats::jetstream::consumer::{pull, Consumer};
+    let work = async {
+        let chat = ctx
+            .js
+            .get_stream_no_info(ctx.names.chat_stream())
+            .await
+            .ok()?;
+        let fanout: Consumer<pull::Config> =
+            chat.get_consumer(crate::wire::FANOUT_DURABLE).await.ok()?;
+        let writer_floor = fanout.cached_info().ack_floor.stream_sequence;
+        let mut inbox = ctx.js.get_stream(ctx.names.inbox_stream()).await.ok()?;
+        let inbox_last = inbox.info().await.ok()?.state.last_sequence;
+        let reader: Consumer<pull::Config> =
+            inbox.get_consumer(crate::wire::READER_DURABLE).await.ok()?;
+        let reader_floor = reader.cached_info().ack_floor.stream_sequence;
+        Some(Progress {
+            writer_floor,
+            inbox_last,
+            reader_floor,
+        })
+    };
+    tokio::time::timeout(ctx.config.request_bound, work)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// One member row as read.
@@ -254,7 +381,73 @@ mod tests {
             generation: 1,
             writer_identity: String::new(),
             updated_at: 0,
+            prior_intervals: Vec::new(),
         }
+    }
+
+    fn closed(generation: u64, join: u64, leave: u64) -> PriorInterval {
+        PriorInterval {
+            generation,
+            join_cursor: join,
+            leave_cursor: leave,
+            inbox_mark: None,
+        }
+    }
+
+    /// Mutation: `closed_for_rejoin` returning only the old list fails the first assertion.
+    #[test]
+    fn a_rejoin_keeps_the_closed_interval_and_judges_each_post_by_its_own() {
+        let mut left = rec(10, Some(20));
+        left.generation = 3;
+        let mut next = rec(25, None);
+        next.generation = 4;
+        next.prior_intervals = left.closed_for_rejoin(25);
+        assert_eq!(next.prior_intervals, vec![closed(3, 10, 20)]);
+        assert_eq!(next.generation_admitting(15), Some(3));
+        assert_eq!(
+            next.generation_admitting(22),
+            None,
+            "between leave and rejoin"
+        );
+        assert_eq!(next.generation_admitting(26), Some(4));
+        assert!(next.admits_entry(15, 3));
+        assert!(!next.admits_entry(15, 4), "copied for another generation");
+        // An open row rejoined is closed at the new join cursor.
+        let open = rec(10, None);
+        assert_eq!(open.closed_for_rejoin(30), vec![closed(1, 10, 30)]);
+        // An empty interval is not kept.
+        assert!(rec(10, Some(10)).closed_for_rejoin(12).is_empty());
+    }
+
+    /// Mutation: dropping the `reader_floor < mark` condition (pruning once the writer passed)
+    /// fails the second assertion.
+    #[test]
+    fn an_interval_goes_only_once_writer_and_reader_have_passed_it() {
+        let mut prior = vec![closed(1, 0, 100), closed(2, 150, 200)];
+        let p = |w, i, r| {
+            Some(Progress {
+                writer_floor: w,
+                inbox_last: i,
+                reader_floor: r,
+            })
+        };
+        assert_eq!(prune_prior(&mut prior, p(99, 500, 500)), 0);
+        assert_eq!(prior.len(), 2, "writer not past either");
+        prune_prior(&mut prior, p(120, 600, 550));
+        assert_eq!(
+            prior.len(),
+            2,
+            "writer past the first; reader not past its mark 600"
+        );
+        assert_eq!(prior[0].inbox_mark, Some(600));
+        prune_prior(&mut prior, p(120, 700, 600));
+        assert_eq!(prior, vec![closed(2, 150, 200)]);
+        prune_prior(&mut prior, None);
+        assert_eq!(prior.len(), 1, "unknown progress prunes nothing");
+        let mut many: Vec<_> = (0..40).map(|g| closed(g, g * 10, g * 10 + 5)).collect();
+        assert_eq!(prune_prior(&mut many, None), 40 - MAX_PRIOR_INTERVALS);
+        assert_eq!(many.len(), MAX_PRIOR_INTERVALS);
+        assert_eq!(many[0].generation, 40 - MAX_PRIOR_INTERVALS as u64);
     }
 
     #[test]

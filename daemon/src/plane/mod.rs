@@ -85,8 +85,10 @@ pub struct PlaneConfig {
 
 /// Override of [`PlaneConfig::nak_delay`] in milliseconds (default 2000).
 pub const NAK_DELAY_ENV: &str = "COTAL_DELIVERY_NAK_DELAY_MS";
-/// Override of [`PlaneConfig::ack_wait`] in milliseconds (default 60000). It applies when the
-/// `fanout`/`reader` durables are first created; an existing durable keeps its own `ack_wait`.
+/// Override of [`PlaneConfig::ack_wait`] in milliseconds (default 5000). Binding the
+/// `fanout`/`reader` durables sets it on them, also on durables created with another value.
+/// Messages the daemon owns are kept alive with in-progress acks, so this bounds only how long
+/// a crashed (or quiesced) daemon's in-flight messages wait before they redeliver.
 pub const ACK_WAIT_ENV: &str = "COTAL_DELIVERY_ACK_WAIT_MS";
 
 impl PlaneConfig {
@@ -106,7 +108,7 @@ impl Default for PlaneConfig {
     fn default() -> Self {
         PlaneConfig {
             request_bound: Duration::from_secs(5),
-            ack_wait: Duration::from_secs(60),
+            ack_wait: Duration::from_secs(5),
             reader_max_redeliveries: 10,
             nak_delay: Duration::from_millis(2000),
             reader_max_ack_pending: 1000,

@@ -5,6 +5,12 @@
 //! its message (ack, nak, term) only while the gate still shows that epoch: a daemon that
 //! quiesced or lost its lease mid-handling acks nothing, and the entry redelivers to whoever
 //! serves next. A pull stream that ends or faults is reopened after a short pause until `stop`.
+//!
+//! Crash recovery rides on a short `ack_wait` (5 s by default): a message this daemon pulled and
+//! still owns (queued in a lane or being handled) is kept alive with an in-progress ack every
+//! third of `ack_wait` while the gate holds its epoch, so only a message whose owner died (or
+//! stopped serving) redelivers, and it does so one `ack_wait` after its last keep-alive instead
+//! of after a minute.
 
 use std::future::Future;
 use std::time::Duration;
@@ -61,6 +67,31 @@ pub fn stream_sequence(msg: &Message) -> u64 {
 /// Capacity of each lane's queue (back-pressure on the pull loop).
 const LANE_QUEUE: usize = 16;
 
+/// Stops a message's keep-alive when dropped (settled, or its lane or the loop went away).
+struct Owned(tokio::task::AbortHandle);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Sends an in-progress ack for `msg` every third of `ack_wait` while the gate holds `epoch`;
+/// the lane aborts it once the message is settled.
+async fn keep_alive(ctx: PlaneCtx, msg: Message, epoch: u64) {
+    let period = (ctx.config.ack_wait / 3).max(Duration::from_millis(50));
+    loop {
+        tokio::time::sleep(period).await;
+        if !ctx.gate.still(epoch) {
+            // Not ours any more: let it redeliver to whoever serves next.
+            return;
+        }
+        if let Err(e) = msg.ack_with(AckKind::Progress).await {
+            tracing::debug!(subject = %msg.subject, error = %e, "in-progress ack failed");
+        }
+    }
+}
+
 /// Runs the pull loop of `consumer` until `stop`, calling `handler(msg, epoch)` per message.
 /// Messages are spread over `lanes` sequential lanes by their subject, so messages on one
 /// subject (one channel's posts, one member's entries) are handled in stream order while
@@ -68,6 +99,7 @@ const LANE_QUEUE: usize = 16;
 pub async fn run<H, F>(
     ctx: PlaneCtx,
     consumer: Consumer<pull::Config>,
+    stream: String,
     mut stop: StopRx,
     lanes: usize,
     what: &'static str,
@@ -80,11 +112,12 @@ pub async fn run<H, F>(
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut senders = Vec::with_capacity(lanes.max(1));
     for _ in 0..lanes.max(1) {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<(Message, u64)>(LANE_QUEUE);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<(Message, u64, Owned)>(LANE_QUEUE);
         let handler = handler.clone();
         tasks.spawn(async move {
-            while let Some((msg, epoch)) = rx.recv().await {
+            while let Some((msg, epoch, alive)) = rx.recv().await {
                 handler(msg, epoch).await;
+                drop(alive);
             }
         });
         senders.push(tx);
@@ -111,15 +144,22 @@ pub async fn run<H, F>(
             };
             match next {
                 Some(Ok(msg)) => {
-                    retention.observe(&ctx, what, stream_sequence(&msg));
+                    if deliveries(&msg) == 1 {
+                        retention
+                            .observe(&ctx, what, &stream, stream_sequence(&msg))
+                            .await;
+                    }
                     let Some(epoch) = ctx.gate.admit() else {
                         // Not serving: leave it pending; it redelivers to whoever serves.
                         continue;
                     };
                     let lane = lane_of(&msg.subject, senders.len());
+                    let alive = Owned(
+                        tokio::spawn(keep_alive(ctx.clone(), msg.clone(), epoch)).abort_handle(),
+                    );
                     tokio::select! {
                         _ = stopped(&mut stop) => break 'outer,
-                        sent = senders[lane].send((msg, epoch)) => {
+                        sent = senders[lane].send((msg, epoch, alive)) => {
                             if sent.is_err() {
                                 break 'outer;
                             }
@@ -156,58 +196,130 @@ pub async fn bind_durable(
         .get_stream_no_info(stream)
         .await
         .map_err(|e| err(crate::kv::broker_words(&e)))?;
-    tokio::time::timeout(
-        ctx.config.request_bound,
-        stream.get_or_create_consumer(&name, config),
-    )
-    .await
-    .map_err(|_| {
+    let bound = |what: String| {
         err(format!(
-            "no answer within {} ms",
+            "{what}: no answer within {} ms",
             ctx.config.request_bound.as_millis()
         ))
-    })?
-    .map_err(|e| err(crate::kv::broker_words(&e)))
+    };
+    let ack_wait = config.ack_wait;
+    let consumer: Consumer<pull::Config> = tokio::time::timeout(
+        ctx.config.request_bound,
+        stream.get_or_create_consumer(&name, config.clone()),
+    )
+    .await
+    .map_err(|_| bound("binding".into()))?
+    .map_err(|e| err(crate::kv::broker_words(&e)))?;
+    if consumer.cached_info().config.ack_wait == ack_wait {
+        return Ok(consumer);
+    }
+    // A durable created with another ack_wait (e.g. the old 60 s) takes the configured one, so
+    // crash recovery is as prompt as documented. A refused update keeps the durable as it is.
+    match tokio::time::timeout(ctx.config.request_bound, stream.update_consumer(config)).await {
+        Ok(Ok(updated)) => Ok(updated),
+        Ok(Err(e)) => {
+            tracing::warn!(what, error = %crate::kv::broker_words(&e), "keeping the durable's own ack_wait");
+            Ok(consumer)
+        }
+        Err(_) => Err(bound("updating its ack_wait".into())),
+    }
 }
 
 /// Notices messages the broker discarded before this consumer read them.
 ///
 /// Both durables filter their whole stream (`chat.>`, `dinbox.>`), so the stream sequences of
-/// first deliveries only ever step by one; a jump means the messages in between are gone, which
-/// for `INBOX_<s>`/`CHAT_<s>` means per-subject retention (`max_msgs_per_subject`, discard old)
-/// dropped them before they were copied or handed off. The guarantee is at-least-once *within
-/// retention*; this makes the edge of it visible instead of a silent gap (DESIGN §6.8).
+/// first deliveries (delivery count 1) only ever step by one; a jump means the messages in
+/// between were either never delivered because the broker no longer holds them, or delivered to
+/// an earlier incarnation of the daemon. Only the broker can tell which: the stream's first
+/// sequence and its deleted sequences (per-subject retention, `max_msgs_per_subject` with
+/// discard old, removes from the middle too) say how many in the gap are really gone. Only
+/// those are reported; the guarantee is at-least-once *within retention*, and this makes its
+/// edge visible instead of a silent gap (DESIGN §6.8).
 #[derive(Debug, Default)]
 pub struct RetentionWatch {
-    /// Highest stream sequence seen in this run; redeliveries sit below it.
+    /// Highest first-delivery stream sequence seen in this run.
     last: u64,
-    /// Messages found gone so far.
+    /// Messages confirmed gone so far.
     pub discarded: u64,
 }
 
 impl RetentionWatch {
-    /// Records a delivery; returns the size of the gap it revealed, if any.
+    /// Records a first delivery; returns the gap it revealed, if any.
     pub fn gap(&mut self, seq: u64) -> Option<(u64, u64)> {
         if seq == 0 || seq <= self.last {
             return None;
         }
         let gap = (self.last > 0 && seq > self.last + 1).then(|| (self.last + 1, seq - 1));
         self.last = seq;
-        if let Some((from, to)) = gap {
-            self.discarded += to - from + 1;
-        }
         gap
     }
 
-    fn observe(&mut self, ctx: &PlaneCtx, what: &str, seq: u64) {
-        if let Some((from, to)) = self.gap(seq) {
-            ctx.journal.line(format!(
-                "! delivery: the {what} found {} message(s) gone before it read them (stream sequences {from}..={to}): discarded by retention, never delivered ({} so far in this run)",
-                to - from + 1,
-                self.discarded
-            ));
+    async fn observe(&mut self, ctx: &PlaneCtx, what: &str, stream: &str, seq: u64) {
+        let Some((from, to)) = self.gap(seq) else {
+            return;
+        };
+        let gone = match gone_in(ctx, stream, from, to).await {
+            Ok(n) => n,
+            Err(e) => {
+                ctx.journal.line(format!(
+                    "! delivery: the {what} skipped stream sequences {from}..={to} and could not ask the broker whether retention discarded them: {e}"
+                ));
+                return;
+            }
+        };
+        if gone == 0 {
+            // Delivered to an earlier incarnation (or still pending there): not a loss.
+            return;
         }
+        self.discarded += gone;
+        ctx.journal.line(format!(
+            "! delivery: the {what} found {gone} message(s) gone before it read them (stream sequences {from}..={to}): discarded by retention, never delivered ({} so far in this run)",
+            self.discarded
+        ));
     }
+}
+
+/// How many of the stream sequences `from..=to` `stream` no longer holds (below its first
+/// sequence or deleted), leader-served.
+async fn gone_in(ctx: &PlaneCtx, stream: &str, from: u64, to: u64) -> Result<u64, String> {
+    let work = async {
+        let s = ctx
+            .js
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|e| crate::kv::broker_words(&e))?;
+        let info = s
+            .info_builder()
+            .with_deleted(true)
+            .fetch()
+            .await
+            .map_err(|e| crate::kv::broker_words(&e))?
+            .info;
+        Ok::<_, String>(count_gone(
+            info.state.first_sequence,
+            info.state.deleted.as_deref().unwrap_or_default(),
+            from,
+            to,
+        ))
+    };
+    tokio::time::timeout(ctx.config.request_bound, work)
+        .await
+        .map_err(|_| {
+            format!(
+                "no answer within {} ms",
+                ctx.config.request_bound.as_millis()
+            )
+        })?
+}
+
+/// Sequences of `from..=to` below `first` or listed in `deleted`.
+fn count_gone(first: u64, deleted: &[u64], from: u64, to: u64) -> u64 {
+    let below = first.min(to + 1).saturating_sub(from);
+    let interior = deleted
+        .iter()
+        .filter(|s| **s >= from.max(first) && **s <= to)
+        .count() as u64;
+    below + interior
 }
 
 /// The lane of a subject (FNV-1a).
@@ -231,7 +343,33 @@ mod tests {
         assert_eq!(w.gap(6), None);
         assert_eq!(w.gap(3), None, "a redelivery below the high mark");
         assert_eq!(w.gap(10), Some((7, 9)));
-        assert_eq!(w.discarded, 3);
         assert_eq!(w.gap(11), None);
+    }
+
+    /// Mutation: counting the whole gap (ignoring `first` and `deleted`) fails the first and
+    /// third assertions.
+    #[test]
+    fn only_sequences_the_broker_no_longer_holds_count_as_gone() {
+        assert_eq!(
+            count_gone(1, &[], 7, 9),
+            0,
+            "all still held: delivered elsewhere"
+        );
+        assert_eq!(
+            count_gone(9, &[], 7, 9),
+            2,
+            "7 and 8 below the first sequence"
+        );
+        assert_eq!(
+            count_gone(1, &[3, 8, 12], 7, 9),
+            1,
+            "8 deleted in the middle"
+        );
+        assert_eq!(
+            count_gone(20, &[], 7, 9),
+            3,
+            "the whole gap below the first sequence"
+        );
+        assert_eq!(count_gone(8, &[8, 9], 7, 9), 3, "no sequence counted twice");
     }
 }

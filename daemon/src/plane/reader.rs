@@ -76,6 +76,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
     Ok(tokio::spawn(pump::run(
         ctx.clone(),
         consumer,
+        ctx.names.inbox_stream(),
         stop,
         READER_LANES,
         "trusted reader",
@@ -141,7 +142,8 @@ impl Reader {
                     tracing::warn!(error = %e, "reader: member row read failed; nak");
                     return Settle::Nak;
                 }
-                Ok(MemberRead::Present(row, _)) if row.admits(entry.seq) => {}
+                Ok(MemberRead::Present(row, _))
+                    if row.admits_entry(entry.seq, entry.generation) => {}
                 Ok(_) => return Settle::Ack,
             }
         }
@@ -200,7 +202,7 @@ impl Reader {
         entry: &Plane3Entry,
     ) -> Settle {
         let seq = pump::stream_sequence(msg);
-        let deleted = self.delete_entry(seq).await;
+        let deleted = delete_inbox_entry(&self.ctx, seq).await;
         if !self.ctx.gate.still(epoch) {
             // Stopped serving while the delete was in flight: the next daemon retries it.
             return Settle::Leave;
@@ -225,33 +227,6 @@ impl Reader {
         Settle::Ack
     }
 
-    /// Deletes INBOX entry `seq`; an entry the stream no longer holds counts as removed.
-    async fn delete_entry(&self, seq: u64) -> Result<(), String> {
-        let work = async {
-            let stream = self
-                .ctx
-                .js
-                .get_stream_no_info(self.ctx.names.inbox_stream())
-                .await
-                .map_err(|e| crate::kv::broker_words(&e))?;
-            match stream.delete_message(seq).await {
-                Ok(_) => Ok(()),
-                Err(e) => {
-                    let words = crate::kv::broker_words(&e);
-                    if words.to_lowercase().contains("no message found") {
-                        Ok(())
-                    } else {
-                        Err(words)
-                    }
-                }
-            }
-        };
-        match tokio::time::timeout(HANDOFF_BOUND, work).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("no answer within {} ms", HANDOFF_BOUND.as_millis())),
-        }
-    }
-
     async fn remove_member_row(
         &self,
         channel: &str,
@@ -273,5 +248,31 @@ impl Reader {
                 .map_err(|e| e.to_string()),
             MemberRead::Garbled(_) => Err("the row does not parse".into()),
         }
+    }
+}
+
+/// Deletes `INBOX_<s>` entry `seq`; an entry the stream no longer holds counts as removed.
+pub async fn delete_inbox_entry(ctx: &PlaneCtx, seq: u64) -> Result<(), String> {
+    let work = async {
+        let stream = ctx
+            .js
+            .get_stream_no_info(ctx.names.inbox_stream())
+            .await
+            .map_err(|e| crate::kv::broker_words(&e))?;
+        match stream.delete_message(seq).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let words = crate::kv::broker_words(&e);
+                if words.to_lowercase().contains("no message found") {
+                    Ok(())
+                } else {
+                    Err(words)
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(HANDOFF_BOUND, work).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {} ms", HANDOFF_BOUND.as_millis())),
     }
 }

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use crate::journal::epoch_ms;
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::membership::{
-    chat_frontier, MemberRead, Members, MembershipRecord, STATE_DURABLE_ACTIVE,
-    STATE_LIVE_CONFIRMED,
+    chat_frontier, progress, prune_prior, MemberRead, Members, MembershipRecord,
+    MAX_PRIOR_INTERVALS, STATE_DURABLE_ACTIVE, STATE_LIVE_CONFIRMED,
 };
 use crate::plane::{PlaneCtx, NOT_SERVING, STOPPED_SERVING};
 use crate::wire::{validate_channel, LifecycleUid, Principal};
@@ -142,13 +142,13 @@ async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resul
     let uid = lifecycle_arg("durableJoin", &acls, caller, args).await?;
     check_acl(&acls, caller, &uid, &channel).await?;
 
-    let (previous_generation, expected) = match members
+    let (previous, expected) = match members
         .read(&channel, caller, &uid)
         .await
         .map_err(|e| format!("durableJoin: could not read the member row: {e}"))?
     {
-        MemberRead::Present(rec, revision) => (rec.generation, revision),
-        MemberRead::Absent { marker_revision } => (0, marker_revision),
+        MemberRead::Present(rec, revision) => (Some(rec), revision),
+        MemberRead::Absent { marker_revision } => (None, marker_revision),
         MemberRead::Garbled(e) => {
             return Err(format!("durableJoin: the member row does not parse ({e})"))
         }
@@ -157,6 +157,13 @@ async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resul
     let join_cursor = chat_frontier(ctx)
         .await
         .map_err(|e| format!("durableJoin: could not read the CHAT frontier: {e}"))?;
+    // A rejoin keeps the interval it closes (and earlier ones still needed), so posts of it the
+    // writer or reader has not judged yet are judged by it, not by the new interval.
+    let mut prior = previous
+        .as_ref()
+        .map(|r| r.closed_for_rejoin(join_cursor))
+        .unwrap_or_default();
+    prune_and_say(ctx, caller, &channel, &mut prior).await;
     let record = MembershipRecord {
         channel: channel.clone(),
         owner: caller.dot_form(),
@@ -165,9 +172,10 @@ async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resul
         join_cursor,
         activated: Some(true),
         leave_cursor: None,
-        generation: next_generation(previous_generation)?,
+        generation: next_generation(previous.as_ref().map_or(0, |r| r.generation))?,
         writer_identity: ctx.me.dot_form(),
         updated_at: epoch_ms(),
+        prior_intervals: prior,
     };
     // Re-check just before the write: a narrowing that raced the first check wins.
     check_acl(&acls, caller, &uid, &channel).await?;
@@ -187,20 +195,105 @@ async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resul
     }
     // Posts captured between the cursor read and the row write may have been routed without
     // this row: copy them now. A failure leaves the row standing and says so.
-    if let Err(e) =
-        crate::plane::catchup::activate(ctx, &channel, caller, &uid, record.generation, join_cursor)
-            .await
+    let copies = match crate::plane::catchup::activate(
+        ctx,
+        &channel,
+        caller,
+        &uid,
+        record.generation,
+        join_cursor,
+    )
+    .await
     {
-        ctx.journal.line(format!(
-            "! delivery: activation catch-up of {caller} on \"{channel}\" failed: {e}"
-        ));
-        return Ok(json!({
-            "durable": false,
-            "reason": format!("activation catch-up failed: {e}"),
-            "generation": record.generation,
-        }));
+        Ok(copies) => copies,
+        Err(e) => {
+            ctx.journal.line(format!(
+                "! delivery: activation catch-up of {caller} on \"{channel}\" failed: {e}"
+            ));
+            if !ctx.gate.still(epoch) {
+                undo_join(
+                    ctx,
+                    &members,
+                    caller,
+                    &uid,
+                    &record,
+                    revision,
+                    previous,
+                    &[],
+                )
+                .await;
+                return Err(STOPPED_SERVING.to_string());
+            }
+            return Ok(json!({
+                "durable": false,
+                "reason": format!("activation catch-up failed: {e}"),
+                "generation": record.generation,
+            }));
+        }
+    };
+    // Stopped serving while the join ran: it is refused, so it must leave nothing behind.
+    if !ctx.gate.still(epoch) {
+        undo_join(
+            ctx, &members, caller, &uid, &record, revision, previous, &copies,
+        )
+        .await;
+        return Err(STOPPED_SERVING.to_string());
     }
     Ok(json!({"durable": true, "generation": record.generation}))
+}
+
+/// Prunes the kept closed intervals both the writer and the reader have passed; an interval
+/// dropped by the cap instead is said in the log (its late posts would be judged by the new row).
+async fn prune_and_say(
+    ctx: &PlaneCtx,
+    caller: &Principal,
+    channel: &str,
+    prior: &mut Vec<crate::plane::membership::PriorInterval>,
+) {
+    if prior.is_empty() {
+        return;
+    }
+    let dropped = prune_prior(prior, progress(ctx).await);
+    if dropped > 0 {
+        ctx.journal.line(format!(
+            "! delivery: {caller} on \"{channel}\" has more than {MAX_PRIOR_INTERVALS} closed membership intervals the fan-out writer or reader has not passed; the {dropped} oldest are no longer kept"
+        ));
+    }
+}
+
+/// Takes back a join refused after its row was written: the catch-up copies are deleted from
+/// `INBOX_<s>`, then the row is restored to what it was (or removed), by compare-and-set at the
+/// revision this join wrote, so a row another writer changed since is left alone. It runs while
+/// not serving because it only undoes this request's own writes. A failure is said in the log.
+#[allow(clippy::too_many_arguments)]
+async fn undo_join(
+    ctx: &PlaneCtx,
+    members: &Members,
+    caller: &Principal,
+    uid: &LifecycleUid,
+    record: &MembershipRecord,
+    revision: u64,
+    previous: Option<MembershipRecord>,
+    copies: &[u64],
+) {
+    let channel = &record.channel;
+    for seq in copies {
+        if let Err(e) = crate::plane::reader::delete_inbox_entry(ctx, *seq).await {
+            ctx.journal.line(format!(
+                "! delivery: a refused durableJoin of {caller} to \"{channel}\" could not delete its catch-up copy (INBOX sequence {seq}): {e}"
+            ));
+        }
+    }
+    let restored = match previous {
+        Some(previous) => members.write(caller, uid, &previous, revision).await,
+        None => members.remove(channel, caller, uid, revision).await,
+    };
+    if let Err(e) = restored {
+        ctx.journal.line(format!(
+            "! delivery: a refused durableJoin of {caller} to \"{channel}\" could not take back its member row (generation {}): {e}",
+            record.generation
+        ));
+    }
 }
 
 async fn durable_leave(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Result<Value, String> {
@@ -242,6 +335,7 @@ async fn durable_leave(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resu
         .await
         .map_err(|e| format!("durableLeave: could not read the CHAT frontier: {e}"))?;
     record.leave_cursor = Some(leave_cursor.max(record.join_cursor));
+    prune_and_say(ctx, caller, &channel, &mut record.prior_intervals).await;
     record.state = STATE_LIVE_CONFIRMED.to_string();
     record.writer_identity = ctx.me.dot_form();
     record.updated_at = epoch_ms();

@@ -184,3 +184,47 @@ pub async fn alice_and_bob(
 pub fn space(mesh: &Mesh) -> Space {
     mesh.space().clone()
 }
+
+/// Every message `stream` holds on exactly `subject`, as JSON, read back on the test side with
+/// an ephemeral AckNone consumer (bounded per message).
+pub async fn stored_on(insp: &Inspector, stream: &str, subject: &str) -> Vec<serde_json::Value> {
+    use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy};
+    use futures::StreamExt;
+    let expected = count_on(insp, stream, subject).await as usize;
+    if expected == 0 {
+        return Vec::new();
+    }
+    let s = insp.js.get_stream_no_info(stream).await.expect("stream");
+    let reader = s
+        .create_consumer(pull::Config {
+            filter_subject: subject.to_string(),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::None,
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .expect("test-side consumer");
+    let mut messages = reader.messages().await.expect("pull");
+    let mut out = Vec::with_capacity(expected);
+    for _ in 0..expected {
+        let m = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .expect("every stored message is read back")
+            .expect("stream open")
+            .expect("message");
+        out.push(serde_json::from_slice(&m.payload).expect("JSON"));
+    }
+    out
+}
+
+/// Waits (bounded) until the fan-out writer and the trusted reader have nothing pending or
+/// unacknowledged, as the broker sees their durables.
+pub async fn drained(insp: &Inspector, bound: Duration) {
+    eventually("the fan-out writer and reader drained", bound, || async {
+        let f = consumer(insp, &insp.names.chat_stream(), "fanout").await;
+        let r = consumer(insp, &insp.names.inbox_stream(), "reader").await;
+        f.num_pending == 0 && f.num_ack_pending == 0 && r.num_pending == 0 && r.num_ack_pending == 0
+    })
+    .await;
+}
