@@ -3,8 +3,18 @@
 //! written, so a post captured in between may be routed by the fan-out writer before the row is
 //! visible; the join's activation catch-up must copy it. Alice posts a continuous burst while
 //! bob joins and leaves repeatedly; every post inside each of bob's intervals must be in his
-//! backstop, and none outside them, checked on the broker against the cursors the daemon
-//! recorded. The burst is paced to stay inside CHAT's per-subject retention.
+//! backstop, and none outside them, checked per interval on the broker against the cursors the
+//! daemon recorded. Each cursor is bounded by sequences the client saw: a marker post acked just
+//! before the request sits at or below it, one posted just after the reply above it. The races
+//! are forced and proved: posts are captured while each join runs (between the marker before
+//! and the marker after), and bob rejoins without waiting for the fan-out writer, which is seen
+//! on the broker still behind the previous leave cursor when a rejoin is answered (the closed
+//! interval the row keeps must carry those posts). The burst is paced to stay inside CHAT's
+//! per-subject retention.
+//!
+//! Not forced: the fan-out writer routing a post between the join's cursor read and its row
+//! write (the activation catch-up's case); with the catch-up disabled this test still passes,
+//! because the writer lags the burst and reads the row after it is written.
 
 mod data_path_support;
 
@@ -24,6 +34,8 @@ const MAX_POSTS: usize = 20_000;
 /// How far the burst may run ahead of the fan-out writer.
 const MAX_LAG: u64 = 300;
 
+/// Mutations seen failing this test: `MembershipRecord::closed_for_rejoin` dropping the closed
+/// interval ("interval 1 (15, 53]: missing [24, …, 53]").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_post_above_the_join_cursor_reaches_a_member_who_joined_during_a_burst() {
     let mesh = mesh().await;
@@ -56,37 +68,69 @@ async fn every_post_above_the_join_cursor_reaches_a_member_who_joined_during_a_b
     let cycles = async {
         // (generation, join cursor, leave cursor)
         let mut intervals = Vec::new();
-        for _ in 0..CYCLES {
+        // Marker posts of the cycles themselves, owed like any other post.
+        let mut markers = Vec::new();
+        let (mut captured_during_joins, mut lagging_rejoins) = (0u64, 0usize);
+        let mut previous_leave: Option<u64> = None;
+        let marker = |label: String| {
+            let alice = &alice;
+            async move {
+                let m = alice.message("general", &label, None);
+                alice.post("general", &m).await.unwrap()
+            }
+        };
+        for cycle in 0..CYCLES {
+            let before_join = marker(format!("before-join-{cycle}")).await;
             let joined = bob.durable_join("general").await.unwrap();
+            let after_join = marker(format!("after-join-{cycle}")).await;
             let Backstop::Durable { generation } = joined.backstop else {
                 panic!("joined live only: {:?}", joined.backstop);
             };
+            if let Some(leave) = previous_leave {
+                let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+                if f.ack_floor.stream_sequence < leave {
+                    lagging_rejoins += 1;
+                }
+            }
             let row = member_row(&insp, "general", &bob_m.principal, &bob_m.lifecycle_uid)
                 .await
                 .expect("member row");
             let join_cursor = row["joinCursor"].as_u64().expect("joinCursor");
+            assert!(
+                before_join <= join_cursor && join_cursor < after_join,
+                "join cursor {join_cursor} outside the sequences the client saw ({before_join}, {after_join})"
+            );
+            captured_during_joins += after_join - before_join - 1;
+            let before_leave = marker(format!("before-leave-{cycle}")).await;
             bob.durable_leave("general", generation).await.unwrap();
+            let after_leave = marker(format!("after-leave-{cycle}")).await;
             let row = member_row(&insp, "general", &bob_m.principal, &bob_m.lifecycle_uid)
                 .await
                 .expect("tombstone");
             let leave_cursor = row["leaveCursor"].as_u64().expect("leaveCursor");
+            assert!(
+                before_leave <= leave_cursor && leave_cursor < after_leave,
+                "leave cursor {leave_cursor} outside the sequences the client saw ({before_leave}, {after_leave})"
+            );
+            markers.extend([before_join, after_join, before_leave, after_leave]);
             intervals.push((generation, join_cursor, leave_cursor));
-            // The next join rewrites the row; let the fan-out writer pass this interval first
-            // (a rejoin takes a new cursor; the old interval is not re-read afterwards).
-            eventually(
-                "the fan-out writer acked the interval",
-                SURFACE_BOUND,
-                || async {
-                    let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
-                    f.ack_floor.stream_sequence >= leave_cursor
-                },
-            )
-            .await;
+            // No wait for the fan-out writer: the next join rewrites the row at once.
+            previous_leave = Some(leave_cursor);
         }
         cycling.store(false, std::sync::atomic::Ordering::SeqCst);
-        intervals
+        (intervals, markers, captured_during_joins, lagging_rejoins)
     };
-    let (posts, intervals) = tokio::join!(burst, cycles);
+    let (mut posts, (intervals, markers, captured_during_joins, lagging_rejoins)) =
+        tokio::join!(burst, cycles);
+    posts.extend(markers);
+    assert!(
+        captured_during_joins > 0,
+        "no post was captured while a join ran: the join race was not exercised"
+    );
+    assert!(
+        lagging_rejoins > 0,
+        "no rejoin was answered while the writer was behind the previous leave cursor"
+    );
 
     // Which posts each interval owes bob.
     let mut owed = BTreeSet::new();
@@ -138,18 +182,29 @@ async fn every_post_above_the_join_cursor_reaches_a_member_who_joined_during_a_b
             entry["seq"].as_u64().unwrap(),
         ));
     }
-    let missing: Vec<_> = owed.difference(&held).collect();
-    assert!(
-        missing.is_empty(),
-        "posts inside bob's intervals without a copy (generation, seq): {missing:?}; intervals {intervals:?}"
-    );
+    // Interval by interval: every owed post held under that interval's generation, none else.
+    for (generation, join, leave) in &intervals {
+        let of = |set: &BTreeSet<(u64, u64)>| -> BTreeSet<u64> {
+            set.iter()
+                .filter(|(g, _)| g == generation)
+                .map(|(_, s)| *s)
+                .collect()
+        };
+        let (want, got) = (of(&owed), of(&held));
+        let missing: Vec<_> = want.difference(&got).collect();
+        let strays: Vec<_> = got.difference(&want).collect();
+        assert!(
+            missing.is_empty() && strays.is_empty(),
+            "interval {generation} ({join}, {leave}]: missing {missing:?}, outside it {strays:?}"
+        );
+    }
     let strays: Vec<_> = held.difference(&owed).collect();
     assert!(
         strays.is_empty(),
-        "copies outside bob's intervals: {strays:?}"
+        "copies under no interval of bob's: {strays:?}"
     );
     eprintln!(
-        "{} posts, {} intervals, {} copies owed and held",
+        "{} posts, {} intervals, {} copies owed and held; {captured_during_joins} posts captured while a join ran; {lagging_rejoins} rejoins answered with the writer behind the previous leave cursor",
         posts.len(),
         intervals.len(),
         owed.len()
