@@ -33,3 +33,5 @@ pub mod journal;
 pub mod kv;
 pub mod store;
 pub mod wire;
+
+pub use space::{start_delivery_service, DeliveryService, HostedContextInputs};

@@ -122,6 +122,8 @@ pub struct SpaceConfig {
     /// Called once the claim won, before anything is bound: a process host records itself
     /// here (its pid record), so the record exists before the daemon reports itself up.
     pub on_lease_won: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// The resident connection's name as the broker shows it.
+    pub connection_name: String,
 }
 
 impl SpaceConfig {
@@ -132,10 +134,8 @@ impl SpaceConfig {
         credential: Credential,
         store: Arc<dyn SecretStore>,
     ) -> SpaceConfig {
-        let sweeps_bound_to = store
-            .identity()
-            .map(|i| i.to_string())
-            .unwrap_or_else(|_| "the injected store".into());
+        // The host names the place (reading a store's identity may create it).
+        let sweeps_bound_to = "the injected store".to_string();
         SpaceConfig {
             space,
             server: server.into(),
@@ -151,6 +151,7 @@ impl SpaceConfig {
             redial_wait: RELEASE_REDIAL_BOUND,
             journal: Journal::stderr_only(),
             on_lease_won: None,
+            connection_name: "cotal:delivery".into(),
         }
     }
 }
@@ -307,7 +308,8 @@ impl SpaceDaemon {
         // Reachability: the first dial of the resident connection.
         let spec = DialSpec::new(cfg.server.clone())
             .tls(cfg.tls, cfg.tls_ca.clone())
-            .ping_interval(cfg.ping_interval);
+            .ping_interval(cfg.ping_interval)
+            .name(cfg.connection_name.clone());
         let dialed = tokio::select! {
             r = conn::dial(&spec, CredentialCell::new(cfg.credential.clone())) => r,
             by = stops.stopped() => return Err(stopped_line(by)),

@@ -281,6 +281,13 @@ impl Keeper {
         if self.lease.revision().is_none() {
             return Ok(Released::NotHeld);
         }
+        if self.is_down() {
+            self.journal.line(format!(
+                "! delivery: the broker connection is down at the release of shard {SHARD}; waiting up to {} ms from the drop for it to come back (space {})",
+                self.redial_wait.as_millis(),
+                self.space
+            ));
+        }
         self.wait_redial().await?;
         let attempt_at = tokio::time::Instant::now();
         match self.lease.release().await {
@@ -292,6 +299,11 @@ impl Keeper {
                 if !dropped_in_flight && !self.is_down() {
                     return Err(e);
                 }
+                self.journal.line(format!(
+                    "! delivery: the broker connection dropped while the release of shard {SHARD} was in flight ({e}); waiting up to {} ms from the drop to repeat it once (space {})",
+                    self.redial_wait.as_millis(),
+                    self.space
+                ));
                 self.wait_redial().await?;
                 self.lease.release().await
             }

@@ -17,9 +17,11 @@ pub mod lease;
 pub(crate) mod lease_watch;
 pub mod process;
 pub mod renew;
+pub mod service;
 pub mod serving;
 pub mod signal;
 pub mod timer;
 
 pub use daemon::{CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
 pub use process::{DeliverConfig, Ended};
+pub use service::{start_delivery_service, DeliveryService, HostedContextInputs};
