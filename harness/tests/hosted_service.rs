@@ -257,8 +257,9 @@ async fn credential_expiry_closes_one_service_with_the_expiry_reason_and_not_the
 /// `close()` while the connection is cut: the release waits for the redial (counted from the
 /// drop, within the window), the proxy heals inside it, the release goes out on the
 /// reconnected connection and is confirmed: `Closed::Stopped` with `Released::Released`, and
-/// no row at the broker. Mutation seen caught: skipping `wait_redial` in `Keeper::release`
-/// makes the release fail at once (`Unconfirmed`) and leaves the row.
+/// no row at the broker. Mutation seen caught: `Keeper::wait_redial` giving up at once while
+/// the connection is down (no wait for the redial) makes `close()` reject as `Unconfirmed`
+/// and leaves the row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_while_cut_and_healed_within_the_window_repeats_the_release_and_confirms_it() {
     let mesh = two_space_mesh().await;
@@ -362,9 +363,9 @@ async fn close_after_an_operator_rewrote_the_row_rejects_naming_the_holder() {
 
 /// The three local refusals (no declared identity, another identity, a credential of another
 /// account) refuse by kind, naming the mismatch, before anything is dialed: no lease row,
-/// and this process is alive. Mutation seen caught: removing the account comparison lets the
-/// third start dial and claim alpha's lease with beta's credential refused at the broker
-/// instead (the kind is no longer `Account`).
+/// and this process is alive. Mutation seen caught: disabling the account comparison lets the
+/// third start dial with beta's credential, and it is refused later, at `$SYS` admission,
+/// with kind `Admission` instead of `Account`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_start_refusals_name_the_mismatch_and_claim_nothing() {
     let mesh = two_space_mesh().await;
@@ -430,8 +431,8 @@ async fn local_start_refusals_name_the_mismatch_and_claim_nothing() {
 
 /// A start refused after its claim won (the `INBOX_` stream is gone, so the reader cannot bind)
 /// releases the row before it returns, so an immediate retry, once the stream is back, claims.
-/// Mutation seen caught: returning the arm failure without `keeper.leave` leaves the claim
-/// and the retry is refused with `LeaseHeld`.
+/// Mutation seen caught: returning the arm failure without `keeper.leave` (the keeper
+/// forgotten) leaves the claim at the broker and the "released" assertion fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_refused_after_its_claim_releases_the_row_so_a_retry_claims() {
     let mesh = two_space_mesh().await;
@@ -515,8 +516,8 @@ impl SecretStore for SlowStore {
 /// Startup failure: the broker goes away while the `$SYS` store read is in flight; the start
 /// rejects (by the watchdog's kind) only when the read returns, claims nothing, and closes the
 /// connection it had opened so it never comes back after the proxy heals. Mutation seen
-/// caught: without the verdict check after the read, the start goes on to claim and is refused
-/// for another reason (`LeaseRefused`), not `BrokerGone`.
+/// caught: without the verdict check after the read, the start goes on over the dead
+/// connection and is refused for another reason (not `BrokerGone`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_health_fault_during_the_store_read_rejects_the_start_when_the_read_returns() {
     let mesh = two_space_mesh().await;
