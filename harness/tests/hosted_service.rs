@@ -110,6 +110,25 @@ fn inputs(
     i
 }
 
+/// The inputs of a correctly assigned service: its own store (`mem:<space>`), declaring the
+/// identity it was assigned.
+fn assigned(
+    mesh: &Mesh,
+    space: &Space,
+    server: &str,
+    state: &tempfile::TempDir,
+) -> HostedContextInputs {
+    let coordinate = format!("mem:{space}");
+    inputs(
+        mesh,
+        space,
+        server,
+        store_for(mesh, space, &coordinate, None),
+        &coordinate,
+        state,
+    )
+}
+
 async fn start(i: HostedContextInputs) -> DeliveryService {
     tokio::time::timeout(BOUND, start_delivery_service(i))
         .await
@@ -170,24 +189,8 @@ async fn a_blackholed_service_closes_on_its_watchdog_while_the_other_keeps_servi
     );
     let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
     let state = tempfile::tempdir().expect("state");
-    let alpha = start(inputs(
-        &mesh,
-        &a,
-        &proxy.url(),
-        store_for(&mesh, &a, "mem:alpha", None),
-        "mem:alpha",
-        &state,
-    ))
-    .await;
-    let beta = start(inputs(
-        &mesh,
-        &b,
-        &mesh.url(),
-        store_for(&mesh, &b, "mem:beta", None),
-        "mem:beta",
-        &state,
-    ))
-    .await;
+    let alpha = start(assigned(&mesh, &a, &proxy.url(), &state)).await;
+    let beta = start(assigned(&mesh, &b, &mesh.url(), &state)).await;
     serves(&mesh, &ib, &b, "before").await;
 
     proxy.blackhole();
@@ -227,15 +230,7 @@ async fn credential_expiry_closes_one_service_with_the_expiry_reason_and_not_the
             MintOptions::new().expires_in(Duration::from_secs(4)),
         )
         .expect("short credential");
-    let alpha = start(inputs(
-        &mesh,
-        &a,
-        &mesh.url(),
-        store_for(&mesh, &a, "mem:alpha", None),
-        "mem:alpha",
-        &state,
-    ))
-    .await;
+    let alpha = start(assigned(&mesh, &a, &mesh.url(), &state)).await;
     let beta = start(inputs(
         &mesh,
         &b,
@@ -267,14 +262,7 @@ async fn close_while_cut_and_healed_within_the_window_repeats_the_release_and_co
     let ia = mesh.inspector(&a).await.expect("insp");
     let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
     let state = tempfile::tempdir().expect("state");
-    let mut i = inputs(
-        &mesh,
-        &a,
-        &proxy.url(),
-        store_for(&mesh, &a, "mem:alpha", None),
-        "mem:alpha",
-        &state,
-    );
+    let mut i = assigned(&mesh, &a, &proxy.url(), &state);
     // A window long enough to heal inside it.
     i.health = HealthConfig::new(8_000, 16_000).expect("health");
     let alpha = start(i).await;
@@ -325,15 +313,7 @@ async fn close_after_an_operator_rewrote_the_row_rejects_naming_the_holder() {
     let a = space("alpha");
     let ia = mesh.inspector(&a).await.expect("insp");
     let state = tempfile::tempdir().expect("state");
-    let alpha = start(inputs(
-        &mesh,
-        &a,
-        &mesh.url(),
-        store_for(&mesh, &a, "mem:alpha", None),
-        "mem:alpha",
-        &state,
-    ))
-    .await;
+    let alpha = start(assigned(&mesh, &a, &mesh.url(), &state)).await;
     let rival = LeaseInfo {
         holder: "local.UOPERATORREWROTE".into(),
         since: 1,
@@ -417,15 +397,7 @@ async fn local_start_refusals_name_the_mismatch_and_claim_nothing() {
 
     assert!(lease(&ia).await.is_none(), "nothing claimed");
     // The space is still startable by a correct service: the refusals left nothing behind.
-    let alpha = start(inputs(
-        &mesh,
-        &a,
-        &mesh.url(),
-        store_for(&mesh, &a, "mem:alpha", None),
-        "mem:alpha",
-        &state,
-    ))
-    .await;
+    let alpha = start(assigned(&mesh, &a, &mesh.url(), &state)).await;
     alpha.close().await.expect("clean close");
 }
 
@@ -443,17 +415,10 @@ async fn a_start_refused_after_its_claim_releases_the_row_so_a_retry_claims() {
         .delete_stream(ia.names.inbox_stream())
         .await
         .expect("delete INBOX stream");
-    let e = start_delivery_service(inputs(
-        &mesh,
-        &a,
-        &mesh.url(),
-        store_for(&mesh, &a, "mem:alpha", None),
-        "mem:alpha",
-        &state,
-    ))
-    .await
-    .err()
-    .expect("refused after the claim");
+    let e = start_delivery_service(assigned(&mesh, &a, &mesh.url(), &state))
+        .await
+        .err()
+        .expect("refused after the claim");
     assert_eq!(e.kind(), StartErrorKind::Fault);
     assert!(lease(&ia).await.is_none(), "the won claim was released");
     provision::provision_space(
@@ -465,15 +430,7 @@ async fn a_start_refused_after_its_claim_releases_the_row_so_a_retry_claims() {
     )
     .await
     .expect("re-provision");
-    let alpha = start(inputs(
-        &mesh,
-        &a,
-        &mesh.url(),
-        store_for(&mesh, &a, "mem:alpha", None),
-        "mem:alpha",
-        &state,
-    ))
-    .await;
+    let alpha = start(assigned(&mesh, &a, &mesh.url(), &state)).await;
     assert!(lease(&ia).await.expect("claimed").ready);
     alpha.close().await.expect("clean close");
 }

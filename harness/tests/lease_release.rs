@@ -11,19 +11,13 @@ use cotal_delivery::space::admission::{evictor_key, observer_key};
 use cotal_delivery::store::{delivery_creds_key, FsStore, SecretStore};
 use cotal_delivery::wire::SpaceNames;
 use delivery_harness::daemon::{Daemon, DaemonSpec};
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::mesh::Inspector;
 use futures::TryStreamExt;
 
-const BOUND: Duration = Duration::from_secs(20);
+mod data_path_support;
+use data_path_support::mesh;
 
-async fn mesh() -> Mesh {
-    Mesh::builder()
-        .space("demo")
-        .expect("space")
-        .start()
-        .await
-        .expect("mesh")
-}
+const BOUND: Duration = Duration::from_secs(20);
 
 /// The name of the daemon's lease watch consumer, once it is bound (start-up complete).
 async fn lease_watch_consumer(insp: &Inspector) -> String {
