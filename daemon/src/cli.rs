@@ -72,6 +72,23 @@ impl Exit {
         }
     }
 
+    /// The way a `deliver --spaces` host ended, as its exit code.
+    pub fn of_host(ended: &crate::host::HostEnded) -> Exit {
+        use crate::host::{HostEnded, HostErrorKind};
+        match ended {
+            HostEnded::Refused(e) => match e.kind() {
+                HostErrorKind::Root | HostErrorKind::Manifest => Exit::Config,
+                HostErrorKind::Fault => Exit::Fault,
+            },
+            HostEnded::Stopped {
+                closed_all: true, ..
+            } => Exit::Signalled,
+            HostEnded::Stopped {
+                closed_all: false, ..
+            } => Exit::Fault,
+        }
+    }
+
     /// The way a `deliver` process ended, as its exit code.
     pub fn of_ended(ended: &Ended) -> Exit {
         match ended {
@@ -97,7 +114,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the delivery daemon for one space (auth mode only; one shard).
+    /// Run the delivery daemon for one space (auth mode only; one shard), or with --spaces one
+    /// host process serving every space its manifest names, one lane per space.
     #[command(after_help = DELIVER_ENV_HELP)]
     Deliver(DeliverArgs),
     /// Report whether the space's pid record names a live delivery daemon.
@@ -153,6 +171,8 @@ const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps th
   COTAL_DELIVERY_ACK_WAIT_MS              ack wait of the fanout/reader durables (crash recovery) [5000]
   COTAL_DELIVERY_TIMER_RETRY_MS           first restart backoff of the timer writer, doubling to 300000 [5000]
   COTAL_DELIVERY_TIMER_POLL_MS            how long one timer-writer fetch waits for .schedule requests [1000]
+  COTAL_DELIVERY_STANDBY_RETRY_MS         --spaces: a standby lane's retry of a held lease [5000]
+  COTAL_DELIVERY_LANE_BACKOFF_MAX_MS      --spaces: cap of a refused or closed lane's backoff (from 500) [30000]
   RUST_LOG                                structured diagnostics on stderr (off by default)
 The lease TTL is the max_age of the cotal_delivery_<space> bucket, set at provisioning.
 Exit codes: docs/operations.md.";
@@ -160,8 +180,16 @@ Exit codes: docs/operations.md.";
 #[derive(Debug, clap::Args)]
 pub struct DeliverArgs {
     /// The space to serve (1-64 characters of [A-Za-z0-9_-]).
-    #[arg(long, value_name = "SPACE")]
-    pub space: String,
+    #[arg(long, value_name = "SPACE", required_unless_present = "spaces")]
+    pub space: Option<String>,
+    /// Serve every space named by the host manifest <root>/.cotal/delivery-host.json
+    /// ({"version": 1, "spaces": [...]}), one lane per space, each on its own credential,
+    /// connections and lease. A malformed manifest refuses the whole start; a lane whose
+    /// credential is refused, or whose lease another host holds (standby), is retried on its
+    /// own. The host records itself in <root>/.cotal/delivery-host.pid (lanes write none).
+    /// Requires --root. See docs/host.md.
+    #[arg(long, conflicts_with_all = ["space", "creds", "store"], requires = "root")]
+    pub spaces: bool,
     /// Broker URL to dial (nats:// or tls://).
     #[arg(long, value_name = "URL", default_value = deliver::process::DEFAULT_SERVER)]
     pub server: String,
@@ -191,8 +219,12 @@ pub struct DeliverArgs {
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     /// The space whose daemon to look for.
-    #[arg(long, value_name = "SPACE")]
-    pub space: String,
+    #[arg(long, value_name = "SPACE", required_unless_present = "spaces")]
+    pub space: Option<String>,
+    /// Look for the multi-space host (deliver --spaces) of the root instead: its record
+    /// <root>/.cotal/delivery-host.pid.
+    #[arg(long, conflicts_with = "space")]
+    pub spaces: bool,
     /// Workspace root (default: nearest .cotal/ above the working directory).
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
@@ -225,7 +257,10 @@ fn current_dir() -> PathBuf {
 }
 
 fn run_deliver(args: DeliverArgs) -> i32 {
-    let space = match Space::parse(&args.space) {
+    if args.spaces {
+        return run_host(args);
+    }
+    let space = match Space::parse(args.space.as_deref().unwrap_or_default()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("✗ delivery: --space: {e}");
@@ -253,8 +288,41 @@ fn run_deliver(args: DeliverArgs) -> i32 {
     }
 }
 
+/// `deliver --spaces`: the multi-space host. A refused start is a config exit; a signalled
+/// host exits 0 once every lane closed.
+fn run_host(args: DeliverArgs) -> i32 {
+    let cfg = crate::host::HostConfig {
+        root: args.root.unwrap_or_else(|| PathBuf::from(".")),
+        cwd: current_dir(),
+        lanes: crate::host::lane::LaneInputs {
+            root: PathBuf::new(),
+            server: args.server,
+            tls: args.tls,
+            tls_ca: args.tls_ca,
+            ping_interval: crate::env::env_ms(
+                "COTAL_DELIVERY_PING_INTERVAL_MS",
+                std::time::Duration::from_millis(crate::conn::DEFAULT_PING_INTERVAL_MS),
+            ),
+            plane: crate::plane::PlaneConfig::from_env(),
+            health: crate::space::health::HealthConfig::from_env(),
+            timing: crate::host::lane::LaneTiming::from_env(),
+        },
+    };
+    match runtime("delivery host") {
+        Ok(rt) => {
+            let ended = rt.block_on(crate::host::run(cfg));
+            rt.shutdown_background();
+            Exit::of_host(&ended).code()
+        }
+        Err(code) => code,
+    }
+}
+
 fn run_status(args: StatusArgs) -> i32 {
-    let space = match Space::parse(&args.space) {
+    if args.spaces {
+        return run_host_status(args.root);
+    }
+    let space = match Space::parse(args.space.as_deref().unwrap_or_default()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("status: --space: {e}");
@@ -292,6 +360,47 @@ fn run_status(args: StatusArgs) -> i32 {
         PidLiveness::Absent => {
             println!(
                 "delivery daemon for space {space}: not running (no record at {})",
+                path.display()
+            );
+            1
+        }
+    }
+}
+
+fn run_host_status(root: Option<PathBuf>) -> i32 {
+    let root = match files::resolve_root(root.as_deref(), &current_dir()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{e}");
+            return 3;
+        }
+    };
+    let path = crate::host::host_pid_path(&root);
+    match crate::host::host_liveness(&root) {
+        PidLiveness::Alive(pid) => {
+            println!("delivery host of {}: running (pid {pid})", root.display());
+            0
+        }
+        PidLiveness::Unverified(pid) => {
+            println!("delivery host of {}: running (pid {pid}; its command line could not be read, trusted)", root.display());
+            0
+        }
+        PidLiveness::Stale(pid) => {
+            println!("delivery host of {}: stale record ({} names pid {pid}, which is not a running delivery host)", root.display(), path.display());
+            1
+        }
+        PidLiveness::Unreadable => {
+            println!(
+                "delivery host of {}: unreadable record at {}",
+                root.display(),
+                path.display()
+            );
+            1
+        }
+        PidLiveness::Absent => {
+            println!(
+                "delivery host of {}: not running (no record at {})",
+                root.display(),
                 path.display()
             );
             1

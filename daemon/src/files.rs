@@ -216,6 +216,12 @@ pub enum PidLiveness {
 
 /// Reads and verifies the record at `path`.
 pub fn pid_liveness(path: &Path) -> PidLiveness {
+    pid_liveness_of(path, argv_names_delivery_daemon)
+}
+
+/// Reads and verifies the record at `path`, trusting a live pid only when `names_it` accepts
+/// its command line (a record of another kind of process, such as the multi-space host's).
+pub fn pid_liveness_of(path: &Path, names_it: fn(&[String]) -> bool) -> PidLiveness {
     if !path.exists() {
         return PidLiveness::Absent;
     }
@@ -232,7 +238,7 @@ pub fn pid_liveness(path: &Path) -> PidLiveness {
                 .filter(|a| !a.is_empty())
                 .map(|a| String::from_utf8_lossy(a).into_owned())
                 .collect();
-            if argv_names_delivery_daemon(&argv) {
+            if names_it(&argv) {
                 PidLiveness::Alive(pid)
             } else {
                 PidLiveness::Stale(pid)

@@ -13,6 +13,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 #[derive(Clone, Default)]
 pub struct Journal {
     file: Arc<Mutex<Option<File>>>,
+    /// Put before each stderr line (a multi-space host names the lane); the file gets the
+    /// line as it is, since the file is already the space's own.
+    prefix: Option<Arc<str>>,
+    /// While `Some`, lines are kept here instead of written (see [`Journal::held`]).
+    held: Option<Arc<Mutex<Option<Vec<String>>>>>,
 }
 
 impl Journal {
@@ -28,12 +33,68 @@ impl Journal {
         }
     }
 
+    /// The same log, each stderr line preceded by `prefix` (the file line is unchanged).
+    pub fn prefixed(&self, prefix: impl Into<String>) -> Journal {
+        Journal {
+            file: self.file.clone(),
+            prefix: Some(Arc::from(prefix.into())),
+            held: None,
+        }
+    }
+
+    /// The same log, holding its lines until [`Journal::release`] writes them (and every later
+    /// line) or [`Journal::discard`] drops them. Why: a host retrying a start every few seconds
+    /// writes an attempt's lines only when its outcome differs from the previous attempt's, so
+    /// a standby reports a held lease once, not once per retry.
+    pub fn held(&self) -> Journal {
+        Journal {
+            file: self.file.clone(),
+            prefix: self.prefix.clone(),
+            held: Some(Arc::new(Mutex::new(Some(Vec::new())))),
+        }
+    }
+
+    /// Writes the held lines, and from now on writes through.
+    pub fn release(&self) {
+        let lines = self
+            .held
+            .as_ref()
+            .and_then(|h| h.lock().ok().and_then(|mut slot| slot.take()));
+        for line in lines.unwrap_or_default() {
+            self.write(&line);
+        }
+    }
+
+    /// Drops the held lines; later lines are still held (until `release`).
+    pub fn discard(&self) {
+        if let Some(Ok(mut slot)) = self.held.as_ref().map(|h| h.lock()) {
+            if let Some(lines) = slot.as_mut() {
+                lines.clear();
+            }
+        }
+    }
+
     /// Writes one line. Failures to write are ignored: the log never takes the daemon down.
     pub fn line(&self, text: impl AsRef<str>) {
         let text = text.as_ref();
+        if let Some(held) = &self.held {
+            if let Ok(mut slot) = held.lock() {
+                if let Some(lines) = slot.as_mut() {
+                    lines.push(text.to_string());
+                    return;
+                }
+            }
+        }
+        self.write(text);
+    }
+
+    fn write(&self, text: &str) {
         {
             let mut err = std::io::stderr().lock();
-            let _ = writeln!(err, "{text}");
+            let _ = match &self.prefix {
+                Some(p) => writeln!(err, "{p}{text}"),
+                None => writeln!(err, "{text}"),
+            };
             let _ = err.flush();
         }
         if let Ok(mut slot) = self.file.lock() {
@@ -104,5 +165,24 @@ mod tests {
         j.line("✓ delivery daemon up (space demo) — stop with: cotal down");
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.ends_with(" ✓ delivery daemon up (space demo) — stop with: cotal down\n"));
+    }
+
+    /// Mutation seen failing: `line` writing through while held (the discarded line appears).
+    #[test]
+    fn held_lines_are_written_only_when_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.log");
+        let j = Journal::stderr_only();
+        j.attach_file(File::create(&path).unwrap());
+        let attempt = j.prefixed("lane demo: ").held();
+        attempt.line("first attempt");
+        attempt.discard();
+        attempt.line("second attempt");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        attempt.release();
+        attempt.line("after release");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().map(|l| l.split_once(' ').unwrap().1).collect();
+        assert_eq!(lines, vec!["second attempt", "after release"]);
     }
 }

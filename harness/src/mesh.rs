@@ -143,6 +143,23 @@ impl Mesh {
         spec
     }
 
+    /// `cotal-delivery deliver --spaces --root <root>` against this broker (with `--tls
+    /// --tls-ca` on a TLS broker): a multi-space host serving `root`'s manifest.
+    pub fn host(&self, root: &Path) -> DaemonSpec {
+        let root = root.display().to_string();
+        let mut spec = DaemonSpec::command(&["deliver", "--spaces", "--root", &root], self.root())
+            .server(&self.url());
+        if let Some(ca) = self.tls_ca() {
+            spec = spec.arg("--tls").arg("--tls-ca").arg(ca);
+        }
+        spec
+    }
+
+    /// The spaces of this mesh.
+    pub fn spaces(&self) -> &[Space] {
+        &self.spaces
+    }
+
     /// Mints a credential of `profile` in `space`'s account.
     pub fn mint(
         &self,

@@ -56,7 +56,7 @@ pub struct AuthorityError {
 }
 
 impl AuthorityError {
-    fn new(kind: AuthorityErrorKind, detail: impl Into<String>) -> AuthorityError {
+    pub(crate) fn new(kind: AuthorityErrorKind, detail: impl Into<String>) -> AuthorityError {
         AuthorityError {
             kind,
             detail: detail.into(),

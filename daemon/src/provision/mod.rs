@@ -5,8 +5,10 @@ pub mod agent;
 pub mod authority;
 pub mod jwt;
 pub mod layout;
+pub mod manifest;
 pub mod profiles;
 pub mod server_conf;
+pub mod standby;
 pub mod streams;
 
 use std::path::Path;

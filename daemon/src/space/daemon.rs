@@ -211,6 +211,8 @@ impl fmt::Display for Closed {
 pub struct StartError {
     kind: StartErrorKind,
     detail: String,
+    /// The live holder of the lease, when a `LeaseHeld` refusal could read its row.
+    holder: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,10 +249,16 @@ impl StartError {
         StartError {
             kind,
             detail: detail.into(),
+            holder: None,
         }
     }
     pub fn kind(&self) -> StartErrorKind {
         self.kind
+    }
+    /// Who holds the lease, for a `LeaseHeld` refusal (read from the row after the claim lost;
+    /// `None` when that read did not answer or the row was gone by then).
+    pub fn holder(&self) -> Option<&str> {
+        self.holder.as_deref()
     }
     fn of_verdict(verdict: Verdict) -> StartError {
         let kind = match verdict {
@@ -410,10 +418,19 @@ impl SpaceDaemon {
         if let Err(e) = lease.claim().await {
             let bucket = names.delivery_bucket();
             let err = match &e {
-                ClaimError::Held { .. } => refuse(
-                    StartErrorKind::LeaseHeld,
-                    format!("delivery: a live lease already exists for shard {SHARD} — another delivery daemon is running. Not binding."),
-                ),
+                ClaimError::Held { .. } => {
+                    // A read only: a standby host names the holder it stands by for.
+                    let holder = match lease.read_own().await {
+                        lease::Reading::Taken { by } => Some(by),
+                        _ => None,
+                    };
+                    let mut err = refuse(
+                        StartErrorKind::LeaseHeld,
+                        format!("delivery: a live lease already exists for shard {SHARD} — another delivery daemon is running. Not binding."),
+                    );
+                    err.holder = holder;
+                    err
+                }
                 ClaimError::Denied { operation, subject } => refuse(
                     StartErrorKind::LeaseDenied,
                     format!("delivery: the lease write for shard {SHARD} was refused ({operation} \"{subject}\") — this credential cannot write {bucket}.{}. Not binding. Use a credential holding the \"delivery\" profile.", crate::wire::LEASE_KEY),

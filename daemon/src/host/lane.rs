@@ -1,0 +1,306 @@
+//! A lane: one space of a multi-space host, as a [`SpaceDaemon`] the host (re)opens.
+//!
+//! Why its own loop: a lane must refuse, stand by, close and reopen without touching any other
+//! lane. Each attempt reads the space's credential from the host's root and checks it on its
+//! own (provisioned here, well-formed, the space's account, not expired) before any dial, so a
+//! lane that cannot be the space's daemon never reaches the lease. A held lease is a standby:
+//! reported once (holder named), retried every [`LaneTiming::standby_retry`]. Any other refusal
+//! or a close is retried with a bounded exponential backoff. An attempt's lines are written
+//! only when its outcome differs from the previous attempt's, so a retry every few seconds does
+//! not repeat the same lines.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::creds::{read_creds_file, CredsErrorKind};
+use crate::files;
+use crate::journal::{epoch_ms, Journal};
+use crate::plane::PlaneConfig;
+use crate::provision::layout::Workspace;
+use crate::space::daemon::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
+use crate::space::health::{HealthConfig, HARD_EXIT_GRACE};
+use crate::space::keeper::RELEASE_REDIAL_BOUND;
+use crate::store::{FsStore, SecretStore};
+use crate::wire::Space;
+
+/// `COTAL_DELIVERY_STANDBY_RETRY_MS`: a standby's retry of a held lease (default 5 s, seeds).
+pub const ENV_STANDBY_RETRY_MS: &str = "COTAL_DELIVERY_STANDBY_RETRY_MS";
+pub const DEFAULT_STANDBY_RETRY: Duration = Duration::from_secs(5);
+/// `COTAL_DELIVERY_LANE_BACKOFF_MAX_MS`: the cap of a refused or closed lane's backoff.
+pub const ENV_LANE_BACKOFF_MAX_MS: &str = "COTAL_DELIVERY_LANE_BACKOFF_MAX_MS";
+pub const DEFAULT_LANE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The first retry of a refused or closed lane; it doubles up to the cap.
+pub const LANE_BACKOFF_MIN: Duration = Duration::from_millis(500);
+
+/// A lane's retry timing.
+#[derive(Debug, Clone, Copy)]
+pub struct LaneTiming {
+    pub standby_retry: Duration,
+    pub backoff_max: Duration,
+}
+
+impl LaneTiming {
+    pub fn from_env() -> LaneTiming {
+        LaneTiming {
+            standby_retry: crate::env::env_ms(ENV_STANDBY_RETRY_MS, DEFAULT_STANDBY_RETRY),
+            backoff_max: crate::env::env_ms(ENV_LANE_BACKOFF_MAX_MS, DEFAULT_LANE_BACKOFF_MAX)
+                .max(LANE_BACKOFF_MIN),
+        }
+    }
+}
+
+/// What every lane of a host shares.
+#[derive(Clone)]
+pub struct LaneInputs {
+    pub root: PathBuf,
+    pub server: String,
+    pub tls: bool,
+    pub tls_ca: Option<PathBuf>,
+    pub ping_interval: Duration,
+    pub plane: PlaneConfig,
+    pub health: HealthConfig,
+    pub timing: LaneTiming,
+}
+
+/// An attempt's outcome, compared with the previous one to decide whether to report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Refusal {
+    kind: StartErrorKind,
+    detail: String,
+    holder: Option<String>,
+}
+
+/// Runs the lane of `space` until `stop` fires (then its daemon releases its own row).
+pub async fn run(space: Space, inputs: Arc<LaneInputs>, mut stop: Stop) {
+    let journal = Journal::stderr_only();
+    match files::open_log(&files::log_path(&inputs.root, &space)) {
+        Ok(Some(f)) => journal.attach_file(f),
+        Ok(None) => {}
+        Err(e) => journal.line(format!("! {e}")),
+    }
+    let journal = journal.prefixed(format!("lane {space}: "));
+    let mut last: Option<Refusal> = None;
+    let mut backoff = LANE_BACKOFF_MIN;
+    loop {
+        if stop.cause().is_some() {
+            return;
+        }
+        let attempt = journal.held();
+        let started = match config(&space, &inputs, &attempt) {
+            Ok(cfg) => SpaceDaemon::start(cfg, stop.clone()).await,
+            Err(e) => Err(e),
+        };
+        let wait = match started {
+            Ok(daemon) => {
+                attempt.release();
+                last = None;
+                backoff = LANE_BACKOFF_MIN;
+                let closed = wait_closed(&daemon, &attempt).await;
+                if matches!(closed, Closed::Stopped { .. }) || stop.cause().is_some() {
+                    return;
+                }
+                attempt.line(format!(
+                    "! delivery host: the lane closed ({closed}); reopening it in {} ms",
+                    backoff.as_millis()
+                ));
+                next_backoff(&mut backoff, inputs.timing.backoff_max)
+            }
+            Err(e) if e.kind() == StartErrorKind::Stopped => return,
+            Err(e) => {
+                let refusal = Refusal {
+                    kind: e.kind(),
+                    detail: e.to_string(),
+                    holder: e.holder().map(str::to_string),
+                };
+                let repeated = last.as_ref() == Some(&refusal);
+                let wait = if e.kind() == StartErrorKind::LeaseHeld {
+                    inputs.timing.standby_retry
+                } else {
+                    next_backoff(&mut backoff, inputs.timing.backoff_max)
+                };
+                if repeated {
+                    attempt.discard();
+                } else {
+                    attempt.release();
+                    attempt.line(report(&e, &inputs.timing, wait));
+                }
+                last = Some(refusal);
+                wait
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.stopped() => return,
+        }
+    }
+}
+
+/// Returns the current backoff and doubles it up to `max`.
+fn next_backoff(backoff: &mut Duration, max: Duration) -> Duration {
+    let now = *backoff;
+    *backoff = (*backoff * 2).min(max);
+    now
+}
+
+/// The host's one line about a refused attempt.
+fn report(e: &StartError, timing: &LaneTiming, wait: Duration) -> String {
+    match e.kind() {
+        StartErrorKind::LeaseHeld => format!(
+            "• delivery host: standing by — the lease is held by {}; no lane opened, retrying every {} ms (reported once)",
+            e.holder().unwrap_or("another live holder"),
+            timing.standby_retry.as_millis()
+        ),
+        _ => format!(
+            "✗ delivery host: the lane refused ({e}); retrying in {} ms, backoff up to {} ms",
+            wait.as_millis(),
+            timing.backoff_max.as_millis()
+        ),
+    }
+}
+
+/// Waits for the daemon's end; after a transport verdict it gets [`HARD_EXIT_GRACE`] to close.
+async fn wait_closed(daemon: &SpaceDaemon, journal: &Journal) -> Closed {
+    tokio::select! {
+        closed = daemon.closed() => closed,
+        verdict = daemon.verdict() => {
+            match tokio::time::timeout(HARD_EXIT_GRACE, daemon.closed()).await {
+                Ok(closed) => closed,
+                Err(_) => {
+                    journal.line(format!(
+                        "! delivery host: the lane did not close within {} ms of the verdict; reopening it anyway",
+                        HARD_EXIT_GRACE.as_millis()
+                    ));
+                    Closed::of_verdict(verdict)
+                }
+            }
+        }
+    }
+}
+
+fn refuse(journal: &Journal, kind: StartErrorKind, text: String) -> StartError {
+    journal.line(format!("✗ {text}"));
+    StartError::new(kind, text)
+}
+
+/// The lane's own checks, before any dial, and its daemon's inputs.
+fn config(
+    space: &Space,
+    inputs: &LaneInputs,
+    journal: &Journal,
+) -> Result<SpaceConfig, StartError> {
+    let ws = Workspace::new(&inputs.root);
+    let dir = ws.space_dir(space);
+    if !dir.is_dir() {
+        return Err(refuse(
+            journal,
+            StartErrorKind::Config,
+            format!(
+                "delivery: this host is not provisioned for space {space} (no {})",
+                dir.display()
+            ),
+        ));
+    }
+    let path = ws.delivery_creds_path(space);
+    let credential = match read_creds_file(&path) {
+        Ok(c) => c,
+        Err(e) if e.kind() == CredsErrorKind::Io && !path.exists() => {
+            return Err(refuse(
+                journal,
+                StartErrorKind::Config,
+                format!("delivery: no delivery credential at {}", path.display()),
+            ))
+        }
+        Err(e) => {
+            return Err(refuse(
+                journal,
+                StartErrorKind::Config,
+                format!(
+                    "delivery: malformed credential at {} ({})",
+                    path.display(),
+                    e.detail()
+                ),
+            ))
+        }
+    };
+    let claims = credential.claims().map_err(|e| {
+        refuse(
+            journal,
+            StartErrorKind::Config,
+            format!(
+                "delivery: malformed credential at {} ({})",
+                path.display(),
+                e.detail()
+            ),
+        )
+    })?;
+    let account_path = ws.membership_json_path(space);
+    let assigned = std::fs::read_to_string(&account_path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| {
+            v.get("accountId")
+                .and_then(|a| a.as_str())
+                .map(str::to_string)
+        });
+    let Some(assigned) = assigned else {
+        return Err(refuse(
+            journal,
+            StartErrorKind::Config,
+            format!(
+                "delivery: no account record for space {space} at {} (expected {{\"accountId\": …}})",
+                account_path.display()
+            ),
+        ));
+    };
+    if claims.account() != assigned {
+        return Err(refuse(
+            journal,
+            StartErrorKind::Account,
+            format!(
+                "delivery: the credential at {} belongs to account {}, not space {space}'s account {assigned}",
+                path.display(),
+                claims.account()
+            ),
+        ));
+    }
+    if let Some(exp) = claims.exp {
+        if exp.saturating_mul(1000) <= epoch_ms() as i64 {
+            return Err(refuse(
+                journal,
+                StartErrorKind::CredentialExpired,
+                format!(
+                    "delivery: the credential at {} expired (exp {exp}); awaiting a renewed one in the host's store",
+                    path.display()
+                ),
+            ));
+        }
+    }
+    let store: Arc<dyn SecretStore> = Arc::new(FsStore::new(inputs.root.clone()));
+    let mut cfg = SpaceConfig::new(space.clone(), inputs.server.clone(), credential, store);
+    cfg.sweeps_bound_to = format!("{}/{}", inputs.root.display(), files::COTAL_DIR);
+    cfg.tls = inputs.tls;
+    cfg.tls_ca = inputs.tls_ca.clone();
+    cfg.ping_interval = inputs.ping_interval;
+    cfg.plane = inputs.plane.clone();
+    cfg.health = inputs.health;
+    cfg.redial_wait = RELEASE_REDIAL_BOUND;
+    cfg.journal = journal.clone();
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation seen failing: `next_backoff` without the `min(max)` cap.
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap() {
+        let mut b = LANE_BACKOFF_MIN;
+        let max = Duration::from_millis(3_000);
+        let waits: Vec<u128> = (0..5)
+            .map(|_| next_backoff(&mut b, max).as_millis())
+            .collect();
+        assert_eq!(waits, vec![500, 1_000, 2_000, 3_000, 3_000]);
+    }
+}
