@@ -118,12 +118,37 @@ pub enum Command {
     /// host process serving every space its manifest names, one lane per space.
     #[command(after_help = DELIVER_ENV_HELP)]
     Deliver(DeliverArgs),
-    /// Report whether the space's pid record names a live delivery daemon.
+    /// Report a space's delivery: broker, lease row, pid record, credential expiry, ctl.delivery.
+    #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
-    /// Run a local authenticated mesh in the foreground: provision the space, start nats-server
-    /// in operator mode and the delivery daemon beside it; Ctrl-C stops both.
+    /// Run a local authenticated mesh: provision the space, start nats-server in operator mode
+    /// and the delivery daemon beside it. Foreground by default (Ctrl-C stops both); --detach
+    /// leaves both running. On a root whose mesh already runs, relaunches a missing daemon.
+    #[command(after_help = UP_HELP)]
     Up(UpArgs),
+    /// Stop what `up` started at a root: the delivery daemon first (SIGTERM, SIGKILL after the
+    /// grace), then nats-server. A daemon `down` stopped stays stopped.
+    #[command(after_help = DOWN_HELP)]
+    Down(DownArgs),
 }
+
+const UP_HELP: &str = "Environment:
+  COTAL_HOME                     mesh registry home; `up` records the space in $COTAL_HOME/meshes/space.<key>.json [~/.cotal]
+  COTAL_DELIVERY_STOP_GRACE_MS   SIGTERM grace before SIGKILL when up stops the daemon [15000]
+  NATS_SERVER_BIN                nats-server binary (when --nats-server is not given)
+Files under <root>/.cotal/: nats.pid, nats.log, mesh.json, delivery.<key>.{pid,log,launched,down,stopping}.
+Exit codes: 0 stopped cleanly (or launched, with --detach); 1 the daemon did not serve, the broker
+exited under up, or start-up failed; 3 bad flags.";
+
+const DOWN_HELP: &str = "Environment:
+  COTAL_DELIVERY_STOP_GRACE_MS   SIGTERM grace before SIGKILL [15000]
+Exit codes: 0 stopped (or nothing was running); 1 another stop holds the reservation, or the
+daemon outlived SIGKILL (its credential is kept); 3 bad flags or no workspace root.";
+
+const STATUS_HELP: &str =
+    "Exit codes: 0 healthy (broker reachable, lease ready, pid record alive, credential valid,
+ctl.delivery answers); 1 not healthy (the report says which check failed); 3 bad flags or no
+workspace root.";
 
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
@@ -157,8 +182,27 @@ pub struct UpArgs {
     #[arg(long)]
     pub demo: bool,
     /// Stop once the mesh is serving (and the demo ran) instead of waiting for Ctrl-C.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "detach")]
     pub once: bool,
+    /// Launch nats-server and the daemon (its stdout/stderr on .cotal/delivery.<key>.log), wait
+    /// until it serves, and exit; nothing is restarted. Stop them with `down`.
+    #[arg(long)]
+    pub detach: bool,
+    /// Lifetime of the standing credentials up mints (delivery, membership-rw), in seconds
+    /// [default: 24 h]. A foreground up re-signs them at half their lifetime and has the daemon
+    /// adopt them (reloadCreds).
+    #[arg(long, value_name = "SECS")]
+    pub creds_lifetime_secs: Option<u64>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DownArgs {
+    /// The space whose daemon to stop.
+    #[arg(long, value_name = "SPACE")]
+    pub space: String,
+    /// Workspace root (default: nearest .cotal/ above the working directory).
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
 }
 
 /// Timing overrides of `deliver` (defaults are the seeds'; tests shrink windows through these).
@@ -190,9 +234,11 @@ pub struct DeliverArgs {
     /// Requires --root. See docs/host.md.
     #[arg(long, conflicts_with_all = ["space", "creds", "store"], requires = "root")]
     pub spaces: bool,
-    /// Broker URL to dial (nats:// or tls://).
-    #[arg(long, value_name = "URL", default_value = deliver::process::DEFAULT_SERVER)]
-    pub server: String,
+    /// Broker URL to dial (nats:// or tls://). Default: the broker the mesh registry records
+    /// for the space ($COTAL_HOME/meshes/space.<key>.json), else nats://127.0.0.1:4222. A
+    /// --server that differs from the record is refused before any dial.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
     /// Workspace root to serve: the directory that holds .cotal/. Default: the nearest .cotal/
     /// above the working directory; with neither the daemon refuses before reading a credential.
     #[arg(long, value_name = "DIR")]
@@ -228,6 +274,9 @@ pub struct StatusArgs {
     /// Workspace root (default: nearest .cotal/ above the working directory).
     #[arg(long, value_name = "DIR")]
     pub root: Option<PathBuf>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs a parsed command; returns the process exit code.
@@ -236,6 +285,7 @@ pub fn run(cli: Cli) -> i32 {
         Command::Deliver(args) => run_deliver(args),
         Command::Status(args) => run_status(args),
         Command::Up(args) => run_up(args),
+        Command::Down(args) => run_down(args),
     }
 }
 
@@ -268,12 +318,20 @@ fn run_deliver(args: DeliverArgs) -> i32 {
         }
     };
     let mut cfg = DeliverConfig::new(space, current_dir());
-    cfg.server = args.server;
+    // The mesh registry decides the broker of a workstation daemon, before any dial.
+    let dial = match registry_dial(&cfg.space, &args, &cfg.cwd) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("✗ {e}");
+            return Exit::Config.code();
+        }
+    };
+    cfg.server = dial.server;
+    cfg.tls = dial.tls;
+    cfg.tls_ca = dial.tls_ca;
     cfg.root = args.root;
     cfg.creds = args.creds;
     cfg.store = args.store;
-    cfg.tls = args.tls;
-    cfg.tls_ca = args.tls_ca;
     cfg.ping_interval = crate::env::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
     cfg.plane = crate::plane::PlaneConfig::from_env();
     cfg.health = crate::space::health::HealthConfig::from_env();
@@ -296,7 +354,9 @@ fn run_host(args: DeliverArgs) -> i32 {
         cwd: current_dir(),
         lanes: crate::host::lane::LaneInputs {
             root: PathBuf::new(),
-            server: args.server,
+            server: args
+                .server
+                .unwrap_or_else(|| deliver::process::DEFAULT_SERVER.to_string()),
             tls: args.tls,
             tls_ca: args.tls_ca,
             ping_interval: crate::env::env_ms(
@@ -318,50 +378,99 @@ fn run_host(args: DeliverArgs) -> i32 {
     }
 }
 
+/// The broker a `deliver` typed by hand dials (`files::resolve_dial`), with its banner printed.
+/// A root that cannot be resolved is left for the daemon to refuse with its own line.
+fn registry_dial(
+    space: &Space,
+    args: &DeliverArgs,
+    cwd: &std::path::Path,
+) -> Result<files::Dial, files::FilesError> {
+    let record = match (
+        files::resolve_root(args.root.as_deref(), cwd),
+        files::cotal_home(),
+    ) {
+        // A daemon with an injected store never consults the registry.
+        _ if args.store.is_some() => (cwd.to_path_buf(), None),
+        (Ok(root), Some(home)) => {
+            files::MeshRecord::read(&files::registry_path(&home, space)).map(|r| (root, r))?
+        }
+        _ => (cwd.to_path_buf(), None),
+    };
+    let dial = files::resolve_dial(
+        space,
+        args.server.as_deref(),
+        args.tls,
+        args.tls_ca.as_deref(),
+        &record.0,
+        record.1.as_ref(),
+        deliver::process::DEFAULT_SERVER,
+    )?;
+    if let Some(banner) = &dial.banner {
+        eprintln!("{banner}");
+    }
+    Ok(dial)
+}
+
+/// A space and workspace root from flags, or the exit code of the refusal.
+fn space_and_root(
+    who: &str,
+    space: &str,
+    root: Option<&std::path::Path>,
+) -> Result<(Space, PathBuf), i32> {
+    let space = Space::parse(space).map_err(|e| {
+        eprintln!("✗ {who}: --space: {e}");
+        Exit::Config.code()
+    })?;
+    let root = files::resolve_root(root, &current_dir()).map_err(|e| {
+        eprintln!("✗ {who}: {e}");
+        Exit::Config.code()
+    })?;
+    Ok((space, root))
+}
+
 fn run_status(args: StatusArgs) -> i32 {
     if args.spaces {
         return run_host_status(args.root);
     }
-    let space = match Space::parse(args.space.as_deref().unwrap_or_default()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("status: --space: {e}");
-            return 3;
-        }
+    let space = args.space.as_deref().unwrap_or_default();
+    let (space, root) = match space_and_root("status", space, args.root.as_deref()) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
-    let root = match files::resolve_root(args.root.as_deref(), &current_dir()) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("{e}");
-            return 3;
-        }
+    let rt = match runtime("status") {
+        Ok(rt) => rt,
+        Err(code) => return code,
     };
-    let path = files::pid_path(&root, &space);
-    match files::pid_liveness(&path) {
-        PidLiveness::Alive(pid) => {
-            println!("delivery daemon for space {space}: running (pid {pid})");
-            0
+    let report = rt.block_on(crate::supervise::status::status(&root, &space));
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        for line in report.lines() {
+            println!("{line}");
         }
-        PidLiveness::Unverified(pid) => {
-            println!("delivery daemon for space {space}: running (pid {pid}; its command line could not be read, trusted)");
-            0
-        }
-        PidLiveness::Stale(pid) => {
-            println!("delivery daemon for space {space}: stale record ({} names pid {pid}, which is not a running delivery daemon)", path.display());
-            1
-        }
-        PidLiveness::Unreadable => {
-            println!(
-                "delivery daemon for space {space}: unreadable record at {}",
-                path.display()
-            );
-            1
-        }
-        PidLiveness::Absent => {
-            println!(
-                "delivery daemon for space {space}: not running (no record at {})",
-                path.display()
-            );
+    }
+    if report.healthy() {
+        0
+    } else {
+        1
+    }
+}
+
+fn run_down(args: DownArgs) -> i32 {
+    let (space, root) = match space_and_root("down", &args.space, args.root.as_deref()) {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    let rt = match runtime("down") {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let journal = crate::journal::Journal::stderr_only();
+    let grace = crate::supervise::stop::stop_grace();
+    match rt.block_on(crate::supervise::down::down(&root, &space, grace, &journal)) {
+        Ok(()) => 0,
+        Err(e) => {
+            journal.line(e.to_string());
             1
         }
     }
@@ -385,7 +494,7 @@ fn run_host_status(root: Option<PathBuf>) -> i32 {
             println!("delivery host of {}: running (pid {pid}; its command line could not be read, trusted)", root.display());
             0
         }
-        PidLiveness::Stale(pid) => {
+        PidLiveness::Stale(pid) | PidLiveness::Foreign(pid) => {
             println!("delivery host of {}: stale record ({} names pid {pid}, which is not a running delivery host)", root.display(), path.display());
             1
         }
@@ -432,6 +541,11 @@ fn run_up(args: UpArgs) -> i32 {
         nats_server: crate::supervise::nats_server_path(args.nats_server),
         lease_ttl: std::time::Duration::from_secs(args.lease_ttl_secs.max(1)),
         once: args.once,
+        detach: args.detach,
+        creds_lifetime: args
+            .creds_lifetime_secs
+            .map(|s| std::time::Duration::from_secs(s.max(1))),
+        stop_grace: crate::supervise::stop::stop_grace(),
     };
     let runtime = match runtime("up") {
         Ok(rt) => rt,

@@ -31,6 +31,12 @@ pub enum FilesErrorKind {
     CredsRootMismatch,
     /// An I/O error on a named path.
     Io,
+    /// `--server` differs from the broker the mesh registry records for the space.
+    RegistryServerMismatch,
+    /// The registry records the space for another workspace root.
+    RegistryRootMismatch,
+    /// A registry record that is not a mesh record.
+    RegistryUnreadable,
 }
 
 impl FilesError {
@@ -145,6 +151,177 @@ pub fn log_path(root: &Path, space: &Space) -> PathBuf {
         .join(format!("delivery.{}.log", space.key()))
 }
 
+/// `.cotal/delivery.<key>.stopping`: the reservation a stop of the space's daemon holds, so two
+/// stops (`down`, `up`'s Ctrl-C) never signal the same daemon at once.
+pub fn stop_reservation_path(root: &Path, space: &Space) -> PathBuf {
+    root.join(COTAL_DIR)
+        .join(format!("delivery.{}.stopping", space.key()))
+}
+
+/// `.cotal/delivery.<key>.down`: `down` stopped this daemon; a foreground `up` never restarts it
+/// while the marker stands (the next `up` clears it).
+pub fn down_marker_path(root: &Path, space: &Space) -> PathBuf {
+    root.join(COTAL_DIR)
+        .join(format!("delivery.{}.down", space.key()))
+}
+
+/// `.cotal/delivery.<key>.launched`: the pid of the daemon process `up` last started. A
+/// replacement still starting has no pid record yet (it records itself once it holds the lease),
+/// so this is how `down` finds it; it is signalled only while its command line proves it.
+pub fn launched_path(root: &Path, space: &Space) -> PathBuf {
+    root.join(COTAL_DIR)
+        .join(format!("delivery.{}.launched", space.key()))
+}
+
+/// `.cotal/nats.pid`: the broker `up` started.
+pub fn broker_pid_path(root: &Path) -> PathBuf {
+    root.join(COTAL_DIR).join("nats.pid")
+}
+
+/// `.cotal/mesh.json`: how `up` started the mesh of this root (URL, transport), so a bare `up`
+/// relaunches a missing daemon with the same transport and `status`/`down` find the broker.
+pub fn mesh_state_path(root: &Path) -> PathBuf {
+    root.join(COTAL_DIR).join("mesh.json")
+}
+
+/// Environment variable naming the machine registry's home (default `~/.cotal`).
+pub const COTAL_HOME_ENV: &str = "COTAL_HOME";
+
+/// The machine registry's home: `COTAL_HOME`, else `$HOME/.cotal`; `None` with neither set.
+pub fn cotal_home() -> Option<PathBuf> {
+    std::env::var_os(COTAL_HOME_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(COTAL_DIR)))
+}
+
+/// `<home>/meshes/space.<key>.json`: the reference's mesh registry file for one space.
+pub fn registry_path(home: &Path, space: &Space) -> PathBuf {
+    home.join("meshes")
+        .join(format!("space.{}.json", space.key()))
+}
+
+/// One mesh registry record: where the broker of a space runs and which root it belongs to.
+/// The field names are the reference's (`server`, `root`, `tlsRequired`); `tlsCa` is ours and
+/// optional, so a record either side wrote reads on the other.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeshRecord {
+    pub space: String,
+    pub server: String,
+    pub root: PathBuf,
+    #[serde(default)]
+    pub tls_required: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl MeshRecord {
+    /// Reads the record at `path`; `Ok(None)` when there is none.
+    pub fn read(path: &Path) -> Result<Option<MeshRecord>, FilesError> {
+        let text = match fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(FilesError::io("read", path, e)),
+        };
+        serde_json::from_str(&text).map(Some).map_err(|e| {
+            FilesError::new(
+                FilesErrorKind::RegistryUnreadable,
+                format!(
+                    "delivery: the meshes entry {} is not a mesh record ({e})",
+                    path.display()
+                ),
+            )
+        })
+    }
+    /// Writes the record atomically, creating `<home>/meshes/`.
+    pub fn write(&self, path: &Path) -> Result<(), FilesError> {
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(|e| FilesError::io("create", dir, e))?;
+        }
+        let mut text = serde_json::to_string_pretty(self).unwrap_or_default();
+        text.push('\n');
+        write_atomic(path, text.as_bytes())
+    }
+}
+
+/// The broker a daemon typed by hand dials, and the banner that says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dial {
+    pub server: String,
+    pub tls: bool,
+    pub tls_ca: Option<PathBuf>,
+    /// The line printed before the dial; `None` when `--server` was given and no record exists
+    /// (the launcher's own command line already says where it dials).
+    pub banner: Option<String>,
+}
+
+/// Chooses the broker of a workstation daemon from the registry record of its space: the
+/// recorded broker (and its transport) when there is a record for this root; a refusal naming
+/// both when `--server` differs from it or the record belongs to another root; otherwise
+/// `--server`, else `default_server`. Decided before any dial.
+pub fn resolve_dial(
+    space: &Space,
+    flag_server: Option<&str>,
+    flag_tls: bool,
+    flag_tls_ca: Option<&Path>,
+    root: &Path,
+    record: Option<&MeshRecord>,
+    default_server: &str,
+) -> Result<Dial, FilesError> {
+    let tls_note = |tls: bool| if tls { " with TLS required" } else { "" };
+    let Some(rec) = record else {
+        let server = flag_server.unwrap_or(default_server).to_string();
+        let banner = flag_server.is_none().then(|| {
+            format!(
+                "• delivery: no meshes entry for \"{space}\" - dialing {server} (the local default){}",
+                tls_note(flag_tls)
+            )
+        });
+        return Ok(Dial {
+            server,
+            tls: flag_tls,
+            tls_ca: flag_tls_ca.map(Path::to_path_buf),
+            banner,
+        });
+    };
+    if let Some(flag) = flag_server {
+        if flag != rec.server {
+            return Err(FilesError::new(
+                FilesErrorKind::RegistryServerMismatch,
+                format!(
+                    "delivery: --server {flag} does not match registered space \"{space}\" at {} - deliver refuses to use a different broker than the meshes entry",
+                    rec.server
+                ),
+            ));
+        }
+    }
+    if rec.root != root {
+        return Err(FilesError::new(
+            FilesErrorKind::RegistryRootMismatch,
+            format!(
+                "delivery: space \"{space}\" is registered for root {} but this daemon serves root {} - the recorded broker belongs to another workspace; run the daemon from that root, or re-register with `cotal meshes add`",
+                rec.root.display(),
+                root.display()
+            ),
+        ));
+    }
+    // A TLS-required mesh demands TLS of every daemon launch, whatever the flags say.
+    let tls = flag_tls || rec.tls_required;
+    Ok(Dial {
+        server: rec.server.clone(),
+        tls,
+        tls_ca: flag_tls_ca
+            .map(Path::to_path_buf)
+            .or_else(|| rec.tls_ca.clone()),
+        banner: Some(format!(
+            "• delivery: space \"{space}\" is registered at {} (meshes entry) - dialing it{}",
+            rec.server,
+            tls_note(tls)
+        )),
+    })
+}
+
 /// Writes `contents` to `path` through a temp file in the same directory and a rename, so a crash
 /// leaves either the old file or the new one, never a torn one.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), FilesError> {
@@ -208,10 +385,43 @@ pub enum PidLiveness {
     /// The pid is alive but its command line could not be read: trusted, since the check only
     /// ever downgrades on proof.
     Unverified(u32),
-    /// The pid is dead, or alive as some other program (a reused number).
+    /// The pid is dead (the record outlived its daemon).
     Stale(u32),
+    /// The pid is alive as some other program (a reused number): never signalled.
+    Foreign(u32),
     /// The record exists but holds no pid.
     Unreadable,
+}
+
+impl PidLiveness {
+    /// The one-word verdict `status` prints (`alive`, `stale`, `foreign`, `absent`, …).
+    pub fn verdict(&self) -> &'static str {
+        match self {
+            PidLiveness::Absent => "absent",
+            PidLiveness::Alive(_) => "alive",
+            PidLiveness::Unverified(_) => "alive-unverified",
+            PidLiveness::Stale(_) => "stale",
+            PidLiveness::Foreign(_) => "foreign",
+            PidLiveness::Unreadable => "unreadable",
+        }
+    }
+    /// The pid the record proves is a live delivery daemon (the only one a stop may signal).
+    pub fn daemon_pid(&self) -> Option<u32> {
+        match self {
+            PidLiveness::Alive(p) | PidLiveness::Unverified(p) => Some(*p),
+            _ => None,
+        }
+    }
+    /// The pid named by the record, whatever it proves.
+    pub fn recorded_pid(&self) -> Option<u32> {
+        match self {
+            PidLiveness::Alive(p)
+            | PidLiveness::Unverified(p)
+            | PidLiveness::Stale(p)
+            | PidLiveness::Foreign(p) => Some(*p),
+            PidLiveness::Absent | PidLiveness::Unreadable => None,
+        }
+    }
 }
 
 /// Reads and verifies the record at `path`.
@@ -228,24 +438,50 @@ pub fn pid_liveness_of(path: &Path, names_it: fn(&[String]) -> bool) -> PidLiven
     let Some(pid) = read_pid(path) else {
         return PidLiveness::Unreadable;
     };
-    if !process_alive(pid) {
+    process_liveness(pid, names_it)
+}
+
+/// What a pid is now, judged by `is_ours` on its command line: alive as ours, alive as another
+/// program, dead (a zombie counts as dead: it can no longer act), or unverifiable.
+pub fn process_liveness(pid: u32, is_ours: fn(&[String]) -> bool) -> PidLiveness {
+    if !process_alive(pid) || is_zombie(pid) {
         return PidLiveness::Stale(pid);
     }
-    match fs::read(format!("/proc/{pid}/cmdline")) {
-        Ok(raw) => {
-            let argv: Vec<String> = raw
-                .split(|b| *b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            if names_it(&argv) {
-                PidLiveness::Alive(pid)
-            } else {
-                PidLiveness::Stale(pid)
-            }
-        }
-        Err(_) => PidLiveness::Unverified(pid),
+    match process_argv(pid) {
+        Some(argv) if argv.is_empty() => PidLiveness::Stale(pid),
+        Some(argv) if is_ours(&argv) => PidLiveness::Alive(pid),
+        Some(_) => PidLiveness::Foreign(pid),
+        None => PidLiveness::Unverified(pid),
     }
+}
+
+/// The command line of a live process (`None` when `/proc` cannot be read).
+pub fn process_argv(pid: u32) -> Option<Vec<String>> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
+}
+
+/// Whether `pid` has exited and waits to be reaped (state `Z` in `/proc/<pid>/stat`).
+pub fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name, which may itself hold spaces.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
+}
+
+/// A broker's argv: the program is a `nats-server`.
+pub fn argv_names_nats_server(argv: &[String]) -> bool {
+    argv.first()
+        .and_then(|a| Path::new(a).file_name())
+        .is_some_and(|n| n.to_string_lossy().starts_with("nats-server"))
 }
 
 /// A delivery daemon's argv carries the `deliver` verb and a `--space` flag.
@@ -352,8 +588,93 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.pid");
         fs::write(&path, format!("{}\n", std::process::id())).unwrap();
-        assert_eq!(pid_liveness(&path), PidLiveness::Stale(std::process::id()));
+        assert_eq!(
+            pid_liveness(&path),
+            PidLiveness::Foreign(std::process::id())
+        );
         assert_eq!(pid_liveness(&dir.path().join("none")), PidLiveness::Absent);
+    }
+
+    fn record(server: &str, root: &str, tls: bool) -> MeshRecord {
+        MeshRecord {
+            space: "demo".into(),
+            server: server.into(),
+            root: PathBuf::from(root),
+            tls_required: tls,
+            tls_ca: None,
+        }
+    }
+
+    /// Mutation: comparing `--server` against the record removed → the mismatch is dialed.
+    #[test]
+    fn registry_mismatching_server_is_refused_naming_both() {
+        let s = Space::parse("demo").unwrap();
+        let rec = record("nats://127.0.0.1:5000", "/w", false);
+        let e = resolve_dial(
+            &s,
+            Some("nats://127.0.0.1:6000"),
+            false,
+            None,
+            Path::new("/w"),
+            Some(&rec),
+            "nats://127.0.0.1:4222",
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), FilesErrorKind::RegistryServerMismatch);
+        assert_eq!(e.to_string(), "delivery: --server nats://127.0.0.1:6000 does not match registered space \"demo\" at nats://127.0.0.1:5000 - deliver refuses to use a different broker than the meshes entry");
+        let e = resolve_dial(&s, None, false, None, Path::new("/x"), Some(&rec), "d").unwrap_err();
+        assert_eq!(e.kind(), FilesErrorKind::RegistryRootMismatch);
+        assert!(e.to_string().contains("/w") && e.to_string().contains("/x"));
+    }
+
+    /// Mutation: `rec.tls_required` dropped from the TLS decision → a TLS mesh dialed in plain.
+    #[test]
+    fn registry_record_is_dialed_with_its_transport_and_no_record_uses_the_default() {
+        let s = Space::parse("demo").unwrap();
+        let rec = record("tls://127.0.0.1:5000", "/w", true);
+        let d = resolve_dial(&s, None, false, None, Path::new("/w"), Some(&rec), "d").unwrap();
+        assert_eq!(d.server, "tls://127.0.0.1:5000");
+        assert!(d.tls);
+        assert_eq!(d.banner.as_deref(), Some("• delivery: space \"demo\" is registered at tls://127.0.0.1:5000 (meshes entry) - dialing it with TLS required"));
+        let d = resolve_dial(
+            &s,
+            None,
+            false,
+            None,
+            Path::new("/w"),
+            None,
+            "nats://127.0.0.1:4222",
+        )
+        .unwrap();
+        assert_eq!(d.server, "nats://127.0.0.1:4222");
+        assert_eq!(d.banner.as_deref(), Some("• delivery: no meshes entry for \"demo\" - dialing nats://127.0.0.1:4222 (the local default)"));
+        let d = resolve_dial(
+            &s,
+            Some("nats://h:1"),
+            false,
+            None,
+            Path::new("/w"),
+            None,
+            "x",
+        )
+        .unwrap();
+        assert_eq!((d.server.as_str(), d.banner), ("nats://h:1", None));
+    }
+
+    #[test]
+    fn registry_record_round_trips_in_the_reference_field_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Space::parse("demo").unwrap();
+        let path = registry_path(dir.path(), &s);
+        assert!(path.ends_with("meshes/space.64656d6f.json"));
+        assert_eq!(MeshRecord::read(&path).unwrap(), None);
+        let rec = record("nats://127.0.0.1:1", "/w", true);
+        rec.write(&path).unwrap();
+        let raw: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(raw["tlsRequired"], true);
+        assert_eq!(raw["server"], "nats://127.0.0.1:1");
+        assert_eq!(MeshRecord::read(&path).unwrap(), Some(rec));
     }
 
     #[test]

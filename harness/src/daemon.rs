@@ -139,6 +139,11 @@ impl DaemonSpec {
         // Diagnostics would interleave with the human lines the scenarios snapshot; a spec that
         // wants them sets RUST_LOG itself.
         cmd.env_remove("RUST_LOG");
+        // The machine's mesh registry is never the real home's: a test that does not name one
+        // gets one under its working directory.
+        if !self.env.iter().any(|(k, _)| k == "COTAL_HOME") {
+            cmd.env("COTAL_HOME", self.cwd.join(".cotal-home"));
+        }
         for (k, v) in &self.env {
             cmd.env(k, v);
         }

@@ -1,76 +1,232 @@
 //! `cotal-delivery up` in the foreground, run as an operator would: it reports the daemon only
-//! once it serves, restarts a daemon that dies while the broker it started still runs, and on
-//! Ctrl-C stops the daemon and then the broker, leaving no process behind.
+//! once it serves; restarts a daemon that dies while the broker it started still runs; leaves
+//! stopped a daemon that exited on SIGTERM (the broker keeps running); stops the daemon and
+//! exits, restarting nothing, when the broker exits under it; honours a `down` that races a
+//! restart; re-signs the standing credentials so the mesh outlives their lifetime; and on Ctrl-C
+//! stops the daemon and then the broker, leaving no process behind.
+
+mod up_support;
 
 use std::time::Duration;
 
-use cotal_delivery::files::{self, process_alive};
-use cotal_delivery::wire::Space;
-use delivery_harness::daemon::DaemonSpec;
-use delivery_harness::nats_server_bin;
+use nix::sys::signal::Signal;
+use up_support::*;
 
-const BOUND: Duration = Duration::from_secs(60);
-
-/// `cotal-delivery up --space demo --root <root> --port 0 <extra…>` as an operator types it.
-fn spawn_up(root: &std::path::Path, extra: &[&str]) -> delivery_harness::daemon::Daemon {
-    let bin = nats_server_bin().expect("nats-server");
-    let root_arg = root.to_str().expect("utf-8 path");
-    let mut args = vec!["up", "--space", "demo", "--root", root_arg, "--port", "0"];
-    args.extend_from_slice(extra);
-    DaemonSpec::command(&args, root)
-        .env("NATS_SERVER_BIN", bin.display().to_string())
-        .spawn()
-        .expect("spawn up")
-}
-
+/// SIGKILL → one restart (the seeds' two lines), serving again under a new pid; Ctrl-C stops
+/// everything, removes the credential after the death.
+/// Mutations seen failing: `stays_stopped` true for every status (no restart: "restarting it"
+/// never printed); the credential removal moved before `terminate` (credential gone while the
+/// daemon log still lacks its SIGTERM line is not checkable here, see down.rs frozen test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c() {
     let root = tempfile::tempdir().expect("root");
-    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "2"]);
+    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "2"], &[]);
     up.wait_for_line("delivery daemon serving space demo", BOUND)
         .await
         .expect("serving");
-    let space = Space::parse("demo").expect("space");
-    let pid_path = files::pid_path(root.path(), &space);
-    let first = files::read_pid(&pid_path).expect("the daemon recorded itself");
-    let broker_pid = files::read_pid(&root.path().join(".cotal/nats.pid")).expect("broker pid");
+    let pid_path = pid_path(root.path());
+    let first = cotal_delivery::files::read_pid(&pid_path).expect("the daemon recorded itself");
+    let broker = broker_pid(root.path());
 
     // A SIGKILL leaves its lease row until the TTL expires; up restarts it and reports it.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill the daemon");
+    signal(first, Signal::SIGKILL);
     up.wait_for_line("while nats-server is running - restarting it", BOUND)
         .await
         .expect("restart announced");
     up.wait_for_line("delivery daemon running again", BOUND)
         .await
         .expect("replacement serving");
-    let second = files::read_pid(&pid_path).expect("the replacement recorded itself");
+    let second =
+        cotal_delivery::files::read_pid(&pid_path).expect("the replacement recorded itself");
     assert_ne!(
         first,
         second,
         "a new daemon process serves: {}",
         up.transcript()
     );
-    assert!(process_alive(second));
+    assert!(alive(second));
+    let (code, json) = status_json(root.path()).await;
+    assert_eq!(code, 0, "the replacement is healthy: {json}");
+    assert_eq!(json["ctlDelivery"]["answers"], true);
+    assert_eq!(json["pidRecord"]["pid"], second);
 
     up.interrupt().expect("Ctrl-C");
     let status = up.wait_exit(BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
-    assert!(up.has_line("delivery daemon stopped") && up.has_line("nats-server stopped"));
-    assert!(!process_alive(second), "the daemon is gone");
-    assert!(!process_alive(broker_pid), "the broker is gone");
+    let t = up.transcript();
+    assert_eq!(count(&t, "restarting it"), 1, "{t}");
+    assert!(!alive(second), "the daemon is gone");
+    assert!(!alive(broker), "the broker is gone");
     assert!(
         !pid_path.exists(),
         "a cleanly stopped daemon removes its record"
     );
-    let log = std::fs::read_to_string(files::log_path(root.path(), &space)).expect("log");
+    assert!(
+        !creds_path(root.path()).exists(),
+        "credential removed after the death"
+    );
+    let log = std::fs::read_to_string(cotal_delivery::files::log_path(root.path(), &demo()))
+        .expect("log");
     assert!(
         log.contains("received SIGTERM, exiting"),
-        "the daemon's reason is in its log:\n{log}"
+        "the daemon's reason:\n{log}"
     );
+    let t = t
+        .lines()
+        .filter(|l| !l.contains("exited (code 6) without serving"))
+        .filter(|l| !l.contains("retrying after the lease TTL"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    up_snapshot!("up_sigkill_restart_then_ctrl_c", t);
+}
+
+/// SIGTERM to the daemon → it stays stopped and nats-server keeps running (status: broker
+/// reachable, no lease, record absent, exit 1).
+/// Mutation seen failing: `stays_stopped` returning false (the daemon is restarted: "restarting
+/// it" printed, the record is back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running() {
+    let root = tempfile::tempdir().expect("root");
+    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "2"], &[]);
+    up.wait_for_line("delivery daemon serving space demo", BOUND)
+        .await
+        .expect("serving");
+    let daemon = cotal_delivery::files::read_pid(&pid_path(root.path())).expect("record");
+    let broker = broker_pid(root.path());
+    signal(daemon, Signal::SIGTERM);
+    up.wait_for_line("it stays stopped; nats-server keeps running", BOUND)
+        .await
+        .expect("stays stopped");
+    // Past a lease TTL a restart would have happened: the broker still answers, no daemon does.
+    let (code, json) = status_json(root.path()).await;
+    assert_eq!(code, 1, "{json}");
+    assert_eq!(json["broker"]["reachable"], true, "{json}");
+    assert_eq!(json["pidRecord"]["verdict"], "absent", "{json}");
+    assert_eq!(json["ctlDelivery"]["answers"], false, "{json}");
+    let (_, human) = status(root.path(), false).await;
+    up_snapshot!("status_daemon_stopped_broker_up", human);
+    assert!(alive(broker), "the broker keeps running");
+    assert!(!up.has_line("restarting it"), "{}", up.transcript());
+    assert!(up.is_running(), "up keeps running");
+    up.interrupt().expect("Ctrl-C");
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    assert_eq!(status.code(), Some(0), "{}", up.transcript());
+    assert!(!alive(broker));
+    up_snapshot!("up_sigterm_stays_stopped", up.transcript());
+}
+
+/// The broker SIGKILLed under up → up stops the daemon with the shared stop, exits non-zero
+/// after it, and restarts nothing.
+/// Mutation seen failing: the broker check removed from the tick (the daemon dies on its own
+/// broker-gone window and is restarted over and over: restart count > 0, up never exits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_killed_under_up_stops_the_daemon_and_up_exits_without_a_restart() {
+    let root = tempfile::tempdir().expect("root");
+    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "2"], &[]);
+    up.wait_for_line("delivery daemon serving space demo", BOUND)
+        .await
+        .expect("serving");
+    let daemon = cotal_delivery::files::read_pid(&pid_path(root.path())).expect("record");
+    signal(broker_pid(root.path()), Signal::SIGKILL);
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let t = up.transcript();
+    assert_eq!(status.code(), Some(1), "{t}");
+    assert_eq!(count(&t, "restarting it"), 0, "no restart: {t}");
+    assert!(!alive(daemon), "the daemon was stopped before up exited");
+    let stopped = t
+        .find("delivery daemon (pid")
+        .expect("the stop is reported");
+    let exited = t
+        .find("under up; the delivery daemon was stopped")
+        .expect("up's last line");
+    assert!(stopped < exited, "up exits after the stop:\n{t}");
+    up_snapshot!("up_broker_killed", t);
+}
+
+/// `down` lands while up is restarting a SIGKILLed daemon (the replacement still starting, or
+/// refused by the predecessor's lease and waiting out the TTL): the daemon stays stopped, up
+/// exits 0 once down stopped the broker.
+/// Mutation seen failing: the marker check in `restart` removed (a replacement is started after
+/// down: "running again" printed, or a daemon process outlives the test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn down_racing_a_restart_leaves_the_daemon_stopped() {
+    let root = tempfile::tempdir().expect("root");
+    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "3"], &[]);
+    up.wait_for_line("delivery daemon serving space demo", BOUND)
+        .await
+        .expect("serving");
+    let first = cotal_delivery::files::read_pid(&pid_path(root.path())).expect("record");
+    signal(first, Signal::SIGKILL);
+    up.wait_for_line("restarting it", BOUND)
+        .await
+        .expect("restart");
+    let (st, down_t) = down(root.path(), &[]).await;
+    assert_eq!(st.code(), Some(0), "{down_t}");
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let t = up.transcript();
+    assert_eq!(status.code(), Some(0), "{t}");
+    // Which way the race went, proved from the transcripts.
+    let starting = down_t.contains("• down: delivery daemon (pid");
+    if starting {
+        println!("RACE: down stopped a replacement that was still starting");
+        assert!(
+            t.contains("stopped by down, it stays stopped") || t.contains("not restarting it"),
+            "{t}"
+        );
+    } else {
+        println!("RACE: down landed between two restart attempts");
+        assert!(down_t.contains("no delivery daemon running"), "{down_t}");
+    }
+    assert!(!t.contains("running again"), "never served again: {t}");
+    if let Some(p) =
+        cotal_delivery::files::read_pid(&cotal_delivery::files::launched_path(root.path(), &demo()))
+    {
+        assert!(!alive(p), "no replacement left running");
+    }
+    assert!(t.contains("nats-server stopped by down"), "{t}");
+}
+
+/// A mesh under up with 12 s credentials runs past that lifetime: up re-signs them with a
+/// preflight and the daemon adopts them; the same daemon still serves after the first expiry.
+/// Mutation seen failing: `RenewalOwner::spawn` not called (the broker expires the daemon's
+/// connection at 12 s; at 16 s status is not healthy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mesh_under_up_outlives_the_credential_lifetime() {
+    let root = tempfile::tempdir().expect("root");
+    let mut up = spawn_up(
+        root.path(),
+        &["--creds-lifetime-secs", "12"],
+        &[("COTAL_DELIVERY_BROKER_GONE_MS", "2000")],
+    );
+    up.wait_for_line("delivery daemon serving space demo", BOUND)
+        .await
+        .expect("serving");
+    let daemon = cotal_delivery::files::read_pid(&pid_path(root.path())).expect("record");
+    let first = cotal_delivery::creds::read_creds_file(&creds_path(root.path()))
+        .expect("creds")
+        .claims()
+        .expect("claims");
+    let first_exp = first.exp.expect("a bounded credential");
+    up.wait_for_line("re-signed and adopted", BOUND)
+        .await
+        .expect("renewed");
+    // Wait until the first credential is 4 s past its expiry, then judge.
+    let past = std::time::UNIX_EPOCH + Duration::from_secs((first_exp + 4) as u64);
+    until("first credential long expired", BOUND, || {
+        std::time::SystemTime::now() > past
+    })
+    .await;
+    let (code, json) = status_json(root.path()).await;
+    assert_eq!(code, 0, "{json}\n{}", up.transcript());
+    assert_eq!(
+        json["pidRecord"]["pid"], daemon,
+        "the same daemon still serves"
+    );
+    assert!(json["credential"]["expires"].as_i64().expect("exp") > first_exp);
+    assert!(!up.has_line("restarting it"), "{}", up.transcript());
+    up.interrupt().expect("Ctrl-C");
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    assert_eq!(status.code(), Some(0), "{}", up.transcript());
 }
 
 /// The README's main job: `up --demo --once` shows a durable post reach an agent that was offline
@@ -78,7 +234,7 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_main_job_delivers_a_durable_post_to_an_agent_that_was_offline() {
     let root = tempfile::tempdir().expect("root");
-    let mut up = spawn_up(root.path(), &["--demo", "--once"]);
+    let mut up = spawn_up(root.path(), &["--demo", "--once"], &[]);
     let status = up.wait_exit(BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
     let t = up.transcript();
@@ -89,7 +245,7 @@ async fn the_main_job_delivers_a_durable_post_to_an_agent_that_was_offline() {
         "while bob is offline",
         "(1 pending, checked on the broker)",
         "✓ demo: bob surfaced [general] alice: hello bob - this was posted while you were offline",
-        "• nats-server stopped",
+        "• up: nats-server (pid",
     ] {
         assert!(t.contains(line), "missing {line:?} in:\n{t}");
     }

@@ -139,9 +139,24 @@ pub struct SpaceMaterial {
 impl SpaceMaterial {
     /// Mints every daemon credential of `space` with the profiles' default lifetimes.
     pub fn mint(authority: &MeshAuthority, space: &Space) -> Result<SpaceMaterial, AuthorityError> {
+        SpaceMaterial::mint_standing(authority, space, None)
+    }
+
+    /// [`SpaceMaterial::mint`] with another lifetime for the two standing credentials
+    /// (`delivery`, `membership-rw`) when `standing` is given: `up --creds-lifetime-secs`, so a
+    /// renewal owner can be shown to outlive it.
+    pub fn mint_standing(
+        authority: &MeshAuthority,
+        space: &Space,
+        standing: Option<std::time::Duration>,
+    ) -> Result<SpaceMaterial, AuthorityError> {
+        let options = || match standing {
+            Some(ttl) => MintOptions::new().expires_in(ttl),
+            None => MintOptions::new(),
+        };
         Ok(SpaceMaterial {
-            delivery: authority.mint(space, &Profile::Delivery, MintOptions::new())?,
-            membership_rw: authority.mint(space, &Profile::MembershipRw, MintOptions::new())?,
+            delivery: authority.mint(space, &Profile::Delivery, options())?,
+            membership_rw: authority.mint(space, &Profile::MembershipRw, options())?,
             membership_observer: authority.mint_system(
                 space,
                 SystemProfile::MembershipObserver,

@@ -1,24 +1,33 @@
-//! `cotal-delivery up`: a local authenticated mesh in the foreground.
+//! `cotal-delivery up`: a local authenticated mesh, in the foreground or detached.
 //!
 //! It provisions through the same code path as the harness (signer in `.cotal/auth/`, the
 //! space's streams and buckets, the daemon's credentials), starts `nats-server` in operator
 //! mode, starts the delivery daemon beside it, and reports the daemon only once it is actually
 //! serving: its lease row reads `ready` under the daemon's own holder. A daemon that exits
-//! without serving is reported with its own last words and `up` exits non-zero. While serving,
-//! a daemon that dies while the broker is still running is restarted; a clean or signalled exit
-//! is left stopped. Ctrl-C stops the daemon (SIGTERM, then SIGKILL after 15 s), then the broker.
+//! without serving is reported with its own last words and `up` exits non-zero.
+//!
+//! Foreground (`supervise.rs`): a daemon that dies while the broker runs is restarted; one that
+//! exits cleanly, on SIGTERM/SIGINT, or under `down` stays stopped; Ctrl-C and a broker that
+//! exits stop the daemon with the stop `down` uses (`stop.rs`). Detached: both processes outlive
+//! `up`, which restarts nothing. A bare `up` on a running mesh relaunches a missing daemon with
+//! the mesh's transport. `up` records the mesh in `.cotal/mesh.json` and in the machine's mesh
+//! registry (`$COTAL_HOME/meshes/space.<key>.json`).
 
 pub mod demo;
+pub mod down;
+mod foreground;
+pub mod renewal;
+pub mod status;
+pub mod stop;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::creds::read_creds_file;
-use crate::files;
+use crate::files::{self, MeshRecord, PidLiveness};
 use crate::journal::Journal;
 use crate::kv::{Read, Rows};
 use crate::provision::{
@@ -30,10 +39,8 @@ use crate::wire::{Principal, Space, SpaceNames, LEASE_KEY};
 
 /// How long `up` waits for the broker's ports file.
 const BROKER_READY_BOUND: Duration = Duration::from_secs(20);
-/// How long `up` waits for the daemon to serve.
+/// How long `up` waits for the daemon to serve (its responder bound, its lease ready).
 const SERVING_BOUND: Duration = Duration::from_secs(30);
-/// SIGTERM grace before SIGKILL when stopping the daemon.
-const STOP_GRACE: Duration = Duration::from_secs(15);
 /// Poll period of the bounded waits.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -51,6 +58,12 @@ pub struct UpConfig {
     pub lease_ttl: Duration,
     /// Stop after the mesh is serving (and after `after_serving` ran) instead of waiting for Ctrl-C.
     pub once: bool,
+    /// Launch broker and daemon as processes that outlive `up`, then exit; restart nothing.
+    pub detach: bool,
+    /// Lifetime of the standing credentials `up` mints (`None`: the profiles' 24 h).
+    pub creds_lifetime: Option<Duration>,
+    /// SIGTERM grace of the stop (`COTAL_DELIVERY_STOP_GRACE_MS`, 15 s by default).
+    pub stop_grace: Duration,
 }
 
 /// A running broker started by `up`.
@@ -92,6 +105,17 @@ pub fn nats_server_path(flag: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("nats-server"))
 }
 
+/// The mesh `up` left running at `root`, if its broker still is a live `nats-server`.
+pub fn running_mesh(root: &Path) -> Option<MeshRecord> {
+    let pid = files::read_pid(&files::broker_pid_path(root))?;
+    match files::process_liveness(pid, files::argv_names_nats_server) {
+        PidLiveness::Alive(_) | PidLiveness::Unverified(_) => {
+            MeshRecord::read(&files::mesh_state_path(root)).ok()?
+        }
+        _ => None,
+    }
+}
+
 /// Runs `up`; `after_serving` runs once the daemon serves (the demo), before Ctrl-C is awaited.
 pub async fn up<F, Fut>(cfg: UpConfig, after_serving: F) -> Result<(), UpError>
 where
@@ -101,6 +125,12 @@ where
     let journal = Journal::stderr_only();
     let root = files::absolute(&cfg.root, &std::env::current_dir().unwrap_or_default());
     let workspace = Workspace::new(&root);
+    // Signals are ours from the start, so Ctrl-C during start-up still stops what was started.
+    let signals = foreground::Signals::install()
+        .map_err(|e| UpError(format!("✗ up: could not watch SIGINT/SIGTERM: {e}")))?;
+    if let Some(mesh) = running_mesh(&root) {
+        return relaunch(&cfg, &workspace, &mesh, &journal).await;
+    }
     std::fs::create_dir_all(workspace.auth_dir()).map_err(|e| {
         UpError(format!(
             "✗ up: could not create {}: {e}",
@@ -113,32 +143,82 @@ where
     authority
         .save(&workspace.auth_dir())
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
+    // A new `up` means the operator wants the daemon running again.
+    let _ = std::fs::remove_file(files::down_marker_path(&root, &cfg.space));
 
     let mut broker = start_broker(&cfg, &workspace, &authority).await?;
     journal.line(format!(
         "✓ nats-server up at {} (operator mode, JetStream)",
         broker.url
     ));
+    record_mesh(&cfg, &root, &broker.url, &journal);
 
     let result = serve(
         &cfg,
         &journal,
         &workspace,
         &authority,
-        &broker.url,
+        &mut broker,
+        signals,
         after_serving,
     )
     .await;
-    stop_broker(&mut broker, &journal).await;
+    if cfg.detach && result.is_ok() {
+        return result;
+    }
+    if let Ok(None) = broker.child.try_wait() {
+        stop::terminate(
+            stop::Target::Child(&mut broker.child),
+            cfg.stop_grace,
+            "nats-server",
+            "up",
+            &journal,
+        )
+        .await;
+    }
+    let _ = std::fs::remove_file(files::broker_pid_path(&root));
     result
 }
 
+/// Writes `.cotal/mesh.json` and the machine registry record of the space.
+fn record_mesh(cfg: &UpConfig, root: &Path, url: &str, journal: &Journal) {
+    let record = MeshRecord {
+        space: cfg.space.as_str().to_string(),
+        server: url.to_string(),
+        root: root.to_path_buf(),
+        tls_required: cfg.tls.is_some(),
+        tls_ca: cfg.tls_ca.clone(),
+    };
+    if let Err(e) = record.write(&files::mesh_state_path(root)) {
+        journal.line(format!("! up: {e}"));
+    }
+    match files::cotal_home() {
+        Some(home) => {
+            let path = files::registry_path(&home, &cfg.space);
+            match record.write(&path) {
+                Ok(()) => journal.line(format!(
+                    "• mesh registry: space {} recorded at {} ({})",
+                    cfg.space,
+                    url,
+                    path.display()
+                )),
+                Err(e) => journal.line(format!("! up: {e}")),
+            }
+        }
+        None => {
+            journal.line("! up: neither COTAL_HOME nor HOME is set - the mesh is not registered")
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn serve<F, Fut>(
     cfg: &UpConfig,
     journal: &Journal,
     workspace: &Workspace,
     authority: &MeshAuthority,
-    url: &str,
+    broker: &mut BrokerChild,
+    signals: foreground::Signals,
     after_serving: F,
 ) -> Result<(), UpError>
 where
@@ -146,16 +226,18 @@ where
     Fut: std::future::Future<Output = Result<(), String>>,
 {
     let space = &cfg.space;
+    let url = broker.url.clone();
     let options = ProvisionOptions::new().lease_ttl(cfg.lease_ttl);
-    let report = provision::provision_space(authority, url, cfg.tls_ca.as_deref(), space, &options)
-        .await
-        .map_err(|e| UpError(format!("✗ up: provisioning space {space} failed: {e}")))?;
+    let report =
+        provision::provision_space(authority, &url, cfg.tls_ca.as_deref(), space, &options)
+            .await
+            .map_err(|e| UpError(format!("✗ up: provisioning space {space} failed: {e}")))?;
     journal.line(format!(
         "✓ space {space} provisioned ({} created, the rest already in place)",
         report.created()
     ));
-    let material =
-        SpaceMaterial::mint(authority, space).map_err(|e| UpError(format!("✗ up: {e}")))?;
+    let material = SpaceMaterial::mint_standing(authority, space, cfg.creds_lifetime)
+        .map_err(|e| UpError(format!("✗ up: {e}")))?;
     workspace
         .write_space_material(space, &material)
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
@@ -164,17 +246,44 @@ where
         workspace.delivery_creds_path(space).display()
     ));
 
-    let mut daemon = start_daemon(cfg, workspace, url)?;
-    wait_serving(cfg, workspace, authority, url, &mut daemon).await?;
+    let transport = Transport {
+        tls: cfg.tls.is_some(),
+        tls_ca: cfg.tls_ca.clone(),
+    };
+    let mut daemon = start_daemon(space, workspace, &url, &transport, cfg.detach)?;
+    let watch = LeaseWatch::open(authority, space, &url, cfg.tls_ca.as_deref()).await?;
+    if let Err(e) = wait_serving(&watch, space, workspace, &mut daemon).await {
+        // A daemon still running without serving is stopped like any other before `up` gives up.
+        if let Ok(None) = daemon.child.try_wait() {
+            let _ = stop::stop_daemon(
+                workspace.root(),
+                space,
+                Some(&mut daemon.child),
+                cfg.stop_grace,
+                "up",
+                journal,
+            )
+            .await;
+        }
+        watch.close().await;
+        return Err(e);
+    }
     journal.line(format!(
         "✓ delivery daemon serving space {space} (pid {}, log {})",
         daemon.pid,
         workspace.log_path(space).display()
     ));
+    if cfg.detach {
+        journal.line(format!(
+            "• detached: nats-server and the delivery daemon keep running; stop them with: cotal-delivery down --space {space} --root {}",
+            workspace.root().display()
+        ));
+        return Ok(());
+    }
 
     let mesh = RunningMesh {
         space: space.clone(),
-        url: url.to_string(),
+        url: url.clone(),
         tls_ca: cfg.tls_ca.clone(),
         workspace: Workspace::new(workspace.root()),
     };
@@ -182,11 +291,100 @@ where
     if let Err(e) = &demo {
         journal.line(format!("✗ up: {e}"));
     }
+    let mut outcome = Ok(());
     if !cfg.once && demo.is_ok() {
-        supervise(cfg, workspace, authority, url, &mut daemon, journal).await;
+        let ctx = foreground::Ctx {
+            cfg,
+            workspace,
+            url: &url,
+            transport: &transport,
+            watch: &watch,
+            journal,
+        };
+        outcome = foreground::run(&ctx, broker, daemon, signals).await;
+    } else {
+        let _ = stop::stop_daemon(
+            workspace.root(),
+            space,
+            Some(&mut daemon.child),
+            cfg.stop_grace,
+            "up",
+            journal,
+        )
+        .await;
     }
-    stop_daemon(&mut daemon, journal).await;
-    demo.map_err(UpError)
+    watch.close().await;
+    demo.map_err(UpError)?;
+    outcome
+}
+
+/// A bare `up` on a mesh that already runs: relaunch its daemon if it is missing, with the
+/// mesh's transport (a TLS mesh demands TLS of the relaunched daemon too), detached.
+async fn relaunch(
+    cfg: &UpConfig,
+    workspace: &Workspace,
+    mesh: &MeshRecord,
+    journal: &Journal,
+) -> Result<(), UpError> {
+    let space = &cfg.space;
+    let root = workspace.root();
+    journal.line(format!(
+        "• a mesh is already running at {} (root {}{})",
+        mesh.server,
+        root.display(),
+        if mesh.tls_required {
+            ", TLS required"
+        } else {
+            ""
+        }
+    ));
+    if let Some(pid) = files::pid_liveness(&workspace.pid_path(space)).daemon_pid() {
+        journal.line(format!(
+            "✓ delivery daemon already serving space {space} (pid {pid})"
+        ));
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(files::down_marker_path(root, space));
+    let authority =
+        MeshAuthority::load(&workspace.auth_dir()).map_err(|e| UpError(format!("✗ up: {e}")))?;
+    if read_creds_file(&workspace.delivery_creds_path(space)).is_err() {
+        // The stop removed it: mint the space's material again.
+        let material = SpaceMaterial::mint_standing(&authority, space, cfg.creds_lifetime)
+            .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        workspace
+            .write_space_material(space, &material)
+            .map_err(|e| UpError(format!("✗ up: {e}")))?;
+    }
+    let transport = Transport {
+        tls: mesh.tls_required,
+        tls_ca: mesh.tls_ca.clone(),
+    };
+    journal.line(format!(
+        "• relaunching the missing delivery daemon for space {space}{}",
+        if transport.tls {
+            " with TLS required"
+        } else {
+            ""
+        }
+    ));
+    let mut daemon = start_daemon(space, workspace, &mesh.server, &transport, true)?;
+    let watch = LeaseWatch::open(&authority, space, &mesh.server, mesh.tls_ca.as_deref()).await?;
+    let served = wait_serving(&watch, space, workspace, &mut daemon).await;
+    watch.close().await;
+    served?;
+    journal.line(format!(
+        "✓ delivery daemon serving space {space} (pid {}, log {})",
+        daemon.pid,
+        workspace.log_path(space).display()
+    ));
+    Ok(())
+}
+
+/// How the daemon reaches the broker: the mesh's transport, the same on every launch.
+#[derive(Debug, Clone)]
+struct Transport {
+    tls: bool,
+    tls_ca: Option<PathBuf>,
 }
 
 async fn start_broker(
@@ -220,7 +418,7 @@ async fn start_broker(
     })?;
     let log = open_append(&cotal.join("nats.log"))?;
     let mut cmd = Command::new(&cfg.nats_server);
-    die_with_up(&mut cmd);
+    tie_to_up(&mut cmd, cfg.detach);
     let child = cmd
         .arg("-c")
         .arg(&conf_path)
@@ -229,7 +427,6 @@ async fn start_broker(
         .stdin(Stdio::null())
         .stdout(Stdio::from(log.try_clone().map_err(|e| UpError(e.to_string()))?))
         .stderr(Stdio::from(log))
-        .kill_on_drop(true)
         .spawn()
         .map_err(|e| {
             UpError(format!(
@@ -238,7 +435,10 @@ async fn start_broker(
             ))
         })?;
     let pid = child.id().unwrap_or(0);
-    let _ = files::write_atomic(&cotal.join("nats.pid"), format!("{pid}\n").as_bytes());
+    let _ = files::write_atomic(
+        &files::broker_pid_path(workspace.root()),
+        format!("{pid}\n").as_bytes(),
+    );
     let mut broker = BrokerChild {
         child,
         url: String::new(),
@@ -267,10 +467,17 @@ async fn start_broker(
     }
 }
 
-/// The children of a foreground `up` (its broker, its daemon) die with it, even when `up` itself
-/// is killed without a chance to stop them: Linux `PR_SET_DEATHSIG`, tied to the spawning thread,
-/// which is a runtime worker living as long as `up`.
-fn die_with_up(cmd: &mut Command) {
+/// Ties a child's life to `up`'s. Foreground: the children (broker, daemon) die with `up`, even
+/// when `up` itself is killed without a chance to stop them: Linux `PR_SET_DEATHSIG`, tied to
+/// the spawning thread, which is a runtime worker living as long as `up`. Detached: the child
+/// gets its own process group, so a Ctrl-C in `up`'s terminal does not reach it, and outlives
+/// `up`.
+fn tie_to_up(cmd: &mut Command, detach: bool) {
+    if detach {
+        cmd.process_group(0);
+        return;
+    }
+    cmd.kill_on_drop(true);
     #[cfg(target_os = "linux")]
     // SAFETY: the closure runs between fork and exec and only makes the async-signal-safe
     // prctl(2) call.
@@ -296,32 +503,46 @@ fn open_append(path: &Path) -> Result<std::fs::File, UpError> {
         .map_err(|e| UpError(format!("✗ up: could not open {}: {e}", path.display())))
 }
 
-fn start_daemon(cfg: &UpConfig, workspace: &Workspace, url: &str) -> Result<DaemonChild, UpError> {
+/// Starts `deliver` for `space` with the mesh's transport, its stdout and stderr on the space's
+/// log, and records the launch (`.cotal/delivery.<key>.launched`) so a stop finds a replacement
+/// that has not recorded itself yet.
+fn start_daemon(
+    space: &Space,
+    workspace: &Workspace,
+    url: &str,
+    transport: &Transport,
+    detach: bool,
+) -> Result<DaemonChild, UpError> {
     let exe = std::env::current_exe().map_err(|e| UpError(format!("✗ up: {e}")))?;
-    let log_path = workspace.log_path(&cfg.space);
+    let log_path = workspace.log_path(space);
     let log = open_append(&log_path)?;
     let mut cmd = Command::new(exe);
-    die_with_up(&mut cmd);
-    cmd.args(["deliver", "--space", cfg.space.as_str(), "--server", url])
+    tie_to_up(&mut cmd, detach);
+    cmd.args(["deliver", "--space", space.as_str(), "--server", url])
+        .arg("--root")
+        .arg(workspace.root())
         .current_dir(workspace.root())
         .stdin(Stdio::null())
         .stdout(Stdio::from(
             log.try_clone().map_err(|e| UpError(e.to_string()))?,
         ))
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true);
+        .stderr(Stdio::from(log));
     // The mesh's transport on every launch: a TLS mesh always demands TLS of its daemon.
-    if cfg.tls.is_some() {
+    if transport.tls {
         cmd.arg("--tls");
-        if let Some(ca) = &cfg.tls_ca {
-            cmd.arg("--tls-ca").arg(ca);
-        }
+    }
+    if let Some(ca) = &transport.tls_ca {
+        cmd.arg("--tls-ca").arg(ca);
     }
     let started_ms = crate::journal::epoch_ms();
     let child = cmd
         .spawn()
         .map_err(|e| UpError(format!("✗ up: could not start the delivery daemon: {e}")))?;
     let pid = child.id().unwrap_or(0);
+    let _ = files::write_atomic(
+        &files::launched_path(workspace.root(), space),
+        format!("{pid}\n").as_bytes(),
+    );
     Ok(DaemonChild {
         child,
         pid,
@@ -329,162 +550,144 @@ fn start_daemon(cfg: &UpConfig, workspace: &Workspace, url: &str) -> Result<Daem
     })
 }
 
-/// Waits until the lease row reads `ready` under the daemon's own holder, or the daemon exits.
+/// `up`'s view of the lease row, on one operator connection kept for the whole run.
+struct LeaseWatch {
+    client: async_nats::Client,
+    rows: Rows,
+}
+
+impl LeaseWatch {
+    async fn open(
+        authority: &MeshAuthority,
+        space: &Space,
+        url: &str,
+        tls_ca: Option<&Path>,
+    ) -> Result<LeaseWatch, UpError> {
+        let operator = authority
+            .mint(
+                space,
+                &Profile::Operator,
+                MintOptions::new().expires_in(Duration::from_secs(7 * 24 * 3600)),
+            )
+            .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        let options = provision::credential_options(
+            &operator,
+            tls_ca,
+            "cotal-up",
+            &crate::wire::inbox_prefix(
+                &operator
+                    .public_key()
+                    .map_err(|e| UpError(format!("✗ up: {e}")))?,
+            ),
+            Duration::from_secs(5),
+        )
+        .map_err(|e| UpError(format!("✗ up: {e}")))?
+        // Kept across a broker restart of the same URL; up watches the broker process itself.
+        .max_reconnects(None);
+        let client = provision::connect_options(options, url, "cotal-up", Duration::from_secs(5))
+            .await
+            .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        let js = async_nats::jetstream::new(client.clone());
+        let rows = Rows::open(
+            &js,
+            &SpaceNames::new(space).delivery_bucket(),
+            Duration::from_secs(2),
+        )
+        .await
+        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        Ok(LeaseWatch { client, rows })
+    }
+
+    /// Serving = this process recorded itself (it holds the lease) and the row it claimed after
+    /// it was started reads ready under the holder of the space's delivery credential. A row a
+    /// killed predecessor left behind has an older claim time and another pid record.
+    async fn serving(&self, space: &Space, workspace: &Workspace, daemon: &DaemonChild) -> bool {
+        let holder = read_creds_file(&workspace.delivery_creds_path(space))
+            .ok()
+            .and_then(|c| c.public_key().ok())
+            .and_then(|k| Principal::for_nkey(&k).ok())
+            .map(|p| p.dot_form())
+            .unwrap_or_default();
+        if files::read_pid(&workspace.pid_path(space)) != Some(daemon.pid) {
+            return false;
+        }
+        match self.rows.read(LEASE_KEY).await {
+            Ok(Read::Present(row)) => {
+                serde_json::from_slice::<LeaseInfo>(&row.value).is_ok_and(|info| {
+                    info.ready && info.holder == holder && info.since >= daemon.started_ms
+                })
+            }
+            _ => false,
+        }
+    }
+
+    async fn close(self) {
+        let _ = self.client.drain().await;
+    }
+}
+
+/// The line for a daemon whose responder did not bind in time (start-up and restarts alike).
+fn not_bound(space: &Space, workspace: &Workspace) -> String {
+    format!(
+        "the delivery daemon did not serve space {space} within {} s (its responder is not bound); see {}",
+        SERVING_BOUND.as_secs(),
+        workspace.log_path(space).display()
+    )
+}
+
+/// Waits until the daemon serves, or exits (its last log line is the reason), or the bound ends.
 async fn wait_serving(
-    cfg: &UpConfig,
+    watch: &LeaseWatch,
+    space: &Space,
     workspace: &Workspace,
-    authority: &MeshAuthority,
-    url: &str,
     daemon: &mut DaemonChild,
 ) -> Result<(), UpError> {
-    let space = &cfg.space;
-    let holder = read_creds_file(&workspace.delivery_creds_path(space))
-        .ok()
-        .and_then(|c| c.public_key().ok())
-        .and_then(|k| Principal::for_nkey(&k).ok())
-        .map(|p| p.dot_form())
-        .unwrap_or_default();
-    let operator = authority
-        .mint(space, &Profile::Operator, MintOptions::new())
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
-    let client = provision::connect_with_credential(
-        url,
-        cfg.tls_ca.as_deref(),
-        &operator,
-        "cotal-up",
-        Duration::from_secs(5),
-    )
-    .await
-    .map_err(|e| UpError(format!("✗ up: {e}")))?;
-    let js = async_nats::jetstream::new(client.clone());
-    let rows = Rows::open(
-        &js,
-        &SpaceNames::new(space).delivery_bucket(),
-        Duration::from_secs(5),
-    )
-    .await
-    .map_err(|e| UpError(format!("✗ up: {e}")))?;
     let deadline = Instant::now() + SERVING_BOUND;
-    let log_path = workspace.log_path(space);
     loop {
         if let Ok(Some(status)) = daemon.child.try_wait() {
-            let last = last_line(&log_path).unwrap_or_else(|| "no output".into());
+            let last = last_line(&workspace.log_path(space)).unwrap_or_else(|| "no output".into());
             return Err(UpError(format!(
-                "✗ up: the delivery daemon exited ({status}) without serving space {space}: {last}"
+                "✗ up: the delivery daemon exited ({}) without serving space {space}: {last}",
+                exit_cause(&status)
             )));
         }
-        // Serving = this process recorded itself (it holds the lease) and the row it claimed
-        // after it was started reads ready. A row a killed predecessor left behind has the
-        // same holder but an older claim time and another pid record.
-        let recorded = files::read_pid(&workspace.pid_path(space)) == Some(daemon.pid);
-        if let (true, Ok(Read::Present(row))) = (recorded, rows.read(LEASE_KEY).await) {
-            if let Ok(info) = serde_json::from_slice::<LeaseInfo>(&row.value) {
-                if info.ready && info.holder == holder && info.since >= daemon.started_ms {
-                    let _ = client.drain().await;
-                    return Ok(());
-                }
-            }
+        if watch.serving(space, workspace, daemon).await {
+            return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(UpError(format!(
-                "✗ up: the delivery daemon did not serve space {space} within {} s; see {}",
-                SERVING_BOUND.as_secs(),
-                log_path.display()
-            )));
+            return Err(UpError(format!("✗ up: {}", not_bound(space, workspace))));
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// `code 9`, `signal SIGKILL`: how a daemon ended, for the seeds' restart line.
+fn exit_cause(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return format!("code {code}");
+    }
+    match status.signal() {
+        Some(sig) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(s) => format!("signal {}", s.as_str()),
+            Err(_) => format!("signal {sig}"),
+        },
+        None => status.to_string(),
     }
 }
 
 fn last_line(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| {
-        // Strip the log file's timestamp.
-        l.split_once(' ')
-            .map(|(_, rest)| rest.to_string())
-            .unwrap_or_else(|| l.to_string())
-    })
-}
-
-/// Foreground: wait for Ctrl-C; restart a daemon that dies while the broker runs.
-async fn supervise(
-    cfg: &UpConfig,
-    workspace: &Workspace,
-    authority: &MeshAuthority,
-    url: &str,
-    daemon: &mut DaemonChild,
-    journal: &Journal,
-) {
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        return;
-    };
-    journal.line("• mesh serving; Ctrl-C stops the daemon, then the broker");
-    loop {
-        tokio::select! {
-            _ = int.recv() => return,
-            _ = term.recv() => return,
-            status = daemon.child.wait() => {
-                let cause = match status {
-                    Ok(s) if s.success() => return,
-                    Ok(s) => s.to_string(),
-                    Err(e) => e.to_string(),
-                };
-                journal.line(format!("delivery daemon exited ({cause}) while nats-server is running - restarting it"));
-                match start_daemon(cfg, workspace, url) {
-                    Ok(d) => {
-                        *daemon = d;
-                        match wait_serving(cfg, workspace, authority, url, daemon).await {
-                            Ok(()) => journal.line("delivery daemon running again"),
-                            Err(e) => {
-                                journal.line(format!("! {e}; retrying after the lease TTL ({} s)", cfg.lease_ttl.as_secs()));
-                                tokio::time::sleep(cfg.lease_ttl).await;
-                            }
-                        }
-                    }
-                    Err(e) => journal.line(format!("! {e}")),
-                }
+        // Strip the journal's timestamp; a line the daemon wrote straight onto its redirected
+        // stderr has none.
+        match l.split_once(' ') {
+            Some((first, rest))
+                if first.ends_with('Z') && first.starts_with(|c: char| c.is_ascii_digit()) =>
+            {
+                rest.to_string()
             }
+            _ => l.to_string(),
         }
-    }
-}
-
-async fn stop_daemon(daemon: &mut DaemonChild, journal: &Journal) {
-    if let Ok(Some(_)) = daemon.child.try_wait() {
-        return;
-    }
-    if let Ok(raw) = i32::try_from(daemon.pid) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(raw),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    match tokio::time::timeout(STOP_GRACE, daemon.child.wait()).await {
-        Ok(_) => journal.line("• delivery daemon stopped"),
-        Err(_) => {
-            let _ = daemon.child.kill().await;
-            journal.line(format!(
-                "! delivery daemon did not exit {} s after SIGTERM; killed",
-                STOP_GRACE.as_secs()
-            ));
-        }
-    }
-}
-
-async fn stop_broker(broker: &mut BrokerChild, journal: &Journal) {
-    if let Some(pid) = broker.child.id().and_then(|p| i32::try_from(p).ok()) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    if tokio::time::timeout(STOP_GRACE, broker.child.wait())
-        .await
-        .is_err()
-    {
-        let _ = broker.child.kill().await;
-    }
-    journal.line("• nats-server stopped");
+    })
 }

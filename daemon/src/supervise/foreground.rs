@@ -1,0 +1,257 @@
+//! The foreground `up` loop: one bounded tick at a time, so no wait (a replacement that never
+//! serves, a retry after the lease TTL) can block Ctrl-C, a broker exit or `down`.
+//!
+//! Each tick looks at, in order: a signal, the broker `up` started, the daemon it started, the
+//! `down` marker, a due restart and a due credential renewal. A restart happens only when the
+//! daemon died while that broker still runs and no `down` stopped it; a clean exit or a
+//! SIGTERM/SIGINT leaves it stopped. Spawning takes the stop reservation, so a `down` that lands
+//! between two restart attempts is seen before the next spawn.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+use super::renewal::RenewalOwner;
+use super::stop::{self, Reservation};
+use super::{
+    exit_cause, last_line, not_bound, start_daemon, BrokerChild, DaemonChild, LeaseWatch,
+    Transport, UpConfig, UpError, POLL,
+};
+use crate::files;
+use crate::journal::Journal;
+use crate::provision::Workspace;
+
+/// SIGINT and SIGTERM, installed once at `up`'s start.
+pub(super) struct Signals {
+    int: Signal,
+    term: Signal,
+}
+
+impl Signals {
+    pub(super) fn install() -> std::io::Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+        })
+    }
+}
+
+/// What the loop works with.
+pub(super) struct Ctx<'a> {
+    pub cfg: &'a UpConfig,
+    pub workspace: &'a Workspace,
+    pub url: &'a str,
+    pub transport: &'a Transport,
+    pub watch: &'a LeaseWatch,
+    pub journal: &'a Journal,
+}
+
+/// Where the daemon stands.
+enum Phase {
+    /// The replacement was started; `since` bounds the not-bound warning.
+    Starting {
+        since: Instant,
+        warned: bool,
+    },
+    Serving,
+    /// No daemon; a restart is due at this instant.
+    RetryAt(Instant),
+    /// No daemon, and none will be started (clean exit, signal, `down`).
+    Stopped,
+}
+
+/// Why the loop ended.
+enum End {
+    Signal(&'static str),
+    BrokerExited(ExitStatus),
+}
+
+/// A daemon that ended this way stays stopped: clean, or SIGTERM/SIGINT (with or without its
+/// handlers in place).
+fn stays_stopped(status: &ExitStatus) -> bool {
+    status.success()
+        || matches!(
+            status.signal(),
+            Some(s) if s == libc_sig(nix::sys::signal::Signal::SIGTERM)
+                || s == libc_sig(nix::sys::signal::Signal::SIGINT)
+        )
+}
+
+fn libc_sig(s: nix::sys::signal::Signal) -> i32 {
+    s as i32
+}
+
+/// Runs until Ctrl-C/SIGTERM or the broker exits; then stops the daemon with the shared stop
+/// and returns (the caller stops the broker).
+pub(super) async fn run(
+    ctx: &Ctx<'_>,
+    broker: &mut BrokerChild,
+    daemon: DaemonChild,
+    mut signals: Signals,
+) -> Result<(), UpError> {
+    let cfg = ctx.cfg;
+    let space = &cfg.space;
+    let root = ctx.workspace.root();
+    let journal = ctx.journal;
+    let mut daemon = Some(daemon);
+    let mut phase = Phase::Serving;
+    let renewal = RenewalOwner::new(
+        root,
+        space,
+        ctx.url,
+        ctx.transport.tls_ca.clone(),
+        cfg.creds_lifetime,
+    )
+    .spawn();
+    journal.line("• mesh serving; Ctrl-C stops the daemon, then the broker");
+    let end = loop {
+        tokio::select! {
+            _ = signals.int.recv() => break End::Signal("SIGINT"),
+            _ = signals.term.recv() => break End::Signal("SIGTERM"),
+            _ = tokio::time::sleep(POLL) => {}
+        }
+        if let Ok(Some(status)) = broker.child.try_wait() {
+            break End::BrokerExited(status);
+        }
+        let down = files::down_marker_path(root, space).exists();
+        if let Some(d) = daemon.as_mut() {
+            match d.child.try_wait() {
+                Ok(Some(status)) => {
+                    daemon = None;
+                    let cause = exit_cause(&status);
+                    phase = if down {
+                        journal.line(format!(
+                            "• delivery daemon exited ({cause}) - stopped by down, it stays stopped"
+                        ));
+                        Phase::Stopped
+                    } else if stays_stopped(&status) {
+                        journal.line(format!(
+                            "• delivery daemon exited ({cause}) - it stays stopped; nats-server keeps running"
+                        ));
+                        Phase::Stopped
+                    } else if matches!(phase, Phase::Starting { .. }) {
+                        let last = last_line(&ctx.workspace.log_path(space))
+                            .unwrap_or_else(|| "no output".into());
+                        journal.line(format!(
+                            "! up: the restarted delivery daemon exited ({cause}) without serving: {last}; retrying after the lease TTL ({} s)",
+                            cfg.lease_ttl.as_secs()
+                        ));
+                        Phase::RetryAt(Instant::now() + cfg.lease_ttl)
+                    } else {
+                        journal.line(format!(
+                            "delivery daemon exited ({cause}) while nats-server is running - restarting it"
+                        ));
+                        Phase::RetryAt(Instant::now())
+                    };
+                }
+                Ok(None) => {
+                    if let Phase::Starting { since, warned } = &mut phase {
+                        if ctx.watch.serving(space, ctx.workspace, d).await {
+                            journal.line("delivery daemon running again");
+                            phase = Phase::Serving;
+                        } else if !*warned && since.elapsed() > super::SERVING_BOUND {
+                            *warned = true;
+                            journal.line(format!("! up: {}", not_bound(space, ctx.workspace)));
+                        }
+                    }
+                }
+                Err(e) => {
+                    journal.line(format!("! up: could not wait for the delivery daemon: {e}"))
+                }
+            }
+        }
+        if let Phase::RetryAt(at) = phase {
+            if Instant::now() >= at {
+                phase = restart(ctx, down, &mut daemon);
+            }
+        }
+    };
+    renewal.abort();
+    let code = match &end {
+        End::Signal(name) => {
+            journal.line(format!(
+                "• received {name}: stopping the delivery daemon, then nats-server"
+            ));
+            Ok(())
+        }
+        End::BrokerExited(status) => {
+            if files::down_marker_path(root, space).exists() {
+                journal.line("• nats-server stopped by down");
+                Ok(())
+            } else {
+                journal.line(format!(
+                    "! up: nats-server exited ({}) - stopping the delivery daemon",
+                    exit_cause(status)
+                ));
+                Err(UpError(format!(
+                    "✗ up: nats-server exited ({}) under up; the delivery daemon was stopped, nothing restarted",
+                    exit_cause(status)
+                )))
+            }
+        }
+    };
+    stop_under_up(ctx, daemon.as_mut()).await;
+    code
+}
+
+/// A restart attempt under the reservation: none when `down` stopped the daemon.
+fn restart(ctx: &Ctx<'_>, down: bool, daemon: &mut Option<DaemonChild>) -> Phase {
+    let cfg = ctx.cfg;
+    let space = &cfg.space;
+    let root = ctx.workspace.root();
+    if down {
+        ctx.journal
+            .line("• delivery daemon stopped by down - not restarting it");
+        return Phase::Stopped;
+    }
+    // A stop holds the reservation: look again on the next tick.
+    let Ok(_reservation) = Reservation::take(root, space, "up") else {
+        return Phase::RetryAt(Instant::now());
+    };
+    if files::down_marker_path(root, space).exists() {
+        ctx.journal
+            .line("• delivery daemon stopped by down - not restarting it");
+        return Phase::Stopped;
+    }
+    match start_daemon(space, ctx.workspace, ctx.url, ctx.transport, false) {
+        Ok(d) => {
+            *daemon = Some(d);
+            Phase::Starting {
+                since: Instant::now(),
+                warned: false,
+            }
+        }
+        Err(e) => {
+            ctx.journal.line(format!(
+                "! {e}; retrying after the lease TTL ({} s)",
+                cfg.lease_ttl.as_secs()
+            ));
+            Phase::RetryAt(Instant::now() + cfg.lease_ttl)
+        }
+    }
+}
+
+/// The shared stop, for `up`'s own child too. When `down` holds the reservation, `up` waits for
+/// that stop to finish (bounded by the grace plus the kill confirmation) and then makes sure.
+async fn stop_under_up(ctx: &Ctx<'_>, mut daemon: Option<&mut DaemonChild>) {
+    let cfg = ctx.cfg;
+    let root = ctx.workspace.root();
+    let bound = cfg.stop_grace + Duration::from_secs(10);
+    for _ in 0..2 {
+        let own = daemon.as_mut().map(|d| &mut d.child);
+        match stop::stop_daemon(root, &cfg.space, own, cfg.stop_grace, "up", ctx.journal).await {
+            Err(e) if e.kind() == stop::StopErrorKind::Busy => {
+                ctx.journal
+                    .line("• up: a stop of the delivery daemon is running - waiting for it");
+                Reservation::wait_released(root, &cfg.space, bound).await;
+            }
+            Err(e) => {
+                ctx.journal.line(e.to_string());
+                return;
+            }
+            Ok(_) => return,
+        }
+    }
+}

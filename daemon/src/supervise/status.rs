@@ -1,0 +1,267 @@
+//! `cotal-delivery status`: what a space's delivery looks like from outside, checked rather
+//! than assumed: the broker (reachable, URL), the lease row (holder, incarnation, ready, age),
+//! the pid record's verdict, the credential's expiry and whether `ctl.delivery` answers. Healthy
+//! only when all of them say so; the exit code tells scripts which.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::creds::read_creds_file;
+use crate::files::{self, MeshRecord, PidLiveness};
+use crate::journal::{epoch_ms, utc_timestamp};
+use crate::kv::{Read, Rows};
+use crate::provision::{self, MeshAuthority, MintOptions, Profile, Workspace};
+use crate::space::lease::LeaseInfo;
+use crate::wire::{CtlService, Principal, Space, SpaceNames, LEASE_KEY};
+
+/// Bound on each broker check (connect, row read, rail request).
+const CHECK_BOUND: Duration = Duration::from_secs(2);
+
+/// The lease row as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    pub holder: String,
+    pub incarnation: String,
+    pub ready: bool,
+    pub age_ms: u64,
+}
+
+/// Everything `status` found.
+#[derive(Debug, Clone)]
+pub struct StatusReport {
+    pub space: Space,
+    pub root: PathBuf,
+    pub server: String,
+    /// `Err` says why the broker could not be checked or reached.
+    pub broker: Result<(), String>,
+    pub lease: Option<LeaseView>,
+    pub pid: PidLiveness,
+    /// Expiry (unix seconds) of the delivery credential; `Err` when it cannot be read.
+    pub credential_exp: Result<Option<i64>, String>,
+    pub ctl_answers: bool,
+}
+
+impl StatusReport {
+    /// Healthy: broker reachable, lease ready, record alive, credential valid, rail answering.
+    pub fn healthy(&self) -> bool {
+        let now = (epoch_ms() / 1000) as i64;
+        self.broker.is_ok()
+            && self.lease.as_ref().is_some_and(|l| l.ready)
+            && self.pid.daemon_pid().is_some()
+            && matches!(self.credential_exp, Ok(exp) if exp.is_none_or(|e| e > now))
+            && self.ctl_answers
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "space": self.space.as_str(),
+            "root": self.root,
+            "healthy": self.healthy(),
+            "broker": {
+                "url": self.server,
+                "reachable": self.broker.is_ok(),
+                "error": self.broker.as_ref().err(),
+            },
+            "lease": self.lease.as_ref().map(|l| json!({
+                "holder": l.holder,
+                "incarnation": l.incarnation,
+                "ready": l.ready,
+                "ageMs": l.age_ms,
+            })),
+            "pidRecord": {
+                "verdict": self.pid.verdict(),
+                "pid": self.pid.recorded_pid(),
+            },
+            "credential": match &self.credential_exp {
+                Ok(exp) => json!({"expires": exp}),
+                Err(e) => json!({"error": e}),
+            },
+            "ctlDelivery": {"answers": self.ctl_answers},
+        })
+    }
+
+    /// The human lines.
+    pub fn lines(&self) -> Vec<String> {
+        let broker = match &self.broker {
+            Ok(()) => format!("broker:       reachable at {}", self.server),
+            Err(e) => format!("broker:       not reachable at {} ({e})", self.server),
+        };
+        let lease = match &self.lease {
+            Some(l) => format!(
+                "lease:        held by {}, incarnation {}, {}, age {} s",
+                l.holder,
+                if l.incarnation.is_empty() {
+                    "-"
+                } else {
+                    &l.incarnation
+                },
+                if l.ready { "ready" } else { "not ready" },
+                l.age_ms / 1000
+            ),
+            None => "lease:        no row".to_string(),
+        };
+        let pid = match self.pid.recorded_pid() {
+            Some(p) => format!("pid record:   {} (pid {p})", self.pid.verdict()),
+            None => format!("pid record:   {}", self.pid.verdict()),
+        };
+        let cred = match &self.credential_exp {
+            Ok(Some(exp)) => {
+                let t = UNIX_EPOCH + Duration::from_secs((*exp).max(0) as u64);
+                let left = t
+                    .duration_since(SystemTime::now())
+                    .map(|d| format!("in {} s", d.as_secs()))
+                    .unwrap_or_else(|_| "expired".into());
+                format!(
+                    "credential:   delivery expires {} ({left})",
+                    utc_timestamp(t)
+                )
+            }
+            Ok(None) => "credential:   delivery never expires".to_string(),
+            Err(e) => format!("credential:   {e}"),
+        };
+        let ctl = format!(
+            "ctl.delivery: {}",
+            if self.ctl_answers {
+                "answers"
+            } else {
+                "no answer"
+            }
+        );
+        vec![
+            format!("space {} at {}", self.space, self.root.display()),
+            broker,
+            lease,
+            pid,
+            cred,
+            ctl,
+            format!(
+                "status: {}",
+                if self.healthy() {
+                    "healthy"
+                } else {
+                    "not healthy"
+                }
+            ),
+        ]
+    }
+}
+
+/// The broker of `root`'s mesh: `.cotal/mesh.json`, else the registry record, else the default.
+fn mesh_of(root: &Path, space: &Space) -> (String, Option<PathBuf>) {
+    let record = MeshRecord::read(&files::mesh_state_path(root))
+        .ok()
+        .flatten()
+        .or_else(|| {
+            let home = files::cotal_home()?;
+            MeshRecord::read(&files::registry_path(&home, space))
+                .ok()
+                .flatten()
+        });
+    match record {
+        Some(r) => (r.server, r.tls_ca),
+        None => (crate::space::process::DEFAULT_SERVER.to_string(), None),
+    }
+}
+
+/// Checks the space's delivery at `root`.
+pub async fn status(root: &Path, space: &Space) -> StatusReport {
+    let workspace = Workspace::new(root);
+    let (server, tls_ca) = mesh_of(root, space);
+    let pid = files::pid_liveness(&workspace.pid_path(space));
+    let credential_exp = read_creds_file(&workspace.delivery_creds_path(space))
+        .map_err(|_| {
+            format!(
+                "no delivery credential at {}",
+                workspace.delivery_creds_path(space).display()
+            )
+        })
+        .and_then(|c| c.claims().map(|c| c.exp).map_err(|e| e.to_string()));
+    let mut report = StatusReport {
+        space: space.clone(),
+        root: root.to_path_buf(),
+        server: server.clone(),
+        broker: Ok(()),
+        lease: None,
+        pid,
+        credential_exp,
+        ctl_answers: false,
+    };
+    let client = match connect(&workspace, space, &server, tls_ca.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            report.broker = Err(e);
+            return report;
+        }
+    };
+    let js = async_nats::jetstream::new(client.clone());
+    if let Ok(rows) = Rows::open(&js, &SpaceNames::new(space).delivery_bucket(), CHECK_BOUND).await
+    {
+        if let Ok(Read::Present(row)) = rows.read(LEASE_KEY).await {
+            if let Ok(info) = serde_json::from_slice::<LeaseInfo>(&row.value) {
+                report.lease = Some(LeaseView {
+                    holder: info.holder,
+                    incarnation: info.incarnation,
+                    ready: info.ready,
+                    age_ms: epoch_ms().saturating_sub(info.since),
+                });
+            }
+        }
+    }
+    report.ctl_answers = ctl_delivery_answers(&client, space).await;
+    let _ = client.drain().await;
+    report
+}
+
+/// An operator connection minted from the root's signer (status reads, it never writes).
+async fn connect(
+    workspace: &Workspace,
+    space: &Space,
+    server: &str,
+    tls_ca: Option<&Path>,
+) -> Result<async_nats::Client, String> {
+    let authority = MeshAuthority::load(&workspace.auth_dir())
+        .map_err(|e| format!("no signer to check it with: {e}"))?;
+    let cred = authority
+        .mint(
+            space,
+            &Profile::Operator,
+            MintOptions::new().expires_in(Duration::from_secs(60)),
+        )
+        .map_err(|e| e.to_string())?;
+    provision::connect_with_credential(server, tls_ca, &cred, "cotal-status", CHECK_BOUND)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Whether the `ctl.delivery` responder answers. The probe is a verb the rail does not serve, so
+/// the answer (a refusal naming the verb) is immediate and changes nothing.
+async fn ctl_delivery_answers(client: &async_nats::Client, space: &Space) -> bool {
+    let Ok(caller) = Principal::parse("local.cotal_status") else {
+        return false;
+    };
+    let subject = SpaceNames::new(space).ctl_subject(CtlService::Delivery, &caller);
+    let reply = format!("{subject}.reply.{}", epoch_ms());
+    let Ok(mut sub) = client.subscribe(reply.clone()).await else {
+        return false;
+    };
+    let body = json!({"op": "statusProbe", "args": {}, "from": {"id": caller.dot_form()}});
+    if client
+        .publish_with_reply(subject, reply, body.to_string().into())
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    // The broker's own no-responders status is not an answer: only the rail's JSON reply is.
+    match tokio::time::timeout(CHECK_BOUND, sub.next()).await {
+        Ok(Some(msg)) => {
+            msg.status.is_none()
+                && serde_json::from_slice::<Value>(&msg.payload)
+                    .is_ok_and(|v| v.get("ok").is_some())
+        }
+        _ => false,
+    }
+}
