@@ -549,6 +549,24 @@ impl Run<'_> {
                 Ok("a pid record names a live process that is not a delivery daemon".into())
             }
             Step::Status { contains, code } => {
+                // What `up` leaves for `status` on a workstation: the signer under
+                // `.cotal/auth/` and the mesh's URL in `.cotal/mesh.json`.
+                let ws = self.mesh.workspace();
+                if !ws.auth_dir().join("broker.json").exists() {
+                    self.mesh
+                        .authority
+                        .save(&ws.auth_dir())
+                        .map_err(|e| HarnessError::Usage(e.to_string()))?;
+                }
+                cotal_delivery::files::MeshRecord {
+                    space: self.mesh.space().as_str().to_string(),
+                    server: self.mesh.url(),
+                    root: self.mesh.root().to_path_buf(),
+                    tls_required: self.mesh.tls_ca().is_some(),
+                    tls_ca: self.mesh.tls_ca(),
+                }
+                .write(&cotal_delivery::files::mesh_state_path(self.mesh.root()))
+                .map_err(|e| HarnessError::Usage(e.to_string()))?;
                 let bin = match &self.options.daemon_bin {
                     Some(b) => b.clone(),
                     None => crate::daemon::daemon_bin()?,

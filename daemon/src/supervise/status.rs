@@ -103,9 +103,21 @@ impl StatusReport {
             ),
             None => "lease:        no row".to_string(),
         };
-        let pid = match self.pid.recorded_pid() {
-            Some(p) => format!("pid record:   {} (pid {p})", self.pid.verdict()),
-            None => format!("pid record:   {}", self.pid.verdict()),
+        // Each verdict also says, in words scripts have matched since the first `status`,
+        // whether a delivery daemon is running.
+        let pid = match &self.pid {
+            PidLiveness::Alive(p) => format!("pid record:   alive (pid {p}) - delivery daemon running"),
+            PidLiveness::Unverified(p) => format!(
+                "pid record:   alive-unverified (pid {p}) - running; its command line could not be read, trusted"
+            ),
+            PidLiveness::Stale(p) => {
+                format!("pid record:   stale (pid {p}) - stale record, pid {p} is not running")
+            }
+            PidLiveness::Foreign(p) => format!(
+                "pid record:   foreign (pid {p}) - stale record, pid {p} is now another program"
+            ),
+            PidLiveness::Absent => "pid record:   absent - not running".to_string(),
+            PidLiveness::Unreadable => "pid record:   unreadable - not running".to_string(),
         };
         let cred = match &self.credential_exp {
             Ok(Some(exp)) => {
