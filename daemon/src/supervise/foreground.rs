@@ -112,9 +112,9 @@ pub(super) async fn run(
             _ = signals.term.recv() => break End::Signal("SIGTERM"),
             _ = tokio::time::sleep(POLL) => {}
         }
-        if let Ok(Some(status)) = broker.child.try_wait() {
-            break End::BrokerExited(status);
-        }
+        // Looked at first, acted on last: a daemon that exited in the same tick is still
+        // reported, and never restarted without its broker.
+        let broker_exit = broker.child.try_wait().ok().flatten();
         let down = files::down_marker_path(root, space).exists();
         if let Some(d) = daemon.as_mut() {
             match d.child.try_wait() {
@@ -126,9 +126,14 @@ pub(super) async fn run(
                             "• delivery daemon exited ({cause}) - stopped by down, it stays stopped"
                         ));
                         Phase::Stopped
-                    } else if stays_stopped(&status) {
+                    } else if stays_stopped(&status) && broker_exit.is_none() {
                         journal.line(format!(
                             "• delivery daemon exited ({cause}) - it stays stopped; nats-server keeps running"
+                        ));
+                        Phase::Stopped
+                    } else if broker_exit.is_some() {
+                        journal.line(format!(
+                            "• delivery daemon exited ({cause}) with nats-server - not restarting it"
                         ));
                         Phase::Stopped
                     } else if matches!(phase, Phase::Starting { .. }) {
@@ -161,6 +166,9 @@ pub(super) async fn run(
                     journal.line(format!("! up: could not wait for the delivery daemon: {e}"))
                 }
             }
+        }
+        if let Some(status) = broker_exit {
+            break End::BrokerExited(status);
         }
         if let Phase::RetryAt(at) = phase {
             if Instant::now() >= at {
