@@ -303,6 +303,10 @@ async fn close_while_cut_and_healed_within_the_window_repeats_the_release_and_co
     assert!(lease(&ia).await.is_none(), "the row is gone at the broker");
     // Closed means closed: the same future, asked again, says the same.
     assert_eq!(alpha.drain().await.expect("same outcome"), closed);
+    // A host may start the space again once it closed: a new instance claims at once.
+    let again = start(assigned(&mesh, &a, &mesh.url(), &state)).await;
+    assert!(lease(&ia).await.expect("claimed again").ready);
+    again.close().await.expect("clean close");
 }
 
 /// An operator rewrites the row to another holder: the service closes without touching it
