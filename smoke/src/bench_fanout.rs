@@ -1,53 +1,73 @@
-//! `smoke bench-fanout`: posts/s and post-to-surface latency (p50, p99) of the durable data
-//! path for several member counts, next to a raw JetStream baseline measured on the same
-//! broker in the same run.
+//! `smoke bench-fanout`: the durable data path next to the raw JetStream pipeline it wraps,
+//! like for like, on the same broker in the same run (issue 10, "Must show").
 //!
-//! Per member count M: M online members join one durable channel and surface from their own
-//! `dlv_` durables. Daemon phase: a sender posts P messages through JetStream; the daemon fans
-//! each out to INBOX, re-authorizes and hands it to DLV; latency is post-ack time to surface.
-//! Baseline phase (daemon stopped): a plain client publishes the same P x M copies straight
-//! into the same streams (an INBOX entry and a DLV frame per copy, awaiting every ack); latency
-//! is from the start of a post's copies to surface. Throughput is P over the time from the
-//! first post to the last surface.
+//! Per member count M (M lifecycles joined durably to one channel, offline; one sender):
+//!
+//! - **daemon**: the real daemon binary runs the path (CHAT → `fanout` → INBOX → `reader` → DLV).
+//! - **baseline**: the daemon is stopped and this process runs the same pipeline shape with no
+//!   checks: a durable pull consumer on CHAT publishes the M INBOX copies of each post (message
+//!   ids), acks the post after every copy's ack; a durable pull consumer on INBOX publishes each
+//!   entry's DLV frame (message id), acks the entry after the frame's ack; each stage with at
+//!   most [`BASELINE_IN_FLIGHT`] messages in flight.
+//!
+//! Both phases post from the same sender in windows of `--window` posts (the next window starts
+//! once every (post, member) pair of the last one is stored in DLV), so the backlog stays inside
+//! CHAT's per-subject retention. Every stream is purged between phases. Stored in DLV is seen by
+//! a core subscription of this process on `dlv.>`; completeness counts distinct (post, member)
+//! pairs. Throughput (median of `--runs`) is posts over first publish → last pair stored.
+//! Latency is measured separately at a fixed `--rate` posts/s: publish → DLV stored, per pair.
+//! The daemon's peak RSS is its `VmHWM` before each stop (maximum over runs).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::HeaderMap;
-use cotal_delivery::agent::Delivery;
-use cotal_delivery::plane::entry::{Plane3DeliveryFrame, Plane3Entry, Reason};
+use cotal_delivery::plane::entry::{dedup_id, Plane3DeliveryFrame, Plane3Entry, Reason};
+use cotal_delivery::provision::agent::AgentMaterial;
 use cotal_delivery::wire::DELIVERY_FRAME_HEADER;
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+/// Messages each baseline stage handles at once (its `max_ack_pending` and its semaphore).
+pub const BASELINE_IN_FLIGHT: usize = 512;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Member counts to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,10,100")]
+    #[arg(long, value_delimiter = ',', default_value = "10,100")]
     members: Vec<usize>,
-    /// Posts per member count.
-    #[arg(long, default_value_t = 200)]
+    /// Posts per throughput run (at least 2000 for the issue's figures).
+    #[arg(long, default_value_t = 2000)]
     posts: usize,
-    /// Bound on waiting for every copy to surface, per phase, in seconds.
-    #[arg(long, default_value_t = 120)]
+    /// Throughput runs per member count and side; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Posts the sender may have outstanding (not yet stored in DLV for every member).
+    #[arg(long, default_value_t = 500)]
+    window: usize,
+    /// Fixed posting rate of the latency measurement, posts/s.
+    #[arg(long, default_value_t = 200)]
+    rate: u64,
+    /// Posts of the latency measurement.
+    #[arg(long, default_value_t = 400)]
+    latency_posts: usize,
+    /// Bound on one window (or the latency tail) being stored, in seconds.
+    #[arg(long, default_value_t = 300)]
     surface_bound_secs: u64,
-}
-
-/// Surface times by message id, shared by the members' surfacing tasks.
-type Surfaced = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
-
-struct Phase {
-    posts_per_s: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    copies: usize,
+    /// Print one JSON object per member count instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 pub async fn run(args: Args) -> i32 {
     match bench(args).await {
-        Ok(()) => 0,
+        Ok(complete) if complete => 0,
+        Ok(_) => 2,
         Err(e) => {
             eprintln!("bench-fanout: {e}");
             1
@@ -55,7 +75,28 @@ pub async fn run(args: Args) -> i32 {
     }
 }
 
-async fn bench(args: Args) -> Result<(), String> {
+/// First time each (post id, member subject) pair was seen stored in DLV.
+#[derive(Default)]
+struct Seen {
+    first: HashMap<(String, String), Instant>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+/// One member count's figures.
+struct Row {
+    members: usize,
+    daemon_pps: f64,
+    baseline_pps: f64,
+    daemon_p50: f64,
+    daemon_p99: f64,
+    baseline_p50: f64,
+    baseline_p99: f64,
+    rss_mb: f64,
+    complete: bool,
+}
+
+async fn bench(args: Args) -> Result<bool, String> {
     let mesh = Mesh::builder()
         .space("bench")
         .map_err(|e| e.to_string())?
@@ -66,83 +107,507 @@ async fn bench(args: Args) -> Result<(), String> {
         .inspector(mesh.space())
         .await
         .map_err(|e| e.to_string())?;
-    println!(
-        "bench-fanout: nats-server at {}, {} posts per member count",
-        mesh.url(),
-        args.posts
-    );
-    println!(
-        "{:>7} | {:>10} {:>9} {:>9} | {:>10} {:>9} {:>9} | {:>8}",
-        "members", "daemon p/s", "p50 ms", "p99 ms", "raw p/s", "p50 ms", "p99 ms", "ratio"
-    );
+    let seen: Shared = Arc::default();
+    let mut sub = insp
+        .client
+        .subscribe(insp.names.dlv_all())
+        .await
+        .map_err(|e| e.to_string())?;
+    insp.sync().await.map_err(|e| e.to_string())?;
+    {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Some(m) = sub.next().await {
+                let now = Instant::now();
+                let Ok(frame) = serde_json::from_slice::<Value>(&m.payload) else {
+                    continue;
+                };
+                let Some(id) = frame["msg"]["id"].as_str() else {
+                    continue;
+                };
+                if let Ok(mut s) = seen.lock() {
+                    s.first
+                        .entry((id.to_string(), m.subject.to_string()))
+                        .or_insert(now);
+                }
+            }
+        });
+    }
+    if !args.json {
+        println!(
+            "bench-fanout: nats-server at {}, {} posts x {} runs per member count, window {}, latency at {} posts/s",
+            mesh.url(),
+            args.posts,
+            args.runs,
+            args.window,
+            args.rate
+        );
+        println!(
+            "{:>7} | {:>10} {:>10} {:>6} | {:>9} {:>9} | {:>9} {:>9} | {:>7} | complete",
+            "members",
+            "daemon p/s",
+            "base p/s",
+            "ratio",
+            "d p50 ms",
+            "d p99 ms",
+            "b p50 ms",
+            "b p99 ms",
+            "RSS MB"
+        );
+    }
     let bound = Duration::from_secs(args.surface_bound_secs);
+    let mut all_complete = true;
     for (round, &m) in args.members.iter().enumerate() {
         let channel = format!("bench{round}");
         let mut daemon = start_daemon(&mesh).await?;
         let (sender, _) = agent::spawn(&mesh, &insp, &format!("sender{round}"), &[&channel])
             .await
             .map_err(|e| e.to_string())?;
-        let mut deliveries = Vec::new();
         let mut targets = Vec::new();
         for i in 0..m {
             let (a, mat) = agent::spawn(&mesh, &insp, &format!("m{round}_{i}"), &[&channel])
                 .await
                 .map_err(|e| e.to_string())?;
             a.durable_join(&channel).await.map_err(|e| e.to_string())?;
-            deliveries.push(a.bind_delivery().await.map_err(|e| e.to_string())?);
-            targets.push((mat, a));
+            targets.push(mat);
         }
-        // Daemon phase.
-        let surfaced: Surfaced = Arc::default();
-        let tasks = spawn_surfacers(deliveries, surfaced.clone(), "d-", args.posts, bound);
-        let mut posted = HashMap::new();
-        let start = Instant::now();
-        for i in 0..args.posts {
-            let id = format!("d-{round}-{i}");
-            let msg = sender.message(&channel, "bench", Some(&id));
-            sender
-                .post(&channel, &msg)
-                .await
-                .map_err(|e| e.to_string())?;
-            posted.insert(id, Instant::now());
-        }
-        let deliveries = join_surfacers(tasks).await;
-        let daemon_phase = measure(&posted, &surfaced, start, args.posts, m)?;
-        stop(&mut daemon).await;
+        let dlv: Vec<String> = targets
+            .iter()
+            .map(|t| insp.names.dlv_subject(&t.principal, &t.lifecycle_uid))
+            .collect();
+        let mut complete = true;
+        let (mut daemon_pps, mut baseline_pps) = (Vec::new(), Vec::new());
+        let (mut daemon_lat, mut baseline_lat) = ((0.0, 0.0), (0.0, 0.0));
+        let mut rss_kb = 0u64;
+        for run in 0..args.runs.max(1) {
+            if run > 0 {
+                daemon = start_daemon(&mesh).await?;
+            }
+            let tag = format!("d{round}r{run}");
+            let (pps, ok) =
+                throughput(&insp, &sender, &channel, &dlv, &seen, &tag, &args, bound).await?;
+            daemon_pps.push(pps);
+            complete &= ok;
+            if run == 0 {
+                let (lat, ok) = latency(
+                    &insp,
+                    &sender,
+                    &channel,
+                    &dlv,
+                    &seen,
+                    &format!("{tag}l"),
+                    &args,
+                    bound,
+                )
+                .await?;
+                daemon_lat = lat;
+                complete &= ok;
+            }
+            rss_kb = rss_kb.max(peak_rss_kb(daemon.pid()));
+            stop(&mut daemon).await;
+            purge(&insp).await?;
 
-        // Baseline phase: the same copies straight into the same streams, no daemon.
-        let surfaced: Surfaced = Arc::default();
-        let tasks = spawn_surfacers(deliveries, surfaced.clone(), "b-", args.posts, bound);
-        let mut posted = HashMap::new();
-        let start = Instant::now();
-        for i in 0..args.posts {
-            let id = format!("b-{round}-{i}");
-            let msg = sender.message(&channel, "bench", Some(&id));
-            let t0 = Instant::now();
-            publish_raw_copies(&insp, &channel, &msg, &targets).await?;
-            posted.insert(id, t0);
+            let baseline = Baseline::start(&insp, &channel, &targets).await?;
+            let tag = format!("b{round}r{run}");
+            let (pps, ok) =
+                throughput(&insp, &sender, &channel, &dlv, &seen, &tag, &args, bound).await?;
+            baseline_pps.push(pps);
+            complete &= ok;
+            if run == 0 {
+                let (lat, ok) = latency(
+                    &insp,
+                    &sender,
+                    &channel,
+                    &dlv,
+                    &seen,
+                    &format!("{tag}l"),
+                    &args,
+                    bound,
+                )
+                .await?;
+                baseline_lat = lat;
+                complete &= ok;
+            }
+            baseline.stop(&insp).await;
+            purge(&insp).await?;
         }
-        let _ = join_surfacers(tasks).await;
-        let raw = measure(&posted, &surfaced, start, args.posts, m)?;
+        let row = Row {
+            members: m,
+            daemon_pps: median(&mut daemon_pps),
+            baseline_pps: median(&mut baseline_pps),
+            daemon_p50: daemon_lat.0,
+            daemon_p99: daemon_lat.1,
+            baseline_p50: baseline_lat.0,
+            baseline_p99: baseline_lat.1,
+            rss_mb: rss_kb as f64 / 1024.0,
+            complete,
+        };
+        all_complete &= complete;
+        print_row(&row, &args);
+    }
+    Ok(all_complete)
+}
+
+fn print_row(r: &Row, args: &Args) {
+    let ratio = r.daemon_pps / r.baseline_pps.max(f64::MIN_POSITIVE);
+    if args.json {
         println!(
-            "{:>7} | {:>10.1} {:>9.2} {:>9.2} | {:>10.1} {:>9.2} {:>9.2} | {:>7.2}x",
-            m,
-            daemon_phase.posts_per_s,
-            daemon_phase.p50_ms,
-            daemon_phase.p99_ms,
-            raw.posts_per_s,
-            raw.p50_ms,
-            raw.p99_ms,
-            raw.posts_per_s / daemon_phase.posts_per_s.max(f64::MIN_POSITIVE)
+            "{}",
+            json!({
+                "members": r.members,
+                "posts": args.posts,
+                "daemon_posts_per_s": round2(r.daemon_pps),
+                "baseline_posts_per_s": round2(r.baseline_pps),
+                "ratio": round2(ratio),
+                "daemon_p50_ms": round2(r.daemon_p50),
+                "daemon_p99_ms": round2(r.daemon_p99),
+                "baseline_p50_ms": round2(r.baseline_p50),
+                "baseline_p99_ms": round2(r.baseline_p99),
+                "daemon_rss_peak_mb": round2(r.rss_mb),
+                "complete": r.complete,
+            })
         );
+    } else {
         println!(
-            "        copies surfaced: daemon {} / raw {} of {} each; ratio = raw posts/s over daemon posts/s",
-            daemon_phase.copies,
-            raw.copies,
-            args.posts * m
+            "{:>7} | {:>10.1} {:>10.1} {:>6.3} | {:>9.2} {:>9.2} | {:>9.2} {:>9.2} | {:>7.1} | {}",
+            r.members,
+            r.daemon_pps,
+            r.baseline_pps,
+            ratio,
+            r.daemon_p50,
+            r.daemon_p99,
+            r.baseline_p50,
+            r.baseline_p99,
+            r.rss_mb,
+            r.complete
         );
     }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Publishes one post (with its id as `Nats-Msg-Id`) and returns the id.
+async fn post(
+    insp: &Inspector,
+    sender: &cotal_delivery::agent::Agent,
+    channel: &str,
+    id: &str,
+) -> Result<async_nats::jetstream::context::PublishAckFuture, String> {
+    let msg = sender.message(channel, "bench", Some(id));
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id);
+    insp.js
+        .publish_with_headers(
+            insp.names.chat_subject(sender.principal(), channel),
+            headers,
+            msg.to_string().into(),
+        )
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// How many pairs of `ids` x `dlv` are stored, and the latest time one was first seen.
+fn stored(seen: &Shared, ids: &[String], dlv: &[String]) -> (usize, Option<Instant>) {
+    let s = seen.lock().expect("seen");
+    let mut n = 0;
+    let mut last = None;
+    for id in ids {
+        for d in dlv {
+            if let Some(t) = s.first.get(&(id.clone(), d.clone())) {
+                n += 1;
+                last = Some(last.map_or(*t, |l: Instant| l.max(*t)));
+            }
+        }
+    }
+    (n, last)
+}
+
+/// Waits (bounded) until every pair of `ids` is stored; false if the bound passed first.
+async fn all_stored(seen: &Shared, ids: &[String], dlv: &[String], bound: Duration) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        if stored(seen, ids, dlv).0 == ids.len() * dlv.len() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Posts `--posts` in windows; returns posts/s and whether every pair was stored.
+#[allow(clippy::too_many_arguments)]
+async fn throughput(
+    insp: &Inspector,
+    sender: &cotal_delivery::agent::Agent,
+    channel: &str,
+    dlv: &[String],
+    seen: &Shared,
+    tag: &str,
+    args: &Args,
+    bound: Duration,
+) -> Result<(f64, bool), String> {
+    let ids: Vec<String> = (0..args.posts).map(|i| format!("{tag}-{i}")).collect();
+    let start = Instant::now();
+    let mut complete = true;
+    for window in ids.chunks(args.window.max(1)) {
+        let mut acks = Vec::with_capacity(window.len());
+        for id in window {
+            acks.push(post(insp, sender, channel, id).await?);
+        }
+        for a in acks {
+            a.await.map_err(|e| e.to_string())?;
+        }
+        if !all_stored(seen, window, dlv, bound).await {
+            complete = false;
+            break;
+        }
+    }
+    let (n, last) = stored(seen, &ids, dlv);
+    complete &= n == ids.len() * dlv.len();
+    let elapsed = last.unwrap_or(start).saturating_duration_since(start);
+    Ok((
+        args.posts as f64 / elapsed.as_secs_f64().max(1e-9),
+        complete,
+    ))
+}
+
+/// Posts `--latency-posts` at `--rate` posts/s; returns (p50, p99) of publish → DLV stored.
+#[allow(clippy::too_many_arguments)]
+async fn latency(
+    insp: &Inspector,
+    sender: &cotal_delivery::agent::Agent,
+    channel: &str,
+    dlv: &[String],
+    seen: &Shared,
+    tag: &str,
+    args: &Args,
+    bound: Duration,
+) -> Result<((f64, f64), bool), String> {
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / args.rate.max(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut sent: Vec<(String, Instant)> = Vec::with_capacity(args.latency_posts);
+    let mut acks = Vec::new();
+    for i in 0..args.latency_posts {
+        tick.tick().await;
+        let id = format!("{tag}-{i}");
+        let t0 = Instant::now();
+        acks.push(post(insp, sender, channel, &id).await?);
+        sent.push((id, t0));
+    }
+    for a in acks {
+        a.await.map_err(|e| e.to_string())?;
+    }
+    let ids: Vec<String> = sent.iter().map(|(id, _)| id.clone()).collect();
+    let complete = all_stored(seen, &ids, dlv, bound).await;
+    let s = seen.lock().expect("seen");
+    let mut ms: Vec<f64> = Vec::new();
+    for (id, t0) in &sent {
+        for d in dlv {
+            if let Some(t) = s.first.get(&(id.clone(), d.clone())) {
+                ms.push(t.saturating_duration_since(*t0).as_secs_f64() * 1000.0);
+            }
+        }
+    }
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| {
+        ms.get(((ms.len().max(1) - 1) as f64 * p).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Ok(((pct(0.50), pct(0.99)), complete))
+}
+
+/// Purges CHAT, INBOX and DLV (consumers move past what was purged).
+async fn purge(insp: &Inspector) -> Result<(), String> {
+    for name in [
+        insp.names.chat_stream(),
+        insp.names.inbox_stream(),
+        insp.names.dlv_stream(),
+    ] {
+        let s = insp
+            .js
+            .get_stream_no_info(&name)
+            .await
+            .map_err(|e| e.to_string())?;
+        s.purge().await.map_err(|e| format!("purge {name}: {e}"))?;
+    }
     Ok(())
+}
+
+/// `VmHWM` (peak resident set) of `pid` in kB, 0 if unreadable.
+fn peak_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+const BASE_FANOUT: &str = "bench_fanout";
+const BASE_READER: &str = "bench_reader";
+
+/// The raw pipeline: two durable pull consumers and their tasks.
+struct Baseline {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Baseline {
+    async fn start(
+        insp: &Inspector,
+        channel: &str,
+        targets: &[AgentMaterial],
+    ) -> Result<Baseline, String> {
+        let consumer = |stream: String, name: &'static str, filter: String| {
+            let js = insp.js.clone();
+            async move {
+                js.get_stream_no_info(stream)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .create_consumer(pull::Config {
+                        durable_name: Some(name.to_string()),
+                        filter_subject: filter,
+                        ack_policy: AckPolicy::Explicit,
+                        deliver_policy: DeliverPolicy::New,
+                        max_ack_pending: BASELINE_IN_FLIGHT as i64,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let fanout = consumer(
+            insp.names.chat_stream(),
+            BASE_FANOUT,
+            insp.names.chat_read_subject(channel),
+        )
+        .await?;
+        let reader = consumer(
+            insp.names.inbox_stream(),
+            BASE_READER,
+            insp.names.dinbox_all(),
+        )
+        .await?;
+        let names = insp.names.clone();
+        let js = insp.js.clone();
+        let members: Arc<Vec<AgentMaterial>> = Arc::new(targets.to_vec());
+        let channel = channel.to_string();
+        let fan = {
+            let (js, names) = (js.clone(), names.clone());
+            tokio::spawn(async move {
+                let Ok(messages) = fanout.messages().await else {
+                    return;
+                };
+                messages
+                    .for_each_concurrent(BASELINE_IN_FLIGHT, |m| {
+                        let (js, names, members, channel) =
+                            (js.clone(), names.clone(), members.clone(), channel.clone());
+                        async move {
+                            let Ok(m) = m else { return };
+                            let Ok(msg) = serde_json::from_slice::<Value>(&m.payload) else {
+                                return;
+                            };
+                            let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
+                            let mut acks = Vec::with_capacity(members.len());
+                            for t in members.iter() {
+                                let entry = Plane3Entry {
+                                    msg: msg.clone(),
+                                    channel: channel.clone(),
+                                    seq,
+                                    reason: Reason::DurableChannel,
+                                    generation: 1,
+                                };
+                                let mut h = HeaderMap::new();
+                                if let Some(id) = dedup_id(&msg, &t.principal, &t.lifecycle_uid, 1)
+                                {
+                                    h.insert("Nats-Msg-Id", id.as_str());
+                                }
+                                let body = serde_json::to_vec(&entry).unwrap_or_default();
+                                let subject = names.dinbox_subject(&t.principal, &t.lifecycle_uid);
+                                match js.publish_with_headers(subject, h, body.into()).await {
+                                    Ok(a) => acks.push(a),
+                                    Err(_) => return,
+                                }
+                            }
+                            for a in acks {
+                                if a.await.is_err() {
+                                    return;
+                                }
+                            }
+                            let _ = m.ack().await;
+                        }
+                    })
+                    .await;
+            })
+        };
+        let read = tokio::spawn(async move {
+            let Ok(messages) = reader.messages().await else {
+                return;
+            };
+            messages
+                .for_each_concurrent(BASELINE_IN_FLIGHT, |m| {
+                    let (js, names) = (js.clone(), names.clone());
+                    async move {
+                        let Ok(m) = m else { return };
+                        let Ok(entry) = serde_json::from_slice::<Plane3Entry>(&m.payload) else {
+                            return;
+                        };
+                        let prefix = names.space().prefix();
+                        let Some((member, uid)) =
+                            cotal_delivery::plane::entry::parse_dinbox_subject(&m.subject, &prefix)
+                        else {
+                            return;
+                        };
+                        let frame = Plane3DeliveryFrame::for_entry(&entry);
+                        let mut h = HeaderMap::new();
+                        h.insert(DELIVERY_FRAME_HEADER, "1");
+                        if let Some(id) = dedup_id(&entry.msg, &member, &uid, entry.generation) {
+                            h.insert("Nats-Msg-Id", id.as_str());
+                        }
+                        let body = serde_json::to_vec(&frame).unwrap_or_default();
+                        let Ok(a) = js
+                            .publish_with_headers(names.dlv_subject(&member, &uid), h, body.into())
+                            .await
+                        else {
+                            return;
+                        };
+                        if a.await.is_ok() {
+                            let _ = m.ack().await;
+                        }
+                    }
+                })
+                .await;
+        });
+        Ok(Baseline {
+            tasks: vec![fan, read],
+        })
+    }
+
+    async fn stop(self, insp: &Inspector) {
+        for t in self.tasks {
+            t.abort();
+        }
+        for (stream, name) in [
+            (insp.names.chat_stream(), BASE_FANOUT),
+            (insp.names.inbox_stream(), BASE_READER),
+        ] {
+            if let Ok(s) = insp.js.get_stream_no_info(stream).await {
+                let _ = s.delete_consumer(name).await;
+            }
+        }
+    }
 }
 
 async fn start_daemon(mesh: &Mesh) -> Result<Daemon, String> {
@@ -159,141 +624,4 @@ async fn start_daemon(mesh: &Mesh) -> Result<Daemon, String> {
 async fn stop(d: &mut Daemon) {
     let _ = d.terminate();
     let _ = d.wait_exit(Duration::from_secs(15)).await;
-}
-
-type Surfacer = tokio::task::JoinHandle<Delivery>;
-
-fn spawn_surfacers(
-    deliveries: Vec<Delivery>,
-    surfaced: Surfaced,
-    prefix: &'static str,
-    want: usize,
-    bound: Duration,
-) -> Vec<Surfacer> {
-    deliveries
-        .into_iter()
-        .map(|mut d| {
-            let surfaced = surfaced.clone();
-            tokio::spawn(async move {
-                let deadline = tokio::time::Instant::now() + bound;
-                let mut got = 0;
-                while got < want {
-                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    let r = d
-                        .surface(left, |f| {
-                            let now = Instant::now();
-                            if let Some(id) = f.msg["id"].as_str() {
-                                if id.starts_with(prefix) {
-                                    got += 1;
-                                    if let Ok(mut s) = surfaced.lock() {
-                                        s.entry(id.to_string()).or_default().push(now);
-                                    }
-                                }
-                            }
-                        })
-                        .await;
-                    if !matches!(r, Ok(Some(_))) {
-                        break;
-                    }
-                }
-                d
-            })
-        })
-        .collect()
-}
-
-async fn join_surfacers(tasks: Vec<Surfacer>) -> Vec<Delivery> {
-    let mut out = Vec::new();
-    for t in tasks {
-        if let Ok(d) = t.await {
-            out.push(d);
-        }
-    }
-    out
-}
-
-/// One INBOX entry and one DLV frame per member, every ack awaited.
-async fn publish_raw_copies(
-    insp: &Inspector,
-    channel: &str,
-    msg: &serde_json::Value,
-    targets: &[(
-        cotal_delivery::provision::agent::AgentMaterial,
-        cotal_delivery::agent::Agent,
-    )],
-) -> Result<(), String> {
-    let mut acks = Vec::with_capacity(targets.len() * 2);
-    for (mat, _) in targets {
-        // seq 0 lies outside every membership interval: a later reader drops these entries.
-        let entry = Plane3Entry {
-            msg: msg.clone(),
-            channel: channel.to_string(),
-            seq: 0,
-            reason: Reason::DurableChannel,
-            generation: 1,
-        };
-        let frame = Plane3DeliveryFrame::for_entry(&entry);
-        let inbox = insp
-            .names
-            .dinbox_subject(&mat.principal, &mat.lifecycle_uid);
-        let dlv = insp.names.dlv_subject(&mat.principal, &mat.lifecycle_uid);
-        let body = serde_json::to_vec(&entry).map_err(|e| e.to_string())?;
-        acks.push(
-            insp.js
-                .publish(inbox, body.into())
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-        let mut headers = HeaderMap::new();
-        headers.insert(DELIVERY_FRAME_HEADER, "1");
-        let body = serde_json::to_vec(&frame).map_err(|e| e.to_string())?;
-        acks.push(
-            insp.js
-                .publish_with_headers(dlv, headers, body.into())
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    for a in acks {
-        a.await.map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-fn measure(
-    posted: &HashMap<String, Instant>,
-    surfaced: &Surfaced,
-    start: Instant,
-    posts: usize,
-    members: usize,
-) -> Result<Phase, String> {
-    let s = surfaced.lock().map_err(|_| "poisoned".to_string())?;
-    let mut latencies_ms: Vec<f64> = Vec::new();
-    let mut last = start;
-    for (id, times) in s.iter() {
-        let Some(t0) = posted.get(id) else { continue };
-        for t in times {
-            latencies_ms.push(t.saturating_duration_since(*t0).as_secs_f64() * 1000.0);
-            last = last.max(*t);
-        }
-    }
-    let copies = latencies_ms.len();
-    if copies < posts * members {
-        return Err(format!(
-            "only {copies} of {} copies surfaced within the bound",
-            posts * members
-        ));
-    }
-    latencies_ms.sort_by(|a, b| a.total_cmp(b));
-    let pct = |p: f64| latencies_ms[((copies as f64 - 1.0) * p).round() as usize];
-    let elapsed = last.saturating_duration_since(start).as_secs_f64();
-    Ok(Phase {
-        posts_per_s: posts as f64 / elapsed.max(1e-9),
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
-        copies,
-    })
 }
