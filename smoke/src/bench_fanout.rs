@@ -19,6 +19,7 @@
 //! The daemon's peak RSS is its `VmHWM` before each stop (maximum over runs).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -113,6 +114,7 @@ async fn bench(args: Args) -> Result<bool, String> {
         .subscribe(insp.names.dlv_all())
         .await
         .map_err(|e| e.to_string())?;
+    let api = count_api_requests(&insp).await?;
     insp.sync().await.map_err(|e| e.to_string())?;
     {
         let seen = seen.clone();
@@ -183,51 +185,35 @@ async fn bench(args: Args) -> Result<bool, String> {
             if run > 0 {
                 daemon = start_daemon(&mesh).await?;
             }
-            let tag = format!("d{round}r{run}");
-            let (pps, ok) =
-                throughput(&insp, &sender, &channel, &dlv, &seen, &tag, &args, bound).await?;
-            daemon_pps.push(pps);
-            complete &= ok;
-            if run == 0 {
-                let (lat, ok) = latency(
-                    &insp,
-                    &sender,
-                    &channel,
-                    &dlv,
-                    &seen,
-                    &format!("{tag}l"),
-                    &args,
-                    bound,
-                )
-                .await?;
-                daemon_lat = lat;
-                complete &= ok;
-            }
+            let on = On {
+                api: &api,
+                insp: &insp,
+                sender: &sender,
+                channel: &channel,
+                dlv: &dlv,
+                seen: &seen,
+                args: &args,
+                bound,
+            };
+            let d = on.phase(&format!("d{round}r{run}"), run == 0).await?;
+            daemon_pps.push(d.posts_per_s);
+            complete &= d.complete;
+            daemon_lat = d.latency.unwrap_or(daemon_lat);
             rss_kb = rss_kb.max(peak_rss_kb(daemon.pid()));
             stop(&mut daemon).await;
             purge(&insp).await?;
 
             let baseline = Baseline::start(&insp, &channel, &targets).await?;
-            let tag = format!("b{round}r{run}");
-            let (pps, ok) =
-                throughput(&insp, &sender, &channel, &dlv, &seen, &tag, &args, bound).await?;
-            baseline_pps.push(pps);
-            complete &= ok;
-            if run == 0 {
-                let (lat, ok) = latency(
-                    &insp,
-                    &sender,
-                    &channel,
-                    &dlv,
-                    &seen,
-                    &format!("{tag}l"),
-                    &args,
-                    bound,
-                )
-                .await?;
-                baseline_lat = lat;
-                complete &= ok;
-            }
+            let b = on.phase(&format!("b{round}r{run}"), run == 0).await?;
+            baseline_pps.push(b.posts_per_s);
+            complete &= b.complete;
+            baseline_lat = b.latency.unwrap_or(baseline_lat);
+            // What bounds the daemon: JetStream API requests per post, counted by the broker.
+            eprintln!(
+                "bench-fanout: {m} members, run {run}: JetStream API requests per post: daemon {:.1}, baseline {:.1}",
+                d.api_requests as f64 / args.posts as f64,
+                b.api_requests as f64 / args.posts as f64
+            );
             baseline.stop(&insp).await;
             purge(&insp).await?;
         }
@@ -246,6 +232,48 @@ async fn bench(args: Args) -> Result<bool, String> {
         print_row(&row, &args);
     }
     Ok(all_complete)
+}
+
+/// Everything one phase needs.
+struct On<'a> {
+    api: &'a AtomicU64,
+    insp: &'a Inspector,
+    sender: &'a cotal_delivery::agent::Agent,
+    channel: &'a str,
+    dlv: &'a [String],
+    seen: &'a Shared,
+    args: &'a Args,
+    bound: Duration,
+}
+
+/// One phase (daemon or baseline) of one run.
+struct Phase {
+    posts_per_s: f64,
+    api_requests: u64,
+    latency: Option<(f64, f64)>,
+    complete: bool,
+}
+
+impl On<'_> {
+    /// Throughput, then (when asked) latency, with whatever runs the pipeline now.
+    async fn phase(&self, tag: &str, with_latency: bool) -> Result<Phase, String> {
+        let api0 = self.api.load(Ordering::Relaxed);
+        let (posts_per_s, mut complete) = throughput(self, tag).await?;
+        let api_requests = self.api.load(Ordering::Relaxed).saturating_sub(api0);
+        let latency = if with_latency {
+            let (lat, ok) = latency(self, &format!("{tag}l")).await?;
+            complete &= ok;
+            Some(lat)
+        } else {
+            None
+        };
+        Ok(Phase {
+            posts_per_s,
+            api_requests,
+            latency,
+            complete,
+        })
+    }
 }
 
 fn print_row(r: &Row, args: &Args) {
@@ -344,17 +372,10 @@ async fn all_stored(seen: &Shared, ids: &[String], dlv: &[String], bound: Durati
 }
 
 /// Posts `--posts` in windows; returns posts/s and whether every pair was stored.
-#[allow(clippy::too_many_arguments)]
-async fn throughput(
-    insp: &Inspector,
-    sender: &cotal_delivery::agent::Agent,
-    channel: &str,
-    dlv: &[String],
-    seen: &Shared,
-    tag: &str,
-    args: &Args,
-    bound: Duration,
-) -> Result<(f64, bool), String> {
+async fn throughput(on: &On<'_>, tag: &str) -> Result<(f64, bool), String> {
+    let (insp, sender, channel, dlv, seen, args, bound) = (
+        on.insp, on.sender, on.channel, on.dlv, on.seen, on.args, on.bound,
+    );
     let ids: Vec<String> = (0..args.posts).map(|i| format!("{tag}-{i}")).collect();
     let start = Instant::now();
     let mut complete = true;
@@ -381,17 +402,10 @@ async fn throughput(
 }
 
 /// Posts `--latency-posts` at `--rate` posts/s; returns (p50, p99) of publish → DLV stored.
-#[allow(clippy::too_many_arguments)]
-async fn latency(
-    insp: &Inspector,
-    sender: &cotal_delivery::agent::Agent,
-    channel: &str,
-    dlv: &[String],
-    seen: &Shared,
-    tag: &str,
-    args: &Args,
-    bound: Duration,
-) -> Result<((f64, f64), bool), String> {
+async fn latency(on: &On<'_>, tag: &str) -> Result<((f64, f64), bool), String> {
+    let (insp, sender, channel, dlv, seen, args, bound) = (
+        on.insp, on.sender, on.channel, on.dlv, on.seen, on.args, on.bound,
+    );
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / args.rate.max(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut sent: Vec<(String, Instant)> = Vec::with_capacity(args.latency_posts);
@@ -441,6 +455,24 @@ async fn purge(insp: &Inspector) -> Result<(), String> {
         s.purge().await.map_err(|e| format!("purge {name}: {e}"))?;
     }
     Ok(())
+}
+
+/// Counts the JetStream API requests of the space's account as the broker routes them (a core
+/// subscription on `$JS.API.>`: the daemon's reads and pulls, or the baseline's pulls).
+async fn count_api_requests(insp: &Inspector) -> Result<Arc<AtomicU64>, String> {
+    let count = Arc::new(AtomicU64::new(0));
+    let mut sub = insp
+        .client
+        .subscribe("$JS.API.>")
+        .await
+        .map_err(|e| e.to_string())?;
+    let c = count.clone();
+    tokio::spawn(async move {
+        while sub.next().await.is_some() {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    Ok(count)
 }
 
 /// `VmHWM` (peak resident set) of `pid` in kB, 0 if unreadable.
