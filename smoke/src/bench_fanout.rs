@@ -650,6 +650,8 @@ async fn start_daemon(mesh: &Mesh) -> Result<Daemon, String> {
     d.wait_for_line("delivery daemon up", Duration::from_secs(30))
         .await
         .map_err(|e| e.to_string())?;
+    // For a profiler to attach to (`perf stat -p <pid>`).
+    eprintln!("bench-fanout: daemon pid {}", d.pid());
     Ok(d)
 }
 
