@@ -333,7 +333,8 @@ impl MeshAuthority {
         let name = options.name.unwrap_or_else(|| profile.name().to_string());
         let spec = UserClaimsSpec::new(name)
             .permissions(permissions)
-            .expires_in(expires_in);
+            .expires_in(expires_in)
+            .tags(profile.tags());
         Self::sign_user(account, &user, spec)
     }
 

@@ -197,6 +197,8 @@ pub struct UserClaimsSpec {
     pub expires_in: Option<Duration>,
     /// Set when the signer is an account signing key rather than the account identity key.
     pub issuer_account: Option<String>,
+    /// JWT `tags` (what `/connz` and `$SYS` CONNZ report per connection).
+    pub tags: Vec<String>,
 }
 
 impl UserClaimsSpec {
@@ -212,6 +214,10 @@ impl UserClaimsSpec {
     }
     pub fn expires_in(mut self, ttl: Option<Duration>) -> Self {
         self.expires_in = ttl;
+        self
+    }
+    pub fn tags(mut self, tags: Vec<String>) -> Self {
+        self.tags = tags;
         self
     }
     pub fn issuer_account(mut self, account_public_key: impl Into<String>) -> Self {
@@ -249,6 +255,9 @@ pub fn encode_user(
     });
     if let (Some(acc), Some(map)) = (&spec.issuer_account, nats.as_object_mut()) {
         map.insert("issuer_account".into(), json!(acc));
+    }
+    if let (false, Some(map)) = (spec.tags.is_empty(), nats.as_object_mut()) {
+        map.insert("tags".into(), json!(spec.tags));
     }
     encode(signer, user_public_key, &spec.name, spec.expires_in, &nats)
 }

@@ -200,6 +200,20 @@ impl Profile {
         }
     }
 
+    /// JWT tags of a principal-bearing profile (the reference's static mint): `owner:<o>`,
+    /// `actor:<a>`, `principal:<o>.<a>`, so CONNZ attributes its connections (the membership
+    /// feed keys rows by them). Infra profiles carry none: they are unattributable by design.
+    pub fn tags(&self) -> Vec<String> {
+        match self {
+            Profile::Agent { principal, .. } | Profile::Supervisor { principal } => vec![
+                format!("owner:{}", principal.owner()),
+                format!("actor:{}", principal.actor()),
+                format!("principal:{}", principal.dot_form()),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
     /// The profile's grants for a holder with user nkey `user_nkey` (its inbox connId).
     pub fn permissions(&self, names: &SpaceNames, user_nkey: &str) -> Permissions {
         match self {

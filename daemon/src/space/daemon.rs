@@ -25,6 +25,7 @@ use crate::journal::Journal;
 use crate::kv::Rows;
 use crate::plane::{PlaneConfig, PlaneCtx, ServingGate};
 use crate::space::admission::{self, SysPair};
+use crate::space::feed::{FeedParts, MembershipFeed};
 use crate::space::health::{HealthConfig, HealthHandle, Verdict, Watchdog};
 use crate::space::keeper::{Keeper, RELEASE_REDIAL_BOUND};
 use crate::space::lease::{
@@ -565,6 +566,19 @@ impl SpaceDaemon {
         startup_complete.store(true, Ordering::SeqCst);
         // The checkpoint timer writer: its own connection under the credential held now; its
         // faults restart it and never reach the serve loop.
+        // The membership feed (fail-soft: a missing piece or a fault only logs).
+        let feed = MembershipFeed::start(FeedParts::new(
+            spec.clone(),
+            cfg.store.clone(),
+            space.clone(),
+            account.clone(),
+            journal.clone(),
+        ))
+        .await;
+        if let Some(feed) = &feed {
+            let (cell, client) = feed.rw();
+            renewal.attach_membership(cell, client);
+        }
         let timer = TimerWriter::start(TimerWriterParts::new(
             spec.clone(),
             credential,
@@ -577,6 +591,7 @@ impl SpaceDaemon {
             watch,
             renewal,
             timer,
+            feed,
             stops,
             health: health.clone(),
             renew_every: lease::renew_interval(ttl),
@@ -721,6 +736,7 @@ struct Serving {
     watch: LeaseWatch,
     renewal: Arc<Renewal>,
     timer: TimerWriter,
+    feed: Option<MembershipFeed>,
     stops: Stops,
     health: HealthHandle,
     renew_every: Duration,
@@ -734,6 +750,7 @@ impl Serving {
             mut watch,
             renewal,
             timer,
+            feed,
             mut stops,
             mut health,
             renew_every,
@@ -747,6 +764,9 @@ impl Serving {
                     watch.retire().await;
                     let closed = keeper.stop_signalled(by).await;
                     timer.stop().await;
+                    if let Some(feed) = feed {
+                        feed.close().await;
+                    }
                     return closed;
                 }
                 _ = renew.tick() => {
@@ -778,6 +798,9 @@ impl Serving {
         watch.retire().await;
         let closed = keeper.leave(closed).await;
         timer.stop().await;
+        if let Some(feed) = feed {
+            feed.close().await;
+        }
         closed
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod daemon;
+pub mod feed;
 pub mod health;
 pub(crate) mod keeper;
 pub mod lease;

@@ -207,6 +207,8 @@ pub struct Renewal {
     next_due_ms: Mutex<i64>,
     adopting: tokio::sync::Mutex<()>,
     pub reconnect: ReconnectGate,
+    /// The membership feed's rw connection and its credential cell, once the feed runs.
+    membership: Mutex<Option<(CredentialCell, async_nats::Client)>>,
 }
 
 /// How a [`Renewal`] is wired into the daemon.
@@ -239,6 +241,7 @@ impl Renewal {
             next_due_ms: Mutex::new(due),
             adopting: tokio::sync::Mutex::new(()),
             reconnect: ReconnectGate::default(),
+            membership: Mutex::new(None),
         }
     }
 
@@ -401,9 +404,17 @@ impl Renewal {
         Reread::Adopted(accepted)
     }
 
+    /// Hands the running membership feed's rw connection to `reloadCreds`.
+    pub fn attach_membership(&self, cell: CredentialCell, client: async_nats::Client) {
+        *self
+            .membership
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((cell, client));
+    }
+
     /// `reloadCreds`' membership component: proves the store's `membership-rw` credential on a
-    /// disposable connection. No membership feed holds a resident connection in this daemon,
-    /// so nothing resident moves.
+    /// disposable connection, then, when the feed runs, moves its rw connection onto it
+    /// (`residentSwap: "best-effort"`: the reconnect is not awaited).
     pub async fn reload_membership(&self, expected: Option<&str>) -> Result<Value, String> {
         let key = membership_rw_creds_key(&self.space);
         let where_ = self.store.locate(&key);
@@ -433,10 +444,28 @@ impl Renewal {
             }
         }
         let accepted = self.preflight.prove(&candidate).await?;
+        let feed = self
+            .membership
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let swap = match feed {
+            None => "none (the membership feed is not running)",
+            Some((cell, client)) => {
+                continuity(&cell.get(), &candidate)?;
+                if cell.get() != candidate {
+                    cell.set(candidate);
+                    tokio::spawn(async move {
+                        let _ = client.force_reconnect().await;
+                    });
+                }
+                "best-effort"
+            }
+        };
         Ok(json!({
             "ok": true,
             "brokerAccepted": accepted.to_json(),
-            "residentSwap": "none (no resident membership connection)",
+            "residentSwap": swap,
         }))
     }
 

@@ -1,0 +1,596 @@
+//! The membership feed: broker-sourced channel membership for the graph (reference §C.6).
+//!
+//! Why a component of its own: it runs inside the space daemon on two connections of its own
+//! (the `$SYS` membership observer and the `membership-rw` writer, each under its own
+//! credential), and it is fail-soft: a missing piece or a fault logs the reference line and
+//! leaves delivery untouched. It sweeps the account's CONNZ (every interval, and shortly after
+//! a connect or disconnect event), attributes each connection to an `owner.actor` principal,
+//! joins the live channel subscriptions with the durable rows of the members registry, and
+//! writes one display row per principal to `cotal_membership_<s>` plus the `=feed` heartbeat.
+//! An incomplete sweep neither writes nor prunes. `reloadCreds` moves the rw connection onto a
+//! renewed credential; `close()` closes both connections even when a drain fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::conn::{self, credential_expired, CredentialCell, DialSpec};
+use crate::creds::Credential;
+use crate::journal::{epoch_ms, Journal};
+use crate::kv::{Read, Rows};
+use crate::space::admission::{self, SysPair};
+use crate::store::{membership_rw_creds_key, SecretStore};
+use crate::wire::{Principal, Space, SpaceNames, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
+
+pub const OBSERVER_NAME: &str = "cotal-membership-observer";
+pub const RW_NAME: &str = "cotal-membership-rw";
+/// `COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS`: the sweep interval (default 15 s, the reference's).
+pub const ENV_MEMBERSHIP_INTERVAL_MS: &str = "COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS";
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(15_000);
+/// A connect/disconnect event re-sweeps after this quiet time.
+pub const DEBOUNCE: Duration = Duration::from_millis(400);
+/// Collection stops this long after the last CONNZ reply …
+pub const SETTLE: Duration = Duration::from_millis(250);
+/// … and never later than this after the request.
+pub const MAX_WAIT: Duration = Duration::from_millis(1_500);
+pub const PAGE_LIMIT: usize = 1024;
+pub const MAX_PAGES: usize = 64;
+/// The freshness heartbeat key.
+pub const HEARTBEAT_KEY: &str = "=feed";
+/// Bound on dials, writes and each drain at close.
+pub const BOUND: Duration = Duration::from_secs(5);
+pub const CLOSE_BOUND: Duration = Duration::from_millis(1_000);
+
+/// One principal's row (`cotal_membership_<s>`, key `<o>.<a>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FeedRow {
+    pub live: Vec<String>,
+    pub durable: Vec<String>,
+    pub observed_at: u64,
+}
+
+/// What the feed needs from the daemon.
+#[derive(Clone)]
+pub struct FeedParts {
+    /// The daemon's dial spec (server, TLS); the feed renames it per connection.
+    pub dial: DialSpec,
+    pub store: Arc<dyn SecretStore>,
+    pub space: Space,
+    /// The data account the daemon serves (the observer must be scoped to it).
+    pub account: String,
+    pub journal: Journal,
+    pub interval: Duration,
+}
+
+impl FeedParts {
+    pub fn new(
+        dial: DialSpec,
+        store: Arc<dyn SecretStore>,
+        space: Space,
+        account: String,
+        journal: Journal,
+    ) -> FeedParts {
+        FeedParts {
+            dial,
+            store,
+            space,
+            account,
+            journal,
+            interval: crate::env::env_ms(ENV_MEMBERSHIP_INTERVAL_MS, DEFAULT_INTERVAL),
+        }
+    }
+}
+
+/// A running feed.
+pub struct MembershipFeed {
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    observer: async_nats::Client,
+    rw: async_nats::Client,
+    rw_cell: CredentialCell,
+}
+
+/// Where a feed that did not start says why (the reference's lines, written by `start`).
+fn down(journal: &Journal, why: &str) {
+    journal.line(format!(
+        "• membership: {why}. The graph falls back to traffic-only; delivery is unaffected."
+    ));
+}
+fn degraded(journal: &Journal, problem: &str) {
+    journal.line(format!(
+        "! membership: {problem}; graph membership degraded, delivery unaffected"
+    ));
+}
+
+impl MembershipFeed {
+    /// Starts the feed, or logs why it is down and returns `None`. Never fails delivery.
+    pub async fn start(parts: FeedParts) -> Option<MembershipFeed> {
+        let j = parts.journal.clone();
+        let key = membership_rw_creds_key(&parts.space);
+        let at = parts.store.locate(&key);
+        let rw_cred = match parts.store.get(&key) {
+            Ok(None) => {
+                down(&j, &format!("no membership-rw credential at {at}"));
+                return None;
+            }
+            Ok(Some(text)) => match Credential::parse(&text) {
+                Ok(c) => c,
+                Err(e) => {
+                    degraded(
+                        &j,
+                        &format!(
+                            "the membership-rw credential at {at} is unreadable ({})",
+                            e.detail()
+                        ),
+                    );
+                    return None;
+                }
+            },
+            Err(e) => {
+                degraded(
+                    &j,
+                    &format!("the membership-rw credential at {at} is unreadable ({e})"),
+                );
+                return None;
+            }
+        };
+        let pair = SysPair::read(parts.store.as_ref(), &parts.space);
+        let observer_cred = match &pair.observer.value {
+            Ok(None) => {
+                down(
+                    &j,
+                    &format!(
+                        "no $SYS membership-observer credential at {}",
+                        pair.observer.at
+                    ),
+                );
+                return None;
+            }
+            _ => match admission::admit(&pair, &parts.account) {
+                Ok(_) => match &pair.observer.value {
+                    Ok(Some(c)) => c.clone(),
+                    _ => return None,
+                },
+                Err(e) => {
+                    degraded(&j, &e.to_string());
+                    return None;
+                }
+            },
+        };
+        if credential_expired(&observer_cred) {
+            degraded(
+                &j,
+                &format!(
+                    "the $SYS membership-observer credential at {} has expired",
+                    pair.observer.at
+                ),
+            );
+            return None;
+        }
+        let observer = match crate::provision::connect_with_inbox(
+            &parts.dial.server,
+            parts.dial.tls_ca.as_deref(),
+            &observer_cred,
+            OBSERVER_NAME,
+            MEMBERSHIP_OBSERVER_INBOX_PREFIX,
+            BOUND,
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                j.line(format!("! membership: failed to start (the observer connection: {e}); graph membership degraded, delivery unaffected"));
+                return None;
+            }
+        };
+        let rw_cell = CredentialCell::new(rw_cred);
+        let rw = match conn::dial(&parts.dial.clone().name(RW_NAME), rw_cell.clone()).await {
+            Ok(r) => r.client,
+            Err(e) => {
+                j.line(format!("! membership: failed to start (the rw connection: {e}); graph membership degraded, delivery unaffected"));
+                let _ = tokio::time::timeout(CLOSE_BOUND, observer.drain()).await;
+                return None;
+            }
+        };
+        let events = async {
+            let c = observer
+                .subscribe(format!("$SYS.ACCOUNT.{}.CONNECT", parts.account))
+                .await?;
+            let d = observer
+                .subscribe(format!("$SYS.ACCOUNT.{}.DISCONNECT", parts.account))
+                .await?;
+            Ok::<_, async_nats::SubscribeError>(futures::stream::select(c, d))
+        };
+        let events = match events.await {
+            Ok(e) => e,
+            Err(e) => {
+                j.line(format!("! membership: failed to start (the connect/disconnect events: {e}); graph membership degraded, delivery unaffected"));
+                close_both(&observer, &rw).await;
+                return None;
+            }
+        };
+        j.line(format!(
+            "✓ membership feed up (broker-sourced channel membership) — space {}",
+            parts.space
+        ));
+        let (stop, stop_rx) = watch::channel(false);
+        let sweeper = Sweeper {
+            names: SpaceNames::new(&parts.space),
+            account: parts.account.clone(),
+            observer: observer.clone(),
+            js: jetstream::context::ContextBuilder::new()
+                .timeout(BOUND)
+                .build(rw.clone()),
+            rw_self: rw_cell.get().public_key().unwrap_or_default(),
+            rw_cell: rw_cell.clone(),
+            written: BTreeMap::new(),
+        };
+        let task = tokio::spawn(run(sweeper, events, parts.interval, j, stop_rx));
+        Some(MembershipFeed {
+            stop,
+            task: Some(task),
+            observer,
+            rw,
+            rw_cell,
+        })
+    }
+
+    /// The rw connection and its credential cell (what `reloadCreds` moves).
+    pub fn rw(&self) -> (CredentialCell, async_nats::Client) {
+        (self.rw_cell.clone(), self.rw.clone())
+    }
+
+    /// Stops the sweeps and closes both connections, even when a drain fails or hangs on a
+    /// disconnected connection (the last handles are dropped, so neither reconnects).
+    pub async fn close(mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(CLOSE_BOUND, task).await;
+        }
+        close_both(&self.observer, &self.rw).await;
+    }
+}
+
+impl Drop for MembershipFeed {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+async fn close_both(observer: &async_nats::Client, rw: &async_nats::Client) {
+    let _ = tokio::join!(
+        tokio::time::timeout(CLOSE_BOUND, observer.drain()),
+        tokio::time::timeout(CLOSE_BOUND, rw.drain())
+    );
+}
+
+/// The sweep loop: every interval and after connect/disconnect events (debounced). A failing
+/// sweep is reported once per episode.
+async fn run(
+    mut s: Sweeper,
+    mut events: impl futures::Stream<Item = async_nats::Message> + Unpin,
+    interval: Duration,
+    journal: Journal,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        let event = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tick.tick() => false,
+            Some(_) = events.next() => true,
+        };
+        if event {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(DEBOUNCE) => {}
+            }
+        }
+        let outcome = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            r = s.sweep() => r,
+        };
+        match outcome {
+            Ok(()) if failing => {
+                failing = false;
+                journal.line("✓ membership feed: sweeping again; graph membership restored");
+            }
+            Ok(()) => {}
+            Err(e) if !failing => {
+                failing = true;
+                degraded(&journal, &e);
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+struct Sweeper {
+    names: SpaceNames,
+    account: String,
+    observer: async_nats::Client,
+    js: jetstream::Context,
+    rw_self: String,
+    rw_cell: CredentialCell,
+    /// The rows this feed last wrote (without `observedAt`), so unchanged rows are not rewritten.
+    written: BTreeMap<String, (Vec<String>, Vec<String>)>,
+}
+
+/// One CONNZ connection as the feed reads it.
+struct Conn {
+    principal: Option<Principal>,
+    user: String,
+    channels: Vec<String>,
+}
+
+impl Sweeper {
+    async fn sweep(&mut self) -> Result<(), String> {
+        // The rw nkey can change only with a renewal of another nkey; follow the cell.
+        self.rw_self = self.rw_cell.get().public_key().unwrap_or_default();
+        let conns = self.connz().await?;
+        if !conns.iter().any(|c| c.user == self.rw_self) {
+            return Err("CONNZ sweep under-reported (the feed's own rw connection was not listed) - nothing written".into());
+        }
+        let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for c in &conns {
+            if let Some(p) = &c.principal {
+                if !c.channels.is_empty() {
+                    live.entry(p.dot_form())
+                        .or_default()
+                        .extend(c.channels.iter().cloned());
+                }
+            }
+        }
+        let durable = self.durable().await?;
+        let mut principals: BTreeSet<String> = live.keys().cloned().collect();
+        principals.extend(durable.keys().cloned());
+        let now = epoch_ms();
+        let bucket = self.names.membership_bucket();
+        for p in &principals {
+            let l: Vec<String> = live
+                .get(p)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            let d: Vec<String> = durable
+                .get(p)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            if self.written.get(p) == Some(&(l.clone(), d.clone())) {
+                continue;
+            }
+            let row = FeedRow {
+                live: l.clone(),
+                durable: d.clone(),
+                observed_at: now,
+            };
+            self.put(
+                &bucket,
+                p,
+                serde_json::to_vec(&row).unwrap_or_default(),
+                false,
+            )
+            .await?;
+            self.written.insert(p.clone(), (l, d));
+        }
+        // Prune rows of principals no longer live or durable (complete sweeps only).
+        let existing = crate::plane::scan::keys(&self.js, &bucket, ">", BOUND)
+            .await
+            .map_err(|e| format!("listing {bucket}: {e}"))?;
+        let rows = Rows::open(&self.js, &bucket, BOUND)
+            .await
+            .map_err(|e| format!("{bucket}: {e}"))?;
+        for key in existing {
+            if key == HEARTBEAT_KEY || principals.contains(&key) {
+                continue;
+            }
+            if let Ok(Read::Present(_)) = rows.read(&key).await {
+                self.put(&bucket, &key, Vec::new(), true).await?;
+            }
+            self.written.remove(&key);
+        }
+        let beat = json!({"observedAt": now}).to_string().into_bytes();
+        self.put(&bucket, HEARTBEAT_KEY, beat, false).await
+    }
+
+    async fn put(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: Vec<u8>,
+        delete: bool,
+    ) -> Result<(), String> {
+        let mut headers = HeaderMap::new();
+        if delete {
+            headers.insert("KV-Operation", "DEL");
+        }
+        let send = async {
+            let ack = self
+                .js
+                .publish_with_headers(format!("$KV.{bucket}.{key}"), headers, body.into())
+                .await
+                .map_err(|e| e.to_string())?;
+            ack.await.map(|_| ()).map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(BOUND, send).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("writing {bucket}.{key}: {e}")),
+            Err(_) => Err(format!(
+                "writing {bucket}.{key}: no answer within {} ms",
+                BOUND.as_millis()
+            )),
+        }
+    }
+
+    /// Durable channels per principal from the members registry (rows in a `durable-*` state).
+    async fn durable(&self) -> Result<BTreeMap<String, BTreeSet<String>>, String> {
+        let bucket = self.names.members_bucket();
+        let keys = crate::plane::scan::keys(&self.js, &bucket, ">", BOUND)
+            .await
+            .map_err(|e| format!("listing {bucket}: {e}"))?;
+        let rows = Rows::open(&self.js, &bucket, BOUND)
+            .await
+            .map_err(|e| format!("{bucket}: {e}"))?;
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for key in keys {
+            let Some((channel, member)) = key.split_once('/') else {
+                continue;
+            };
+            // `<o>.<a>.<uid>` → `<o>.<a>`
+            let Some((principal, _uid)) = member.rsplit_once('.') else {
+                continue;
+            };
+            if let Ok(Read::Present(row)) = rows.read(&key).await {
+                let state = serde_json::from_slice::<Value>(&row.value)
+                    .ok()
+                    .and_then(|v| v["state"].as_str().map(str::to_string))
+                    .unwrap_or_default();
+                if state.starts_with("durable") {
+                    out.entry(principal.to_string())
+                        .or_default()
+                        .insert(channel.to_string());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every connection of the account, paged; an under-reported sweep is an error.
+    async fn connz(&self) -> Result<Vec<Conn>, String> {
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        let inbox = format!("{MEMBERSHIP_OBSERVER_INBOX_PREFIX}.{nonce}");
+        let mut replies = self
+            .observer
+            .subscribe(format!("{inbox}.>"))
+            .await
+            .map_err(|e| format!("CONNZ inbox: {e}"))?;
+        let mut out = Vec::new();
+        let mut got_any = false;
+        let mut complete = false;
+        for page in 0..MAX_PAGES {
+            let offset = page * PAGE_LIMIT;
+            let body =
+                json!({"subscriptions": true, "auth": true, "offset": offset, "limit": PAGE_LIMIT});
+            self.observer
+                .publish_with_reply(
+                    format!("$SYS.REQ.ACCOUNT.{}.CONNZ", self.account),
+                    format!("{inbox}.{page}"),
+                    body.to_string().into(),
+                )
+                .await
+                .map_err(|e| format!("CONNZ request: {e}"))?;
+            let started = tokio::time::Instant::now();
+            let mut owes = false;
+            let mut deadline = started + MAX_WAIT;
+            loop {
+                let next = tokio::time::timeout_at(deadline, replies.next()).await;
+                let Ok(Some(msg)) = next else { break };
+                got_any = true;
+                let v: Value = serde_json::from_slice(&msg.payload).unwrap_or_default();
+                let data = &v["data"];
+                let conns = data["connections"].as_array().cloned().unwrap_or_default();
+                let total = data["total"].as_u64().unwrap_or(0) as usize;
+                if conns.len() >= PAGE_LIMIT && offset + conns.len() < total {
+                    owes = true;
+                }
+                out.extend(conns.iter().map(|c| self.conn(c)));
+                deadline = (tokio::time::Instant::now() + SETTLE).min(started + MAX_WAIT);
+            }
+            if !owes {
+                complete = true;
+                break;
+            }
+        }
+        let _ = replies.unsubscribe().await;
+        if !got_any || !complete {
+            return Err(
+                "CONNZ sweep under-reported (no responder or truncated) - nothing written".into(),
+            );
+        }
+        Ok(out)
+    }
+
+    fn conn(&self, c: &Value) -> Conn {
+        let user = c["authorized_user"].as_str().unwrap_or("").to_string();
+        let tagged = c["tags"].as_array().and_then(|tags| {
+            tags.iter()
+                .filter_map(Value::as_str)
+                .find_map(|t| t.strip_prefix("principal:"))
+                .map(str::to_string)
+        });
+        let principal = match tagged {
+            Some(dot) => attributable(&dot),
+            None => user
+                .split_once('-')
+                .and_then(|(o, a)| attributable(&format!("{o}.{a}"))),
+        };
+        let prefix = format!("{}.chat.", self.names.space().prefix());
+        let channels = c["subscriptions_list"]
+            .as_array()
+            .map(|subs| {
+                subs.iter()
+                    .filter_map(Value::as_str)
+                    .filter_map(|s| channel_of(s, &prefix))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Conn {
+            principal,
+            user,
+            channels,
+        }
+    }
+}
+
+/// A dot-form key CONNZ attribution accepts: owner `local` or a derived `u_` + 26 base32.
+pub fn attributable(dot: &str) -> Option<Principal> {
+    let p = Principal::parse(dot).ok()?;
+    let o = p.owner();
+    let derived = o.len() == 28
+        && o.starts_with("u_")
+        && o[2..]
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || ('2'..='7').contains(&c));
+    (o == "local" || derived).then_some(p)
+}
+
+/// The channel of a live chat subscription `cotal.<s>.chat.*.*.<channel>`.
+pub fn channel_of(subject: &str, chat_prefix: &str) -> Option<String> {
+    let rest = subject.strip_prefix(chat_prefix)?;
+    let rest = rest.strip_prefix("*.*.")?;
+    (!rest.is_empty()).then(|| rest.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attribution_accepts_local_and_derived_owners_only() {
+        assert!(attributable("local.alice").is_some());
+        assert!(attributable("u_abcdefghijklmnopqrstuvwxyz.bot").is_some());
+        assert!(attributable("someone.alice").is_none());
+        assert!(attributable("u_short.bot").is_none());
+        assert!(attributable("nodot").is_none());
+    }
+
+    #[test]
+    fn channels_come_from_live_chat_subscriptions_only() {
+        let p = "cotal.demo.chat.";
+        assert_eq!(
+            channel_of("cotal.demo.chat.*.*.general", p).as_deref(),
+            Some("general")
+        );
+        assert_eq!(channel_of("cotal.demo.chat.local.alice.>", p), None);
+        assert_eq!(channel_of("_INBOX_U.>", p), None);
+    }
+}
