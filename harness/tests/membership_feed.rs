@@ -96,8 +96,8 @@ async fn rows_and_heartbeat_appear_and_a_gone_principal_is_pruned() {
 /// A feed fault does not disturb delivery. Without its `membership-rw` credential the feed
 /// says it is down (the reference line) and the daemon serves; with its bucket deleted under
 /// it, the feed reports the degradation once and a durable post is still handed off, on the
-/// same resident connection. Mutation seen failing: refusing the start when the feed is down
-/// (`SpaceDaemon::start` returning an error): the daemon never came up.
+/// daemon still running. Mutation seen failing: refusing the start when the feed is down
+/// (`SpaceDaemon::start` returning an error): the post was never handed off.
 #[tokio::test]
 async fn a_feed_fault_does_not_disturb_delivery() {
     let mesh = data_path_support::mesh().await;
