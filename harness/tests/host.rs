@@ -29,12 +29,14 @@ fn holder_of(root: &Path, space: &Space) -> String {
         .dot_form()
 }
 
-/// The lines of one lane (its `lane <space>: ` prefix removed), in order.
+/// The lines of one lane (its `lane <space>: ` prefix removed), in order, without its side
+/// components' lines (timer writer, membership feed: their own tests judge them).
 fn lane_lines(d: &Daemon, space: &str) -> Vec<String> {
     let prefix = format!("lane {space}: ");
     d.lines()
         .iter()
         .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+        .filter(|l| !delivery_harness::daemon::is_component_line(l))
         .collect()
 }
 
