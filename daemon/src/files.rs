@@ -605,7 +605,7 @@ mod tests {
         }
     }
 
-    /// Mutation: comparing `--server` against the record removed → the mismatch is dialed.
+    /// Mutation (not yet applied): comparing `--server` against the record removed.
     #[test]
     fn registry_mismatching_server_is_refused_naming_both() {
         let s = Space::parse("demo").unwrap();
@@ -627,7 +627,7 @@ mod tests {
         assert!(e.to_string().contains("/w") && e.to_string().contains("/x"));
     }
 
-    /// Mutation: `rec.tls_required` dropped from the TLS decision → a TLS mesh dialed in plain.
+    /// Mutation (not yet applied): `rec.tls_required` dropped from the TLS decision.
     #[test]
     fn registry_record_is_dialed_with_its_transport_and_no_record_uses_the_default() {
         let s = Space::parse("demo").unwrap();

@@ -15,8 +15,7 @@ use up_support::*;
 /// Detached up then down: up exits 0 with the daemon serving (status healthy, exit 0); down
 /// stops the daemon (it logs its SIGTERM line), then the broker, and removes the credential;
 /// status then says the broker is unreachable (exit 1).
-/// Mutations seen failing: `cmd.process_group(0)`/detach replaced by the foreground tie (the
-/// daemon dies with up: status not healthy); `stop_recorded_broker` not called (broker alive).
+/// Mutation: not yet applied (intended: the detached tie replaced by the foreground one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
     let root = tempfile::tempdir().expect("root");
@@ -61,8 +60,8 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
 
 /// A frozen daemon (SIGSTOP): down sends SIGKILL after the shortened grace, and removes the
 /// credential only after the death; a second down meanwhile is refused by the reservation.
-/// Mutations seen failing: the SIGKILL branch of `terminate` removed (down never returns
-/// within the bound); the reservation check removed (the second down signals too and exits 0).
+/// Mutation: not yet applied (intended: the reservation check removed; the SIGKILL branch
+/// removed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refused() {
     let root = tempfile::tempdir().expect("root");
@@ -162,9 +161,9 @@ async fn a_stale_record_with_a_reused_pid_is_cleared_and_nothing_is_signalled() 
 /// lives on, so the next bare `up` exits non-zero naming the lease refusal. A daemon typed by
 /// hand dials the recorded broker (banner); one with a mismatching --server is refused before
 /// any dial.
-/// Mutations seen failing: `tls: mesh.tls_required` replaced by `false` in `relaunch` (no
-/// `--tls` in the relaunched argv); the `--server` comparison in `resolve_dial` removed (the
-/// listener sees a connection).
+/// Mutation seen failing: `tls: mesh.tls_required` replaced by `false` in `relaunch` (the
+/// relaunch line no longer says TLS required). Not yet applied: the `--server` comparison in
+/// `resolve_dial` removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
     let root = tempfile::tempdir().expect("root");
