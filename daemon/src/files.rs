@@ -605,7 +605,7 @@ mod tests {
         }
     }
 
-    /// Mutation (not yet applied): comparing `--server` against the record removed.
+    /// Mutation seen failing: comparing `--server` against the record removed (dialed instead).
     #[test]
     fn registry_mismatching_server_is_refused_naming_both() {
         let s = Space::parse("demo").unwrap();
