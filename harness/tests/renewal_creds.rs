@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use cotal_delivery::space::renew::{remint_daemon_creds_for, Preflight, RemintOutcome};
-use delivery_harness::daemon::Daemon;
+use cotal_delivery::wire::SpaceNames;
+use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::mesh::Mesh;
+use delivery_harness::TcpProxy;
 use serde_json::{json, Value};
 
 use health_support::{measured, own_lines, wait_started, Supervisor};
@@ -408,6 +410,108 @@ fn has_digest(text: &str) -> bool {
         }
     }
     false
+}
+
+/// Waits (bounded) until the bytes `proxy` holds contain `needle`.
+async fn held_contains(proxy: &TcpProxy, needle: &str) {
+    delivery_harness::wait_until(BOUND, Duration::from_millis(20), needle, || async {
+        proxy
+            .held()
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The window between ready and start-up complete, forced: the daemon dials through a proxy that
+/// holds its outgoing bytes from the lease watch's consumer create on, so it is up (ready, rails
+/// bound) but its start-up is not complete. A renewal is written; `reloadCreds` asks for it; the
+/// test sees the daemon's reply leave (held) before it releases anything. The reply is the
+/// "has not finished starting" refusal, nothing is adopted (no adoption line; the broker still
+/// holds the old JWT for the daemon's connection), and once the watch is bound the same request
+/// adopts. Mutation caught: the `startup_complete` check removed from `admin::reload_creds` (the
+/// held daemon adopts and answers ok).
+#[tokio::test]
+async fn reload_creds_before_start_up_is_complete_is_refused_and_adopts_nothing() {
+    let mesh = mesh().await;
+    let space = mesh.space().clone();
+    let names = SpaceNames::new(&space);
+    let boss = Supervisor::connect(&mesh, &space).await;
+    let path = mesh.workspace().delivery_creds_path(&space);
+    let live = read_creds_file(&path).unwrap();
+    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
+    let watch_create = format!(
+        "$JS.API.CONSUMER.CREATE.{}",
+        SpaceNames::kv_stream(&names.delivery_bucket())
+    );
+    proxy.hold_from(watch_create.as_bytes());
+    let mut d = DaemonSpec::deliver(space.as_str(), mesh.root())
+        .server(&proxy.url())
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line(UP, BOUND).await.expect("up (ready)");
+    held_contains(&proxy, &watch_create).await;
+    assert_eq!(
+        broker_jwt_of_daemon(&mesh).await.as_deref(),
+        Some(live.jwt.as_str())
+    );
+    // The renewal owner re-signs while the daemon is still starting.
+    let next = mesh
+        .mint(
+            &space,
+            &Profile::Delivery,
+            MintOptions::new()
+                .renewal_of(&live)
+                .expires_in(Duration::from_secs(21 * 3600)),
+        )
+        .unwrap();
+    write_creds_file_atomic(&path, &next).unwrap();
+    let expected = json!({"expected": {"delivery": next.fingerprint()}});
+    let (reply, _) = tokio::join!(
+        boss.request("reloadCreds", expected.clone(), Duration::from_secs(15)),
+        async {
+            // The daemon answered while its start-up was held incomplete.
+            held_contains(&proxy, "delivery-admin.local.boss.reply.").await;
+            proxy.release();
+        }
+    );
+    let reply = reply.expect("answered");
+    println!("before start-up complete: {reply}");
+    assert_eq!(reply["ok"], false, "{reply}");
+    assert!(
+        reply["error"].as_str().is_some_and(
+            |e| e.contains("has not finished starting") && e.contains("nothing adopted")
+        ),
+        "{reply}"
+    );
+    // Nothing adopted: no adoption line, the broker holds the old JWT.
+    wait_started(&mesh, &space, BOUND).await;
+    assert!(
+        !d.has_line("adopted the renewed credential"),
+        "{}",
+        d.transcript()
+    );
+    assert_eq!(
+        broker_jwt_of_daemon(&mesh).await.as_deref(),
+        Some(live.jwt.as_str())
+    );
+    // Start-up complete: the next pass adopts.
+    let reply = boss
+        .request("reloadCreds", expected, Duration::from_secs(15))
+        .await
+        .expect("answered");
+    assert_eq!(reply["ok"], true, "{reply}");
+    d.wait_for_line("broker connection restored", BOUND)
+        .await
+        .expect("moved onto it");
+    assert_eq!(
+        broker_jwt_of_daemon(&mesh).await.as_deref(),
+        Some(next.jwt.as_str())
+    );
+    d.terminate().unwrap();
+    assert_eq!(d.wait_exit(BOUND).await.expect("exit").code(), Some(0));
 }
 
 #[tokio::test]
