@@ -29,6 +29,8 @@ pub const CHUNK_BYTES: usize = 16 * 1024;
 const UPSTREAM_CONNECT_BOUND: Duration = Duration::from_secs(5);
 /// Pause after a failed accept (e.g. out of descriptors) so the loop does not spin.
 const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(10);
+/// How often [`TcpProxy::wait_held`] looks at the held bytes.
+const HOLD_POLL: Duration = Duration::from_millis(10);
 /// Most client bytes a hold keeps; past it the client feels back-pressure until the release.
 pub const HOLD_MAX_BYTES: usize = 1024 * 1024;
 
@@ -195,6 +197,18 @@ impl TcpProxy {
             .unwrap_or_else(|p| p.into_inner())
             .held
             .clone()
+    }
+    /// Waits, at most `bound`, until the held bytes contain `needle` (a request the client made
+    /// while held: the hold's proof of what is in flight).
+    pub async fn wait_held(&self, needle: &str, bound: Duration) -> Result<(), HarnessError> {
+        let what = format!("held client bytes containing {needle:?}");
+        crate::wait::wait_until(bound, HOLD_POLL, &what, || async {
+            let held = self.held();
+            held.windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+                .then_some(())
+        })
+        .await
     }
     /// Disarms the hold; the kept bytes go to the broker, in order, before any later ones.
     pub fn release(&self) {

@@ -25,15 +25,6 @@ use data_path_support::*;
 /// after the daemon's 5 s request bound, so the release must come well before that.
 const HELD_BOUND: Duration = Duration::from_secs(3);
 
-/// Waits until the bytes `proxy` holds contain `needle`.
-async fn held_contains(proxy: &TcpProxy, needle: &str, what: &str) {
-    eventually(what, HELD_BOUND, || async {
-        let held = proxy.held();
-        held.windows(needle.len()).any(|w| w == needle.as_bytes())
-    })
-    .await;
-}
-
 /// Mutation caught: the in-flight checks removed (`still(epoch)` in `rails/ops.rs` and in the
 /// rail's reply path always true) — the held join then completes and answers `ok`, and its
 /// member row appears on the broker. The drain's `not serving` refusal cannot stand in for it:
@@ -70,10 +61,10 @@ async fn a_request_admitted_before_a_quiesce_is_refused_not_answered_ok() {
         alice.request("durableJoin", args.clone(), Duration::from_secs(15)),
         async {
             // Admitted and in flight: its ACL read left the daemon and is held.
-            held_contains(&proxy, &acl_subject, "the join handler's ACL read").await;
+            proxy.wait_held(&acl_subject, HELD_BOUND).await.unwrap();
             insp.delete_lease().await.unwrap();
             // The keeper closed the gate, unbound, and is now marking the lease not-ready.
-            held_contains(&proxy, &lease_subject, "the keeper's lease write").await;
+            proxy.wait_held(&lease_subject, HELD_BOUND).await.unwrap();
             proxy.release();
         }
     );

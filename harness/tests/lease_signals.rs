@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream::kv::Operation;
 use cotal_delivery::files;
 use cotal_delivery::space::lease::LeaseInfo;
-use cotal_delivery::wire::{SpaceNames, LEASE_KEY};
+use cotal_delivery::wire::{CtlService, SpaceNames, LEASE_KEY};
 use delivery_harness::mesh::Mesh;
 use delivery_harness::scenario::normalise;
 use futures::{StreamExt, TryStreamExt};
@@ -102,19 +102,10 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
     })
     .await;
     let claim = format!("HPUB $KV.{}.{LEASE_KEY} ", insp.names().delivery_bucket());
-    delivery_harness::wait_until(
-        BOUND,
-        Duration::from_millis(20),
-        "the claim held in flight",
-        || async {
-            let held = proxy.held();
-            held.windows(claim.len())
-                .any(|w| w == claim.as_bytes())
-                .then_some(())
-        },
-    )
-    .await
-    .expect("the claim left the daemon");
+    proxy
+        .wait_held(&claim, BOUND)
+        .await
+        .expect("the claim left the daemon");
     assert!(
         insp.lease().await.expect("read").is_none(),
         "not yet written"
@@ -161,6 +152,52 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
     assert_eq!(op.as_deref(), Some("DEL"), "released by a delete marker");
     assert!(last.sequence >= 2, "the delete follows the create");
     assert!(!files::pid_path(mesh.root(), &space).exists());
+}
+
+/// Readiness is marked only after every binding: the proxy holds the daemon's bytes from the
+/// last binding of the plane on (the admin rail's SUB; fan-out, reader and the delivery rail are
+/// bound before it), and while they are held the broker shows the claimed row still
+/// `ready:false` and the daemon has not said it is up. Released, the row turns ready. Mutation
+/// caught: `mark_ready` moved before `keeper.plane.arm()` in `space/daemon.rs` (the row is
+/// already ready while the admin rail's binding is held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_turns_ready_only_after_the_last_binding() {
+    let (_mesh, _space, insp, proxy, mut d) = daemon_behind_a_proxy(|names| {
+        Some(format!(
+            "SUB {} ",
+            names.ctl_serve(CtlService::DeliveryAdmin)
+        ))
+    })
+    .await;
+    let admin_sub = format!("SUB {} ", insp.names().ctl_serve(CtlService::DeliveryAdmin));
+    proxy
+        .wait_held(&admin_sub, BOUND)
+        .await
+        .expect("the daemon reached its last binding");
+    let row = insp.lease().await.expect("read").expect("claimed");
+    assert!(!row.info.ready, "ready before the last binding: {row:?}");
+    assert!(!d.has_line("delivery daemon up"), "{}", d.transcript());
+    proxy.release();
+    d.wait_for_line("delivery daemon up", BOUND)
+        .await
+        .expect("up once bound");
+    delivery_harness::wait_until(
+        BOUND,
+        Duration::from_millis(20),
+        "the row ready",
+        || async {
+            insp.lease()
+                .await
+                .ok()
+                .flatten()
+                .filter(|r| r.info.ready)
+                .map(|_| ())
+        },
+    )
+    .await
+    .expect("ready after the bindings");
+    d.terminate().expect("SIGTERM");
+    assert_eq!(d.wait_exit(BOUND).await.expect("exit").code(), Some(0));
 }
 
 /// How long a daemon with its claim held is watched for not exiting.

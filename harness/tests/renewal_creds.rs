@@ -412,19 +412,6 @@ fn has_digest(text: &str) -> bool {
     false
 }
 
-/// Waits (bounded) until the bytes `proxy` holds contain `needle`.
-async fn held_contains(proxy: &TcpProxy, needle: &str) {
-    delivery_harness::wait_until(BOUND, Duration::from_millis(20), needle, || async {
-        proxy
-            .held()
-            .windows(needle.len())
-            .any(|w| w == needle.as_bytes())
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-}
-
 /// The window between ready and start-up complete, forced: the daemon dials through a proxy that
 /// holds its outgoing bytes from the lease watch's consumer create on, so it is up (ready, rails
 /// bound) but its start-up is not complete. A renewal is written; `reloadCreds` asks for it; the
@@ -452,7 +439,7 @@ async fn reload_creds_before_start_up_is_complete_is_refused_and_adopts_nothing(
         .spawn()
         .expect("spawn");
     d.wait_for_line(UP, BOUND).await.expect("up (ready)");
-    held_contains(&proxy, &watch_create).await;
+    proxy.wait_held(&watch_create, BOUND).await.unwrap();
     assert_eq!(
         broker_jwt_of_daemon(&mesh).await.as_deref(),
         Some(live.jwt.as_str())
@@ -473,7 +460,10 @@ async fn reload_creds_before_start_up_is_complete_is_refused_and_adopts_nothing(
         boss.request("reloadCreds", expected.clone(), Duration::from_secs(15)),
         async {
             // The daemon answered while its start-up was held incomplete.
-            held_contains(&proxy, "delivery-admin.local.boss.reply.").await;
+            proxy
+                .wait_held("delivery-admin.local.boss.reply.", BOUND)
+                .await
+                .unwrap();
             proxy.release();
         }
     );
