@@ -504,6 +504,9 @@ async fn reload_creds_before_start_up_is_complete_is_refused_and_adopts_nothing(
     assert_eq!(d.wait_exit(BOUND).await.expect("exit").code(), Some(0));
 }
 
+/// Per-request timeout of the start-up race.
+const RACE_REQUEST_BOUND: Duration = Duration::from_millis(2_000);
+
 #[tokio::test]
 async fn reload_creds_raced_against_start_up_adopts_or_refuses_never_dies() {
     let mesh = mesh().await;
@@ -529,8 +532,10 @@ async fn reload_creds_raced_against_start_up_adopts_or_refuses_never_dies() {
         let started = Instant::now();
         let mut done_after: Option<Instant> = None;
         loop {
+            // Each answer needs a preflight connection (the membership component): 300-500 ms
+            // on two busy cores, so a shorter timeout would read a slow answer as silence.
             match boss
-                .request("reloadCreds", json!({}), Duration::from_millis(300))
+                .request("reloadCreds", json!({}), RACE_REQUEST_BOUND)
                 .await
             {
                 Ok(reply) if reply["ok"] == true => {
@@ -657,10 +662,12 @@ async fn a_renewal_adopted_after_the_expiry_clears_it_and_the_connection_comes_b
     let mesh = mesh().await;
     let cred = shorten(&mesh, Duration::from_secs(4));
     let exp_ms = exp_of(&cred) * 1000;
+    // The window must outlast the reconnect onto the renewal, which follows a run of refused
+    // redials and took over a second on two busy cores; it stays well under the backstop.
     let mut d = start(
         &mesh,
         &[
-            ("COTAL_DELIVERY_BROKER_GONE_MS", "1000"),
+            ("COTAL_DELIVERY_BROKER_GONE_MS", "3000"),
             ("COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS", "8000"),
             ("COTAL_DELIVERY_REMINT_RETRY_MS", "500"),
         ],

@@ -40,8 +40,8 @@ impl Plane {
         }
     }
 
-    /// Binds the fan-out writer, the trusted reader and both rails, then opens the gate. On a
-    /// failure everything bound so far is unbound again and the gate stays closed.
+    /// Binds the fan-out writer and the trusted reader, opens the gate, then binds both rails. On
+    /// a failure everything bound so far is unbound again and the gate is closed.
     pub async fn arm(&mut self) -> Result<(), PlaneError> {
         if self.bound.is_some() {
             return Ok(());
@@ -51,6 +51,9 @@ impl Plane {
         let result = async {
             tasks.push(crate::plane::fanout::bind(&self.ctx, stop_rx.clone()).await?);
             tasks.push(crate::plane::reader::bind(&self.ctx, stop_rx.clone()).await?);
+            // Open before the rails: a request a rail takes between its binding and the end of
+            // `arm` must be admitted, not refused as "not serving" by a gate about to open.
+            self.ctx.gate.open();
             for service in [
                 crate::wire::CtlService::Delivery,
                 crate::wire::CtlService::DeliveryAdmin,
@@ -71,11 +74,11 @@ impl Plane {
         let bound = Bound { stop, tasks };
         match result {
             Ok(()) => {
-                self.ctx.gate.open();
                 self.bound = Some(bound);
                 Ok(())
             }
             Err(e) => {
+                self.ctx.gate.close();
                 unbind(bound).await;
                 Err(e)
             }
