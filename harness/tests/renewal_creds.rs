@@ -54,6 +54,22 @@ fn shorten(mesh: &Mesh, lifetime: Duration) -> Credential {
     short
 }
 
+/// The renewal owner's re-sign of `live` (same nkey) to live `lifetime`, written to the store;
+/// returns it and the `reloadCreds` args that expect it.
+fn resign_delivery(mesh: &Mesh, live: &Credential, lifetime: Duration) -> (Credential, Value) {
+    let next = mesh
+        .mint(
+            mesh.space(),
+            &Profile::Delivery,
+            MintOptions::new().renewal_of(live).expires_in(lifetime),
+        )
+        .expect("mint");
+    let path = mesh.workspace().delivery_creds_path(mesh.space());
+    write_creds_file_atomic(&path, &next).expect("write creds");
+    let expected = json!({"expected": {"delivery": next.fingerprint()}});
+    (next, expected)
+}
+
 fn exp_of(c: &Credential) -> i64 {
     c.claims().expect("claims").exp.expect("exp")
 }
@@ -277,17 +293,7 @@ async fn reload_creds_refuses_a_rogue_resign_and_adopts_a_real_one() {
 
     // A real re-sign of the same nkey is adopted, with what the broker accepted.
     // (Another lifetime than the live one, so the JWT differs even within the same second.)
-    let good = mesh
-        .mint(
-            &space,
-            &Profile::Delivery,
-            MintOptions::new()
-                .renewal_of(&live)
-                .expires_in(Duration::from_secs(25 * 3600)),
-        )
-        .unwrap();
-    write_creds_file_atomic(&path, &good).unwrap();
-    let expected = json!({"expected": {"delivery": good.fingerprint()}});
+    let (good, expected) = resign_delivery(&mesh, &live, Duration::from_secs(25 * 3600));
     let t = Instant::now();
     let reply = boss
         .request("reloadCreds", expected, Duration::from_secs(15))
@@ -445,17 +451,7 @@ async fn reload_creds_before_start_up_is_complete_is_refused_and_adopts_nothing(
         Some(live.jwt.as_str())
     );
     // The renewal owner re-signs while the daemon is still starting.
-    let next = mesh
-        .mint(
-            &space,
-            &Profile::Delivery,
-            MintOptions::new()
-                .renewal_of(&live)
-                .expires_in(Duration::from_secs(21 * 3600)),
-        )
-        .unwrap();
-    write_creds_file_atomic(&path, &next).unwrap();
-    let expected = json!({"expected": {"delivery": next.fingerprint()}});
+    let (next, expected) = resign_delivery(&mesh, &live, Duration::from_secs(21 * 3600));
     let (reply, _) = tokio::join!(
         boss.request("reloadCreds", expected.clone(), Duration::from_secs(15)),
         async {
