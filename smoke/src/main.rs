@@ -1,8 +1,10 @@
 //! `smoke`: long-running suites against real brokers. `smoke bench-fanout` measures the Plane-3
 //! data path (post -> fan-out -> trusted reader -> member's `dlv_` durable -> surfaced) next to a
-//! raw JetStream baseline on the same broker in the same run.
+//! raw JetStream baseline on the same broker in the same run. `smoke delivery-standby` runs two
+//! standby hosts through takeover (docs/host.md).
 
 mod bench_fanout;
+mod standby;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +23,11 @@ enum Command {
     /// Fan-out throughput and post-to-surface latency for 1, 10 and 100 members, with a raw
     /// JetStream baseline (the same copies published straight into INBOX and DLV).
     BenchFanout(bench_fanout::Args),
+    /// Two `deliver --spaces` hosts for one space on one broker: takeover after the holder is
+    /// SIGKILLed, returns, or is stopped (SIGTERM), with observed takeover times, a durable
+    /// sender whose every post must reach an offline member, credentials replaced through each
+    /// host's store, and a third host with an invalid manifest. Observations, not an SLA.
+    DeliveryStandby(standby::Args),
 }
 
 fn main() {
@@ -39,6 +46,7 @@ fn main() {
     let code = runtime.block_on(async {
         match cli.command {
             Command::BenchFanout(args) => bench_fanout::run(args).await,
+            Command::DeliveryStandby(args) => standby::run(args).await,
         }
     });
     std::process::exit(code);

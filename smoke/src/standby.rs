@@ -1,0 +1,478 @@
+//! `smoke delivery-standby`: two complete `deliver --spaces` hosts for one space on one broker,
+//! through the holder-killed, holder-returns and holder-stopped cases, with observed takeover
+//! times and a durable sender whose every post must reach an offline member's DLV.
+//!
+//! Why a suite and not only tests: integrators run it before a release to watch takeover happen
+//! on their machine. The times are observations on one machine and one broker: not an SLA, and
+//! not a test of two physical hosts or of a partition.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cotal_delivery::agent::Agent;
+use cotal_delivery::creds::read_creds_file;
+use cotal_delivery::provision::layout::Workspace;
+use cotal_delivery::provision::manifest::manifest_path;
+use cotal_delivery::provision::standby::{prepare_standby_hosts, renew_host_delivery, StandbyPlan};
+use cotal_delivery::wire::{Principal, Space};
+use delivery_harness::agent;
+use delivery_harness::daemon::Daemon;
+use delivery_harness::mesh::{Inspector, Mesh};
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Rounds of each case.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// The lease TTL set at provisioning (the lease bucket's max_age), in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub lease_ttl_secs: u64,
+    /// Lifetime of each host's initial delivery credential, in seconds; the suite replaces it
+    /// through each host's store and waits until it has expired while the holder serves.
+    #[arg(long, default_value_t = 20)]
+    pub initial_creds_secs: u64,
+    /// Interval of the durable sender, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    pub post_every_ms: u64,
+    /// One JSON object per case on its own line instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The standby retry of a host (the seeds' 5 s; the suite does not shorten it).
+const STANDBY_RETRY: Duration = Duration::from_secs(5);
+const BOUND: Duration = Duration::from_secs(120);
+/// One ctl.delivery probe's wait for its answer (the takeover resolution is about this).
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+const CASES: [&str; 3] = ["kill", "return", "stop"];
+
+pub async fn run(args: Args) -> i32 {
+    match suite(args).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("delivery-standby: {e}");
+            1
+        }
+    }
+}
+
+struct Host {
+    root: tempfile::TempDir,
+    holder: String,
+    proc: Option<Daemon>,
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+fn spawn(mesh: &Mesh, root: &Path) -> Result<Daemon, String> {
+    mesh.host(root).spawn().map_err(err)
+}
+
+fn holder_of(root: &Path, space: &Space) -> Result<String, String> {
+    let cred = read_creds_file(&Workspace::new(root).delivery_creds_path(space)).map_err(err)?;
+    Ok(Principal::for_nkey(&cred.public_key().map_err(err)?)
+        .map_err(err)?
+        .dot_form())
+}
+
+/// Which host's row is live (index into `hosts`), read from the broker.
+async fn holder_index(insp: &Inspector, hosts: &[Host]) -> Result<Option<usize>, String> {
+    let row = insp.lease().await.map_err(err)?;
+    Ok(row.and_then(|r| {
+        hosts
+            .iter()
+            .position(|h| h.holder == r.info.holder && r.info.ready)
+    }))
+}
+
+/// Waits (bounded) until one of `hosts` holds a ready row.
+async fn wait_holder(insp: &Inspector, hosts: &[Host]) -> Result<usize, String> {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        if let Some(i) = holder_index(insp, hosts).await? {
+            return Ok(i);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "no host held a ready row within {} s",
+                BOUND.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until a ctl.delivery request is answered; returns when.
+async fn first_answer(probe: &Agent, bound: Duration) -> Result<Instant, String> {
+    let deadline = Instant::now() + bound;
+    loop {
+        // A short timeout per probe: an unanswered request (nobody serves) is not a
+        // no-responders answer here, so the agent's default 60 s wait would hide the takeover.
+        let args = serde_json::json!({"lifecycleUid": probe.lifecycle_uid().as_str()});
+        if probe
+            .request("listMemberships", args, PROBE_TIMEOUT)
+            .await
+            .is_ok()
+        {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            return Err("no ctl.delivery answer within the bound".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Surfaced post ids (the text) with their first surface time, and duplicates counted.
+type Seen = Arc<Mutex<(BTreeMap<String, Instant>, usize)>>;
+
+async fn wait_seen(seen: &Seen, id: &str, bound: Duration) -> Result<Instant, String> {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(t) = seen.lock().map_err(err)?.0.get(id) {
+            return Ok(*t);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("post {id} not delivered within the bound"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn stats(v: &[u128]) -> (u128, u128, u128) {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    (v[0], v[v.len() / 2], v[v.len() - 1])
+}
+
+async fn suite(args: Args) -> Result<(), String> {
+    let ttl = Duration::from_secs(args.lease_ttl_secs.max(1));
+    let mesh = Mesh::builder()
+        .space("standby")
+        .map_err(err)?
+        .lease_ttl(ttl)
+        .start()
+        .await
+        .map_err(err)?;
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.map_err(err)?;
+    let roots = [
+        tempfile::tempdir().map_err(err)?,
+        tempfile::tempdir().map_err(err)?,
+    ];
+    let mut plan = StandbyPlan::new(vec![space.clone()]);
+    let initial = Duration::from_secs(args.initial_creds_secs.max(5));
+    plan.delivery_ttl = Some(initial);
+    let minted_at = Instant::now();
+    prepare_standby_hosts(&mesh.authority, &plan, &[roots[0].path(), roots[1].path()])
+        .map_err(err)?;
+    let mut hosts = Vec::new();
+    for root in roots {
+        let holder = holder_of(root.path(), &space)?;
+        hosts.push(Host {
+            root,
+            holder,
+            proc: None,
+        });
+    }
+    hosts[0].proc = Some(spawn(&mesh, hosts[0].root.path())?);
+    hosts[0]
+        .proc
+        .as_mut()
+        .ok_or("no host")?
+        .wait_for_line("✓ delivery daemon up", BOUND)
+        .await
+        .map_err(err)?;
+    hosts[1].proc = Some(spawn(&mesh, hosts[1].root.path())?);
+    hosts[1]
+        .proc
+        .as_mut()
+        .ok_or("no host")?
+        .wait_for_line("standing by", BOUND)
+        .await
+        .map_err(err)?;
+
+    // The channel, its offline member, an online watcher and the ctl.delivery probe.
+    let channel = "ops";
+    let (member, member_mat) = agent::spawn(&mesh, &insp, "offline", &[channel])
+        .await
+        .map_err(err)?;
+    member.durable_join(channel).await.map_err(err)?;
+    drop(member);
+    let (watcher, _) = agent::spawn(&mesh, &insp, "watcher", &[channel])
+        .await
+        .map_err(err)?;
+    watcher.durable_join(channel).await.map_err(err)?;
+    let mut watch_dlv = watcher.bind_delivery().await.map_err(err)?;
+    let (sender, _) = agent::spawn(&mesh, &insp, "sender", &[channel])
+        .await
+        .map_err(err)?;
+    let sender = Arc::new(sender);
+    let seen: Seen = Arc::default();
+    let watching = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(f)) = watch_dlv.surface(Duration::from_secs(3600), |_| {}).await {
+                let id = agent::texts(std::slice::from_ref(&f)).remove(0);
+                if let Ok(mut s) = seen.lock() {
+                    s.0.entry(id).or_insert_with(Instant::now);
+                }
+            }
+        })
+    };
+
+    // The steady durable sender, labelled by the phase it posts in.
+    let phase = Arc::new(Mutex::new(String::from("setup")));
+    let sending = Arc::new(AtomicBool::new(true));
+    let posted: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let sender_task = {
+        let (sender, phase, sending, posted) = (
+            sender.clone(),
+            phase.clone(),
+            sending.clone(),
+            posted.clone(),
+        );
+        let every = Duration::from_millis(args.post_every_ms.max(10));
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while sending.load(Ordering::SeqCst) {
+                let label = phase.lock().map(|p| p.clone()).unwrap_or_default();
+                let id = format!("p-{n}");
+                let msg = sender.message(channel, &id, Some(&id));
+                if sender.post(channel, &msg).await.is_ok() {
+                    if let Ok(mut p) = posted.lock() {
+                        p.push((id, label));
+                    }
+                }
+                n += 1;
+                tokio::time::sleep(every).await;
+            }
+        })
+    };
+
+    // Credentials replaced through each host's own store; the initial expiry crossed while
+    // the holder serves.
+    for h in &hosts {
+        renew_host_delivery(
+            &mesh.authority,
+            h.root.path(),
+            &space,
+            Duration::from_secs(86_400),
+        )
+        .map_err(err)?;
+    }
+    let expiry = minted_at + initial + Duration::from_secs(2);
+    tokio::time::sleep(expiry.saturating_duration_since(Instant::now())).await;
+    let holder = wait_holder(&insp, &hosts).await?;
+    first_answer(&watcher, Duration::from_secs(10)).await?;
+    let credential_line = format!(
+        "credentials replaced through each host's store; initial expiry ({} s) crossed while host {} served and answered",
+        initial.as_secs(),
+        holder + 1
+    );
+
+    // A third host with an invalid manifest refuses without disturbing the holder.
+    let third = tempfile::tempdir().map_err(err)?;
+    std::fs::create_dir_all(third.path().join(".cotal")).map_err(err)?;
+    std::fs::write(
+        manifest_path(third.path()),
+        r#"{"version": 2, "spaces": ["standby"]}"#,
+    )
+    .map_err(err)?;
+    let before = insp.lease().await.map_err(err)?.ok_or("no row")?;
+    let mut t = spawn(&mesh, third.path())?;
+    let code = t.wait_exit(BOUND).await.map_err(err)?.code();
+    let after = insp.lease().await.map_err(err)?.ok_or("no row")?;
+    let same_holder = after.info.holder == before.info.holder
+        && after.info.incarnation == before.info.incarnation;
+    if code != Some(3) || !same_holder {
+        return Err(format!(
+            "the invalid-manifest host: exit {code:?}, row {before:?} -> {after:?}"
+        ));
+    }
+    let third_line = format!(
+        "a third host with an invalid manifest refused (exit 3); the holder's row stayed its own (revision {} -> {}, renewals only, incarnation unchanged)",
+        before.revision, after.revision
+    );
+
+    // The cases.
+    let mut takeover: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
+    let mut rail: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
+    let mut post: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
+    for round in 0..args.rounds {
+        for case in CASES {
+            if let Ok(mut p) = phase.lock() {
+                *p = case.to_string();
+            }
+            let h = wait_holder(&insp, &hosts).await?;
+            let s = 1 - h;
+            let holder_proc = hosts[h].proc.as_mut().ok_or("holder not running")?;
+            let t0 = Instant::now();
+            match case {
+                "stop" => holder_proc.terminate().map_err(err)?,
+                _ => holder_proc.kill().map_err(err)?,
+            }
+            let mark = format!("mark-{case}-{round}");
+            let msg = sender.message(channel, &mark, Some(&mark));
+            sender.post(channel, &msg).await.map_err(err)?;
+            let answered = first_answer(&watcher, BOUND).await?;
+            let delivered = wait_seen(&seen, &mark, BOUND).await?;
+            let ms = answered.max(delivered).duration_since(t0).as_millis();
+            takeover.entry(case).or_default().push(ms);
+            rail.entry(case)
+                .or_default()
+                .push(answered.duration_since(t0).as_millis());
+            post.entry(case)
+                .or_default()
+                .push(delivered.duration_since(t0).as_millis());
+            eprintln!(
+                "delivery-standby: {case} round {round}: ctl.delivery answered after {} ms, post delivered after {} ms",
+                answered.duration_since(t0).as_millis(),
+                delivered.duration_since(t0).as_millis()
+            );
+            let status = holder_proc.wait_exit(BOUND).await.map_err(err)?;
+            if case == "stop" && status.code() != Some(0) {
+                return Err(format!("the stopped holder exited {status:?}"));
+            }
+            if wait_holder(&insp, &hosts).await? != s {
+                return Err(format!("{case}: host {} did not take the lease", s + 1));
+            }
+            // The old holder comes back and stands by; the new holder's row stays its own.
+            let row = insp.lease().await.map_err(err)?.ok_or("no row")?;
+            let mut back = spawn(&mesh, hosts[h].root.path())?;
+            back.wait_for_line("standing by", BOUND)
+                .await
+                .map_err(err)?;
+            if case == "return" {
+                tokio::time::sleep(STANDBY_RETRY + Duration::from_secs(1)).await;
+            }
+            let now = insp.lease().await.map_err(err)?.ok_or("no row")?;
+            if now.info.holder != row.info.holder || now.info.incarnation != row.info.incarnation {
+                return Err(format!(
+                    "{case}: the returning host moved the row: {row:?} -> {now:?}"
+                ));
+            }
+            hosts[h].proc = Some(back);
+        }
+    }
+
+    // Every post must be in the offline member's DLV.
+    sending.store(false, Ordering::SeqCst);
+    let _ = sender_task.await;
+    let posts = posted.lock().map_err(err)?.clone();
+    let member = agent::connect(&mesh, &member_mat, "offline")
+        .await
+        .map_err(err)?;
+    let mut dlv = member.bind_delivery().await.map_err(err)?;
+    let want: std::collections::BTreeSet<String> = posts.iter().map(|(id, _)| id.clone()).collect();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let deadline = Instant::now() + BOUND;
+    while want.iter().any(|id| !counts.contains_key(id)) && Instant::now() < deadline {
+        match dlv.surface(Duration::from_secs(5), |_| {}).await {
+            Ok(Some(f)) => {
+                let id = agent::texts(std::slice::from_ref(&f)).remove(0);
+                *counts.entry(id).or_default() += 1;
+            }
+            _ => break,
+        }
+    }
+    // A short quiet read catches late duplicates.
+    while let Ok(Some(f)) = dlv.surface(Duration::from_millis(500), |_| {}).await {
+        let id = agent::texts(std::slice::from_ref(&f)).remove(0);
+        *counts.entry(id).or_default() += 1;
+    }
+    watching.abort();
+
+    let bound_ms = (ttl + STANDBY_RETRY + Duration::from_secs(1)).as_millis();
+    let mut lost_total = 0;
+    if !args.json {
+        println!("delivery-standby: two hosts, one broker at {}, lease TTL {} s, standby retry {} s, {} round(s)", mesh.url(), ttl.as_secs(), STANDBY_RETRY.as_secs(), args.rounds);
+        println!("These are observations on one machine and one broker: not an SLA, and not a test of two physical hosts or of a network partition.");
+        println!("{credential_line}");
+        println!("{third_line}");
+        println!("expected bound after a kill: TTL + 5 s retry + 1 s = {bound_ms} ms");
+        println!(
+            "{:>7} | {:>6} | {:>8} {:>8} {:>8} | {:>6} {:>8} {:>5} {:>10}",
+            "case",
+            "rounds",
+            "min ms",
+            "med ms",
+            "max ms",
+            "posts",
+            "surfaced",
+            "lost",
+            "duplicates"
+        );
+    }
+    for case in CASES {
+        let ids: Vec<&String> = posts
+            .iter()
+            .filter(|(_, l)| l == case)
+            .map(|(id, _)| id)
+            .collect();
+        let surfaced = ids
+            .iter()
+            .filter(|id| counts.contains_key(id.as_str()))
+            .count();
+        let dups: usize = ids
+            .iter()
+            .map(|id| {
+                counts
+                    .get(id.as_str())
+                    .copied()
+                    .unwrap_or(0)
+                    .saturating_sub(1)
+            })
+            .sum();
+        let lost = ids.len() - surfaced;
+        lost_total += lost;
+        let (min, med, max) = stats(takeover.get(case).map(Vec::as_slice).unwrap_or(&[0]));
+        let r = stats(rail.get(case).map(Vec::as_slice).unwrap_or(&[0]));
+        let p = stats(post.get(case).map(Vec::as_slice).unwrap_or(&[0]));
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"case": case, "rounds": args.rounds, "takeover_ms": {"min": min, "median": med, "max": max}, "posts": ids.len(), "surfaced": surfaced, "lost": lost, "duplicates": dups, "bound_ms": bound_ms, "rail_ms": {"min": r.0, "median": r.1, "max": r.2}, "post_ms": {"min": p.0, "median": p.1, "max": p.2}})
+            );
+        } else {
+            println!(
+                "{:>7} | {:>6} | {:>8} {:>8} {:>8} | {:>6} {:>8} {:>5} {:>10}",
+                case,
+                args.rounds,
+                min,
+                med,
+                max,
+                ids.len(),
+                surfaced,
+                lost,
+                dups
+            );
+            println!(
+                "        first ctl.delivery answer {}/{}/{} ms; first delivered post {}/{}/{} ms (min/med/max)",
+                r.0, r.1, r.2, p.0, p.1, p.2
+            );
+        }
+    }
+    let all_lost = want
+        .iter()
+        .filter(|id| !counts.contains_key(id.as_str()))
+        .count();
+    for h in &mut hosts {
+        if let Some(p) = h.proc.as_mut() {
+            let _ = p.terminate();
+            let _ = p.wait_exit(BOUND).await;
+        }
+    }
+    if all_lost > 0 || lost_total > 0 {
+        return Err(format!(
+            "{all_lost} of {} posts never reached the offline member's DLV",
+            want.len()
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,51 @@
+//! `smoke delivery-standby` inside `ci/test`: one round of each case with the lease TTL
+//! shortened through provisioning (3 s), checked from its `--json` lines.
+//!
+//! Asserted: the three cases ran; every post of every case reached the offline member's DLV
+//! (`lost == 0`, `surfaced == posts`); the standby answered `ctl.delivery` within TTL + 5 s
+//! retry + 1 s (`bound_ms`) plus a 3 s margin for a loaded 2-core machine. The first delivered
+//! post after a takeover is reported (`post_ms`, inside `takeover_ms`) and only bounded by the
+//! suite's own 120 s wait: on this build it lags the rail by about 60 s (see docs/host.md), so
+//! asserting the TTL bound on it would fail for a reason outside the host.
+//! Mutation seen failing: none run yet for this test (see the issue report).
+
+use std::process::Command;
+
+#[test]
+fn one_round_of_each_case_takes_over_within_the_bound_and_loses_nothing() {
+    let out = Command::new(env!("CARGO_BIN_EXE_smoke"))
+        .args([
+            "delivery-standby",
+            "--rounds",
+            "1",
+            "--lease-ttl-secs",
+            "3",
+            "--initial-creds-secs",
+            "10",
+            "--json",
+        ])
+        .output()
+        .expect("run smoke");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "smoke failed:\n{stdout}\n{stderr}");
+    let cases: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let names: Vec<&str> = cases.iter().filter_map(|c| c["case"].as_str()).collect();
+    assert_eq!(names, vec!["kill", "return", "stop"], "{stdout}");
+    for c in &cases {
+        let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
+        assert_eq!(n("rounds"), 1);
+        assert!(n("posts") > 0, "{c}");
+        assert_eq!(n("lost"), 0, "{c}");
+        assert_eq!(n("surfaced"), n("posts"), "{c}");
+        let bound = n("bound_ms");
+        assert_eq!(bound, 9_000, "TTL 3 s + 5 s retry + 1 s");
+        let rail = c["rail_ms"]["max"].as_u64().expect("rail_ms");
+        assert!(rail <= bound + 3_000, "{c}");
+        let takeover = c["takeover_ms"]["max"].as_u64().expect("takeover_ms");
+        assert!(takeover >= rail, "{c}");
+    }
+}
