@@ -5,8 +5,8 @@
 //! (`lost == 0`, `surfaced == posts`); the standby answered `ctl.delivery` within TTL + 5 s
 //! retry + 1 s (`bound_ms`) plus a 3 s margin for a loaded 2-core machine. The first delivered
 //! post after a takeover is reported (`post_ms`, inside `takeover_ms`) and only bounded by the
-//! suite's own 120 s wait: it has lagged the rail by one `ack_wait` (60 s on an earlier main,
-//! about 1 s now; docs/performance.md), a data-plane matter outside the host.
+//! suite's own 120 s wait: it has arrived one `ack_wait` after the kill (60 s on an earlier
+//! main, 5 s now; docs/performance.md), a data-plane matter outside the host.
 //! Mutation seen failing: none run yet for this test (see the issue report).
 
 use std::process::Command;
