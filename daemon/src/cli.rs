@@ -217,7 +217,7 @@ const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps th
   COTAL_DELIVERY_TIMER_POLL_MS            how long one timer-writer fetch waits for .schedule requests [1000]
   COTAL_DELIVERY_STANDBY_RETRY_MS         --spaces: a standby lane's retry of a held lease [5000]
   COTAL_DELIVERY_LANE_BACKOFF_MAX_MS      --spaces: cap of a refused or closed lane's backoff (from 500) [30000]
-  COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS   membership feed sweep interval (also re-swept on connect/disconnect) [15000]
+  COTAL_DELIVERY_SWEEP_SETTLE_MS          $SYS CONNZ page collection ends this long after the last answer [250]
   RUST_LOG                                structured diagnostics on stderr (off by default)
 The lease TTL is the max_age of the cotal_delivery_<space> bucket, set at provisioning.
 Exit codes: docs/operations.md.";

@@ -465,6 +465,28 @@ impl SpaceNames {
         format!("{}.ctl.{}.*.*.reply.>", self.p(), service.as_str())
     }
 
+    /// Liveness probe subject of a caller: `cotal.<s>.live.delivery.<o>.<a>`.
+    pub fn live_delivery_subject(&self, caller: &Principal) -> String {
+        format!(
+            "{}.live.delivery.{}.{}",
+            self.p(),
+            caller.owner(),
+            caller.actor()
+        )
+    }
+    /// What the daemon's `live.delivery` responder serves: `cotal.<s>.live.delivery.*.*`.
+    pub fn live_delivery_serve(&self) -> String {
+        format!("{}.live.delivery.*.*", self.p())
+    }
+    /// Reply leaf the responder may publish on: `cotal.<s>.live.delivery.*.*.reply.>`.
+    pub fn live_delivery_reply_grant(&self) -> String {
+        format!("{}.live.delivery.*.*.reply.>", self.p())
+    }
+    /// A caller's probe reply subtree: `cotal.<s>.live.delivery.<o>.<a>.reply.>`.
+    pub fn live_delivery_reply_subtree(&self, caller: &Principal) -> String {
+        format!("{}.reply.>", self.live_delivery_subject(caller))
+    }
+
     /// Every member's fan-out store subject `cotal.<s>.dinbox.*.*.*` (the daemon's publish grant).
     pub fn dinbox_any_member(&self) -> String {
         format!("{}.dinbox.*.*.*", self.p())

@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod http;
+pub mod manager;
 pub mod mesh;
 mod process;
 pub mod proxy;

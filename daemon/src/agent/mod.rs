@@ -14,6 +14,8 @@
 //! A control request whose connection closes before the answer is rejected at once and never
 //! re-sent: the client opens no reconnect for it.
 
+pub mod liveness;
+
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -332,6 +334,34 @@ impl Agent {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Value, AgentError> {
+        let msg = self.exchange(subject, reply, body, timeout).await?;
+        let reply: ControlReply = serde_json::from_slice(&msg.payload).map_err(|e| {
+            AgentError::new(
+                AgentErrorKind::Malformed,
+                format!("{subject}: unreadable reply: {e}"),
+            )
+        })?;
+        if reply.ok {
+            Ok(reply.data.unwrap_or(Value::Null))
+        } else {
+            Err(AgentError::new(
+                AgentErrorKind::Refused,
+                reply
+                    .error
+                    .unwrap_or_else(|| "refused without a reason".into()),
+            ))
+        }
+    }
+
+    /// One request/reply exchange on `reply`: a connection that closes while it is pending
+    /// rejects it (never re-sent); a broker no-responders answer is its own error kind.
+    pub(crate) async fn exchange(
+        &self,
+        subject: &str,
+        reply: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<async_nats::Message, AgentError> {
         let closed = || {
             AgentError::new(
                 AgentErrorKind::ConnectionClosed,
@@ -372,22 +402,7 @@ impl Agent {
                 format!("{subject}: no delivery daemon is serving the rail"),
             ));
         }
-        let reply: ControlReply = serde_json::from_slice(&msg.payload).map_err(|e| {
-            AgentError::new(
-                AgentErrorKind::Malformed,
-                format!("{subject}: unreadable reply: {e}"),
-            )
-        })?;
-        if reply.ok {
-            Ok(reply.data.unwrap_or(Value::Null))
-        } else {
-            Err(AgentError::new(
-                AgentErrorKind::Refused,
-                reply
-                    .error
-                    .unwrap_or_else(|| "refused without a reason".into()),
-            ))
-        }
+        Ok(msg)
     }
 
     /// Joins `channel`: a broker-confirmed live subscription, then the durable backstop.

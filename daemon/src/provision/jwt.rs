@@ -304,7 +304,8 @@ mod tests {
         let spec = UserClaimsSpec::new("d")
             .permissions(perms)
             .expires_in(Some(Duration::from_secs(60)))
-            .issuer_account("AXYZ");
+            .issuer_account("AXYZ")
+            .tags(vec!["principal:local.a".into()]);
         let jwt = encode_user(&acc, &user.public_key(), &spec).unwrap();
         let c = verify_signature(&jwt).unwrap();
         assert_eq!(c.sub, user.public_key());
@@ -314,6 +315,13 @@ mod tests {
         assert_eq!(c.nats["sub"]["deny"][0], "b");
         assert_eq!(c.issuer_account.as_deref(), Some("AXYZ"));
         assert_eq!(c.nats["issuer_account"], "AXYZ");
+        assert_eq!(c.nats["tags"], json!(["principal:local.a"]));
+        let untagged = encode_user(&acc, &user.public_key(), &UserClaimsSpec::new("d")).unwrap();
+        assert!(verify_signature(&untagged)
+            .unwrap()
+            .nats
+            .get("tags")
+            .is_none());
 
         // jti = base32(sha512/256(claims data without jti)), recomputed independently.
         let data = json!({"exp": c.exp, "iat": c.iat, "iss": c.iss, "name": c.name, "sub": c.sub});

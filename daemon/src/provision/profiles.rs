@@ -341,10 +341,14 @@ fn delivery(n: &SpaceNames, user_nkey: &str) -> Permissions {
         .allow_pub(js::stream_msg_delete(&inbox))
         // Control replies only, never the request subjects.
         .allow_pub(n.ctl_reply_grant(CtlService::Delivery))
-        .allow_pub(n.ctl_reply_grant(CtlService::DeliveryAdmin));
+        .allow_pub(n.ctl_reply_grant(CtlService::DeliveryAdmin))
+        // §6.9: the `live.delivery` responder's replies (reply leaf only).
+        .allow_pub(n.live_delivery_reply_grant());
     p.allow_sub(own_inbox(user_nkey))
         .allow_sub(n.ctl_serve(CtlService::Delivery))
-        .allow_sub(n.ctl_serve(CtlService::DeliveryAdmin));
+        .allow_sub(n.ctl_serve(CtlService::DeliveryAdmin))
+        // §6.9: the `live.delivery` responder (queue group `live.delivery`).
+        .allow_sub(n.live_delivery_serve());
     p
 }
 
@@ -369,6 +373,8 @@ fn membership_rw(n: &SpaceNames, user_nkey: &str) -> Permissions {
 ///   native `dinbox`/`dlv` subscription, and no grant at all on `INBOX_<s>`.
 /// - **Delivery rail**: publish its own `ctl.delivery.<o>.<a>` request subject and subscribe
 ///   its own `….reply.>` subtree; nothing on `ctl.delivery-admin`.
+/// - **Liveness probe**: publish its own `live.delivery.<o>.<a>` and subscribe its own
+///   `….reply.>` subtree (DESIGN §6.9).
 /// - **Handoff**: bind-only on its own `dlv_<o>-<a>-<uid>` durable (INFO, MSG.NEXT, ACK). The
 ///   provisioner pre-creates it; creating any DLV consumer is explicitly denied, so a bug in an
 ///   agent cannot create a consumer that reads another member's frames.
@@ -396,6 +402,7 @@ fn agent(
         principal.actor()
     ))
     .allow_pub(n.ctl_subject(CtlService::Delivery, principal))
+    .allow_pub(n.live_delivery_subject(principal))
     .allow_pub(js::consumer_info(&dlv, &durable))
     .allow_pub(js::consumer_next(&dlv, &durable))
     .allow_pub(js::ack(&dlv, &durable))
@@ -407,7 +414,8 @@ fn agent(
         .deny_pub(js::consumer_create_any(&dlv))
         .deny_pub(js::consumer_durable_create_any(&dlv));
     p.allow_sub(own_inbox(user_nkey))
-        .allow_sub(n.ctl_reply_subtree(CtlService::Delivery, principal));
+        .allow_sub(n.ctl_reply_subtree(CtlService::Delivery, principal))
+        .allow_sub(n.live_delivery_reply_subtree(principal));
     for ch in read.as_slice() {
         p.allow_sub(n.chat_read_subject(ch));
     }
@@ -548,6 +556,7 @@ mod tests {
             "$JS.API.STREAM.MSG.DELETE.INBOX_demo",
             "cotal.demo.ctl.delivery.*.*.reply.>",
             "cotal.demo.ctl.delivery-admin.*.*.reply.>",
+            "cotal.demo.live.delivery.*.*.reply.>",
         ]));
         assert_eq!(p.pub_allow, expected);
         assert_eq!(
@@ -555,7 +564,8 @@ mod tests {
             v(&[
                 "_INBOX_UABC.>",
                 "cotal.demo.ctl.delivery.*.*",
-                "cotal.demo.ctl.delivery-admin.*.*"
+                "cotal.demo.ctl.delivery-admin.*.*",
+                "cotal.demo.live.delivery.*.*",
             ])
         );
         assert!(p.pub_deny.is_empty() && p.sub_deny.is_empty());
@@ -606,6 +616,7 @@ mod tests {
             vec![
                 "cotal.demo.chat.local.alice.>".to_string(),
                 "cotal.demo.ctl.delivery.local.alice".to_string(),
+                "cotal.demo.live.delivery.local.alice".to_string(),
                 format!("$JS.API.CONSUMER.INFO.DLV_demo.{d}"),
                 format!("$JS.API.CONSUMER.MSG.NEXT.DLV_demo.{d}"),
                 format!("$JS.ACK.DLV_demo.{d}.>"),
@@ -628,11 +639,28 @@ mod tests {
             v(&[
                 "_INBOX_UABC.>",
                 "cotal.demo.ctl.delivery.local.alice.reply.>",
+                "cotal.demo.live.delivery.local.alice.reply.>",
                 "cotal.demo.chat.*.*.general",
                 "cotal.demo.chat.*.*.eng.>",
             ])
         );
         assert!(!p.pub_allow.iter().any(|s| s.contains("INBOX_demo")));
+    }
+
+    /// Mutation: dropping the tags from `Profile::tags` (or tagging the daemon) fails here.
+    #[test]
+    fn principals_carry_owner_actor_and_principal_tags() {
+        let principal = Principal::parse("local.alice").unwrap();
+        let agent = Profile::Agent {
+            principal: principal.clone(),
+            lifecycle_uid: LifecycleUid::parse("abcdefghijklmnopqrstuvwxyz").unwrap(),
+            read: ReadChannels::new(["general"]).unwrap(),
+        };
+        let want = v(&["owner:local", "actor:alice", "principal:local.alice"]);
+        assert_eq!(agent.tags(), want);
+        assert_eq!(Profile::Supervisor { principal }.tags(), want);
+        assert!(Profile::Delivery.tags().is_empty());
+        assert!(Profile::Operator.tags().is_empty());
     }
 
     #[test]

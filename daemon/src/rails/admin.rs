@@ -1,5 +1,10 @@
 //! Verbs of the `ctl.delivery-admin` rail (supervisor-callable). Answered one at a time, in
-//! arrival order (the rail module serialises them).
+//! arrival order (the rail module serialises them), except the `lifecycleMemberships`
+//! inventory, answered beside them ([`crate::rails::inventory`]).
+//!
+//! Eviction (`evictPrincipal`, `evictPrincipals`) and liveness (`principalLiveness`,
+//! `planeConnLiveness`) sweep through the `$SYS` pair ([`crate::rails::evict`],
+//! [`crate::rails::liveness`]).
 //!
 //! `reloadCreds` adopts a renewed credential only once start-up is complete and only after the
 //! broker accepted it on a disposable connection; `reloadStoreIdentity` says which store the
@@ -14,6 +19,9 @@ use futures::future::BoxFuture;
 use serde_json::{json, Value};
 
 use crate::plane::PlaneCtx;
+use crate::rails::evict::{self, Kicker};
+use crate::rails::sweep::SysAuthority;
+use crate::rails::{inventory, liveness, AdminParts};
 use crate::store::{check_same_store, StoreIdentity};
 use crate::wire::Principal;
 
@@ -62,18 +70,22 @@ pub trait CredentialAdmin: Send + Sync {
 /// Dispatches one admin verb; returns the reply `data` or the refusal text.
 pub async fn dispatch(
     ctx: &PlaneCtx,
-    credentials: Option<&dyn CredentialAdmin>,
+    parts: &AdminParts,
     _caller: &Principal,
     op: &str,
     args: &Value,
 ) -> Result<Value, AdminRefusal> {
+    let credentials = parts.credentials.as_deref();
     if let Some(renewal) = credentials {
         renewal.settled(RECONNECT_WAIT_BOUND).await;
     }
+    let args = &args_object(args);
     let result = match op {
         "reloadCreds" => reload_creds(ctx, credentials, args).await,
         "reloadStoreIdentity" => reload_store_identity(credentials, args).map_err(Into::into),
-        _ => Err(format!("unsupported delivery-admin op \"{op}\"").into()),
+        _ => retirement_verb(ctx, parts, op, args)
+            .await
+            .map_err(Into::into),
     };
     match result {
         Ok(v) => Ok(scrub_value(v)),
@@ -81,6 +93,65 @@ pub async fn dispatch(
             error: scrub(&r.error),
             data: r.data.map(scrub_value),
         }),
+    }
+}
+
+/// The retirement verbs: inventories, verified eviction and the liveness oracles.
+async fn retirement_verb(
+    ctx: &PlaneCtx,
+    parts: &AdminParts,
+    op: &str,
+    args: &Value,
+) -> Result<Value, String> {
+    match op {
+        "lifecycleMemberships" => {
+            inventory::lifecycle_memberships(ctx, &parts.fences, &parts.inventories, args).await
+        }
+        "evictPrincipal" => {
+            let (sys, kicker) = eviction(parts, "evictPrincipal")?;
+            let principal = evict::principal_arg("evictPrincipal", args.get("principal"))?;
+            evict::evict("evictPrincipal", sys, kicker, &[principal])
+                .await
+                .and_then(|mut r| r.pop().ok_or_else(|| "evictPrincipal: no result".into()))
+                .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+        }
+        "evictPrincipals" => {
+            let (sys, kicker) = eviction(parts, "evictPrincipals")?;
+            let principals = evict::principals_arg(args)?;
+            evict::evict("evictPrincipals", sys, kicker, &principals)
+                .await
+                .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+        }
+        "principalLiveness" => match parts.sys.as_deref() {
+            Some(sys) => liveness::principal_liveness(sys, args).await,
+            None => Err("principalLiveness: no liveness oracle wired on this daemon".into()),
+        },
+        "planeConnLiveness" => match parts.sys.as_deref() {
+            Some(sys) => liveness::plane_conn_liveness(sys, args).await,
+            None => Err("planeConnLiveness: no plane-liveness oracle wired on this daemon".into()),
+        },
+        _ => Err(format!(
+            "op \"{op}\" not supported on the delivery admin service"
+        )),
+    }
+}
+
+/// `args` as sent, or an empty object when absent.
+fn args_object(args: &Value) -> Value {
+    match args {
+        Value::Null => Value::Object(Default::default()),
+        other => other.clone(),
+    }
+}
+
+/// The eviction executor, or the reference refusal when none is wired.
+fn eviction<'a>(
+    parts: &'a AdminParts,
+    verb: &str,
+) -> Result<(&'a SysAuthority, &'a dyn Kicker), String> {
+    match (parts.sys.as_deref(), parts.kicker.as_deref()) {
+        (Some(sys), Some(kicker)) => Ok((sys, kicker)),
+        _ => Err(format!("{verb}: no eviction executor wired on this daemon")),
     }
 }
 

@@ -18,9 +18,48 @@ use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx, NOT_SERVING, STOPPED_S
 use crate::wire::{CtlService, Principal};
 
 pub mod admin;
+pub mod evict;
+pub mod fence;
+pub mod inventory;
+pub mod liveness;
 pub mod ops;
+pub mod sweep;
 
 use admin::CredentialAdmin;
+use evict::Kicker;
+use fence::Fences;
+use inventory::Inventories;
+use sweep::SysAuthority;
+
+/// What the rails serve beside the plane context, wired by the space ring. One value per daemon
+/// process, shared by both rails (the fence registry in particular).
+#[derive(Clone, Default)]
+pub struct AdminParts {
+    /// The credential verbs (`reloadCreds`, `reloadStoreIdentity`).
+    pub credentials: Option<Arc<dyn CredentialAdmin>>,
+    /// The `$SYS` pair the eviction and liveness verbs sweep with.
+    pub sys: Option<Arc<SysAuthority>>,
+    /// Who kicks the connections an eviction found.
+    pub kicker: Option<Arc<dyn Kicker>>,
+    pub fences: Arc<Fences>,
+    pub inventories: Arc<Inventories>,
+}
+
+/// Admin requests waiting for their turn; one more is refused at once.
+pub const ADMIN_QUEUE_BOUND: usize = 1024;
+/// Refusal of an admin request that finds the queue full.
+pub const ADMIN_QUEUE_FULL: &str =
+    "delivery: the admin rail has 1024 requests waiting for their turn; retry";
+
+/// Whether a request payload is a `lifecycleMemberships` inventory (answered beside the queue).
+fn is_inventory(payload: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Op<'a> {
+        #[serde(borrow)]
+        op: std::borrow::Cow<'a, str>,
+    }
+    serde_json::from_slice::<Op>(payload).is_ok_and(|o| o.op == "lifecycleMemberships")
+}
 
 /// `ControlRequest` of the reference.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -95,7 +134,7 @@ const REPLY_BOUND: Duration = Duration::from_secs(5);
 /// Subscribes the rail (queue-grouped) and serves it until `stop`.
 pub async fn bind(
     ctx: &PlaneCtx,
-    credentials: Option<Arc<dyn CredentialAdmin>>,
+    parts: AdminParts,
     service: CtlService,
     mut stop: StopRx,
 ) -> Result<JoinHandle<()>, PlaneError> {
@@ -127,18 +166,37 @@ pub async fn bind(
     }
     let ctx = ctx.clone();
     Ok(tokio::spawn(async move {
+        // The admin rail answers one request at a time, in arrival order, on one worker; an
+        // inventory is answered beside it. The delivery rail answers each request at once.
+        let admin = service == CtlService::DeliveryAdmin;
+        let (queue, mut turns) =
+            tokio::sync::mpsc::channel::<async_nats::Message>(ADMIN_QUEUE_BOUND);
+        let worker = {
+            let (ctx, parts) = (ctx.clone(), parts.clone());
+            tokio::spawn(async move {
+                while let Some(msg) = turns.recv().await {
+                    handle(&ctx, &parts, service, msg).await;
+                }
+            })
+        };
+        let dispatch = |msg: async_nats::Message| {
+            if admin && !is_inventory(&msg.payload) {
+                if let Err(tokio::sync::mpsc::error::TrySendError::Full(msg)) = queue.try_send(msg)
+                {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move { refuse(&ctx, msg, ADMIN_QUEUE_FULL).await });
+                }
+            } else {
+                let (ctx, parts) = (ctx.clone(), parts.clone());
+                tokio::spawn(async move { handle(&ctx, &parts, service, msg).await });
+            }
+        };
         loop {
             tokio::select! {
                 _ = stopped(&mut stop) => break,
                 msg = sub.next() => {
                     let Some(msg) = msg else { break };
-                    let ctx = ctx.clone();
-                    if service == CtlService::DeliveryAdmin {
-                        // The admin rail answers one request at a time, in arrival order.
-                        handle(&ctx, credentials.as_deref(), service, msg).await;
-                    } else {
-                        tokio::spawn(async move { handle(&ctx, None, service, msg).await });
-                    }
+                    dispatch(msg);
                 }
             }
         }
@@ -147,35 +205,54 @@ pub async fn bind(
         // now, so with the not-serving refusal) instead of being dropped into their callers'
         // timeouts. The subscription is closed, so this ends with its buffer.
         while let Ok(Some(msg)) = tokio::time::timeout(DRAIN_BOUND, sub.next()).await {
-            handle(&ctx, credentials.as_deref(), service, msg).await;
+            dispatch(msg);
         }
+        drop(queue);
+        let _ = worker.await;
     }))
 }
 
 /// Bound on waiting for each buffered request while a rail is unbound.
 const DRAIN_BOUND: Duration = Duration::from_millis(100);
 
-async fn handle(
-    ctx: &PlaneCtx,
-    credentials: Option<&dyn CredentialAdmin>,
-    service: CtlService,
-    msg: async_nats::Message,
-) {
+/// The reply subject of a request, when it lies under the request's own subtree (a forged or
+/// foreign reply target gets no answer at all).
+fn bound_reply(msg: &async_nats::Message) -> Option<String> {
+    let reply = msg.reply.as_ref()?.to_string();
+    reply_is_bound(msg.subject.as_str(), &reply).then_some(reply)
+}
+
+async fn publish_answer(ctx: &PlaneCtx, reply: String, answer: &ControlReply) {
+    let max_payload = ctx.client.server_info().max_payload;
+    let body = encode_reply(answer, max_payload);
+    let _ = tokio::time::timeout(REPLY_BOUND, async {
+        if ctx.client.publish(reply, body.into()).await.is_ok() {
+            // Out of the client's buffer before an adopted credential's reconnect may start.
+            let _ = ctx.client.flush().await;
+        }
+    })
+    .await;
+}
+
+/// Answers `msg` with a refusal without handling it.
+async fn refuse(ctx: &PlaneCtx, msg: async_nats::Message, why: &str) {
+    if let Some(reply) = bound_reply(&msg) {
+        publish_answer(ctx, reply, &ControlReply::refuse(why)).await;
+    }
+}
+
+async fn handle(ctx: &PlaneCtx, parts: &AdminParts, service: CtlService, msg: async_nats::Message) {
     let subject = msg.subject.to_string();
-    let Some(reply) = msg.reply.as_ref().map(|r| r.to_string()) else {
+    let Some(reply) = bound_reply(&msg) else {
         return;
     };
-    if !reply_is_bound(&subject, &reply) {
-        // Forged or foreign reply target: no answer at all.
-        return;
-    }
     let prefix = format!("{}.ctl.{}", ctx.names.space().prefix(), service.as_str());
     let answer = match caller_of(&subject, &prefix) {
         None => ControlReply::refuse("sender mismatch - request rejected"),
         Some(caller) => match ctx.gate.admit() {
             None => ControlReply::refuse(NOT_SERVING),
             Some(epoch) => {
-                let answer = answer(ctx, credentials, service, &caller, &msg.payload).await;
+                let answer = answer(ctx, parts, service, &caller, &msg.payload).await;
                 if answer.ok && !ctx.gate.still(epoch) {
                     ControlReply::refuse(STOPPED_SERVING)
                 } else {
@@ -184,23 +261,17 @@ async fn handle(
             }
         },
     };
-    let max_payload = ctx.client.server_info().max_payload;
-    let body = encode_reply(&answer, max_payload);
-    let _ = tokio::time::timeout(REPLY_BOUND, async {
-        if ctx.client.publish(reply, body.into()).await.is_ok() {
-            // Out of the client's buffer before an adopted credential's reconnect may start.
-            let _ = ctx.client.flush().await;
+    publish_answer(ctx, reply, &answer).await;
+    if service == CtlService::DeliveryAdmin {
+        if let Some(c) = parts.credentials.as_deref() {
+            c.replied();
         }
-    })
-    .await;
-    if let Some(c) = credentials {
-        c.replied();
     }
 }
 
 async fn answer(
     ctx: &PlaneCtx,
-    credentials: Option<&dyn CredentialAdmin>,
+    parts: &AdminParts,
     service: CtlService,
     caller: &Principal,
     payload: &[u8],
@@ -214,11 +285,13 @@ async fn answer(
         return ControlReply::refuse("sender mismatch - request rejected");
     }
     let result = match service {
-        CtlService::Delivery => ops::delivery(ctx, caller, &request.op, &request.args)
-            .await
-            .map_err(admin::AdminRefusal::from),
+        CtlService::Delivery => {
+            ops::delivery(ctx, &parts.fences, caller, &request.op, &request.args)
+                .await
+                .map_err(admin::AdminRefusal::from)
+        }
         CtlService::DeliveryAdmin => {
-            admin::dispatch(ctx, credentials, caller, &request.op, &request.args).await
+            admin::dispatch(ctx, parts, caller, &request.op, &request.args).await
         }
     };
     match result {

@@ -16,18 +16,20 @@ use crate::plane::membership::{
     MAX_PRIOR_INTERVALS, STATE_DURABLE_ACTIVE, STATE_LIVE_CONFIRMED,
 };
 use crate::plane::{PlaneCtx, NOT_SERVING, STOPPED_SERVING};
+use crate::rails::fence::Fences;
 use crate::wire::{validate_channel, LifecycleUid, Principal};
 
 /// `ctl.delivery` verbs (agent-callable).
 pub async fn delivery(
     ctx: &PlaneCtx,
+    fences: &Fences,
     caller: &Principal,
     op: &str,
     args: &Value,
 ) -> Result<Value, String> {
     match op {
-        "durableJoin" => durable_join(ctx, caller, args).await,
-        "durableLeave" => durable_leave(ctx, caller, args).await,
+        "durableJoin" => durable_join(ctx, fences, caller, args).await,
+        "durableLeave" => durable_leave(ctx, fences, caller, args).await,
         "listMemberships" => list_memberships(ctx, caller, args).await,
         _ => Err(format!(
             "op \"{op}\" not supported on the delivery control service"
@@ -96,6 +98,13 @@ async fn lifecycle_arg(
     }
 }
 
+/// Refusal of a join or leave of a lifecycle a retirement inventory fenced on this process.
+fn fenced(op: &str, caller: &Principal, uid: &LifecycleUid) -> String {
+    format!(
+        "{op}: lifecycle {uid} of {caller} is being retired (a lifecycleMemberships inventory fenced it on this daemon); durable joins and leaves of it are refused"
+    )
+}
+
 fn open_err(e: impl std::fmt::Display) -> String {
     format!("delivery: the registry is unavailable: {e}")
 }
@@ -134,12 +143,20 @@ fn next_generation(previous: u64) -> Result<u64, String> {
     })
 }
 
-async fn durable_join(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Result<Value, String> {
+async fn durable_join(
+    ctx: &PlaneCtx,
+    fences: &Fences,
+    caller: &Principal,
+    args: &Value,
+) -> Result<Value, String> {
     let epoch = admit(ctx)?;
     let channel = channel_arg("durableJoin", args)?;
     let acls = Acls::open(ctx).await.map_err(open_err)?;
     let members = Members::open(ctx).await.map_err(open_err)?;
     let uid = lifecycle_arg("durableJoin", &acls, caller, args).await?;
+    let _running = fences
+        .begin(caller, &uid)
+        .map_err(|_| fenced("durableJoin", caller, &uid))?;
     check_acl(&acls, caller, &uid, &channel).await?;
 
     let (previous, expected) = match members
@@ -296,7 +313,12 @@ async fn undo_join(
     }
 }
 
-async fn durable_leave(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Result<Value, String> {
+async fn durable_leave(
+    ctx: &PlaneCtx,
+    fences: &Fences,
+    caller: &Principal,
+    args: &Value,
+) -> Result<Value, String> {
     let epoch = admit(ctx)?;
     let channel = channel_arg("durableLeave", args)?;
     let generation = object("durableLeave", args)?
@@ -311,6 +333,9 @@ async fn durable_leave(ctx: &PlaneCtx, caller: &Principal, args: &Value) -> Resu
     let acls = Acls::open(ctx).await.map_err(open_err)?;
     let members = Members::open(ctx).await.map_err(open_err)?;
     let uid = lifecycle_arg("durableLeave", &acls, caller, args).await?;
+    let _running = fences
+        .begin(caller, &uid)
+        .map_err(|_| fenced("durableLeave", caller, &uid))?;
     let (mut record, revision) = match members
         .read(&channel, caller, &uid)
         .await

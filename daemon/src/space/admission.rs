@@ -5,10 +5,10 @@
 //! observer/evictor pair, must refuse to start rather than attribute connections wrongly, so
 //! this runs before the daemon touches the lease.
 
-use crate::creds::Credential;
-use crate::provision::layout::{CONNECTION_EVICTOR_CREDS_FILE, MEMBERSHIP_OBSERVER_CREDS_FILE};
-use crate::store::SecretStore;
-use crate::wire::Space;
+// The pair's store read lives with the sweeps that re-read it on every eviction and liveness
+// call; admission checks the same read once, before the lease.
+use crate::rails::sweep::connz_accounts;
+pub use crate::rails::sweep::{evictor_key, observer_key, Held, SysPair};
 
 /// The admitted sweep authority.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,68 +36,6 @@ impl std::fmt::Display for AdmissionError {
 }
 
 impl std::error::Error for AdmissionError {}
-
-/// The account a `$SYS.REQ.ACCOUNT.<acc>.CONNZ` publish grant names, if any.
-fn connz_accounts(claims: &serde_json::Value) -> Vec<String> {
-    claims["pub"]["allow"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str())
-                .filter_map(|s| {
-                    s.strip_prefix("$SYS.REQ.ACCOUNT.")
-                        .and_then(|r| r.strip_suffix(".CONNZ"))
-                        .map(str::to_string)
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// `space.<key>/membership-observer.creds`: the `$SYS` observer, beside the delivery credential.
-pub fn observer_key(space: &Space) -> String {
-    format!("{}/{MEMBERSHIP_OBSERVER_CREDS_FILE}", space.segment())
-}
-/// `space.<key>/connection-evictor.creds`: the optional `$SYS` evictor.
-pub fn evictor_key(space: &Space) -> String {
-    format!("{}/{CONNECTION_EVICTOR_CREDS_FILE}", space.segment())
-}
-
-/// One credential of the `$SYS` pair as the store holds it, with where it lives (for messages).
-pub struct Held {
-    pub at: String,
-    pub value: Result<Option<Credential>, String>,
-}
-
-impl Held {
-    /// Reads `key` from `store` (a blocking call: the caller runs it off the async workers).
-    pub fn read(store: &dyn SecretStore, key: &str) -> Held {
-        let at = store.locate(key);
-        let value = match store.get(key) {
-            Ok(None) => Ok(None),
-            Ok(Some(text)) => Credential::parse(&text)
-                .map(Some)
-                .map_err(|e| format!("credential file {at}: {}", e.detail())),
-            Err(e) => Err(format!("credential file {at}: {e}")),
-        };
-        Held { at, value }
-    }
-}
-
-/// The `$SYS` observer (required) and evictor (optional) as read from the store.
-pub struct SysPair {
-    pub observer: Held,
-    pub evictor: Held,
-}
-
-impl SysPair {
-    pub fn read(store: &dyn SecretStore, space: &Space) -> SysPair {
-        SysPair {
-            observer: Held::read(store, &observer_key(space)),
-            evictor: Held::read(store, &evictor_key(space)),
-        }
-    }
-}
 
 /// Checks the observer (required) and evictor (optional) next to the daemon's credentials.
 pub fn admit(pair: &SysPair, expected_account: &str) -> Result<Admitted, AdmissionError> {

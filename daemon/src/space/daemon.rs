@@ -24,6 +24,10 @@ use crate::creds::Credential;
 use crate::journal::Journal;
 use crate::kv::Rows;
 use crate::plane::{PlaneConfig, PlaneCtx, ServingGate};
+use crate::rails::evict::EvictorKicker;
+use crate::rails::liveness::LeaseSelf;
+use crate::rails::sweep::{SweepLimits, SysAuthority};
+use crate::rails::AdminParts;
 use crate::space::admission::{self, SysPair};
 use crate::space::feed::{FeedParts, MembershipFeed};
 use crate::space::health::{HealthConfig, HealthHandle, Verdict, Watchdog};
@@ -470,11 +474,31 @@ impl SpaceDaemon {
             config: cfg.plane.clone(),
             startup_complete: startup_complete.clone(),
         };
+        // The `$SYS` pair the eviction and liveness verbs sweep with (re-read and re-checked on
+        // every call, from the store admission read).
+        let sys = Arc::new(SysAuthority {
+            store: cfg.sys_store.clone(),
+            space: space.clone(),
+            account: account.clone(),
+            server_url: cfg.server.clone(),
+            tls_ca: cfg.tls_ca.clone(),
+            limits: SweepLimits::from_env(),
+        });
+        let admin = AdminParts {
+            credentials: Some(renewal.clone()),
+            sys: Some(sys.clone()),
+            kicker: Some(Arc::new(EvictorKicker { authority: sys })),
+            ..AdminParts::default()
+        };
+        let lease_self = LeaseSelf {
+            holder: identity.holder.clone(),
+            incarnation: identity.incarnation.clone(),
+        };
         let mut keeper = Keeper {
             journal: journal.clone(),
             space: space.clone(),
             lease,
-            plane: Plane::new(ctx, Some(renewal.clone())),
+            plane: Plane::new(ctx, admin, lease_self),
             noted: "held",
             quiesced: false,
             connected: true,

@@ -1,18 +1,18 @@
 //! Plane-3 bindings as one unit the lease can arm and quiesce.
 //!
 //! The daemon serves only under its lease. When the lease is in doubt it *quiesces*: the fan-out
-//! writer, the trusted reader and both control rails are unbound, nothing more is acked, and a
+//! writer, the trusted reader, both control rails and the `live.delivery` responder are unbound, nothing more is acked, and a
 //! request admitted before the quiesce is refused rather than answered. The gate carries that
 //! decision to every in-flight handler; `Plane` owns the bound tasks.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::plane::{PlaneCtx, PlaneError};
-use crate::rails::admin::CredentialAdmin;
+use crate::rails::liveness::LeaseSelf;
+use crate::rails::AdminParts;
 
 /// The bound components of one arming.
 struct Bound {
@@ -26,16 +26,19 @@ const QUIESCE_BOUND: Duration = Duration::from_secs(5);
 /// Owner of the Plane-3 tasks.
 pub struct Plane {
     ctx: PlaneCtx,
-    /// The credential verbs the admin rail serves (`reloadCreds`, `reloadStoreIdentity`).
-    credentials: Option<Arc<dyn CredentialAdmin>>,
+    /// What the rails serve beside the context (credential verbs, `$SYS` pair, fences).
+    admin: AdminParts,
+    /// This daemon in its lease row, which the `live.delivery` responder grades probes by.
+    lease_self: LeaseSelf,
     bound: Option<Bound>,
 }
 
 impl Plane {
-    pub fn new(ctx: PlaneCtx, credentials: Option<Arc<dyn CredentialAdmin>>) -> Plane {
+    pub fn new(ctx: PlaneCtx, admin: AdminParts, lease_self: LeaseSelf) -> Plane {
         Plane {
             ctx,
-            credentials,
+            admin,
+            lease_self,
             bound: None,
         }
     }
@@ -59,15 +62,21 @@ impl Plane {
                 crate::wire::CtlService::DeliveryAdmin,
             ] {
                 tasks.push(
-                    crate::rails::bind(
-                        &self.ctx,
-                        self.credentials.clone(),
-                        service,
-                        stop_rx.clone(),
-                    )
-                    .await?,
+                    crate::rails::bind(&self.ctx, self.admin.clone(), service, stop_rx.clone())
+                        .await?,
                 );
             }
+            // A fresh opaque instance token per bind (re-minted on every re-arm).
+            let instance = uuid::Uuid::new_v4().simple().to_string();
+            tasks.push(
+                crate::rails::liveness::bind(
+                    &self.ctx,
+                    self.lease_self.clone(),
+                    instance,
+                    stop_rx.clone(),
+                )
+                .await?,
+            );
             Ok::<(), PlaneError>(())
         }
         .await;

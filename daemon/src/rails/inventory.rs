@@ -1,0 +1,250 @@
+//! `lifecycleMemberships`: the inventory a retirement reads before it deletes the retired
+//! lifecycle's membership rows (our design: the reference has no such verb; `docs/admin.md`).
+//!
+//! It is answered beside the serialized admin verbs, never behind them. Each request first reads
+//! the lifecycle's ACL row: while that row still allows reads, the lifecycle is fenced on this
+//! process ([`crate::rails::fence`]). It then waits for the durable joins and leaves already
+//! running for the lifecycle, and only then joins the next shared read of the members bucket:
+//! requests that are ready together share one read, and a read never started before a request
+//! sharing it was ready.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use crate::plane::acl::{AclRow, Acls};
+use crate::plane::membership::{split_member_key, MemberRead, MemberRow, Members};
+use crate::plane::PlaneCtx;
+use crate::rails::fence::{FenceError, Fences};
+use crate::wire::{LifecycleUid, Principal};
+
+/// Bound on waiting for the joins and leaves already running for the lifecycle (a join may run
+/// its activation catch-up, which the agent waits 30 s for).
+pub const RUNNING_WRITES_BOUND: Duration = Duration::from_secs(35);
+/// Row reads of one shared read kept in flight together.
+const READS_IN_FLIGHT: usize = 32;
+
+/// One lifecycle waiting for the next shared read.
+struct Waiter {
+    member: Principal,
+    uid: LifecycleUid,
+    answer: oneshot::Sender<Result<(u64, Vec<MemberRow>), String>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Waiter>,
+    reading: bool,
+}
+
+/// The shared reads of the members bucket.
+#[derive(Default)]
+pub struct Inventories {
+    queue: Mutex<Queue>,
+    /// Number of shared reads started (the reply's `read`).
+    reads: AtomicU64,
+}
+
+impl Inventories {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The rows of `(member, uid)` from the next shared read that starts after this call, with
+    /// that read's number.
+    async fn rows_of(
+        self: &Arc<Self>,
+        ctx: &PlaneCtx,
+        member: &Principal,
+        uid: &LifecycleUid,
+    ) -> Result<(u64, Vec<MemberRow>), String> {
+        let (tx, rx) = oneshot::channel();
+        let lead = {
+            let mut q = self.lock();
+            q.waiting.push(Waiter {
+                member: member.clone(),
+                uid: uid.clone(),
+                answer: tx,
+            });
+            !std::mem::replace(&mut q.reading, true)
+        };
+        if lead {
+            // Detached from the request, so a cancelled caller never strands the others.
+            let this = self.clone();
+            let ctx = ctx.clone();
+            tokio::spawn(async move { this.read_loop(&ctx).await });
+        }
+        rx.await
+            .unwrap_or_else(|_| Err("lifecycleMemberships: the shared read was abandoned".into()))
+    }
+
+    /// Serves batches until none is waiting: each batch is everything that waited when its read
+    /// began.
+    async fn read_loop(&self, ctx: &PlaneCtx) {
+        loop {
+            let batch = {
+                let mut q = self.lock();
+                if q.waiting.is_empty() {
+                    q.reading = false;
+                    return;
+                }
+                std::mem::take(&mut q.waiting)
+            };
+            let n = self.reads.fetch_add(1, Ordering::SeqCst) + 1;
+            let wanted: Vec<String> = batch
+                .iter()
+                .map(|w| format!("/{}.{}", w.member.dot_form(), w.uid))
+                .collect();
+            let read = shared_read(ctx, &wanted).await;
+            for w in batch {
+                let mine = read.as_ref().map(|rows| {
+                    let rows = rows
+                        .iter()
+                        .filter(|r| r.member == w.member && r.uid == w.uid)
+                        .cloned()
+                        .collect();
+                    (n, rows)
+                });
+                let _ = w.answer.send(mine.map_err(Clone::clone));
+            }
+        }
+    }
+}
+
+/// One read of the members bucket: every key, leader-served, then the rows whose key ends with
+/// one of `suffixes` (`/<o>.<a>.<uid>`).
+async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRow>, String> {
+    let fail = |e: &dyn std::fmt::Display| {
+        format!("lifecycleMemberships: could not read the members registry: {e}")
+    };
+    let members = Members::open(ctx).await.map_err(|e| fail(&e))?;
+    let keys = crate::plane::scan::keys(
+        &ctx.js,
+        members.rows().bucket(),
+        ">",
+        ctx.config.request_bound,
+    )
+    .await
+    .map_err(|e| fail(&e))?;
+    let wanted: Vec<String> = keys
+        .into_iter()
+        .filter(|k| suffixes.iter().any(|s| k.ends_with(s.as_str())))
+        .collect();
+    let work: Vec<_> = wanted
+        .into_iter()
+        .map(|key| {
+            let members = members.clone();
+            async move {
+                let (channel, member, uid) = split_member_key(&key)
+                    .ok_or_else(|| format!("a member key does not parse: {key}"))?;
+                let read = members.read(&channel, &member, &uid).await;
+                Ok::<_, String>((member, uid, read))
+            }
+        })
+        .collect();
+    let reads: Vec<_> = futures::stream::iter(work)
+        .buffered(READS_IN_FLIGHT)
+        .collect()
+        .await;
+    let mut out = Vec::new();
+    for r in reads {
+        let (member, uid, read) = r.map_err(|e| fail(&e))?;
+        match read.map_err(|e| fail(&e))? {
+            MemberRead::Present(record, revision) => out.push(MemberRow {
+                member,
+                uid,
+                record,
+                revision,
+            }),
+            MemberRead::Absent { .. } => {}
+            MemberRead::Garbled(e) => {
+                return Err(fail(&format!("a member row does not parse ({e})")))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn arg<'a>(args: &'a Value, name: &str) -> Option<&'a str> {
+    args.get(name).and_then(Value::as_str).map(str::trim)
+}
+
+/// `lifecycleMemberships {principal, lifecycleUid}` →
+/// `{principal, lifecycleUid, fenced, read, memberships: [{channel, generation, activated,
+/// joinCursor, leaveCursor?, revision}]}` (every row of the lifecycle, tombstones included).
+pub async fn lifecycle_memberships(
+    ctx: &PlaneCtx,
+    fences: &Fences,
+    inventories: &Arc<Inventories>,
+    args: &Value,
+) -> Result<Value, String> {
+    let principal = arg(args, "principal")
+        .filter(|p| !p.is_empty())
+        .ok_or("lifecycleMemberships: a principal (owner.actor dot-form) is required")?;
+    let member = Principal::parse(principal)
+        .map_err(|e| format!("lifecycleMemberships: \"{principal}\" is not a principal: {e}"))?;
+    let raw_uid = arg(args, "lifecycleUid").filter(|u| !u.is_empty()).ok_or(
+        "lifecycleMemberships: the lifecycleUid is required (membership rows are lifecycle-keyed)",
+    )?;
+    let uid = LifecycleUid::parse(raw_uid).map_err(|e| format!("lifecycleMemberships: {e}"))?;
+
+    // The fence: set the moment the request is handled, if the row still allows reads. A row
+    // that cannot be read is fenced too (it might allow reads).
+    let acls = Acls::open(ctx).await;
+    let allows_reads = match &acls {
+        Ok(acls) => match acls.read(&member, &uid).await {
+            Ok(AclRow::Present { record, .. }) => {
+                !record.is_retired() && !record.allow_subscribe.is_empty()
+            }
+            Ok(AclRow::Absent) | Ok(AclRow::Garbled(_)) => false,
+            Err(_) => true,
+        },
+        Err(_) => true,
+    };
+    if allows_reads {
+        fences.fence(&member, &uid).map_err(|e| match e {
+            FenceError::Full => format!(
+                "lifecycleMemberships: this daemon already fences {} lifecycles; narrow the row to no reads first, or restart the daemon",
+                crate::rails::fence::MAX_FENCED
+            ),
+            other => format!("lifecycleMemberships: {other:?}"),
+        })?;
+    }
+    fences
+        .settled(&member, &uid, RUNNING_WRITES_BOUND)
+        .await
+        .map_err(|e| match e {
+            FenceError::StillRunning { running, bound_ms } => format!(
+                "lifecycleMemberships: {running} durable join/leave of {member} lifecycle {uid} still running after {bound_ms} ms; retry"
+            ),
+            other => format!("lifecycleMemberships: {other:?}"),
+        })?;
+    let (read, rows) = inventories.rows_of(ctx, &member, &uid).await?;
+    let list: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let mut m = json!({
+                "channel": r.record.channel,
+                "generation": r.record.generation,
+                "activated": r.record.activated.unwrap_or(false),
+                "joinCursor": r.record.join_cursor,
+                "revision": r.revision,
+            });
+            if let (Some(leave), Some(o)) = (r.record.leave_cursor, m.as_object_mut()) {
+                o.insert("leaveCursor".into(), json!(leave));
+            }
+            m
+        })
+        .collect();
+    Ok(json!({
+        "principal": member.dot_form(),
+        "lifecycleUid": uid.as_str(),
+        "fenced": fences.is_fenced(&member, &uid),
+        "read": read,
+        "memberships": list,
+    }))
+}

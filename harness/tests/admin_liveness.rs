@@ -1,0 +1,200 @@
+//! Liveness oracles on a real broker with the real daemon: `principalLiveness`,
+//! `planeConnLiveness` (closed shapes, echoed tuples) and the `live.delivery` responder, including
+//! a probe whose connection the broker closes under it.
+
+mod admin_support;
+mod data_path_support;
+
+use std::time::Duration;
+
+use admin_support as a;
+use cotal_delivery::agent::liveness::ProbeWhy;
+use cotal_delivery::creds::read_creds_file;
+use data_path_support as s;
+use delivery_harness::agent;
+use delivery_harness::mesh::Mesh;
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+const BOUND: Duration = Duration::from_secs(15);
+
+/// The monitor's row of the (first) connection tagged `principal:<p>`.
+async fn conn_of(mesh: &Mesh, principal: &str) -> Option<Value> {
+    let connz = mesh.broker.monitor("/connz?auth=1&limit=4096").await.ok()?;
+    let tag = format!("principal:{principal}");
+    connz["connections"].as_array()?.iter().find_map(|c| {
+        c["tags"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|x| x.as_str() == Some(tag.as_str())))
+            .then(|| c.clone())
+    })
+}
+
+/// `principalLiveness`: a connected principal is `live`, an absent one `gone` (one server, no
+/// cluster: the single-server proof), a malformed one refused; `planeConnLiveness` echoes both
+/// tuples and judges the live connection by its nkey and an unknown tuple `gone`; a wider query
+/// is refused.
+///
+/// Mutation seen failing: answering `gone` without `single_server_proven` is invisible here (one
+/// server), so the mutation applied was the inverse: requiring two servers for `gone` (the ghost
+/// turns `unknown`).
+#[tokio::test]
+async fn principal_and_plane_liveness_judge_from_one_complete_sweep() {
+    let mesh = s::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = a::start_daemon(&mesh).await;
+    let m = a::manager(&mesh).await;
+    let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
+        .await
+        .unwrap();
+    let _conn = a::victim(&mesh, &alice).await;
+    let live = a::answered(
+        m.request_once(
+            "principalLiveness",
+            &json!({"principal": " local.alice "}),
+            BOUND,
+        )
+        .await,
+    );
+    let ghost = a::answered(
+        m.request_once(
+            "principalLiveness",
+            &json!({"principal": "local.ghost"}),
+            BOUND,
+        )
+        .await,
+    );
+    let bad = a::refused(
+        m.request_once("principalLiveness", &json!({"principal": "nobody"}), BOUND)
+            .await,
+    );
+    let row = conn_of(&mesh, "local.alice")
+        .await
+        .expect("alice on /connz");
+    let varz = mesh.broker.varz().await.unwrap();
+    let server_id = varz["server_id"].as_str().unwrap().to_string();
+    let ledger = json!({
+        "serverId": server_id,
+        "cid": row["cid"],
+        "userNkey": row["authorized_user"],
+    });
+    let records =
+        json!({"serverId": server_id, "cid": 999_999, "userNkey": format!("U{}", "A".repeat(55))});
+    let plane = a::answered(
+        m.request_once(
+            "planeConnLiveness",
+            &json!({"query": {"ledger": ledger, "records": records}}),
+            BOUND,
+        )
+        .await,
+    );
+    assert_eq!(plane["ledger"]["tuple"], ledger, "the tuple is echoed");
+    let wider = a::refused(
+        m.request_once(
+            "planeConnLiveness",
+            &json!({"query": {"ledger": ledger, "records": records, "extra": 1}}),
+            BOUND,
+        )
+        .await,
+    );
+    let settings = s::snapshot_settings();
+    settings.bind(|| {
+        insta::assert_snapshot!(
+            "admin_liveness_verdicts",
+            [live, ghost, json!(bad), plane, json!(wider)]
+                .iter()
+                .map(|v| v
+                    .to_string()
+                    .replace(&server_id, "[SERVER]")
+                    .replace(&format!("\"cid\":{}", row["cid"]), "\"cid\":[CID]"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    });
+    s::stop_daemon(&mut d).await;
+}
+
+/// `live.delivery`: a serving daemon answers `bound` with an instance token; with no daemon the
+/// probe is `unbound` (the broker's no-responders); and a probe whose connection the broker
+/// closes under it (a `$SYS` KICK while a silent responder holds the probe) is `unknown`
+/// because the connection closed, well before its timeout, never `unbound`.
+///
+/// Mutation seen failing: classifying a closed connection as `unbound` in
+/// `agent/liveness.rs`.
+#[tokio::test]
+async fn the_live_delivery_probe_is_bound_unbound_or_unknown_when_its_connection_closes() {
+    let mesh = s::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let none = alice.probe_delivery(Duration::from_secs(5)).await;
+    assert_eq!(
+        (none.responder.as_str(), &none.why),
+        ("unbound", &ProbeWhy::NoResponders)
+    );
+
+    let mut d = a::start_daemon(&mesh).await;
+    let bound = alice.probe_delivery(Duration::from_secs(5)).await;
+    assert_eq!(
+        (bound.responder.as_str(), &bound.why),
+        ("bound", &ProbeWhy::Answered)
+    );
+    assert!(bound.instance.as_deref().is_some_and(|i| !i.is_empty()));
+    s::stop_daemon(&mut d).await;
+    let after = alice.probe_delivery(Duration::from_secs(5)).await;
+    assert_eq!(after.responder, "unbound", "{after:?}");
+
+    // A silent responder holds the probe; the broker then kicks alice's connection.
+    let mut silent = insp
+        .client
+        .subscribe(insp.names.live_delivery_serve())
+        .await
+        .unwrap();
+    insp.sync().await.unwrap();
+    let probe_timeout = Duration::from_secs(10);
+    let started = tokio::time::Instant::now();
+    let probe = alice.probe_delivery(probe_timeout);
+    let kick = async {
+        let held = silent
+            .next()
+            .await
+            .expect("the probe reached the silent responder");
+        assert!(held.subject.as_str().ends_with("live.delivery.local.alice"));
+        let row = conn_of(&mesh, "local.alice")
+            .await
+            .expect("alice on /connz");
+        let server_id = mesh.broker.varz().await.unwrap()["server_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let evictor =
+            read_creds_file(&mesh.workspace().connection_evictor_creds_path(mesh.space())).unwrap();
+        let sys = cotal_delivery::provision::connect_with_inbox(
+            &mesh.url(),
+            mesh.tls_ca().as_deref(),
+            &evictor,
+            "test-evictor",
+            "_INBOX",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        sys.request(
+            format!("$SYS.REQ.SERVER.{server_id}.KICK"),
+            json!({"cid": row["cid"]}).to_string().into(),
+        )
+        .await
+        .expect("kick answered");
+    };
+    let (probe, ()) = tokio::join!(probe, kick);
+    let took = started.elapsed();
+    assert_eq!(
+        (probe.responder.as_str(), &probe.why),
+        ("unknown", &ProbeWhy::ConnectionClosed)
+    );
+    assert!(
+        took < probe_timeout,
+        "answered by the close, not the timeout ({took:?})"
+    );
+}
