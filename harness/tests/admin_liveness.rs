@@ -198,3 +198,75 @@ async fn the_live_delivery_probe_is_bound_unbound_or_unknown_when_its_connection
         "answered by the close, not the timeout ({took:?})"
     );
 }
+
+/// Waits for the broker's `Permissions Violation for <op> to "<subject>"`.
+async fn expect_denied(events: &mut delivery_harness::ClientEvents, op: &str, subject: &str) {
+    let needle = format!("Permissions Violation for {op} to \"{subject}\"");
+    events
+        .wait_for(Duration::from_secs(5), &needle, |e| match e {
+            async_nats::Event::ServerError(err) => err.to_string().contains(&needle),
+            _ => false,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("expected the broker to deny {op} {subject}: {e}"));
+}
+
+/// The `live.delivery` grants (DESIGN §6.9) are confined, each denied one token outside: the
+/// `delivery` credential serves `live.delivery.*.*` but not a sibling rail, and replies under
+/// `….reply.>` but not on the request subject itself; an agent probes its own subject but not
+/// another principal's, and hears its own reply subtree but not another's. The allowed side is
+/// proved by the broker delivering the reply to the inspector (and by the probe test above).
+///
+/// Mutation seen failing: widening the responder's reply grant to `live.delivery.>` in
+/// `provision/profiles.rs` (the request-subject publish is no longer denied).
+#[tokio::test]
+async fn the_live_delivery_grants_are_confined() {
+    let mesh = s::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let names = insp.names.clone();
+    let alice = cotal_delivery::wire::Principal::parse("local.alice").unwrap();
+    let bob = cotal_delivery::wire::Principal::parse("local.bob").unwrap();
+    let prefix = names.space().prefix();
+
+    let cred = read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space())).unwrap();
+    let (daemon, mut events) = mesh.connect_watched(&cred, "confined").await.unwrap();
+    let sibling = format!("{prefix}.live.timer.*.*");
+    let _s = daemon.subscribe(sibling.clone()).await.unwrap();
+    expect_denied(&mut events, "Subscription", &sibling).await;
+    let request = names.live_delivery_subject(&alice);
+    daemon.publish(request.clone(), "x".into()).await.unwrap();
+    expect_denied(&mut events, "Publish", &request).await;
+    let mut heard = insp
+        .client
+        .subscribe(names.live_delivery_reply_subtree(&alice))
+        .await
+        .unwrap();
+    insp.sync().await.unwrap();
+    let reply = format!("{request}.reply.r1");
+    daemon.publish(reply.clone(), "ok".into()).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), heard.next())
+        .await
+        .expect("the reply arrives")
+        .unwrap();
+    assert_eq!(got.subject.as_str(), reply);
+
+    let mat = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
+        .await
+        .unwrap();
+    let (agent_client, mut agent_events) = mesh
+        .connect_watched(&mat.credential, "alice")
+        .await
+        .unwrap();
+    let other = names.live_delivery_subject(&bob);
+    agent_client
+        .publish(other.clone(), "".into())
+        .await
+        .unwrap();
+    expect_denied(&mut agent_events, "Publish", &other).await;
+    let others_replies = names.live_delivery_reply_subtree(&bob);
+    let _r = agent_client
+        .subscribe(others_replies.clone())
+        .await
+        .unwrap();
+    expect_denied(&mut agent_events, "Subscription", &others_replies).await;
+}
