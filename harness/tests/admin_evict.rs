@@ -233,7 +233,8 @@ async fn two_hundred_fifty_six_principals_share_one_sweep() {
     .await
     .unwrap();
     let mut answers = watcher
-        .subscribe(format!("{MEMBERSHIP_OBSERVER_INBOX_PREFIX}.>"))
+        // The eviction sweep's replies only (the membership feed sweeps under the same prefix).
+        .subscribe(format!("{MEMBERSHIP_OBSERVER_INBOX_PREFIX}.evict.>"))
         .await
         .unwrap();
     watcher.flush().await.unwrap();
