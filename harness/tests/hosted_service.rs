@@ -311,14 +311,22 @@ async fn close_while_cut_and_healed_within_the_window_repeats_the_release_and_co
 
 /// An operator rewrites the row to another holder: the service closes without touching it
 /// (`Closed::LeaseTaken`), and `close()` rejects naming that holder; the row is still the
-/// operator's. Mutation seen caught: `CloseError::judge` returning `Ok` for `LeaseTaken`.
+/// operator's. A second service in the same process, for another space, keeps serving through
+/// the lost lease and the rejected close. Mutations seen caught: `CloseError::judge` returning
+/// `Ok` for `LeaseTaken`; the keeper ending the process on a lost lease (`std::process::exit(6)`
+/// where it returns `Closed::LeaseTaken` after a watch event) kills the test process before the
+/// assertions on beta.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_after_an_operator_rewrote_the_row_rejects_naming_the_holder() {
     let mesh = two_space_mesh().await;
-    let a = space("alpha");
-    let ia = mesh.inspector(&a).await.expect("insp");
+    let (a, b) = (space("alpha"), space("beta"));
+    let (ia, ib) = (
+        mesh.inspector(&a).await.expect("insp"),
+        mesh.inspector(&b).await.expect("insp"),
+    );
     let state = tempfile::tempdir().expect("state");
     let alpha = start(assigned(&mesh, &a, &mesh.url(), &state)).await;
+    let beta = start(assigned(&mesh, &b, &mesh.url(), &state)).await;
     let rival = LeaseInfo {
         holder: "local.UOPERATORREWROTE".into(),
         since: 1,
@@ -344,6 +352,11 @@ async fn close_after_an_operator_rewrote_the_row_rejects_naming_the_holder() {
         Some(rival),
         "the foreign row is untouched"
     );
+    // Beta never noticed: its row is its own and ready, and it still serves and delivers.
+    assert!(lease(&ib).await.expect("beta's row").ready);
+    serves(&mesh, &ib, &b, "after alpha lost its lease").await;
+    beta.close().await.expect("beta closes cleanly");
+    assert!(lease(&ib).await.is_none());
 }
 
 /// The three local refusals (no declared identity, another identity, a credential of another
