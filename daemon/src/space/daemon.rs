@@ -29,12 +29,12 @@ use crate::rails::liveness::LeaseSelf;
 use crate::rails::sweep::{SweepLimits, SysAuthority};
 use crate::rails::AdminParts;
 use crate::space::admission::{self, SysPair};
+use crate::space::closed::stop_line;
+pub use crate::space::closed::{Closed, CLOSE_CAUSE};
 use crate::space::feed::{FeedParts, MembershipFeed};
 use crate::space::health::{HealthConfig, HealthHandle, Verdict, Watchdog};
 use crate::space::keeper::{Keeper, RELEASE_REDIAL_BOUND};
-use crate::space::lease::{
-    self, ClaimError, Identity, Lease, ReleaseError, ReleaseErrorKind, Released, SHARD,
-};
+use crate::space::lease::{self, ClaimError, Identity, Lease, ReleaseErrorKind, SHARD};
 use crate::space::lease_watch::{LeaseWatch, WatchEvent};
 use crate::space::renew::{Preflight, Renewal, RenewalParts};
 use crate::space::serving::Plane;
@@ -44,8 +44,6 @@ use crate::wire::{Principal, Space, SpaceNames};
 
 /// Lease TTL when the bucket declares no `max_age` (the reference `LEASE_TTL_MS`).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-/// The cause a [`SpaceDaemon::close`] stops with.
-pub const CLOSE_CAUSE: &str = "close()";
 
 /// A host's request to stop, carrying its cause (`"SIGTERM"`, `"SIGINT"`, [`CLOSE_CAUSE`]).
 ///
@@ -157,55 +155,6 @@ impl SpaceConfig {
             journal: Journal::stderr_only(),
             on_lease_won: None,
             connection_name: "cotal:delivery".into(),
-        }
-    }
-}
-
-/// Why a running space daemon ended. Every way out carries one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Closed {
-    /// Stopped by request (a signal's name, or [`CLOSE_CAUSE`]); `release` says what became of
-    /// the row this instance owned.
-    Stopped {
-        by: &'static str,
-        release: Result<Released, ReleaseError>,
-    },
-    /// The broker-gone watchdog expired ([`Verdict::BrokerGone`] or [`Verdict::Backstop`]).
-    BrokerGone { verdict: Verdict },
-    /// The credential expired and no proved renewal arrived by the backstop.
-    CredentialExpired,
-    /// Another holder's row is (or took) the lease; the row was not touched.
-    LeaseTaken { by: String },
-    /// Re-acquiring the lease was denied by permissions (quoted).
-    LeaseDenied { detail: String },
-    /// Re-acquiring the lease was refused for another reason (quoted).
-    LeaseRefused { detail: String },
-    /// An unexpected fault.
-    Fault { detail: String },
-}
-
-impl Closed {
-    pub(crate) fn of_verdict(verdict: Verdict) -> Closed {
-        match verdict {
-            Verdict::CredentialExpired => Closed::CredentialExpired,
-            v => Closed::BrokerGone { verdict: v },
-        }
-    }
-}
-
-impl fmt::Display for Closed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Closed::Stopped { by, release } => match release {
-                Ok(_) => write!(f, "stopped by {by}; the lease was released"),
-                Err(e) => write!(f, "stopped by {by}; the lease release was not proved ({e})"),
-            },
-            Closed::BrokerGone { verdict } => f.write_str(verdict.line()),
-            Closed::CredentialExpired => f.write_str(Verdict::CredentialExpired.line()),
-            Closed::LeaseTaken { by } => write!(f, "the lease is held by {by}"),
-            Closed::LeaseDenied { detail } => write!(f, "the lease write was denied ({detail})"),
-            Closed::LeaseRefused { detail } => write!(f, "the lease write was refused ({detail})"),
-            Closed::Fault { detail } => write!(f, "fault: {detail}"),
         }
     }
 }
@@ -744,15 +693,6 @@ impl std::error::Error for CloseError {}
 
 /// Bound on draining the resident connection when a start unwinds.
 const CLOSE_DRAIN_BOUND: Duration = Duration::from_secs(2);
-
-/// The line a requested stop is reported with.
-pub(crate) fn stop_line(by: &str, space: &Space) -> String {
-    if by == CLOSE_CAUSE {
-        format!("• delivery: close() requested, closing (space {space}, shard {SHARD})")
-    } else {
-        format!("• delivery: received {by}, exiting (space {space}, shard {SHARD})")
-    }
-}
 
 /// What the serve loop owns once start-up is complete.
 struct Serving {

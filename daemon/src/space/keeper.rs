@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 use crate::conn::{ConnEvent, Resident};
 use crate::journal::Journal;
-use crate::space::daemon::Closed;
+use crate::space::closed::{stop_line, Closed};
 use crate::space::health::{HealthHandle, Verdict};
 use crate::space::lease::{
     ClaimError, Lease, Reading, ReleaseError, ReleaseErrorKind, Released, SHARD,
@@ -222,8 +222,7 @@ impl Keeper {
     }
 
     pub(crate) async fn stop_signalled(self, by: &'static str) -> Closed {
-        self.journal
-            .line(crate::space::daemon::stop_line(by, &self.space));
+        self.journal.line(stop_line(by, &self.space));
         self.stop(by).await
     }
 

@@ -10,6 +10,7 @@
 //! provisioning and the base files; never the host, the supervisor or the command line.
 
 pub mod admission;
+pub mod closed;
 pub mod daemon;
 pub mod feed;
 pub mod health;
