@@ -9,6 +9,7 @@
 //! addressed to it are deleted from `INBOX_<s>` the first time the reader meets them.
 
 use crate::kv::{Read, RowError, Rows};
+use crate::plane::cache::View;
 use crate::plane::PlaneCtx;
 use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
@@ -72,16 +73,46 @@ impl Acls {
 
     /// The row of one lifecycle, fresh from the leader.
     pub async fn read(&self, member: &Principal, uid: &LifecycleUid) -> Result<AclRow, RowError> {
-        match self.rows.read(&SpaceNames::acl_key(member, uid)).await? {
-            Read::Absent { .. } => Ok(AclRow::Absent),
-            Read::Present(row) => match serde_json::from_slice::<AclRecord>(&row.value) {
-                Ok(record) => Ok(AclRow::Present {
-                    record,
-                    revision: row.revision,
-                }),
-                Err(e) => Ok(AclRow::Garbled(e.to_string())),
-            },
+        Ok(acl_row(
+            self.rows.read(&SpaceNames::acl_key(member, uid)).await?,
+        ))
+    }
+
+    /// The row of one lifecycle through `view`: the proved cache, or fresh from the leader.
+    pub async fn read_in(
+        &self,
+        view: &View<'_>,
+        member: &Principal,
+        uid: &LifecycleUid,
+    ) -> Result<AclRow, RowError> {
+        match view {
+            View::Proved(cache) => Ok(acl_row(cache.read(&SpaceNames::acl_key(member, uid)))),
+            View::Leader => self.read(member, uid).await,
         }
+    }
+
+    /// [`Acls::single_live`] through `view`.
+    pub async fn single_live_in(
+        &self,
+        view: &View<'_>,
+        member: &Principal,
+    ) -> Result<(LifecycleUid, AclRecord), AliasError> {
+        let View::Proved(cache) = view else {
+            return self.single_live(member).await;
+        };
+        let prefix = format!("{}.", member.dot_form());
+        let live: Vec<(LifecycleUid, AclRecord)> = cache
+            .scan(&prefix)
+            .into_iter()
+            .filter_map(|(key, row)| {
+                let uid = LifecycleUid::parse(key.strip_prefix(&prefix)?).ok()?;
+                match acl_row(Read::Present(row)) {
+                    AclRow::Present { record, .. } if !record.is_retired() => Some((uid, record)),
+                    _ => None,
+                }
+            })
+            .collect();
+        one_live(live)
     }
 
     /// The principal's single live lifecycle: the one present, non-retired row `<o>.<a>.*`.
@@ -114,13 +145,34 @@ impl Acls {
                 }
             }
         }
-        match live.len() {
-            0 => Err(AliasError::None),
-            1 => Ok(live.remove(0)),
-            _ => Err(AliasError::Ambiguous(
-                live.iter().map(|(u, _)| u.to_string()).collect(),
-            )),
-        }
+        one_live(live)
+    }
+}
+
+/// The single live row, or why there is none.
+fn one_live(
+    mut live: Vec<(LifecycleUid, AclRecord)>,
+) -> Result<(LifecycleUid, AclRecord), AliasError> {
+    match live.len() {
+        0 => Err(AliasError::None),
+        1 => Ok(live.remove(0)),
+        _ => Err(AliasError::Ambiguous(
+            live.iter().map(|(u, _)| u.to_string()).collect(),
+        )),
+    }
+}
+
+/// What one read of an ACL key means.
+fn acl_row(read: Read) -> AclRow {
+    match read {
+        Read::Absent { .. } => AclRow::Absent,
+        Read::Present(row) => match serde_json::from_slice::<AclRecord>(&row.value) {
+            Ok(record) => AclRow::Present {
+                record,
+                revision: row.revision,
+            },
+            Err(e) => AclRow::Garbled(e.to_string()),
+        },
     }
 }
 

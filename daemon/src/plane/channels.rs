@@ -6,6 +6,7 @@
 use serde::Deserialize;
 
 use crate::kv::{Read, RowError, Rows};
+use crate::plane::cache::View;
 use crate::plane::PlaneCtx;
 
 /// Key of the space defaults row.
@@ -49,14 +50,34 @@ impl Channels {
         Ok(resolve(own?, defaults?))
     }
 
-    async fn declared(&self, key: &str) -> Result<Option<DeliveryClass>, RowError> {
-        match self.rows.read(key).await? {
-            Read::Absent { .. } => Ok(None),
-            Read::Present(row) => Ok(serde_json::from_slice::<ClassOnly>(&row.value)
-                .ok()
-                .and_then(|c| c.delivery_class)
-                .and_then(|c| parse_class(&c))),
+    /// [`Channels::class_of`] through `view`.
+    pub async fn class_of_in(
+        &self,
+        view: &View<'_>,
+        channel: &str,
+    ) -> Result<DeliveryClass, RowError> {
+        match view {
+            View::Proved(cache) => Ok(resolve(
+                declared_in(cache.read(channel)),
+                declared_in(cache.read(DEFAULTS_KEY)),
+            )),
+            View::Leader => self.class_of(channel).await,
         }
+    }
+
+    async fn declared(&self, key: &str) -> Result<Option<DeliveryClass>, RowError> {
+        Ok(declared_in(self.rows.read(key).await?))
+    }
+}
+
+/// The class a read row declares (garbled or unknown = unset).
+fn declared_in(read: Read) -> Option<DeliveryClass> {
+    match read {
+        Read::Absent { .. } => None,
+        Read::Present(row) => serde_json::from_slice::<ClassOnly>(&row.value)
+            .ok()
+            .and_then(|c| c.delivery_class)
+            .and_then(|c| parse_class(&c)),
     }
 }
 

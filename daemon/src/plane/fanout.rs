@@ -128,9 +128,15 @@ impl Writer {
         seq: u64,
         body: &Value,
     ) -> Result<Vec<Target>, crate::kv::RowError> {
-        match self.channels.class_of(channel).await? {
+        // Both buckets proved current after this post was received (coalesced fences).
+        let caches = &self.ctx.caches;
+        let (channels, members) = tokio::join!(
+            caches.channels.prove(&self.ctx),
+            caches.members.prove(&self.ctx)
+        );
+        match self.channels.class_of_in(&channels, channel).await? {
             DeliveryClass::Durable => {
-                let rows = self.members.of_channel(channel).await?;
+                let rows = self.members.of_channel_in(&members, channel).await?;
                 // Each post is judged by the interval it was posted in, kept closed or current.
                 Ok(rows
                     .into_iter()
@@ -151,9 +157,16 @@ impl Writer {
                 if names.is_empty() {
                     return Ok(Vec::new());
                 }
-                let roster =
-                    crate::plane::presence::live_roster(&self.ctx, crate::journal::epoch_ms())
-                        .await?;
+                let (presence, acls) = tokio::join!(
+                    caches.presence.prove(&self.ctx),
+                    caches.acl.prove(&self.ctx)
+                );
+                let roster = crate::plane::presence::live_roster_in(
+                    &self.ctx,
+                    &presence,
+                    crate::journal::epoch_ms(),
+                )
+                .await?;
                 let mut out: Vec<Target> = Vec::new();
                 for name in names {
                     let crate::plane::presence::Resolved::Unique(peer) =
@@ -165,11 +178,13 @@ impl Writer {
                         continue;
                     }
                     // The target lifecycle is its single live ACL row, not presence.
-                    let Ok((uid, _)) = self.acls.single_live(&peer).await else {
+                    let Ok((uid, _)) = self.acls.single_live_in(&acls, &peer).await else {
                         continue;
                     };
                     // Fresh read of that row: the *current* allowSubscribe must cover it.
-                    if let AclRow::Present { record, .. } = self.acls.read(&peer, &uid).await? {
+                    if let AclRow::Present { record, .. } =
+                        self.acls.read_in(&acls, &peer, &uid).await?
+                    {
                         if record.covers(channel) {
                             out.push(Target {
                                 member: peer,

@@ -16,6 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::kv::{Read, RowError, Rows};
+use crate::plane::cache::View;
 use crate::plane::PlaneCtx;
 use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
@@ -247,16 +248,51 @@ impl Members {
             .await
     }
 
-    async fn read_key(&self, key: &str) -> Result<MemberRead, RowError> {
-        match self.rows.read(key).await? {
-            Read::Absent { marker_revision } => Ok(MemberRead::Absent {
-                marker_revision: marker_revision.unwrap_or(0),
-            }),
-            Read::Present(row) => match serde_json::from_slice(&row.value) {
-                Ok(rec) => Ok(MemberRead::Present(rec, row.revision)),
-                Err(e) => Ok(MemberRead::Garbled(e.to_string())),
-            },
+    /// [`Members::read`] through `view`.
+    pub async fn read_in(
+        &self,
+        view: &View<'_>,
+        channel: &str,
+        member: &Principal,
+        uid: &LifecycleUid,
+    ) -> Result<MemberRead, RowError> {
+        match view {
+            View::Proved(cache) => Ok(member_read(
+                cache.read(&SpaceNames::member_key(channel, member, uid)),
+            )),
+            View::Leader => self.read(channel, member, uid).await,
         }
+    }
+
+    async fn read_key(&self, key: &str) -> Result<MemberRead, RowError> {
+        Ok(member_read(self.rows.read(key).await?))
+    }
+
+    /// [`Members::of_channel`] through `view`.
+    pub async fn of_channel_in(
+        &self,
+        view: &View<'_>,
+        channel: &str,
+    ) -> Result<Vec<MemberRow>, RowError> {
+        let View::Proved(cache) = view else {
+            return self.of_channel(channel).await;
+        };
+        Ok(cache
+            .scan(&format!("{channel}/"))
+            .into_iter()
+            .filter_map(|(key, row)| {
+                let (_, member, uid) = split_member_key(&key)?;
+                let MemberRead::Present(record, revision) = member_read(Read::Present(row)) else {
+                    return None;
+                };
+                Some(MemberRow {
+                    member,
+                    uid,
+                    record,
+                    revision,
+                })
+            })
+            .collect())
     }
 
     /// Writes `record` at its key if the row's revision is still `expected`.
@@ -268,8 +304,19 @@ impl Members {
         expected: u64,
     ) -> Result<u64, RowError> {
         let key = SpaceNames::member_key(&record.channel, member, uid);
-        let body = serde_json::to_vec(record).map_err(|e| RowError::from_detail(e.to_string()))?;
-        self.rows.put_expecting(&key, body.into(), expected).await
+        let body: bytes::Bytes = serde_json::to_vec(record)
+            .map_err(|e| RowError::from_detail(e.to_string()))?
+            .into();
+        let revision = self
+            .rows
+            .put_expecting(&key, body.clone(), expected)
+            .await?;
+        // The daemon's own write, applied to the cache at its revision.
+        self.ctx
+            .caches
+            .members
+            .note_own_write(&key, Some(body), revision);
+        Ok(revision)
     }
 
     /// Deletes the row if its revision is still `expected`.
@@ -280,9 +327,10 @@ impl Members {
         uid: &LifecycleUid,
         expected: u64,
     ) -> Result<u64, RowError> {
-        self.rows
-            .delete_expecting(&SpaceNames::member_key(channel, member, uid), expected)
-            .await
+        let key = SpaceNames::member_key(channel, member, uid);
+        let revision = self.rows.delete_expecting(&key, expected).await?;
+        self.ctx.caches.members.note_own_write(&key, None, revision);
+        Ok(revision)
     }
 
     /// Every live row of `channel`, fresh from the leader.
@@ -338,6 +386,19 @@ impl Members {
             }
         }
         Ok(out)
+    }
+}
+
+/// What one read of a member key means.
+fn member_read(read: Read) -> MemberRead {
+    match read {
+        Read::Absent { marker_revision } => MemberRead::Absent {
+            marker_revision: marker_revision.unwrap_or(0),
+        },
+        Read::Present(row) => match serde_json::from_slice(&row.value) {
+            Ok(rec) => MemberRead::Present(rec, row.revision),
+            Err(e) => MemberRead::Garbled(e.to_string()),
+        },
     }
 }
 

@@ -17,6 +17,8 @@ use crate::journal::Journal;
 use crate::wire::{Principal, SpaceNames};
 
 pub mod acl;
+pub mod boundary;
+pub mod cache;
 pub mod catchup;
 pub mod channels;
 pub mod entry;
@@ -129,6 +131,10 @@ pub struct PlaneCtx {
     pub config: PlaneConfig,
     /// Flipped once start-up is complete (after the lease watch is bound).
     pub startup_complete: Arc<AtomicBool>,
+    /// Fenced row caches the writer and the reader decide from (fed while serving).
+    pub caches: cache::Caches,
+    /// Reader decisions in flight, which a leave waits for (strict leave boundary).
+    pub handoffs: Arc<boundary::Handoffs>,
 }
 
 /// Why a binding could not be established.

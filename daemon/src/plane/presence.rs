@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::kv::{Read, RowError, Rows};
+use crate::plane::cache::View;
 use crate::plane::PlaneCtx;
 use crate::wire::Principal;
 
@@ -44,6 +45,25 @@ pub async fn live_roster(
         }
     }
     Ok(out)
+}
+
+/// [`live_roster`] through `view` (a proved cache holds the whole bucket).
+pub async fn live_roster_in(
+    ctx: &PlaneCtx,
+    view: &View<'_>,
+    now_ms: u64,
+) -> Result<Vec<(Principal, String)>, RowError> {
+    let View::Proved(cache) = view else {
+        return live_roster(ctx, now_ms).await;
+    };
+    Ok(cache
+        .scan("")
+        .into_iter()
+        .filter_map(|(key, row)| {
+            let p = serde_json::from_slice::<Value>(&row.value).ok()?;
+            live_entry(&key, &p, now_ms)
+        })
+        .collect())
 }
 
 fn live_entry(key: &str, presence: &Value, now_ms: u64) -> Option<(Principal, String)> {

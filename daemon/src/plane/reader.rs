@@ -108,7 +108,13 @@ impl Reader {
                 return Settle::Term;
             }
         };
-        let record = match self.acls.read(&member, &uid).await {
+        // Held until the handoff is acknowledged: a leave answered after this waits for it.
+        let _ticket = self.ctx.handoffs.ticket();
+        // Both rows proved current after this entry was received (coalesced fences).
+        let caches = &self.ctx.caches;
+        let (acls, members) =
+            tokio::join!(caches.acl.prove(&self.ctx), caches.members.prove(&self.ctx));
+        let record = match self.acls.read_in(&acls, &member, &uid).await {
             Err(e) => {
                 tracing::warn!(error = %e, "reader: ACL read failed; nak");
                 return Settle::Nak;
@@ -137,7 +143,11 @@ impl Reader {
             return Settle::Ack;
         }
         if entry.reason == Reason::DurableChannel {
-            match self.members.read(&entry.channel, &member, &uid).await {
+            match self
+                .members
+                .read_in(&members, &entry.channel, &member, &uid)
+                .await
+            {
                 Err(e) => {
                     tracing::warn!(error = %e, "reader: member row read failed; nak");
                     return Settle::Nak;

@@ -359,6 +359,7 @@ async fn durable_leave(
     let leave_cursor = chat_frontier(ctx)
         .await
         .map_err(|e| format!("durableLeave: could not read the CHAT frontier: {e}"))?;
+    let previous = record.clone();
     record.leave_cursor = Some(leave_cursor.max(record.join_cursor));
     prune_and_say(ctx, caller, &channel, &mut record.prior_intervals).await;
     record.state = STATE_LIVE_CONFIRMED.to_string();
@@ -366,12 +367,36 @@ async fn durable_leave(
     record.updated_at = epoch_ms();
     still(ctx, epoch)?;
     // Compare-and-set on the revision just read: only a row that still exists is updated.
-    members
+    let written = members
         .write(caller, &uid, &record, revision)
         .await
         .map_err(|e| format!("durableLeave: the leave cursor was not written: {e}"))?;
+    // Strict boundary: reader decisions taken before the write (which may have seen the row
+    // without its leave cursor) finish before the answer; every later one fences after it.
+    let mark = ctx.handoffs.mark();
+    let drained = ctx.handoffs.drain_before(mark, LEAVE_DRAIN_BOUND).await;
+    if !drained || !ctx.gate.still(epoch) {
+        // Refused: the leave must change nothing, so the row goes back to what it was.
+        if let Err(e) = members.write(caller, &uid, &previous, written).await {
+            ctx.journal.line(format!(
+                "! delivery: a refused durableLeave of {caller} on \"{channel}\" could not take back its leave cursor (generation {}): {e}",
+                record.generation
+            ));
+        }
+        if !drained {
+            return Err(format!(
+                "durableLeave: reader handoffs decided before the leave did not finish within {} ms; nothing changed, retry",
+                LEAVE_DRAIN_BOUND.as_millis()
+            ));
+        }
+        return Err(STOPPED_SERVING.to_string());
+    }
     Ok(json!({"channel": channel}))
 }
+
+/// Bound on a leave waiting for the reader decisions taken before its write (each is bounded by
+/// its fences and its handoff publish).
+const LEAVE_DRAIN_BOUND: std::time::Duration = std::time::Duration::from_secs(15);
 
 async fn list_memberships(
     ctx: &PlaneCtx,

@@ -422,6 +422,8 @@ impl SpaceDaemon {
             gate: ServingGate::default(),
             config: cfg.plane.clone(),
             startup_complete: startup_complete.clone(),
+            caches: crate::plane::cache::Caches::new(&names),
+            handoffs: Arc::default(),
         };
         // The `$SYS` pair the eviction and liveness verbs sweep with (re-read and re-checked on
         // every call, from the store admission read).

@@ -52,6 +52,8 @@ impl Plane {
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         let result = async {
+            // The caches start empty (not proved: per-key reads) and fill while serving.
+            tasks.push(self.ctx.caches.start(&self.ctx, stop_rx.clone()));
             tasks.push(crate::plane::fanout::bind(&self.ctx, stop_rx.clone()).await?);
             tasks.push(crate::plane::reader::bind(&self.ctx, stop_rx.clone()).await?);
             // Open before the rails: a request a rail takes between its binding and the end of

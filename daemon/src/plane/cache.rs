@@ -1,0 +1,633 @@
+//! Fenced row caches: the KV buckets the data path decides from, held in memory and *proved*
+//! current before each use.
+//!
+//! Why: a per-key leader read per check costs the fan-out writer and the reader several serial
+//! round trips per post and per copy. A copy of the bucket fed by an ordered push consumer (into
+//! the daemon's own inbox, `kvRead` grants) in stream order, with the applied stream sequence
+//! tracked, is as current as a leader read *once a leader-served fence finds nothing newer*:
+//! `STREAM.MSG.GET` with `seq = applied + 1` and `next_by_subj = "$KV.<bucket>.>"` answers "no
+//! message found" when the bucket holds nothing past what was applied, or the next message,
+//! which is applied before fencing again. "Nothing newer than what I applied" at a moment after
+//! the work was received is the same guarantee as a per-key leader read at that moment
+//! (`docs/data-path.md`, "Fenced row caches").
+//!
+//! Fences are coalesced: one in flight per bucket, and it serves every caller that arrived
+//! before it was sent. A cache that is not loaded (its consumer has not caught up), was reset
+//! (consumer error), or whose fence failed or walked more than [`FENCE_MAX_STEPS`] messages is
+//! not proved: callers fall back to per-key leader reads. A periodic audit ([`AUDIT_PERIOD`])
+//! compares the cache with the stream's state and resets it when the stream lost something the
+//! cache holds (a stream purge, a deleted message) or went backwards (recreated).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{push, DeliverPolicy};
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::watch;
+
+use crate::kv::{Read, Row};
+use crate::plane::{stopped, PlaneCtx, StopRx};
+
+/// Most messages one fence applies before it gives up proving (the watch is behind; the
+/// callers fall back to per-key reads for this round).
+pub const FENCE_MAX_STEPS: usize = 64;
+/// How often a cache is compared with its stream's state (purge / reset detection).
+pub const AUDIT_PERIOD: Duration = Duration::from_secs(2);
+/// Pause before a reset cache re-creates its consumer.
+const RESTART_PAUSE: Duration = Duration::from_millis(250);
+
+/// One key's latest message as applied: `value` is `None` for a delete/purge marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedRow {
+    pub value: Option<Bytes>,
+    pub revision: u64,
+    /// Broker timestamp of the message (epoch ms), for local expiry of a bucket with max age.
+    pub stored_at_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rows: BTreeMap<String, CachedRow>,
+    /// Every message of the stream at or below this sequence that still exists was applied.
+    applied: u64,
+    /// The consumer caught up once (fences are then short); until then callers fall back.
+    loaded: bool,
+    /// Bumped at every reset; work proved under an older one is not proved.
+    incarnation: u64,
+    /// Fence coalescing: fences handed out, fences finished, highest fence a caller waits for.
+    sent: u64,
+    done: u64,
+    wanted: u64,
+    running: bool,
+    /// Outcome of fence `done` and the incarnation it ran under.
+    last_ok: bool,
+    last_incarnation: u64,
+    /// Max age of the bucket's messages (presence), read from the stream at each start: older
+    /// entries read as absent.
+    max_age_ms: Option<u64>,
+    /// Counters for the benchmark and tests.
+    fences: u64,
+    fallbacks: u64,
+    resets: u64,
+}
+
+/// Counters of one cache (for tests, logs and the benchmark).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub fences: u64,
+    pub fallbacks: u64,
+    pub resets: u64,
+    pub applied: u64,
+    pub loaded: bool,
+}
+
+struct Inner {
+    bucket: String,
+    /// `$KV.<bucket>.`
+    prefix: String,
+    state: Mutex<State>,
+    done_tx: watch::Sender<u64>,
+}
+
+/// One bucket's cache. Cheap to clone.
+#[derive(Clone)]
+pub struct RowCache {
+    inner: Arc<Inner>,
+}
+
+/// Whether a decision may read the cache or must read per key from the leader.
+pub enum View<'a> {
+    /// Proved current at a moment after the work was received.
+    Proved(&'a RowCache),
+    /// Not proved: per-key leader reads.
+    Leader,
+}
+
+impl RowCache {
+    pub fn new(bucket: &str) -> RowCache {
+        let (done_tx, _) = watch::channel(0);
+        RowCache {
+            inner: Arc::new(Inner {
+                bucket: bucket.to_string(),
+                prefix: format!("$KV.{bucket}."),
+                state: Mutex::new(State::default()),
+                done_tx,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn bucket(&self) -> &str {
+        &self.inner.bucket
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let st = self.lock();
+        CacheStats {
+            fences: st.fences,
+            fallbacks: st.fallbacks,
+            resets: st.resets,
+            applied: st.applied,
+            loaded: st.loaded,
+        }
+    }
+
+    /// Proves the cache current at a moment after this call (one coalesced leader fence), or
+    /// says to fall back to per-key reads.
+    pub async fn prove(&self, ctx: &PlaneCtx) -> View<'_> {
+        if self.fence(ctx).await {
+            View::Proved(self)
+        } else {
+            self.lock().fallbacks += 1;
+            View::Leader
+        }
+    }
+
+    async fn fence(&self, ctx: &PlaneCtx) -> bool {
+        let (want, incarnation, spawn) = {
+            let mut st = self.lock();
+            if !st.loaded {
+                return false;
+            }
+            // The next fence handed out is sent after this moment; an earlier one may not be.
+            let want = st.sent + 1;
+            st.wanted = st.wanted.max(want);
+            let spawn = !st.running;
+            st.running = true;
+            (want, st.incarnation, spawn)
+        };
+        if spawn {
+            tokio::spawn(self.clone().run_fences(ctx.clone()));
+        }
+        let mut rx = self.inner.done_tx.subscribe();
+        let waited = tokio::time::timeout(
+            ctx.config.request_bound * 2,
+            rx.wait_for(|done| *done >= want),
+        )
+        .await;
+        if !matches!(waited, Ok(Ok(_))) {
+            return false;
+        }
+        let st = self.lock();
+        st.loaded
+            && st.last_ok
+            && st.last_incarnation == incarnation
+            && st.incarnation == incarnation
+    }
+
+    /// Sends fences while callers wait for one, one at a time.
+    async fn run_fences(self, ctx: PlaneCtx) {
+        loop {
+            let n = {
+                let mut st = self.lock();
+                if st.wanted <= st.done {
+                    st.running = false;
+                    return;
+                }
+                st.sent += 1;
+                st.fences += 1;
+                st.sent
+            };
+            let (ok, incarnation) = self.fence_once(&ctx).await;
+            {
+                let mut st = self.lock();
+                st.done = n;
+                st.last_ok = ok;
+                st.last_incarnation = incarnation;
+            }
+            self.inner.done_tx.send_replace(n);
+        }
+    }
+
+    /// One fence: apply whatever the leader holds past `applied`, until it says nothing newer.
+    async fn fence_once(&self, ctx: &PlaneCtx) -> (bool, u64) {
+        let Ok(stream) = ctx
+            .js
+            .get_stream_no_info(crate::wire::SpaceNames::kv_stream(&self.inner.bucket))
+            .await
+        else {
+            return (false, 0);
+        };
+        let filter = format!("{}>", self.inner.prefix);
+        let mut incarnation = 0;
+        for _ in 0..FENCE_MAX_STEPS {
+            let from = {
+                let st = self.lock();
+                if !st.loaded {
+                    return (false, st.incarnation);
+                }
+                incarnation = st.incarnation;
+                st.applied + 1
+            };
+            let got = tokio::time::timeout(
+                ctx.config.request_bound,
+                stream.get_first_raw_message_by_subject(&filter, from),
+            )
+            .await;
+            match got {
+                Ok(Ok(msg)) => {
+                    let stored_at_ms = (msg.time.unix_timestamp_nanos() / 1_000_000) as u64;
+                    let mut st = self.lock();
+                    if st.incarnation != incarnation {
+                        return (false, incarnation);
+                    }
+                    apply(
+                        &mut st,
+                        &self.inner.prefix,
+                        &msg.subject,
+                        msg.sequence,
+                        Some(&msg.headers),
+                        msg.payload,
+                        stored_at_ms,
+                    );
+                }
+                Ok(Err(e)) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                    return (true, incarnation);
+                }
+                _ => return (false, incarnation),
+            }
+        }
+        (false, incarnation)
+    }
+
+    /// The row at `key`, as a leader read would report it (a locally expired entry is absent).
+    pub fn read(&self, key: &str) -> Read {
+        let st = self.lock();
+        let now = crate::journal::epoch_ms();
+        match st.rows.get(key) {
+            None => Read::Absent {
+                marker_revision: None,
+            },
+            Some(row) if expired(&st, row, now) => Read::Absent {
+                marker_revision: None,
+            },
+            Some(CachedRow { value: None, .. }) => Read::Absent {
+                marker_revision: Some(st.rows[key].revision),
+            },
+            Some(CachedRow {
+                value: Some(v),
+                revision,
+                ..
+            }) => Read::Present(Row {
+                value: v.clone(),
+                revision: *revision,
+            }),
+        }
+    }
+
+    /// Every live row whose key starts with `prefix`, in key order.
+    pub fn scan(&self, prefix: &str) -> Vec<(String, Row)> {
+        let st = self.lock();
+        let now = crate::journal::epoch_ms();
+        st.rows
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, r)| !expired(&st, r, now))
+            .filter_map(|(k, r)| {
+                r.value.as_ref().map(|v| {
+                    (
+                        k.clone(),
+                        Row {
+                            value: v.clone(),
+                            revision: r.revision,
+                        },
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// A write this daemon made, acknowledged at `revision`: applied at once when it is the very
+    /// next message of the stream (nothing can be skipped), otherwise left to the watch and the
+    /// fence (a later revision must not move `applied` past messages not yet seen).
+    pub fn note_own_write(&self, key: &str, value: Option<Bytes>, revision: u64) {
+        let mut st = self.lock();
+        if st.loaded && revision == st.applied + 1 {
+            st.applied = revision;
+            st.rows.insert(
+                key.to_string(),
+                CachedRow {
+                    value,
+                    revision,
+                    stored_at_ms: crate::journal::epoch_ms(),
+                },
+            );
+        }
+    }
+
+    fn mark_loaded(&self) {
+        let applied = {
+            let mut st = self.lock();
+            st.loaded = true;
+            st.applied
+        };
+        tracing::info!(bucket = %self.inner.bucket, applied, "row cache loaded");
+    }
+
+    /// Forgets everything: not proved until the consumer has caught up again.
+    fn reset(&self) {
+        let mut st = self.lock();
+        st.rows.clear();
+        st.applied = 0;
+        st.loaded = false;
+        st.incarnation += 1;
+        st.resets += 1;
+    }
+
+    /// Feeds the cache from an ordered push consumer until `stop`; resets and re-creates it on a
+    /// consumer error or when the audit finds the stream lost something the cache holds. The
+    /// cache is emptied (not proved) when this returns.
+    pub async fn run(self, ctx: PlaneCtx, mut stop: StopRx) {
+        loop {
+            self.reset();
+            if let Err(e) = self.feed(&ctx, &mut stop).await {
+                tracing::info!(bucket = %self.inner.bucket, why = %e, "row cache reset");
+            }
+            if *stop.borrow() {
+                break;
+            }
+            tokio::select! {
+                _ = stopped(&mut stop) => break,
+                _ = tokio::time::sleep(RESTART_PAUSE) => {}
+            }
+        }
+        self.reset();
+    }
+
+    async fn feed(&self, ctx: &PlaneCtx, stop: &mut StopRx) -> Result<(), String> {
+        let stream_name = crate::wire::SpaceNames::kv_stream(&self.inner.bucket);
+        let stream = ctx
+            .js
+            .get_stream_no_info(&stream_name)
+            .await
+            .map_err(|e| crate::kv::broker_words(&e))?;
+        let info = tokio::time::timeout(ctx.config.request_bound, stream.get_info())
+            .await
+            .map_err(|_| "stream info: no answer within the bound".to_string())?
+            .map_err(|e| crate::kv::broker_words(&e))?;
+        let max_age = info.config.max_age;
+        self.lock().max_age_ms = (!max_age.is_zero()).then_some(max_age.as_millis() as u64);
+        let name = format!("rowcache_{}", uuid::Uuid::new_v4().simple());
+        let consumer = tokio::time::timeout(
+            ctx.config.request_bound,
+            stream.create_consumer(push::OrderedConfig {
+                name: Some(name),
+                deliver_subject: ctx.client.new_inbox(),
+                filter_subject: format!("{}>", self.inner.prefix),
+                deliver_policy: DeliverPolicy::All,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|_| "consumer create: no answer within the bound".to_string())?
+        .map_err(|e| crate::kv::broker_words(&e))?;
+        if consumer.cached_info().num_pending == 0 {
+            self.mark_loaded();
+        }
+        let incarnation = self.lock().incarnation;
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| crate::kv::broker_words(&e))?;
+        let mut audit = tokio::time::interval(AUDIT_PERIOD);
+        audit.tick().await;
+        loop {
+            tokio::select! {
+                _ = stopped(stop) => return Ok(()),
+                next = messages.next() => match next {
+                    Some(Ok(msg)) => {
+                        let Ok(info) = msg.info() else { continue };
+                        let (seq, pending) = (info.stream_sequence, info.pending);
+                        let stored_at_ms =
+                            (info.published.unix_timestamp_nanos() / 1_000_000) as u64;
+                        let mut st = self.lock();
+                        if st.incarnation != incarnation {
+                            return Err("reset under the feed".into());
+                        }
+                        apply(
+                            &mut st,
+                            &self.inner.prefix,
+                            &msg.subject,
+                            seq,
+                            msg.headers.as_ref(),
+                            msg.payload.clone(),
+                            stored_at_ms,
+                        );
+                        if pending == 0 && !st.loaded {
+                            drop(st);
+                            self.mark_loaded();
+                        }
+                    }
+                    Some(Err(e)) => return Err(format!("consumer: {e}")),
+                    None => return Err("consumer ended".into()),
+                },
+                _ = audit.tick() => {
+                    let info = tokio::time::timeout(ctx.config.request_bound, stream.get_info()).await;
+                    let Ok(Ok(info)) = info else { continue };
+                    let st = self.lock();
+                    let facts = StreamFacts {
+                        first_sequence: info.state.first_sequence,
+                        last_sequence: info.state.last_sequence,
+                        subjects_count: info.state.subjects_count,
+                    };
+                    if let Some(why) = audit_verdict(&st, &facts, st.max_age_ms.is_some()) {
+                        drop(st);
+                        return Err(why);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn expired(st: &State, row: &CachedRow, now_ms: u64) -> bool {
+    st.max_age_ms
+        .is_some_and(|age| row.stored_at_ms.saturating_add(age) < now_ms)
+}
+
+/// Applies one message in stream order (older or equal sequences are already applied).
+fn apply(
+    st: &mut State,
+    prefix: &str,
+    subject: &str,
+    seq: u64,
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
+    stored_at_ms: u64,
+) {
+    if seq <= st.applied {
+        return;
+    }
+    st.applied = seq;
+    let Some(key) = subject.strip_prefix(prefix) else {
+        return;
+    };
+    let op = headers
+        .and_then(|h| h.get("KV-Operation"))
+        .map(|v| v.as_str().to_string());
+    let value = match op.as_deref() {
+        Some("DEL") | Some("PURGE") => None,
+        _ => Some(payload),
+    };
+    if st.rows.get(key).is_none_or(|r| r.revision < seq) {
+        st.rows.insert(
+            key.to_string(),
+            CachedRow {
+                value,
+                revision: seq,
+                stored_at_ms,
+            },
+        );
+    }
+}
+
+/// The parts of a stream's state the audit compares.
+#[derive(Debug, Clone, Copy)]
+struct StreamFacts {
+    first_sequence: u64,
+    last_sequence: u64,
+    subjects_count: u64,
+}
+
+/// Why the cache must be reset given the stream's state, if it must: the stream went back
+/// (recreated), or, with nothing applied missing, it holds fewer keys than the cache or its first
+/// sequence passed a row the cache holds (purged or deleted under the watch). A bucket with a max
+/// age loses messages by design; only "went back" applies there.
+fn audit_verdict(st: &State, stream: &StreamFacts, ages: bool) -> Option<String> {
+    if stream.last_sequence < st.applied {
+        return Some(format!(
+            "the stream's last sequence {} is below the applied {}",
+            stream.last_sequence, st.applied
+        ));
+    }
+    if ages || !st.loaded {
+        return None;
+    }
+    if let Some(min) = st.rows.values().map(|r| r.revision).min() {
+        if stream.first_sequence > min {
+            return Some(format!(
+                "the stream's first sequence {} passed a held revision {min}",
+                stream.first_sequence
+            ));
+        }
+    }
+    if stream.last_sequence == st.applied && stream.subjects_count != st.rows.len() as u64 {
+        return Some(format!(
+            "the stream holds {} keys, the cache {}",
+            stream.subjects_count,
+            st.rows.len()
+        ));
+    }
+    None
+}
+
+/// The caches the data path decides from, one per bucket. Cheap to clone.
+#[derive(Clone)]
+pub struct Caches {
+    pub acl: RowCache,
+    pub members: RowCache,
+    pub channels: RowCache,
+    pub presence: RowCache,
+}
+
+impl Caches {
+    /// Caches of the space's buckets (presence expires locally with its bucket's max age).
+    pub fn new(names: &crate::wire::SpaceNames) -> Caches {
+        Caches {
+            acl: RowCache::new(&names.acl_bucket()),
+            members: RowCache::new(&names.members_bucket()),
+            channels: RowCache::new(&names.channels_bucket()),
+            presence: RowCache::new(&names.presence_bucket()),
+        }
+    }
+
+    /// Starts feeding every cache until `stop` (each empties when stopped).
+    pub fn start(&self, ctx: &PlaneCtx, stop: StopRx) -> tokio::task::JoinHandle<()> {
+        let all = [
+            self.acl.clone(),
+            self.members.clone(),
+            self.channels.clone(),
+            self.presence.clone(),
+        ];
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let runs = all.map(|c| c.run(ctx.clone(), stop.clone()));
+            futures::future::join_all(runs).await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state_with(rows: &[(&str, u64)], applied: u64) -> State {
+        let mut st = State {
+            loaded: true,
+            ..State::default()
+        };
+        for (k, rev) in rows {
+            apply(
+                &mut st,
+                "$KV.b.",
+                &format!("$KV.b.{k}"),
+                *rev,
+                None,
+                Bytes::from_static(b"{}"),
+                0,
+            );
+        }
+        st.applied = applied;
+        st
+    }
+
+    /// Mutation: dropping the `seq <= applied` skip lets an older message overwrite a newer row
+    /// (second assertion).
+    #[test]
+    fn messages_apply_in_stream_order_and_older_ones_are_skipped() {
+        let mut st = state_with(&[("a", 3), ("b", 5)], 5);
+        let mut h = HeaderMap::new();
+        h.insert("KV-Operation", "DEL");
+        apply(&mut st, "$KV.b.", "$KV.b.a", 4, Some(&h), Bytes::new(), 0);
+        assert_eq!(st.rows["a"].value.as_deref(), Some(&b"{}"[..]));
+        apply(&mut st, "$KV.b.", "$KV.b.a", 7, Some(&h), Bytes::new(), 0);
+        assert_eq!(st.rows["a"].value, None, "a delete marker applies");
+        assert_eq!(st.applied, 7);
+    }
+
+    /// Mutation: comparing `subjects_count` against rows without the `last == applied` guard
+    /// resets on every write the watch has not applied yet (third assertion).
+    #[test]
+    fn the_audit_resets_only_on_a_loss_or_a_step_back() {
+        let st = state_with(&[("a", 3), ("b", 5)], 5);
+        let mut s = StreamFacts {
+            first_sequence: 3,
+            last_sequence: 5,
+            subjects_count: 2,
+        };
+        assert_eq!(audit_verdict(&st, &s, false), None);
+        s.subjects_count = 1;
+        assert!(
+            audit_verdict(&st, &s, false).is_some(),
+            "a key gone (purged)"
+        );
+        s.last_sequence = 6;
+        assert_eq!(audit_verdict(&st, &s, false), None, "a newer write pending");
+        s.first_sequence = 6;
+        assert!(audit_verdict(&st, &s, false).is_some(), "purged below");
+        assert_eq!(
+            audit_verdict(&st, &s, true),
+            None,
+            "aging buckets lose by design"
+        );
+        s.last_sequence = 2;
+        assert!(audit_verdict(&st, &s, true).is_some(), "recreated");
+    }
+}
