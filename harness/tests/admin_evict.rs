@@ -79,6 +79,61 @@ async fn a_live_victim_is_kicked_and_gone_from_connz() {
     s::stop_daemon(&mut d).await;
 }
 
+/// A kicked one-shot client stays gone: the client gives up after its one refused redial
+/// (`MaxReconnects`, observed through its own events), and the broker lists no connection of
+/// the principal afterwards, although its credential is still valid.
+///
+/// Mutation seen failing: the options before the fix back in `provision::credential_options`
+/// (`max_reconnects(Some(0))`, which async-nats reads as unlimited, and a signer that signs every
+/// handshake): the client redials at once and never reports `MaxReconnects`.
+#[tokio::test]
+async fn a_kicked_one_shot_client_stays_gone() {
+    let mesh = s::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = a::start_daemon(&mesh).await;
+    let m = a::manager(&mesh).await;
+    let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
+        .await
+        .unwrap();
+    let (client, mut events) = mesh
+        .connect_watched(&alice.credential, "one-shot")
+        .await
+        .unwrap();
+    assert_eq!(live_on_broker(&mesh, "local.alice").await, 1);
+    let r = a::answered(
+        m.request_once(
+            "evictPrincipal",
+            &json!({"principal": "local.alice"}),
+            BOUND,
+        )
+        .await,
+    );
+    assert_eq!(r["verifiedGone"], true, "{r}");
+    events
+        .wait_for(
+            Duration::from_secs(10),
+            "the one-shot client giving up",
+            |e| {
+                matches!(
+                    e,
+                    async_nats::Event::ClientError(async_nats::ClientError::MaxReconnects)
+                )
+            },
+        )
+        .await
+        .expect("the kicked client gives up instead of redialing");
+    assert_eq!(live_on_broker(&mesh, "local.alice").await, 0);
+    assert_eq!(
+        client.connection_state(),
+        async_nats::connection::State::Disconnected
+    );
+    assert!(
+        client.flush().await.is_err(),
+        "a given-up client has no connection to flush on"
+    );
+    s::stop_daemon(&mut d).await;
+}
+
 /// Without an evictor credential a principal that is not live is still verified gone (the
 /// evictor is never loaded), while a live one is refused with the reference text.
 ///

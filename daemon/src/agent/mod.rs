@@ -159,7 +159,7 @@ impl Agent {
             .public_key()
             .map_err(|e| AgentError::new(AgentErrorKind::Connect, e.to_string()))?;
         let client_name = format!("agent {}", spec.principal);
-        let options = crate::provision::credential_options(
+        let options = crate::provision::standing_credential_options(
             &spec.credential,
             spec.tls_ca.as_deref(),
             &client_name,

@@ -72,7 +72,13 @@ pub async fn connect_with_inbox(
 }
 
 /// Connect options presenting `credential`: JWT + nonce signature, the given inbox prefix, TLS
-/// required with `tls_ca` trusted when one is given, no reconnects (one-shot clients).
+/// required with `tls_ca` trusted when one is given, and no reconnect (one-shot clients: a kicked
+/// or dropped one stays gone, like the reference's `maxReconnectAttempts: 0`).
+///
+/// async-nats 0.51 reads `max_reconnects(Some(0))` as "unlimited" and allows one attempt at
+/// `Some(1)`, so "no reconnect" is built from two parts: the limit of one attempt, and a nonce
+/// signer that signs exactly one handshake. The one reconnect attempt then fails its handshake
+/// and the client gives up (`MaxReconnects`) without ever presenting the credential again.
 pub fn credential_options(
     credential: &Credential,
     tls_ca: Option<&Path>,
@@ -80,25 +86,101 @@ pub fn credential_options(
     inbox_prefix: &str,
     connect_timeout: std::time::Duration,
 ) -> Result<async_nats::ConnectOptions, ProvisionError> {
+    presenting(
+        credential,
+        tls_ca,
+        client_name,
+        inbox_prefix,
+        connect_timeout,
+        Redial::Never,
+    )
+}
+
+/// [`credential_options`] for a standing client that reconnects without limit (the agent, `up`'s
+/// lease watch, the membership feed's observer).
+pub fn standing_credential_options(
+    credential: &Credential,
+    tls_ca: Option<&Path>,
+    client_name: &str,
+    inbox_prefix: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<async_nats::ConnectOptions, ProvisionError> {
+    presenting(
+        credential,
+        tls_ca,
+        client_name,
+        inbox_prefix,
+        connect_timeout,
+        Redial::Always,
+    )
+}
+
+/// Whether a credential client reconnects after losing its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Redial {
+    Never,
+    Always,
+}
+
+/// The text a one-shot client's refused second handshake carries.
+pub const ONE_SHOT_REFUSAL: &str = "one-shot client: its connection is not redialed";
+
+fn presenting(
+    credential: &Credential,
+    tls_ca: Option<&Path>,
+    client_name: &str,
+    inbox_prefix: &str,
+    connect_timeout: std::time::Duration,
+    redial: Redial,
+) -> Result<async_nats::ConnectOptions, ProvisionError> {
     let key_pair = credential
         .key_pair()
         .map_err(|e| ProvisionError::new(ProvisionErrorKind::Credential, e.to_string()))?;
     let key_pair = Arc::new(key_pair);
+    let signed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut options = async_nats::ConnectOptions::new()
         .jwt(credential.jwt.clone(), move |nonce| {
             let key_pair = key_pair.clone();
-            async move { key_pair.sign(&nonce).map_err(async_nats::AuthError::new) }
+            let spent = signed.swap(true, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if spent && redial == Redial::Never {
+                    return Err(async_nats::AuthError::new(ONE_SHOT_REFUSAL));
+                }
+                key_pair.sign(&nonce).map_err(async_nats::AuthError::new)
+            }
         })
         .custom_inbox_prefix(inbox_prefix.to_string())
         .name(client_name)
         .connection_timeout(connect_timeout)
-        .max_reconnects(Some(0));
+        .max_reconnects(match redial {
+            Redial::Never => Some(1),
+            Redial::Always => None,
+        });
     if let Some(ca) = tls_ca {
         options = options
             .add_root_certificates(ca.to_path_buf())
             .require_tls(true);
     }
     Ok(options)
+}
+
+/// [`connect_with_inbox`] for a standing client (reconnects without limit).
+pub async fn connect_standing_with_inbox(
+    server_url: &str,
+    tls_ca: Option<&Path>,
+    credential: &Credential,
+    client_name: &str,
+    inbox_prefix: &str,
+    connect_timeout: std::time::Duration,
+) -> Result<async_nats::Client, ProvisionError> {
+    let options = standing_credential_options(
+        credential,
+        tls_ca,
+        client_name,
+        inbox_prefix,
+        connect_timeout,
+    )?;
+    connect_options(options, server_url, client_name, connect_timeout).await
 }
 
 /// Connects with prepared options, bounded by `connect_timeout`.

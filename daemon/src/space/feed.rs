@@ -175,7 +175,7 @@ impl MembershipFeed {
             );
             return None;
         }
-        let observer = match crate::provision::connect_with_inbox(
+        let observer = match crate::provision::connect_standing_with_inbox(
             &parts.dial.server,
             parts.dial.tls_ca.as_deref(),
             &observer_cred,

@@ -570,7 +570,8 @@ impl LeaseWatch {
                 MintOptions::new().expires_in(Duration::from_secs(7 * 24 * 3600)),
             )
             .map_err(|e| UpError(format!("✗ up: {e}")))?;
-        let options = provision::credential_options(
+        // Kept across a broker restart of the same URL; up watches the broker process itself.
+        let options = provision::standing_credential_options(
             &operator,
             tls_ca,
             "cotal-up",
@@ -581,9 +582,7 @@ impl LeaseWatch {
             ),
             Duration::from_secs(5),
         )
-        .map_err(|e| UpError(format!("✗ up: {e}")))?
-        // Kept across a broker restart of the same URL; up watches the broker process itself.
-        .max_reconnects(None);
+        .map_err(|e| UpError(format!("✗ up: {e}")))?;
         let client = provision::connect_options(options, url, "cotal-up", Duration::from_secs(5))
             .await
             .map_err(|e| UpError(format!("✗ up: {e}")))?;

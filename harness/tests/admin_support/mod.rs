@@ -96,39 +96,14 @@ pub fn names(mesh: &Mesh) -> SpaceNames {
     SpaceNames::new(mesh.space())
 }
 
-/// A connection presenting `material`'s agent credential (tagged `principal:<o>.<a>`) that does
-/// does not come back once kicked (every reconnect after the first connect waits an hour): a
-/// retired agent whose credential the manager's deny-new has revoked.
+/// A one-shot connection presenting `material`'s agent credential (tagged `principal:<o>.<a>`):
+/// once kicked it stays gone (`provision::credential_options` never redials), like a retired
+/// agent whose credential the manager's deny-new has revoked.
 pub async fn victim(
     mesh: &Mesh,
     material: &cotal_delivery::provision::agent::AgentMaterial,
 ) -> async_nats::Client {
-    let nkey = material.credential.public_key().expect("nkey");
-    let options = cotal_delivery::provision::credential_options(
-        &material.credential,
-        mesh.tls_ca().as_deref(),
-        "victim",
-        &cotal_delivery::wire::inbox_prefix(&nkey),
-        Duration::from_secs(5),
-    )
-    .expect("options");
-    let connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let once = connected.clone();
-    let options = options.reconnect_delay_callback(move |_| {
-        if once.load(std::sync::atomic::Ordering::SeqCst) {
-            Duration::from_secs(3600)
-        } else {
-            Duration::ZERO
-        }
-    });
-    let client = cotal_delivery::provision::connect_options(
-        options,
-        &mesh.url(),
-        "victim",
-        Duration::from_secs(5),
-    )
-    .await
-    .expect("victim connects");
-    connected.store(true, std::sync::atomic::Ordering::SeqCst);
-    client
+    mesh.connect(&material.credential, "victim")
+        .await
+        .expect("victim connects")
 }
