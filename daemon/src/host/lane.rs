@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::creds::{read_creds_file, CredsErrorKind};
 use crate::files;
+use crate::host::kicker::HostKicker;
 use crate::journal::{epoch_ms, Journal};
 use crate::plane::PlaneConfig;
 use crate::provision::layout::Workspace;
@@ -72,7 +73,7 @@ struct Refusal {
 }
 
 /// Runs the lane of `space` until `stop` fires (then its daemon releases its own row).
-pub async fn run(space: Space, inputs: Arc<LaneInputs>, mut stop: Stop) {
+pub async fn run(space: Space, inputs: Arc<LaneInputs>, mut stop: Stop, kicker: Arc<HostKicker>) {
     let journal = Journal::stderr_only();
     match files::open_log(&files::log_path(&inputs.root, &space)) {
         Ok(Some(f)) => journal.attach_file(f),
@@ -87,7 +88,7 @@ pub async fn run(space: Space, inputs: Arc<LaneInputs>, mut stop: Stop) {
             return;
         }
         let attempt = journal.held();
-        let started = match config(&space, &inputs, &attempt) {
+        let started = match config(&space, &inputs, &kicker, &attempt) {
             Ok(cfg) => SpaceDaemon::start(cfg, stop.clone()).await,
             Err(e) => Err(e),
         };
@@ -187,6 +188,7 @@ fn refuse(journal: &Journal, kind: StartErrorKind, text: String) -> StartError {
 fn config(
     space: &Space,
     inputs: &LaneInputs,
+    kicker: &Arc<HostKicker>,
     journal: &Journal,
 ) -> Result<SpaceConfig, StartError> {
     let ws = Workspace::new(&inputs.root);
@@ -286,6 +288,8 @@ fn config(
     cfg.health = inputs.health;
     cfg.redial_wait = RELEASE_REDIAL_BOUND;
     cfg.journal = journal.clone();
+    // The lane opens no kick credential: its evictions ask the host.
+    cfg.kicker = Some(kicker.for_lane(&assigned));
     Ok(cfg)
 }
 

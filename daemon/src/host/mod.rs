@@ -7,6 +7,7 @@
 //! refuses the whole start before any dial; after that no lane's fault ends the host, only
 //! SIGTERM/SIGINT does (every lane then releases its own row). See `docs/host.md`.
 
+pub mod kicker;
 pub mod lane;
 
 use std::fmt;
@@ -140,11 +141,21 @@ pub async fn run(cfg: HostConfig) -> HostEnded {
     ));
     let mut inputs = cfg.lanes.clone();
     inputs.root = root.clone();
+    // The host is the only kicker of its lanes (docs/host.md, "Kicks").
+    let kicker = kicker::HostKicker::new(
+        root.clone(),
+        manifest.spaces.clone(),
+        inputs.server.clone(),
+        inputs.tls_ca.clone(),
+    );
     let inputs = Arc::new(inputs);
     let lanes: Vec<_> = manifest
         .spaces
         .iter()
-        .map(|space| tokio::spawn(lane::run(space.clone(), inputs.clone(), stop.clone())))
+        .map(|space| {
+            let lane = lane::run(space.clone(), inputs.clone(), stop.clone(), kicker.clone());
+            tokio::spawn(lane)
+        })
         .collect();
     let by = stop.stopped().await;
     journal.line(format!(

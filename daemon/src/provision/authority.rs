@@ -237,6 +237,17 @@ impl MeshAuthority {
         self.system.public_key()
     }
 
+    /// The system account's signing seed, for a space that retains it for its multi-space host
+    /// (`provision::retained`).
+    pub fn system_account_seed(&self) -> Result<String, AuthorityError> {
+        self.system.seed().map_err(|e| {
+            AuthorityError::new(
+                AuthorityErrorKind::Format,
+                format!("no system account seed: {e}"),
+            )
+        })
+    }
+
     fn account(&self, space: &Space) -> Result<&KeyPair, AuthorityError> {
         self.accounts.get(space).ok_or_else(|| {
             AuthorityError::new(

@@ -7,6 +7,7 @@ pub mod jwt;
 pub mod layout;
 pub mod manifest;
 pub mod profiles;
+pub mod retained;
 pub mod server_conf;
 pub mod standby;
 pub mod streams;

@@ -132,6 +132,10 @@ pub mod js {
         format!("$SYS.ACCOUNT.{account}.DISCONNECT")
     }
     pub const SYS_SERVER_KICK_ANY: &str = "$SYS.REQ.SERVER.*.KICK";
+    /// KICK on one server (the multi-space host's kick-only user).
+    pub fn sys_server_kick(server_id: &str) -> String {
+        format!("$SYS.REQ.SERVER.{server_id}.KICK")
+    }
     pub const INBOX_ANY: &str = "_INBOX.>";
 }
 

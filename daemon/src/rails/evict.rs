@@ -5,9 +5,8 @@
 //! daemon scans its account's connections through the `$SYS` observer, kicks each match, and
 //! re-scans to verify, failing closed whenever a scan under-reports. Targets come only from the
 //! scan. The kick itself goes through a [`Kicker`]: a single-space daemon opens its evictor
-//! credential per call ([`EvictorKicker`]); on a multi-space host the lane will instead ask the
-//! host, which kicks only after its own census lists the connection (that host side is not built
-//! yet; it implements the same trait).
+//! credential per call ([`EvictorKicker`]); on a multi-space host the lane instead asks the host
+//! (`host::kicker`), which kicks only after its own census lists the connection.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -74,22 +73,28 @@ impl Kicker for EvictorKicker {
                 .dial(&evictor, "_INBOX", "cotal-delivery-evictor")
                 .await
                 .map_err(|e| format!("{verb}: the $SYS evictor could not connect ({e})"))?;
-            let work: Vec<_> = targets
-                .iter()
-                .cloned()
-                .map(|t| {
-                    let client = client.clone();
-                    async move { kick_one(&client, &t).await }
-                })
-                .collect();
-            let results = futures::stream::iter(work)
-                .buffered(KICKS_IN_FLIGHT)
-                .collect()
-                .await;
+            let results = kick_all(&client, targets).await;
             let _ = client.drain().await;
             Ok(results)
         })
     }
+}
+
+/// KICKs every target through `client`, up to [`KICKS_IN_FLIGHT`] at a time; one result per
+/// target, in order.
+pub async fn kick_all(client: &async_nats::Client, targets: &[ConnRow]) -> Vec<Result<(), String>> {
+    let work: Vec<_> = targets
+        .iter()
+        .cloned()
+        .map(|t| {
+            let client = client.clone();
+            async move { kick_one(&client, &t).await }
+        })
+        .collect();
+    futures::stream::iter(work)
+        .buffered(KICKS_IN_FLIGHT)
+        .collect()
+        .await
 }
 
 async fn kick_one(client: &async_nats::Client, target: &ConnRow) -> Result<(), String> {

@@ -24,7 +24,7 @@ use crate::creds::Credential;
 use crate::journal::Journal;
 use crate::kv::Rows;
 use crate::plane::{PlaneConfig, PlaneCtx, ServingGate};
-use crate::rails::evict::EvictorKicker;
+use crate::rails::evict::{EvictorKicker, Kicker};
 use crate::rails::liveness::LeaseSelf;
 use crate::rails::sweep::{SweepLimits, SysAuthority};
 use crate::rails::AdminParts;
@@ -127,6 +127,9 @@ pub struct SpaceConfig {
     pub on_lease_won: Option<Arc<dyn Fn() + Send + Sync>>,
     /// The resident connection's name as the broker shows it.
     pub connection_name: String,
+    /// Who kicks the connections a verified eviction found. `None`: the daemon's own evictor
+    /// credential, opened per call; a multi-space host's lane gets the host's kicker instead.
+    pub kicker: Option<Arc<dyn Kicker>>,
 }
 
 impl SpaceConfig {
@@ -155,6 +158,7 @@ impl SpaceConfig {
             journal: Journal::stderr_only(),
             on_lease_won: None,
             connection_name: "cotal:delivery".into(),
+            kicker: None,
         }
     }
 }
@@ -438,7 +442,11 @@ impl SpaceDaemon {
         let admin = AdminParts {
             credentials: Some(renewal.clone()),
             sys: Some(sys.clone()),
-            kicker: Some(Arc::new(EvictorKicker { authority: sys })),
+            kicker: Some(
+                cfg.kicker
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(EvictorKicker { authority: sys })),
+            ),
             ..AdminParts::default()
         };
         let lease_self = LeaseSelf {
