@@ -261,6 +261,13 @@ pub struct DeliverArgs {
     /// PEM file of the CA that signed the broker's certificate (implies nothing about --tls).
     #[arg(long, value_name = "PEM")]
     pub tls_ca: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): lags, copies,
+    /// handoffs, give-ups, retention discards, lease, connection, credential expiry, rail
+    /// verbs; every series labelled `space` (with --spaces, one set per lane on this one
+    /// endpoint). Off by default: without it no port is opened. An address that cannot be
+    /// bound is refused before dialing (exit 3). Metrics: docs/operations.md.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -336,12 +343,17 @@ fn run_deliver(args: DeliverArgs) -> i32 {
     cfg.ping_interval = crate::env::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
     cfg.plane = crate::plane::PlaneConfig::from_env();
     cfg.health = crate::space::health::HealthConfig::from_env();
+    let registry = crate::metrics::MetricsRegistry::new();
+    cfg.metrics = registry.for_space(&cfg.space.to_string());
     match runtime("delivery") {
         Ok(rt) => {
-            let ended = rt.block_on(deliver::process::run(cfg));
+            let code = rt.block_on(async {
+                let _endpoint = metrics_endpoint(args.metrics_addr.as_deref(), registry).await?;
+                Ok::<_, i32>(Exit::of_ended(&deliver::process::run(cfg).await).code())
+            });
             // A task still blocked on the broker must not hold the exit.
             rt.shutdown_background();
-            Exit::of_ended(&ended).code()
+            code.unwrap_or_else(|c| c)
         }
         Err(code) => code,
     }
@@ -350,6 +362,7 @@ fn run_deliver(args: DeliverArgs) -> i32 {
 /// `deliver --spaces`: the multi-space host. A refused start is a config exit; a signalled
 /// host exits 0 once every lane closed.
 fn run_host(args: DeliverArgs) -> i32 {
+    let registry = crate::metrics::MetricsRegistry::new();
     let cfg = crate::host::HostConfig {
         root: args.root.unwrap_or_else(|| PathBuf::from(".")),
         cwd: current_dir(),
@@ -367,15 +380,44 @@ fn run_host(args: DeliverArgs) -> i32 {
             plane: crate::plane::PlaneConfig::from_env(),
             health: crate::space::health::HealthConfig::from_env(),
             timing: crate::host::lane::LaneTiming::from_env(),
+            metrics: registry.clone(),
         },
     };
     match runtime("delivery host") {
         Ok(rt) => {
-            let ended = rt.block_on(crate::host::run(cfg));
+            let code = rt.block_on(async {
+                let _endpoint = metrics_endpoint(args.metrics_addr.as_deref(), registry).await?;
+                Ok::<_, i32>(Exit::of_host(&crate::host::run(cfg).await).code())
+            });
             rt.shutdown_background();
-            Exit::of_host(&ended).code()
+            code.unwrap_or_else(|c| c)
         }
         Err(code) => code,
+    }
+}
+
+/// Binds `--metrics-addr` when given (kept open while the returned endpoint lives); a bad or
+/// unbindable address is refused with one line and the config exit code, before any dial.
+async fn metrics_endpoint(
+    addr: Option<&str>,
+    registry: crate::metrics::MetricsRegistry,
+) -> Result<Option<crate::metrics::Endpoint>, i32> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let bound = match crate::metrics::parse_addr(addr) {
+        Ok(a) => crate::metrics::serve(a, registry).await,
+        Err(e) => Err(e),
+    };
+    match bound {
+        Ok(ep) => {
+            eprintln!("• delivery: metrics at http://{}/metrics", ep.addr);
+            Ok(Some(ep))
+        }
+        Err(e) => {
+            eprintln!("✗ delivery: {e}");
+            Err(Exit::Config.code())
+        }
     }
 }
 

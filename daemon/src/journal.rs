@@ -6,8 +6,11 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::repeats::{Repeats, MAX_KEYS};
 
 /// A cheap, clonable handle on the daemon's human log.
 #[derive(Clone, Default)]
@@ -18,6 +21,28 @@ pub struct Journal {
     prefix: Option<Arc<str>>,
     /// While `Some`, lines are kept here instead of written (see [`Journal::held`]).
     held: Option<Arc<Mutex<Option<Vec<String>>>>>,
+    /// Lines that repeat ([`Journal::repeated`]), shared by every clone, prefixed or held.
+    repeats: RepeatState,
+}
+
+/// The shared aggregator of repeated lines and whether a task is waiting to write its
+/// summaries.
+#[derive(Clone)]
+struct RepeatState {
+    map: Arc<Mutex<Repeats>>,
+    flusher: Arc<AtomicBool>,
+}
+
+impl Default for RepeatState {
+    fn default() -> Self {
+        RepeatState {
+            map: Arc::new(Mutex::new(Repeats::new(
+                Repeats::window_from_env(),
+                MAX_KEYS,
+            ))),
+            flusher: Arc::new(AtomicBool::new(false)),
+        }
+    }
 }
 
 impl Journal {
@@ -39,6 +64,7 @@ impl Journal {
             file: self.file.clone(),
             prefix: Some(Arc::from(prefix.into())),
             held: None,
+            repeats: self.repeats.clone(),
         }
     }
 
@@ -51,6 +77,7 @@ impl Journal {
             file: self.file.clone(),
             prefix: self.prefix.clone(),
             held: Some(Arc::new(Mutex::new(Some(Vec::new())))),
+            repeats: self.repeats.clone(),
         }
     }
 
@@ -86,6 +113,69 @@ impl Journal {
             }
         }
         self.write(text);
+    }
+
+    /// Writes a line that may repeat under `key` (give-up reason, reconnect, missed remint;
+    /// keys name their space): the first occurrence in a window at once, later ones counted and
+    /// summarised as `… (repeated N times in the last 60 s)` when the window ends
+    /// (`COTAL_DELIVERY_LOG_REPEAT_WINDOW_MS`).
+    pub fn repeated(&self, key: &str, text: impl Into<String>) {
+        let lines = match self.repeats.map.lock() {
+            Ok(mut map) => map.offer(key, text.into(), Instant::now()),
+            Err(_) => vec![text.into()],
+        };
+        for line in lines {
+            self.line(line);
+        }
+        self.arm_flusher();
+    }
+
+    /// Writes every summary still counted (a closing daemon says what it suppressed).
+    pub fn flush_repeats(&self) {
+        let lines = match self.repeats.map.lock() {
+            Ok(mut map) => map.drain(Instant::now()),
+            Err(_) => Vec::new(),
+        };
+        for line in lines {
+            self.line(line);
+        }
+    }
+
+    /// Starts (at most one) task that writes summaries when their windows end, so a count is
+    /// reported even if the line never comes again. Outside a runtime, summaries wait for the
+    /// next occurrence.
+    fn arm_flusher(&self) {
+        let pending = |j: &Journal| j.repeats.map.lock().ok().and_then(|m| m.next_due());
+        if pending(self).is_none() || self.repeats.flusher.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.repeats.flusher.store(false, Ordering::SeqCst);
+            return;
+        };
+        let journal = self.clone();
+        rt.spawn(async move {
+            loop {
+                let Some(at) = pending(&journal) else {
+                    journal.repeats.flusher.store(false, Ordering::SeqCst);
+                    // A repeat counted between the check and the store re-arms.
+                    if pending(&journal).is_some()
+                        && !journal.repeats.flusher.swap(true, Ordering::SeqCst)
+                    {
+                        continue;
+                    }
+                    return;
+                };
+                tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+                let lines = match journal.repeats.map.lock() {
+                    Ok(mut map) => map.due(Instant::now()),
+                    Err(_) => Vec::new(),
+                };
+                for line in lines {
+                    journal.line(line);
+                }
+            }
+        });
     }
 
     fn write(&self, text: &str) {

@@ -14,7 +14,7 @@
 //! - [`plane`]: the data plane: fan-out writer, trusted reader, membership registry, row reads.
 //! - [`provision`]: credentials, `server.conf`, streams and buckets (one code path for all).
 //! - base files: [`wire`] (names and shapes), [`creds`], [`conn`], [`kv`], [`store`],
-//!   [`files`], [`journal`], [`env`].
+//!   [`files`], [`journal`], [`repeats`], [`metrics`], [`env`].
 
 pub mod agent;
 pub mod cli;
@@ -31,6 +31,8 @@ pub mod env;
 pub mod files;
 pub mod journal;
 pub mod kv;
+pub mod metrics;
+pub mod repeats;
 pub mod store;
 pub mod wire;
 

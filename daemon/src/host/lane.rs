@@ -62,6 +62,8 @@ pub struct LaneInputs {
     pub plane: PlaneConfig,
     pub health: HealthConfig,
     pub timing: LaneTiming,
+    /// The host's one registry; each lane counts under its own `space` label.
+    pub metrics: crate::metrics::MetricsRegistry,
 }
 
 /// An attempt's outcome, compared with the previous one to decide whether to report it.
@@ -290,6 +292,7 @@ fn config(
     cfg.journal = journal.clone();
     // The lane opens no kick credential: its evictions ask the host.
     cfg.kicker = Some(kicker.for_lane(&assigned));
+    cfg.metrics = inputs.metrics.for_space(&space.to_string());
     Ok(cfg)
 }
 

@@ -17,6 +17,7 @@ use async_nats::HeaderMap;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use crate::metrics::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::channels::{Channels, DeliveryClass};
 use crate::plane::entry::{dedup_id, mentions, parse_chat_subject, sender_id, Plane3Entry, Reason};
@@ -92,17 +93,20 @@ impl Writer {
         let prefix = self.ctx.names.space().prefix();
         let Some((sender, channel)) = parse_chat_subject(&msg.subject, &prefix) else {
             tracing::warn!(subject = %msg.subject, "fan-out: malformed-subject; terminated");
+            self.ctx.metrics.gave_up(GiveUp::Malformed);
             return Settle::Term;
         };
         let body: Value = match serde_json::from_slice(&msg.payload) {
             Ok(v @ Value::Object(_)) => v,
             _ => {
                 tracing::warn!(subject = %msg.subject, "fan-out: malformed-json; terminated");
+                self.ctx.metrics.gave_up(GiveUp::Malformed);
                 return Settle::Term;
             }
         };
         if sender_id(&body) != Some(sender.dot_form().as_str()) {
             tracing::warn!(subject = %msg.subject, "fan-out: sender-mismatch; terminated");
+            self.ctx.metrics.gave_up(GiveUp::Malformed);
             return Settle::Term;
         }
         let targets = match self.targets(&sender, &channel, seq, &body).await {
@@ -113,7 +117,10 @@ impl Writer {
             }
         };
         match store_copies(&self.ctx, &body, &channel, seq, &targets).await {
-            Ok(_) => Settle::Ack,
+            Ok(stored) => {
+                self.ctx.metrics.posts_copied(stored.len() as u64);
+                Settle::Ack
+            }
             Err(e) => {
                 tracing::warn!(subject = %msg.subject, error = %e, "fan-out: a copy was not stored; nak");
                 Settle::Nak

@@ -135,6 +135,8 @@ pub struct PlaneCtx {
     pub caches: cache::Caches,
     /// Reader decisions in flight, which a leave waits for (strict leave boundary).
     pub handoffs: Arc<boundary::Handoffs>,
+    /// Counters of what the plane did (`--metrics-addr`; counted even when not served).
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Why a binding could not be established.

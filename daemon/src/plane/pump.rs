@@ -20,6 +20,7 @@ use async_nats::jetstream::{AckKind, Message};
 use futures::StreamExt;
 use tokio::task::JoinSet;
 
+use crate::metrics::Store;
 use crate::plane::{stopped, PlaneCtx, StopRx};
 
 /// How a handler settles its message.
@@ -148,6 +149,8 @@ pub async fn run<H, F>(
                         retention
                             .observe(&ctx, what, &stream, stream_sequence(&msg))
                             .await;
+                    } else {
+                        ctx.metrics.redelivered(Store::of(&ctx.names, &stream));
                     }
                     let Some(epoch) = ctx.gate.admit() else {
                         // Not serving: leave it pending; it redelivers to whoever serves.
@@ -272,6 +275,7 @@ impl RetentionWatch {
             return;
         }
         self.discarded += gone;
+        ctx.metrics.discarded(Store::of(&ctx.names, stream), gone);
         ctx.journal.line(format!(
             "! delivery: the {what} found {gone} message(s) gone before it read them (stream sequences {from}..={to}): discarded by retention, never delivered ({} so far in this run)",
             self.discarded

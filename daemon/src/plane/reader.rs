@@ -25,6 +25,7 @@ use async_nats::jetstream::Message;
 use async_nats::HeaderMap;
 use tokio::task::JoinHandle;
 
+use crate::metrics::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::entry::{
     dedup_id, parse_dinbox_subject, Plane3DeliveryFrame, Plane3Entry, Reason,
@@ -99,12 +100,14 @@ impl Reader {
         let prefix = self.ctx.names.space().prefix();
         let Some((member, uid)) = parse_dinbox_subject(&msg.subject, &prefix) else {
             tracing::warn!(subject = %msg.subject, "reader: unparseable subject; terminated");
+            self.ctx.metrics.gave_up(GiveUp::Malformed);
             return Settle::Term;
         };
         let entry: Plane3Entry = match serde_json::from_slice(&msg.payload) {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(subject = %msg.subject, error = %e, "reader: malformed entry; terminated");
+                self.ctx.metrics.gave_up(GiveUp::Malformed);
                 return Settle::Term;
             }
         };
@@ -122,14 +125,14 @@ impl Reader {
             Ok(AclRow::Absent) | Ok(AclRow::Garbled(_)) => {
                 if self.given_up(msg) {
                     if self.ctx.gate.still(epoch) {
-                        self.ctx.journal.line(format!(
-                            "! {}",
-                            unknown_owner_warning(
-                                &SpaceNames::acl_key(&member, &uid),
-                                pump::deliveries(msg)
-                            )
-                        ));
+                        // One line per owner and window, however many entries it owes.
+                        let owner = SpaceNames::acl_key(&member, &uid);
+                        self.ctx.journal.repeated(
+                            &format!("give-up:unknown-owner:{}:{owner}", self.ctx.names.space()),
+                            format!("! {}", unknown_owner_warning(&owner, pump::deliveries(msg))),
+                        );
                     }
+                    self.ctx.metrics.gave_up(GiveUp::UnknownOwner);
                     return Settle::Term;
                 }
                 return Settle::Nak;
@@ -158,10 +161,14 @@ impl Reader {
             }
         }
         match self.hand_off(&member, &uid, &entry).await {
-            Ok(()) => Settle::Ack,
+            Ok(()) => {
+                self.ctx.metrics.handed_off();
+                Settle::Ack
+            }
             Err(e) => {
                 tracing::warn!(subject = %msg.subject, error = %e, "reader: handoff failed");
                 if self.given_up(msg) {
+                    self.ctx.metrics.gave_up(GiveUp::Handoff);
                     Settle::Term
                 } else {
                     Settle::Nak
@@ -220,6 +227,7 @@ impl Reader {
         if let Err(e) = deleted {
             tracing::warn!(seq, error = %e, "reader: deleting a retired lifecycle's entry failed");
             return if self.given_up(msg) {
+                self.ctx.metrics.gave_up(GiveUp::RetiredDelete);
                 Settle::Term
             } else {
                 Settle::Nak

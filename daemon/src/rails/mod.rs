@@ -294,6 +294,7 @@ async fn answer(
             admin::dispatch(ctx, parts, caller, &request.op, &request.args).await
         }
     };
+    ctx.metrics.rail_request(&request.op, result.is_err());
     match result {
         Ok(data) => ControlReply::ok(data),
         Err(r) => ControlReply {

@@ -130,6 +130,8 @@ pub struct SpaceConfig {
     /// Who kicks the connections a verified eviction found. `None`: the daemon's own evictor
     /// credential, opened per call; a multi-space host's lane gets the host's kicker instead.
     pub kicker: Option<Arc<dyn Kicker>>,
+    /// This space's metrics handle (`--metrics-addr` serves its registry).
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl SpaceConfig {
@@ -159,6 +161,7 @@ impl SpaceConfig {
             on_lease_won: None,
             connection_name: "cotal:delivery".into(),
             kicker: None,
+            metrics: crate::metrics::Metrics::default(),
         }
     }
 }
@@ -428,6 +431,7 @@ impl SpaceDaemon {
             startup_complete: startup_complete.clone(),
             caches: crate::plane::cache::Caches::new(&names),
             handoffs: Arc::default(),
+            metrics: cfg.metrics.clone(),
         };
         // The `$SYS` pair the eviction and liveness verbs sweep with (re-read and re-checked on
         // every call, from the store admission read).
@@ -569,6 +573,21 @@ impl SpaceDaemon {
             journal.clone(),
         ));
 
+        // Lags and states for `--metrics-addr`, sampled off the hot path until the end.
+        let gate = keeper.plane.gate();
+        let sampler = crate::metrics::Sampler {
+            js: js.clone(),
+            names: names.clone(),
+            credential: keeper.resident.credential.clone(),
+            client: keeper.resident.client.clone(),
+            events: keeper.resident.events.subscribe(),
+            metrics: cfg.metrics.clone(),
+            period: crate::metrics::Sampler::period_from_env(),
+            serving: Arc::new(move || gate.is_serving()),
+        }
+        .spawn();
+        let metrics = cfg.metrics.clone();
+        let flush = journal.clone();
         let serving = Serving {
             keeper,
             watch,
@@ -581,9 +600,14 @@ impl SpaceDaemon {
         };
         let end = tokio::spawn(serving.run());
         let end: BoxFuture<'static, Closed> = Box::pin(async move {
-            end.await.unwrap_or_else(|e| Closed::Fault {
+            let closed = end.await.unwrap_or_else(|e| Closed::Fault {
                 detail: format!("the keeper task ended abnormally ({e})"),
-            })
+            });
+            sampler.abort();
+            metrics.lease_held(false);
+            // What was only counted is said before the end.
+            flush.flush_repeats();
+            closed
         });
         Ok(SpaceDaemon {
             space,

@@ -484,14 +484,17 @@ impl Watchdog {
                     tick.reset();
                 }
                 match change {
-                    Change::ClockStarted => {
-                        journal.line(format!(
+                    // A flapping connection: each of the pair once per window, with its count.
+                    Change::ClockStarted => journal.repeated(
+                        &format!("reconnecting:{space}"),
+                        format!(
                             "! delivery: broker connection unavailable, reconnecting (space {space})"
-                        ));
-                    }
-                    Change::ClockStopped => journal.line(format!(
-                        "✓ delivery: broker connection restored (space {space})"
-                    )),
+                        ),
+                    ),
+                    Change::ClockStopped => journal.repeated(
+                        &format!("restored:{space}"),
+                        format!("✓ delivery: broker connection restored (space {space})"),
+                    ),
                     Change::Expired => journal.line(LINE_EXPIRED),
                     Change::ExpiryCleared => journal.line(format!(
                         "✓ delivery: a renewal the broker accepted was adopted; the credential-expiry state is cleared (space {space})"

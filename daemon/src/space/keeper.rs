@@ -94,6 +94,7 @@ impl Keeper {
     pub(crate) async fn on_renew_tick(&mut self) -> Option<Closed> {
         match self.lease.renew().await {
             Ok(_) => {
+                self.plane.metrics().lease_renewed();
                 if self.quiesced {
                     self.resume("it renewed its lease").await;
                 }

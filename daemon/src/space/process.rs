@@ -40,6 +40,8 @@ pub struct DeliverConfig {
     pub ping_interval: Duration,
     pub plane: PlaneConfig,
     pub health: HealthConfig,
+    /// This space's metrics handle (served when `--metrics-addr` is given).
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl DeliverConfig {
@@ -56,6 +58,7 @@ impl DeliverConfig {
             ping_interval: Duration::from_millis(conn::DEFAULT_PING_INTERVAL_MS),
             plane: PlaneConfig::default(),
             health: HealthConfig::from_values(None, None),
+            metrics: crate::metrics::Metrics::default(),
         }
     }
 }
@@ -216,6 +219,7 @@ pub async fn run(cfg: DeliverConfig) -> Ended {
     space_cfg.health = cfg.health;
     space_cfg.redial_wait = RELEASE_REDIAL_BOUND;
     space_cfg.journal = journal.clone();
+    space_cfg.metrics = cfg.metrics.clone();
 
     // It is the space's daemon once its claim won: record it (a workspace process only).
     let pid_record = Arc::new(Mutex::new(None::<PidRecord>));

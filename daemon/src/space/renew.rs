@@ -305,14 +305,20 @@ impl Renewal {
                 self.set_due_ms(Self::due_ms_for(&self.live()));
             }
             Reread::Missed(text) => {
-                self.journal
-                    .line(format!("! delivery: {text} (retrying in {retry_s} s)"));
+                // The same missed remint, retried: one line per window with its count.
+                self.journal.repeated(
+                    &format!("remint-missed:{}:{text}", self.space),
+                    format!("! delivery: {text} (retrying in {retry_s} s)"),
+                );
                 self.set_due_ms(now_ms + retry_ms);
             }
             Reread::Unusable(text) | Reread::Refused(text) => {
-                self.journal.line(format!(
-                    "! delivery: {text}; the live credential stays until it expires (retrying in {retry_s} s)"
-                ));
+                self.journal.repeated(
+                    &format!("remint-refused:{}:{text}", self.space),
+                    format!(
+                        "! delivery: {text}; the live credential stays until it expires (retrying in {retry_s} s)"
+                    ),
+                );
                 self.set_due_ms(now_ms + retry_ms);
             }
         }

@@ -43,6 +43,16 @@ impl Plane {
         }
     }
 
+    /// The counters of this space (the keeper counts renewals through them).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.ctx.metrics
+    }
+
+    /// The serving gate (sampled as the lease-held gauge).
+    pub fn gate(&self) -> crate::plane::ServingGate {
+        self.ctx.gate.clone()
+    }
+
     /// Binds the fan-out writer and the trusted reader, opens the gate, then binds both rails. On
     /// a failure everything bound so far is unbound again and the gate is closed.
     pub async fn arm(&mut self) -> Result<(), PlaneError> {
