@@ -1,0 +1,278 @@
+//! Prometheus metrics of the real daemon, scraped over HTTP: absent without `--metrics-addr`
+//! (no listening socket at all), fan-out lag rising while the daemon is frozen with posts
+//! arriving and falling back to zero, the counters matching the posts sent, and one endpoint
+//! for every lane of a multi-space host. Every figure is cross-checked against the broker.
+
+mod data_path_support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use cotal_delivery::provision::manifest::Manifest;
+use delivery_harness::agent;
+use delivery_harness::daemon::Daemon;
+
+use data_path_support::*;
+
+const SCRAPE_BOUND: Duration = Duration::from_secs(5);
+
+/// A free loopback port (bound, then released for the daemon to take).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+async fn scrape(port: u16) -> String {
+    let r = delivery_harness::http::get(port, "/metrics", SCRAPE_BOUND)
+        .await
+        .expect("scrape");
+    assert_eq!(r.status, 200);
+    String::from_utf8(r.body).expect("utf-8")
+}
+
+/// Scrapes until `ok` holds (a refused connection counts as not yet), within `UP_BOUND`.
+async fn scrape_until(port: u16, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + UP_BOUND;
+    loop {
+        let text = match delivery_harness::http::get(port, "/metrics", SCRAPE_BOUND).await {
+            Ok(r) if r.status == 200 => String::from_utf8(r.body).expect("utf-8"),
+            _ => String::new(),
+        };
+        if ok(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The value of the sample `series` (name with its labels), if present.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+fn value(text: &str, series: &str) -> f64 {
+    sample(text, series).unwrap_or(0.0)
+}
+
+/// Inodes of the TCP sockets in LISTEN state on this host (`/proc/net/tcp{,6}`).
+fn listening_inodes() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for l in text.lines().skip(1) {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" {
+                out.insert(cols[9].to_string());
+            }
+        }
+    }
+    out
+}
+
+/// How many listening TCP sockets process `pid` holds (its fds matched against LISTEN inodes).
+fn listening_sockets_of(pid: u32) -> usize {
+    let listening = listening_inodes();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|t| {
+            let t = t.to_string_lossy().to_string();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .filter(|inode| listening.contains(inode))
+        .count()
+}
+
+async fn start_with_metrics(mesh: &delivery_harness::mesh::Mesh, port: u16) -> Daemon {
+    let mut d = daemon_spec(mesh)
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("up");
+    d
+}
+
+/// Without the flag the daemon opens no listening socket (the port is refused); with it the
+/// same port answers `/metrics` and the daemon holds exactly that one. Mutation applied and seen
+/// caught: `metrics_endpoint` binding `127.0.0.1:0` when no address is given (the process
+/// then holds a listening socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_is_absent_without_the_flag() {
+    let mesh = mesh().await;
+    let port = free_port();
+    let mut plain = start_daemon(&mesh).await;
+    assert_eq!(listening_sockets_of(plain.pid()), 0);
+    let refused = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+    assert_eq!(
+        refused.map(|_| ()).unwrap_err().kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
+    stop_daemon(&mut plain).await;
+
+    let mut served = start_with_metrics(&mesh, port).await;
+    assert_eq!(listening_sockets_of(served.pid()), 1);
+    let text = scrape_until(port, "the lease gauge sampled", |t| {
+        sample(t, "cotal_delivery_lease_held{space=\"demo\"}") == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample(&text, "cotal_delivery_broker_connected{space=\"demo\"}"),
+        Some(1.0)
+    );
+    let expiry = sample(
+        &text,
+        "cotal_delivery_credential_expiry_seconds{space=\"demo\"}",
+    )
+    .expect("the credential has an exp");
+    assert!(expiry > 0.0, "{text}");
+    // Anything but GET /metrics is not found.
+    let other = delivery_harness::http::get(port, "/", SCRAPE_BOUND)
+        .await
+        .unwrap();
+    assert_eq!(other.status, 404);
+    stop_daemon(&mut served).await;
+}
+
+/// Posts made while the daemon is frozen (SIGSTOP) show as fan-out lag once it runs again, the
+/// lag falls back to 0, and the counters match what was sent: `posts_copied` and `handed_off`
+/// grow by posts x members, as the broker's INBOX and DLV stores do. Mutations applied and seen
+/// caught: `posts_copied(stored.len())` replaced by `posts_copied(1)` (N instead of 2N); the
+/// sampler's lag computed as `floor - last` saturating (lag never above 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
+    const POSTS: u64 = 200;
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let port = free_port();
+    let mut daemon = start_with_metrics(&mesh, port).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
+        .await
+        .unwrap();
+    let (carol, carol_m) = agent::spawn(&mesh, &insp, "carol", &["general"])
+        .await
+        .unwrap();
+    bob.durable_join("general").await.unwrap();
+    carol.durable_join("general").await.unwrap();
+    drained(&insp, SURFACE_BOUND).await;
+    let before = scrape(port).await;
+    let copied0 = value(&before, "cotal_delivery_posts_copied_total{space=\"demo\"}");
+    let handed0 = value(&before, "cotal_delivery_handed_off_total{space=\"demo\"}");
+
+    daemon.freeze().unwrap();
+    for i in 0..POSTS {
+        let m = alice.message("general", &format!("lag-{i}"), None);
+        alice.post("general", &m).await.unwrap();
+    }
+    daemon.thaw().unwrap();
+    let t = Instant::now();
+    let mut max_lag = 0.0_f64;
+    let mut last;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        last = scrape(port).await;
+        let lag = value(&last, "cotal_delivery_fanout_lag{space=\"demo\"}");
+        max_lag = max_lag.max(lag);
+        let copied = value(&last, "cotal_delivery_posts_copied_total{space=\"demo\"}") - copied0;
+        let handed = value(&last, "cotal_delivery_handed_off_total{space=\"demo\"}") - handed0;
+        if max_lag > 0.0
+            && lag == 0.0
+            && copied >= (2 * POSTS) as f64
+            && handed >= (2 * POSTS) as f64
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag {lag} (max {max_lag}), copied {copied}, handed off {handed}:\n{last}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "MEASURED fan-out lag after a {POSTS}-post freeze: max {max_lag}, back to 0 in {} ms",
+        t.elapsed().as_millis()
+    );
+    assert!(max_lag <= POSTS as f64, "{max_lag}");
+    // Exactly posts x members, as the broker holds them.
+    assert_eq!(
+        value(&last, "cotal_delivery_posts_copied_total{space=\"demo\"}") - copied0,
+        (2 * POSTS) as f64
+    );
+    assert_eq!(
+        value(&last, "cotal_delivery_handed_off_total{space=\"demo\"}") - handed0,
+        (2 * POSTS) as f64
+    );
+    drained(&insp, SURFACE_BOUND).await;
+    for m in [&bob_m, &carol_m] {
+        assert!(dlv_count(&insp, &m.principal, &m.lifecycle_uid).await >= POSTS);
+    }
+    let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+    assert_eq!(f.num_pending + f.num_ack_pending as u64, 0);
+    assert_eq!(
+        value(
+            &last,
+            "cotal_delivery_give_ups_total{space=\"demo\",reason=\"unknown_owner\"}"
+        ),
+        0.0
+    );
+    stop_daemon(&mut daemon).await;
+}
+
+/// `deliver --spaces --metrics-addr`: one endpoint, one series set per lane (label `space`).
+/// Mutation applied and seen caught: the lane handle made with `for_space("")` (the lanes'
+/// series merge under one empty label).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_space_host_serves_every_lane_on_one_endpoint() {
+    let mesh = delivery_harness::mesh::Mesh::builder()
+        .space("alpha")
+        .unwrap()
+        .space("beta")
+        .unwrap()
+        .start()
+        .await
+        .unwrap();
+    Manifest {
+        spaces: mesh.spaces().to_vec(),
+    }
+    .write(mesh.root())
+    .unwrap();
+    let port = free_port();
+    let mut host = mesh
+        .host(mesh.root())
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
+        .spawn()
+        .expect("spawn");
+    let text = scrape_until(port, "both lanes serve", |t| {
+        sample(t, "cotal_delivery_lease_held{space=\"alpha\"}") == Some(1.0)
+            && sample(t, "cotal_delivery_lease_held{space=\"beta\"}") == Some(1.0)
+    })
+    .await;
+    for space in ["alpha", "beta"] {
+        assert!(
+            sample(
+                &text,
+                &format!("cotal_delivery_fanout_lag{{space=\"{space}\"}}")
+            )
+            .is_some(),
+            "{text}"
+        );
+    }
+    assert_eq!(listening_sockets_of(host.pid()), 1);
+    host.terminate().unwrap();
+    host.wait_exit(Duration::from_secs(20)).await.expect("exit");
+}
