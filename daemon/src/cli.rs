@@ -218,6 +218,8 @@ const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps th
   COTAL_DELIVERY_STANDBY_RETRY_MS         --spaces: a standby lane's retry of a held lease [5000]
   COTAL_DELIVERY_LANE_BACKOFF_MAX_MS      --spaces: cap of a refused or closed lane's backoff (from 500) [30000]
   COTAL_DELIVERY_SWEEP_SETTLE_MS          $SYS CONNZ page collection ends this long after the last answer [250]
+  COTAL_DELIVERY_METRICS_SAMPLE_MS        --metrics-addr: sampling period of the lag and state gauges [1000]
+  COTAL_DELIVERY_LOG_REPEAT_WINDOW_MS     window over which a repeated line is counted, then summarised once [60000]
   RUST_LOG                                structured diagnostics on stderr (off by default)
 The lease TTL is the max_age of the cotal_delivery_<space> bucket, set at provisioning.
 Exit codes: docs/operations.md.";

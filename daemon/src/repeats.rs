@@ -140,7 +140,7 @@ impl Repeats {
 /// `<text> (repeated N times in the last W s)`.
 pub fn summary_line(text: &str, n: u64, window: Duration) -> String {
     let ms = window.as_millis();
-    let secs = if ms % 1000 == 0 {
+    let secs = if ms.is_multiple_of(1000) {
         format!("{}", ms / 1000)
     } else {
         format!("{:.1}", window.as_secs_f64())
