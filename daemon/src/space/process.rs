@@ -259,6 +259,8 @@ pub async fn run(cfg: DeliverConfig) -> Ended {
             }
         }
     };
+    // Counts still held are said, also when the daemon was abandoned without closing.
+    journal.flush_repeats();
     remove_record();
     ended
 }
