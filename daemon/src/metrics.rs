@@ -65,6 +65,25 @@ struct StreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabel {
+    space: String,
+    cache: String,
+}
+
+/// One fenced row cache's running totals, as the plane reports them to the sampler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    /// `acl`, `members`, `channels` or `presence`.
+    pub cache: &'static str,
+    pub fences: u64,
+    pub fallbacks: u64,
+    pub resets: u64,
+}
+
+/// Reads every cache's totals (the space ring wires it to the plane's caches).
+pub type CacheSource = Arc<dyn Fn() -> Vec<CacheCounts> + Send + Sync>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VerbLabel {
     space: String,
     verb: String,
@@ -142,6 +161,9 @@ struct Families {
     credential_expiry: Family<SpaceLabel, Gauge>,
     rail_requests: Family<VerbLabel, Counter>,
     rail_refusals: Family<VerbLabel, Counter>,
+    cache_fences: Family<CacheLabel, Counter>,
+    cache_fallbacks: Family<CacheLabel, Counter>,
+    cache_resets: Family<CacheLabel, Counter>,
 }
 
 impl Families {
@@ -161,6 +183,9 @@ impl Families {
             credential_expiry: Family::default(),
             rail_requests: Family::default(),
             rail_refusals: Family::default(),
+            cache_fences: Family::default(),
+            cache_fallbacks: Family::default(),
+            cache_resets: Family::default(),
         }
     }
 
@@ -236,6 +261,21 @@ impl Families {
             "rail_refusals",
             "control-rail requests refused by verb",
             self.rail_refusals.clone(),
+        );
+        r.register(
+            "cache_fences",
+            "leader fences a fenced row cache sent to prove itself current, by cache",
+            self.cache_fences.clone(),
+        );
+        r.register(
+            "cache_fallbacks",
+            "decisions that found a cache not proved and read per key from the leader, by cache",
+            self.cache_fallbacks.clone(),
+        );
+        r.register(
+            "cache_resets",
+            "times a cache was emptied and re-fed (consumer error, purge, recreated stream), by cache",
+            self.cache_resets.clone(),
         );
     }
 }
@@ -392,6 +432,35 @@ impl Metrics {
             self.families.rail_refusals.get_or_create(&label).inc();
         }
     }
+    /// Adds what the caches did since the last sample (`now` minus `seen`, per cache).
+    fn cache_deltas(&self, now: &[CacheCounts], seen: &mut Vec<CacheCounts>) {
+        for c in now {
+            let before = seen
+                .iter()
+                .find(|s| s.cache == c.cache)
+                .copied()
+                .unwrap_or(CacheCounts {
+                    cache: c.cache,
+                    ..CacheCounts::default()
+                });
+            let label = CacheLabel {
+                space: self.space.to_string(),
+                cache: c.cache.to_string(),
+            };
+            let f = &self.families;
+            f.cache_fences
+                .get_or_create(&label)
+                .inc_by(c.fences.saturating_sub(before.fences));
+            f.cache_fallbacks
+                .get_or_create(&label)
+                .inc_by(c.fallbacks.saturating_sub(before.fallbacks));
+            f.cache_resets
+                .get_or_create(&label)
+                .inc_by(c.resets.saturating_sub(before.resets));
+        }
+        *seen = now.to_vec();
+    }
+
     fn set_lag(&self, family: &Family<SpaceLabel, Gauge>, lag: u64) {
         family
             .get_or_create(&self.space())
@@ -533,6 +602,8 @@ pub struct Sampler {
     pub period: Duration,
     /// Whether the daemon serves under its lease right now (the space ring's gate).
     pub serving: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// The fenced row caches' totals (fences, fallbacks, resets).
+    pub caches: CacheSource,
 }
 
 impl Sampler {
@@ -547,9 +618,13 @@ impl Sampler {
             let mut tick = tokio::time::interval(self.period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut was_down = false;
+            let mut seen = Vec::new();
             loop {
                 tokio::select! {
-                    _ = tick.tick() => self.sample().await,
+                    _ = tick.tick() => {
+                        self.metrics.cache_deltas(&(self.caches)(), &mut seen);
+                        self.sample().await;
+                    }
                     ev = self.events.recv() => match ev {
                         Ok(ConnEvent::Disconnected) => {
                             was_down = true;

@@ -148,7 +148,8 @@ async fn the_endpoint_is_absent_without_the_flag() {
 /// lag falls back to 0, and the counters match what was sent: `posts_copied` and `handed_off`
 /// grow by posts x members, as the broker's INBOX and DLV stores do. Mutations applied and seen
 /// caught: `posts_copied(stored.len())` replaced by `posts_copied(1)` (N instead of 2N); the
-/// sampler's lag computed as `floor - last` saturating (lag never above 0).
+/// sampler's lag computed as `floor - last` saturating (lag never above 0); the sampler not
+/// reading the caches' totals (no `cache_fences_total` series).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
     const POSTS: u64 = 200;
@@ -228,6 +229,13 @@ async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
         ),
         0.0
     );
+    // The reader decided every entry from a fenced ACL cache.
+    let fences = sample(
+        &last,
+        "cotal_delivery_cache_fences_total{space=\"demo\",cache=\"acl\"}",
+    )
+    .expect("the acl cache's series");
+    assert!(fences > 0.0, "{last}");
     stop_daemon(&mut daemon).await;
 }
 
@@ -257,21 +265,20 @@ async fn a_multi_space_host_serves_every_lane_on_one_endpoint() {
         .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
         .spawn()
         .expect("spawn");
-    let text = scrape_until(port, "both lanes serve", |t| {
-        sample(t, "cotal_delivery_lease_held{space=\"alpha\"}") == Some(1.0)
-            && sample(t, "cotal_delivery_lease_held{space=\"beta\"}") == Some(1.0)
+    // Each lane's lease gauge and lag series, under its own label, on the one endpoint.
+    let series = |space: &str| {
+        [
+            format!("cotal_delivery_lease_held{{space=\"{space}\"}}"),
+            format!("cotal_delivery_fanout_lag{{space=\"{space}\"}}"),
+        ]
+    };
+    scrape_until(port, "both lanes serve, sampled", |t| {
+        ["alpha", "beta"].iter().all(|s| {
+            let [held, lag] = series(s);
+            sample(t, &held) == Some(1.0) && sample(t, &lag).is_some()
+        })
     })
     .await;
-    for space in ["alpha", "beta"] {
-        assert!(
-            sample(
-                &text,
-                &format!("cotal_delivery_fanout_lag{{space=\"{space}\"}}")
-            )
-            .is_some(),
-            "{text}"
-        );
-    }
     assert_eq!(listening_sockets_of(host.pid()), 1);
     host.terminate().unwrap();
     host.wait_exit(Duration::from_secs(20)).await.expect("exit");

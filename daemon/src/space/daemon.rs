@@ -575,6 +575,7 @@ impl SpaceDaemon {
 
         // Lags and states for `--metrics-addr`, sampled off the hot path until the end.
         let gate = keeper.plane.gate();
+        let caches = keeper.plane.caches();
         let sampler = crate::metrics::Sampler {
             js: js.clone(),
             names: names.clone(),
@@ -584,6 +585,25 @@ impl SpaceDaemon {
             metrics: cfg.metrics.clone(),
             period: crate::metrics::Sampler::period_from_env(),
             serving: Arc::new(move || gate.is_serving()),
+            caches: Arc::new(move || {
+                [
+                    ("acl", &caches.acl),
+                    ("members", &caches.members),
+                    ("channels", &caches.channels),
+                    ("presence", &caches.presence),
+                ]
+                .into_iter()
+                .map(|(cache, c)| {
+                    let s = c.stats();
+                    crate::metrics::CacheCounts {
+                        cache,
+                        fences: s.fences,
+                        fallbacks: s.fallbacks,
+                        resets: s.resets,
+                    }
+                })
+                .collect()
+            }),
         }
         .spawn();
         let metrics = cfg.metrics.clone();

@@ -48,6 +48,11 @@ impl Plane {
         &self.ctx.metrics
     }
 
+    /// The fenced row caches (their totals are sampled as metrics).
+    pub fn caches(&self) -> crate::plane::cache::Caches {
+        self.ctx.caches.clone()
+    }
+
     /// The serving gate (sampled as the lease-held gauge).
     pub fn gate(&self) -> crate::plane::ServingGate {
         self.ctx.gate.clone()
