@@ -220,6 +220,8 @@ const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps th
   COTAL_DELIVERY_SWEEP_SETTLE_MS          $SYS CONNZ page collection ends this long after the last answer [250]
   COTAL_DELIVERY_METRICS_SAMPLE_MS        --metrics-addr: sampling period of the lag and state gauges [1000]
   COTAL_DELIVERY_LOG_REPEAT_WINDOW_MS     window over which a repeated line is counted, then summarised once [60000]
+  COTAL_DELIVERY_SWEEP_PAGE_LIMIT         (a count) connections per $SYS CONNZ page [1024]
+  COTAL_DELIVERY_SWEEP_MAX_PAGES          (a count) CONNZ pages one sweep asks for; more is truncated [64]
   RUST_LOG                                structured diagnostics on stderr (off by default)
 The lease TTL is the max_age of the cotal_delivery_<space> bucket, set at provisioning.
 Exit codes: docs/operations.md.";

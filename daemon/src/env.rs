@@ -15,3 +15,12 @@ pub fn env_ms(name: &str, default: Duration) -> Duration {
         .map(Duration::from_millis)
         .unwrap_or(default)
 }
+
+/// Reads a count override (a size, not a time); `0` or garbage keeps the default.
+pub fn env_count(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}

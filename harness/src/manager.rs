@@ -140,14 +140,20 @@ impl Manager {
             MintOptions::new(),
         )?;
         let client = mesh.connect(&cred, "harness-manager").await?;
-        Ok(Manager {
+        Ok(Manager::over(client, space, principal))
+    }
+
+    /// A manager speaking as `principal` over a connection the caller made (a `supervisor`
+    /// credential of `space`), e.g. to one node of a cluster.
+    pub fn over(client: async_nats::Client, space: &Space, principal: &Principal) -> Manager {
+        Manager {
             client,
             principal: principal.clone(),
             names: SpaceNames::new(space),
             waits: ManagerWaits::default(),
             lines: Arc::default(),
             sent: Arc::default(),
-        })
+        }
     }
 
     pub fn with_waits(mut self, waits: ManagerWaits) -> Self {

@@ -270,3 +270,200 @@ async fn the_live_delivery_grants_are_confined() {
         .unwrap();
     expect_denied(&mut agent_events, "Subscription", &others_replies).await;
 }
+
+/// A daemon started with `env` (besides the admin tests' short page settle), waited up.
+async fn daemon_with(mesh: &Mesh, env: &[(&str, &str)]) -> delivery_harness::daemon::Daemon {
+    let mut spec = s::daemon_spec(mesh).env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS);
+    for (k, v) in env {
+        spec = spec.env(k, *v);
+    }
+    let mut d = spec.spawn().expect("spawn daemon");
+    d.wait_for_line("delivery daemon up", s::UP_BOUND)
+        .await
+        .expect("daemon up");
+    d
+}
+
+/// Paging and an incomplete sweep on a real broker. With one connection per CONNZ page the
+/// account (daemon, manager, alice: at least 4 connections, counted on the broker) is swept over
+/// several pages and still proves alice `live` and a ghost `gone`. With at most 2 pages of one
+/// connection the broker's answer is truncated: the ghost is `unknown` with the under-reported
+/// note, never `gone`, and so is an unknown plane tuple.
+///
+/// Mutation seen failing: `Sweep::complete` ignoring `truncated` (the truncated sweep proves the
+/// ghost `gone`).
+#[tokio::test]
+async fn a_paged_sweep_proves_gone_and_a_truncated_one_is_unknown() {
+    let mesh = s::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
+        .await
+        .unwrap();
+    let _conn = a::victim(&mesh, &alice).await;
+    let m = a::manager(&mesh).await;
+    let mut d = daemon_with(&mesh, &[("COTAL_DELIVERY_SWEEP_PAGE_LIMIT", "1")]).await;
+    let account = mesh.authority.account_public_key(mesh.space()).unwrap();
+    let in_account = mesh
+        .broker
+        .monitor(&format!("/connz?acc={account}&limit=4096"))
+        .await
+        .unwrap()["num_connections"]
+        .as_u64()
+        .unwrap();
+    assert!(in_account >= 4, "{in_account} connections in the account");
+    let ask = |p: &'static str| {
+        let m = &m;
+        async move {
+            a::answered(
+                m.request_once("principalLiveness", &json!({"principal": p}), BOUND)
+                    .await,
+            )
+        }
+    };
+    assert_eq!(
+        ask("local.alice").await,
+        json!({"principal": "local.alice", "state": "live", "sweepComplete": true})
+    );
+    assert_eq!(
+        ask("local.ghost").await,
+        json!({"principal": "local.ghost", "state": "gone", "sweepComplete": true})
+    );
+    s::stop_daemon(&mut d).await;
+
+    let mut d = daemon_with(
+        &mesh,
+        &[
+            ("COTAL_DELIVERY_SWEEP_PAGE_LIMIT", "1"),
+            ("COTAL_DELIVERY_SWEEP_MAX_PAGES", "2"),
+        ],
+    )
+    .await;
+    let ghost = ask("local.ghost").await;
+    let server_id = mesh.broker.varz().await.unwrap()["server_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let tuple =
+        json!({"serverId": server_id, "cid": 999_999, "userNkey": format!("U{}", "A".repeat(55))});
+    let plane = a::answered(
+        m.request_once(
+            "planeConnLiveness",
+            &json!({"query": {"ledger": tuple, "records": tuple}}),
+            BOUND,
+        )
+        .await,
+    );
+    s::snapshot_settings().bind(|| {
+        insta::assert_snapshot!(
+            "admin_liveness_truncated",
+            format!(
+                "{ghost}\n{}",
+                plane.to_string().replace(&server_id, "[SERVER]")
+            )
+        )
+    });
+    s::stop_daemon(&mut d).await;
+}
+
+/// A 3-node loopback cluster of real brokers (operator mode, the daemon on node 0, alice on
+/// node 2, the manager on node 1): the account-scoped CONNZ answers come from the cluster, so
+/// alice is `live` although she is on another node, while a ghost and an unknown plane tuple are
+/// `unknown` with the cluster note, never `gone`. After node 2 is killed (alice's connection
+/// with it) alice is `unknown` too: a partitioned member could still hold her connection.
+///
+/// Mutation seen failing: `shortfall` without its `cluster_declared` branch in
+/// `rails/liveness.rs` (one server answers the ghost's sweep: it turns `gone`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_liveness_is_unknown_never_gone() {
+    use cotal_delivery::provision::{
+        self, layout::SpaceMaterial, MeshAuthority, MintOptions, Profile, ProvisionOptions,
+    };
+    use cotal_delivery::wire::{Principal, Space};
+    use delivery_harness::broker::Broker;
+    use delivery_harness::cluster::Cluster;
+    use delivery_harness::manager::Manager;
+
+    let space = Space::parse("demo").unwrap();
+    let mut authority = MeshAuthority::new();
+    authority.add_space(&space);
+    let template = Broker::builder()
+        .name("lv")
+        .operator(authority.operator_auth().unwrap());
+    let mut cluster = Cluster::start(3, template).await.unwrap();
+    let urls = cluster.client_urls();
+    provision::provision_space(
+        &authority,
+        &urls[0],
+        None,
+        &space,
+        &ProvisionOptions::new().replicas(1),
+    )
+    .await
+    .unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let ws = provision::Workspace::new(root.path());
+    ws.write_space_material(&space, &SpaceMaterial::mint(&authority, &space).unwrap())
+        .unwrap();
+    let mut d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), root.path())
+        .server(&urls[0])
+        .env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS)
+        .spawn()
+        .unwrap();
+    d.wait_for_line("delivery daemon up", s::UP_BOUND)
+        .await
+        .expect("daemon up on the cluster");
+    let mint = |p: &str| {
+        authority
+            .mint(
+                &space,
+                &Profile::Supervisor {
+                    principal: Principal::parse(p).unwrap(),
+                },
+                MintOptions::new(),
+            )
+            .unwrap()
+    };
+    let connect = |url: String, cred: cotal_delivery::creds::Credential, name: &'static str| async move {
+        provision::connect_with_credential(&url, None, &cred, name, Duration::from_secs(5))
+            .await
+            .unwrap()
+    };
+    let manager = Principal::parse("local.manager").unwrap();
+    let m = Manager::over(
+        connect(urls[1].clone(), mint("local.manager"), "manager").await,
+        &space,
+        &manager,
+    );
+    let _alice = connect(urls[2].clone(), mint("local.alice"), "alice").await;
+    let ask = |p: &'static str| {
+        let m = &m;
+        async move {
+            a::answered(
+                m.request_once("principalLiveness", &json!({"principal": p}), BOUND)
+                    .await,
+            )
+        }
+    };
+    let live = ask("local.alice").await;
+    assert_eq!(live["state"], "live", "{live}");
+    let ghost = ask("local.ghost").await;
+    let tuple = json!({"serverId": "NOSUCHSERVER", "cid": 999_999, "userNkey": format!("U{}", "A".repeat(55))});
+    let plane = a::answered(
+        m.request_once(
+            "planeConnLiveness",
+            &json!({"query": {"ledger": tuple, "records": tuple}}),
+            BOUND,
+        )
+        .await,
+    );
+    cluster.kill_node(2).await.unwrap();
+    let partitioned = ask("local.alice").await;
+    s::snapshot_settings().bind(|| {
+        insta::assert_snapshot!(
+            "admin_liveness_cluster",
+            format!("{live}\n{ghost}\n{plane}\n{partitioned}")
+        )
+    });
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}

@@ -38,13 +38,20 @@ pub struct SweepLimits {
 
 /// Override of [`SweepLimits::settle`] in milliseconds (default 250).
 pub const SWEEP_SETTLE_ENV: &str = "COTAL_DELIVERY_SWEEP_SETTLE_MS";
+/// Override of [`SweepLimits::page_limit`], connections per CONNZ page (default 1024).
+pub const SWEEP_PAGE_LIMIT_ENV: &str = "COTAL_DELIVERY_SWEEP_PAGE_LIMIT";
+/// Override of [`SweepLimits::max_pages`], pages one sweep may ask for (default 64).
+pub const SWEEP_MAX_PAGES_ENV: &str = "COTAL_DELIVERY_SWEEP_MAX_PAGES";
 
 impl SweepLimits {
-    /// The defaults with the documented override applied (`0` or garbage keeps the default).
+    /// The defaults with the documented overrides applied (`0` or garbage keeps the default).
+    /// The page size and count let a small account exercise paging and truncation.
     pub fn from_env() -> SweepLimits {
         let d = SweepLimits::default();
         SweepLimits {
             settle: crate::env::env_ms(SWEEP_SETTLE_ENV, d.settle),
+            page_limit: crate::env::env_count(SWEEP_PAGE_LIMIT_ENV, d.page_limit),
+            max_pages: crate::env::env_count(SWEEP_MAX_PAGES_ENV, d.max_pages),
             ..d
         }
     }
