@@ -467,3 +467,63 @@ async fn on_a_cluster_liveness_is_unknown_never_gone() {
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
 }
+
+/// `stale` on a real broker: the daemon serves, then its lease row becomes another holder's
+/// ready row while its `live.delivery` responder is still bound. To observe that window the
+/// test first deletes the daemon's lease-watch consumer on the broker (the daemon would
+/// otherwise stop serving within milliseconds of the foreign write); the probe then reaches the
+/// still-bound responder, which reads the row leader-served and answers `stale`, with its own
+/// instance token. The row is then restored and the daemon stopped.
+///
+/// Mutation seen failing: grading a foreign ready row `bound` in `rails::liveness::grade`.
+#[tokio::test]
+async fn a_responder_whose_row_belongs_to_another_holder_answers_stale() {
+    use cotal_delivery::space::lease::LeaseInfo;
+    use cotal_delivery::wire::SpaceNames;
+
+    let mesh = s::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let mut d = a::start_daemon(&mesh).await;
+    let bound = alice.probe_delivery(Duration::from_secs(5)).await;
+    assert_eq!(bound.responder, "bound", "{bound:?}");
+
+    let stream_name = SpaceNames::kv_stream(&insp.names.delivery_bucket());
+    let stream = insp.js.get_stream(&stream_name).await.unwrap();
+    // The watch is bound once start-up completes, shortly after the up line.
+    let names_of = || async {
+        stream
+            .consumer_names()
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .map(|n| n.unwrap())
+            .collect::<Vec<String>>()
+    };
+    s::eventually("the daemon's lease watch consumer", BOUND, || async {
+        names_of().await.len() == 1
+    })
+    .await;
+    let consumers = names_of().await;
+    stream.delete_consumer(&consumers[0]).await.unwrap();
+    let own = insp.lease().await.unwrap().expect("the daemon's row");
+    let foreign = LeaseInfo {
+        holder: "local.UFOREIGNHOLDER".into(),
+        since: 1,
+        ready: true,
+        incarnation: "f".repeat(32),
+    };
+    insp.put_lease(&foreign).await.unwrap();
+    let stale = alice.probe_delivery(Duration::from_secs(5)).await;
+    assert_eq!(
+        (stale.responder.as_str(), stale.instance.as_deref()),
+        ("stale", bound.instance.as_deref()),
+        "{stale:?}\n{}",
+        d.transcript()
+    );
+    insp.put_lease(&own.info).await.unwrap();
+    d.kill().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
