@@ -279,3 +279,73 @@ async fn inventories(
     .await;
     times.into_iter().max().unwrap_or_default()
 }
+
+/// The verified-eviction wait is the seeds' 15 s total, with the start-up cadence: against a
+/// space whose daemon is not there (every request finds no responder) `evict_batch` retries at
+/// once, then at most 1 s apart, sends nothing after 15 s and gives up at 15 s with the line
+/// saying the lifecycle stays held. The default waits are used, not shrunk.
+///
+/// Mutation seen failing: `evict_batch` waiting `self.waits.startup` (60 s) instead of
+/// `self.waits.evict` (the 20 s outer bound expires).
+#[tokio::test]
+async fn an_unanswered_eviction_gives_up_after_fifteen_seconds_total() {
+    let mesh = s::mesh().await;
+    let m = a::manager(&mesh).await;
+    assert_eq!(m.waits.evict, Duration::from_secs(15), "the seeds' wait");
+    let started = Instant::now();
+    let err = tokio::time::timeout(
+        Duration::from_secs(20),
+        m.evict_batch(&[cotal_delivery::wire::Principal::parse("local.gone").unwrap()]),
+    )
+    .await
+    .expect("gives up within 20 s")
+    .unwrap_err();
+    let took = started.elapsed();
+    println!(
+        "MEASURED unanswered eviction gave up after {} ms",
+        took.as_millis()
+    );
+    assert!(
+        took >= Duration::from_secs(15) && took < Duration::from_millis(15_300),
+        "{took:?}"
+    );
+    let sent = m.sent();
+    let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(sent.len() >= 15, "{} requests", sent.len());
+    assert!(
+        gaps[0] < Duration::from_millis(200),
+        "first retry at once: {gaps:?}"
+    );
+    assert!(
+        gaps.iter().all(|g| *g <= Duration::from_millis(1200)),
+        "later retries at most 1 s apart: {gaps:?}"
+    );
+    assert!(
+        sent.iter().all(|t| *t - started < Duration::from_secs(15)),
+        "nothing sent after the wait"
+    );
+    insta::assert_snapshot!("manager_evict_wait", err.line);
+}
+
+/// A responder gap inside the 15 s wait (the daemon binding 3 s into it, as after a credential
+/// reload) does not abandon the retirement: the retried request is answered and verified.
+///
+/// Mutation seen failing: `Outcome::retryable` false for `NoResponders` (the first no-responders
+/// answer fails the eviction at once).
+#[tokio::test]
+async fn a_responder_gap_inside_the_eviction_wait_does_not_abandon_it() {
+    let mesh = s::mesh().await;
+    let m = a::manager(&mesh).await;
+    let started = Instant::now();
+    let late = async {
+        tokio::time::sleep_until(started + Duration::from_secs(3)).await;
+        a::start_daemon(&mesh).await
+    };
+    let gone = [cotal_delivery::wire::Principal::parse("local.gone").unwrap()];
+    let (answer, mut d) = tokio::join!(m.evict_batch(&gone), late);
+    let results = answer.expect("answered within the wait");
+    assert_eq!(results[0]["verifiedGone"], true);
+    assert!(m.sent().len() >= 3, "retried through the gap");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    s::stop_daemon(&mut d).await;
+}
