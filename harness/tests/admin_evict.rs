@@ -335,8 +335,8 @@ async fn two_hundred_fifty_six_principals_share_one_sweep() {
 /// refusal: 60 results of `evictPrincipals` do not fit in 4096 bytes, so the manager gets the
 /// refusal at once instead of waiting out its timeout.
 ///
-/// Mutation seen failing: skipping the size check in `rails::encode_reply` (the reply is never
-/// delivered and the request times out).
+/// Mutation seen failing (applied): skipping the size check in `rails::encode_reply` (the
+/// reply is never delivered and the request times out).
 #[tokio::test]
 async fn an_oversized_eviction_reply_is_refused_with_its_size() {
     let mesh = Mesh::builder()

@@ -217,8 +217,9 @@ async fn expect_denied(events: &mut delivery_harness::ClientEvents, op: &str, su
 /// another principal's, and hears its own reply subtree but not another's. The allowed side is
 /// proved by the broker delivering the reply to the inspector (and by the probe test above).
 ///
-/// Mutation seen failing: widening the responder's reply grant to `live.delivery.>` in
-/// `provision/profiles.rs` (the request-subject publish is no longer denied).
+/// Mutation seen failing (applied): widening the responder's reply grant to
+/// `cotal.<s>.live.delivery.>` in `provision/profiles.rs` (the request-subject publish is no
+/// longer denied: no permissions violation within 5 s).
 #[tokio::test]
 async fn the_live_delivery_grants_are_confined() {
     let mesh = s::mesh().await;

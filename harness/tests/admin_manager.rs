@@ -27,8 +27,9 @@ fn waits(startup: Duration) -> ManagerWaits {
 /// seconds of its wait: the daemon is started only 2.5 s before the (shrunk, 6 s) wait ends.
 /// The first retry goes at once and later ones at most 1 s apart.
 ///
-/// Mutation seen failing: spacing later retries a fixed 3 s apart in `Manager::with_retries`
-/// (the bind in the last seconds is missed and the start fails).
+/// Mutation seen failing (applied alone): spacing later retries a fixed 3 s apart in
+/// `Manager::with_retries` (the bind in the last seconds is missed: "did not answer ... within
+/// 6000 ms (3 requests)").
 #[tokio::test]
 async fn a_manager_is_answered_when_the_daemon_binds_in_the_last_seconds() {
     let wait = Duration::from_secs(6);
@@ -67,8 +68,8 @@ async fn a_manager_is_answered_when_the_daemon_binds_in_the_last_seconds() {
 /// fails the start and the manager's line names the rail; the broker sees no request after the
 /// wait ended, and exactly the requests the manager counted.
 ///
-/// Mutation seen failing: letting the loop send one more request after the deadline (the
-/// silent subscriber sees a request past the wait).
+/// Mutation seen failing (applied alone): one more request sent when the loop of
+/// `Manager::with_retries` ends (the silent subscriber sees it arrive at 4.007 s of a 4 s wait).
 #[tokio::test]
 async fn a_silent_daemon_fails_the_start_naming_the_rail_and_nothing_is_sent_after() {
     let wait = Duration::from_secs(4);
@@ -109,7 +110,9 @@ async fn a_silent_daemon_fails_the_start_naming_the_rail_and_nothing_is_sent_aft
 /// A daemon that refuses, or whose reply cannot be read, fails the start at once: one request,
 /// no retry.
 ///
-/// Mutation seen failing: treating a refusal as retryable in `Outcome::retryable`.
+/// Mutation seen failing (applied alone): every outcome but an answer retryable in
+/// `Outcome::retryable` (the refused start retries for the whole wait instead of failing within
+/// 1 s).
 #[tokio::test]
 async fn a_refusal_or_an_unreadable_reply_fails_the_start_at_once() {
     let mesh = s::mesh().await;
@@ -149,7 +152,8 @@ async fn a_refusal_or_an_unreadable_reply_fails_the_start_at_once() {
 /// request already in the ledger, only the second is sent (counted on the broker), its live
 /// holders are evicted, and a further call sends nothing.
 ///
-/// Mutation seen failing: ignoring the ledger in `Manager::evict_family` (two requests seen).
+/// Mutation seen failing (applied alone): ignoring the ledger in `Manager::evict_family` (the
+/// resumed restart sends 2 requests, not 1).
 #[tokio::test]
 async fn a_restart_resumes_after_the_last_recorded_batch() {
     let mesh = s::mesh().await;

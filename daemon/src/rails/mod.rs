@@ -338,6 +338,8 @@ mod tests {
         assert!(caller_of("cotal.d.ctl.delivery.bad-owner.x", "cotal.d.ctl.delivery").is_none());
     }
 
+    /// Mutation seen failing: skipping the size check in `encode_reply` (the 5000-byte reply
+    /// comes back as itself, `ok: true`).
     #[test]
     fn oversized_replies_become_a_refusal_with_the_size() {
         let big = ControlReply::ok(Value::String("x".repeat(5000)));
