@@ -114,6 +114,23 @@ async fn principal_and_plane_liveness_judge_from_one_complete_sweep() {
     s::stop_daemon(&mut d).await;
 }
 
+/// Starts the daemon and checks `agent`'s probe is answered `bound`.
+async fn serving_and_bound(
+    mesh: &Mesh,
+    agent: &cotal_delivery::agent::Agent,
+) -> (
+    delivery_harness::daemon::Daemon,
+    cotal_delivery::agent::liveness::Probe,
+) {
+    let d = a::start_daemon(mesh).await;
+    let bound = agent.probe_delivery(Duration::from_secs(5)).await;
+    assert_eq!(
+        (bound.responder.as_str(), &bound.why),
+        ("bound", &ProbeWhy::Answered)
+    );
+    (d, bound)
+}
+
 /// `live.delivery`: a serving daemon answers `bound` with an instance token; with no daemon the
 /// probe is `unbound` (the broker's no-responders); and a probe whose connection the broker
 /// closes under it (a `$SYS` KICK while a silent responder holds the probe) is `unknown`
@@ -134,12 +151,7 @@ async fn the_live_delivery_probe_is_bound_unbound_or_unknown_when_its_connection
         ("unbound", &ProbeWhy::NoResponders)
     );
 
-    let mut d = a::start_daemon(&mesh).await;
-    let bound = alice.probe_delivery(Duration::from_secs(5)).await;
-    assert_eq!(
-        (bound.responder.as_str(), &bound.why),
-        ("bound", &ProbeWhy::Answered)
-    );
+    let (mut d, bound) = serving_and_bound(&mesh, &alice).await;
     assert!(bound.instance.as_deref().is_some_and(|i| !i.is_empty()));
     s::stop_daemon(&mut d).await;
     let after = alice.probe_delivery(Duration::from_secs(5)).await;
@@ -487,9 +499,7 @@ async fn a_responder_whose_row_belongs_to_another_holder_answers_stale() {
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();
-    let mut d = a::start_daemon(&mesh).await;
-    let bound = alice.probe_delivery(Duration::from_secs(5)).await;
-    assert_eq!(bound.responder, "bound", "{bound:?}");
+    let (mut d, bound) = serving_and_bound(&mesh, &alice).await;
 
     let stream_name = SpaceNames::kv_stream(&insp.names.delivery_bucket());
     let stream = insp.js.get_stream(&stream_name).await.unwrap();

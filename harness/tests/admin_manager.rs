@@ -16,6 +16,21 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::time::Instant;
 
+/// The seeds' cadence in the send times: at least `min` requests, the first retry at once, later
+/// ones at most 1 s apart (with scheduling slack).
+fn assert_cadence(sent: &[Instant], min: usize) {
+    assert!(sent.len() >= min, "{} requests", sent.len());
+    let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps[0] < Duration::from_millis(200),
+        "first retry at once: {gaps:?}"
+    );
+    assert!(
+        gaps.iter().all(|g| *g <= Duration::from_millis(1200)),
+        "later retries at most 1 s apart: {gaps:?}"
+    );
+}
+
 fn waits(startup: Duration) -> ManagerWaits {
     ManagerWaits {
         startup,
@@ -49,17 +64,7 @@ async fn a_manager_is_answered_when_the_daemon_binds_in_the_last_seconds() {
         wait.as_millis()
     );
     assert!(took >= wait - Duration::from_millis(2500) && took < wait);
-    let sent = m.sent();
-    assert!(sent.len() >= 4, "{} requests", sent.len());
-    let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(
-        gaps[0] < Duration::from_millis(200),
-        "first retry at once: {gaps:?}"
-    );
-    assert!(
-        gaps.iter().all(|g| *g <= Duration::from_millis(1200)),
-        "later retries at most 1 s apart: {gaps:?}"
-    );
+    assert_cadence(&m.sent(), 4);
     insta::assert_snapshot!("manager_start_answered", m.lines().join("\n"));
     s::stop_daemon(&mut d).await;
 }
@@ -314,16 +319,7 @@ async fn an_unanswered_eviction_gives_up_after_fifteen_seconds_total() {
         "{took:?}"
     );
     let sent = m.sent();
-    let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(sent.len() >= 15, "{} requests", sent.len());
-    assert!(
-        gaps[0] < Duration::from_millis(200),
-        "first retry at once: {gaps:?}"
-    );
-    assert!(
-        gaps.iter().all(|g| *g <= Duration::from_millis(1200)),
-        "later retries at most 1 s apart: {gaps:?}"
-    );
+    assert_cadence(&sent, 15);
     assert!(
         sent.iter().all(|t| *t - started < Duration::from_secs(15)),
         "nothing sent after the wait"
