@@ -98,19 +98,28 @@ async fn an_acl_narrowed_while_a_post_is_in_flight_is_not_surfaced() {
     loaded(&daemon, &insp.names.members_bucket(), 1).await;
     bob.durable_join("general").await.unwrap();
 
-    // The post is pulled by the frozen daemon; the ACL is narrowed while it is in flight, and
-    // the watch cannot tell the cache.
+    // The post is captured while the daemon is frozen; the ACL is narrowed while it is in
+    // flight, and the watch cannot tell the cache.
     daemon.freeze().unwrap();
+    let pid = daemon.pid();
+    eventually("the daemon is stopped", SURFACE_BOUND, || async move {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("State:") && l.contains("T (stopped)"))
+        })
+    })
+    .await;
     let m = alice.message("general", "secret", None);
     alice.post("general", &m).await.unwrap();
+    // Captured for the writer and not routed: delivered into the frozen daemon's pull, or
+    // waiting for its next pull request (either way it is routed only after the thaw, so after
+    // the narrowing).
     eventually(
-        "the frozen daemon holds the post",
+        "the post waits for the frozen writer",
         SURFACE_BOUND,
         || async {
-            consumer(&insp, &insp.names.chat_stream(), "fanout")
-                .await
-                .num_ack_pending
-                == 1
+            let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+            f.num_ack_pending as u64 + f.num_pending == 1
         },
     )
     .await;
@@ -128,7 +137,8 @@ async fn an_acl_narrowed_while_a_post_is_in_flight_is_not_surfaced() {
     assert_eq!(
         dlv_count(&insp, &p, &u).await,
         0,
-        "surfaced past a narrowing"
+        "surfaced past a narrowing: {:#?}",
+        daemon.lines()
     );
     let mut delivery = bob.bind_delivery().await.unwrap();
     assert!(surface_for(&mut delivery, QUIET).await.is_empty());

@@ -7,10 +7,12 @@
 //! daemon recorded. Each cursor is bounded by sequences the client saw: a marker post acked just
 //! before the request sits at or below it, one posted just after the reply above it. The races
 //! are forced and proved: posts are captured while each join runs (between the marker before
-//! and the marker after), and bob rejoins without waiting for the fan-out writer, which is seen
-//! on the broker still behind the previous leave cursor when a rejoin is answered (the closed
-//! interval the row keeps must carry those posts). The burst is paced to stay inside CHAT's
-//! per-subject retention.
+//! and the marker after), and bob rejoins without waiting for the fan-out writer, which is held
+//! behind on the broker (its `fanout` durable paused with `$JS.API.CONSUMER.PAUSE` from before
+//! each leave's marker until the rejoin is answered) and seen still behind the previous leave
+//! cursor when a rejoin is answered (the closed interval the row keeps must carry those posts).
+//! The burst is paced to stay inside CHAT's per-subject retention, and capped so bob's copies
+//! stay inside INBOX's (1000 per subject): a copy retention discards is outside the guarantee.
 //!
 //! Not forced: the fan-out writer routing a post between the join's cursor read and its row
 //! write (the activation catch-up's case); with the catch-up disabled this test still passes,
@@ -30,9 +32,31 @@ use data_path_support::*;
 /// Join/leave cycles racing the burst, and the most posts the burst may send (it stops once
 /// the cycles are done).
 const CYCLES: usize = 20;
-const MAX_POSTS: usize = 20_000;
+const MAX_POSTS: usize = 800;
 /// How far the burst may run ahead of the fan-out writer.
 const MAX_LAG: u64 = 300;
+
+/// Pauses (`until` = an RFC 3339 time) or resumes (`None`) the daemon's `fanout` durable.
+async fn pause_fanout(insp: &delivery_harness::mesh::Inspector, until: Option<&str>) {
+    let body = match until {
+        Some(t) => format!(r#"{{"pause_until":"{t}"}}"#),
+        None => "{}".to_string(),
+    };
+    let reply = insp
+        .client
+        .request(
+            format!("$JS.API.CONSUMER.PAUSE.{}.fanout", insp.names.chat_stream()),
+            body.into(),
+        )
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(
+        answer["paused"],
+        until.is_some(),
+        "pause/resume answered {answer}"
+    );
+}
 
 /// Mutations seen failing this test: `MembershipRecord::closed_for_rejoin` dropping the closed
 /// interval ("interval 1 (15, 53]: missing [24, …, 53]").
@@ -91,6 +115,7 @@ async fn every_post_above_the_join_cursor_reaches_a_member_who_joined_during_a_b
                 if f.ack_floor.stream_sequence < leave {
                     lagging_rejoins += 1;
                 }
+                pause_fanout(&insp, None).await;
             }
             let row = member_row(&insp, "general", &bob_m.principal, &bob_m.lifecycle_uid)
                 .await
@@ -101,6 +126,11 @@ async fn every_post_above_the_join_cursor_reaches_a_member_who_joined_during_a_b
                 "join cursor {join_cursor} outside the sequences the client saw ({before_join}, {after_join})"
             );
             captured_during_joins += after_join - before_join - 1;
+            // Hold the writer behind this leave (from before its marker) until the next join
+            // is answered.
+            if cycle + 1 < CYCLES {
+                pause_fanout(&insp, Some("2099-01-01T00:00:00Z")).await;
+            }
             let before_leave = marker(format!("before-leave-{cycle}")).await;
             bob.durable_leave("general", generation).await.unwrap();
             let after_leave = marker(format!("after-leave-{cycle}")).await;

@@ -196,6 +196,7 @@ impl RowCache {
                 st.sent
             };
             let (ok, incarnation) = self.fence_once(&ctx).await;
+            tracing::debug!(bucket = %self.inner.bucket, n, ok, applied = self.lock().applied, "fence done");
             {
                 let mut st = self.lock();
                 st.done = n;

@@ -1,33 +1,48 @@
 //! The fan-out writer: the durable `fanout` on `CHAT_<s>`.
 //!
 //! It turns each post into per-member copies in `INBOX_<s>`. Routing only: authorization stays
-//! with the broker and with the trusted reader's re-check. Per post, fresh from the leader:
-//! the sender check (a `from.id` that is not the subject's sender is terminated), the channel's
-//! class (`channel ?? defaults ?? durable`), then either every member whose join/leave interval
-//! admits the post's CHAT sequence (durable) or every uniquely resolved, ACL-covered @mention
-//! (live). The post is acked only after every copy is stored; any failure naks it whole, and
-//! the copies' duplicate-suppression ids make the retry idempotent (an id-less post carries
-//! none, so its retry may surface twice, as the seed allows).
+//! with the broker and with the trusted reader's re-check. Per batch of a lane, one coalesced
+//! fence per bucket proves the channel and member caches current (or per-key leader reads when
+//! not proved, `plane/cache.rs`); then per post: the sender check (a `from.id` that is not the
+//! subject's sender is terminated), the channel's class (`channel ?? defaults ?? durable`), then
+//! either every member whose join/leave interval admits the post's CHAT sequence (durable) or
+//! every uniquely resolved, ACL-covered @mention (live). Copies of a post are published in lane
+//! order without waiting (at most [`MAX_COPIES_IN_FLIGHT`] unacknowledged), and the post is
+//! acked only after every copy is stored; any failure naks it whole, and the copies'
+//! duplicate-suppression ids make the retry idempotent (an id-less post carries none, so its
+//! retry may surface twice, as the seed allows). A post's body is serialised once for all its
+//! copies.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::Message;
 use async_nats::HeaderMap;
+use bytes::Bytes;
 use serde_json::Value;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::metrics::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
+use crate::plane::cache::View;
 use crate::plane::channels::{Channels, DeliveryClass};
-use crate::plane::entry::{dedup_id, mentions, parse_chat_subject, sender_id, Plane3Entry, Reason};
+use crate::plane::entry::{dedup_id, mentions, parse_chat_subject, sender_id, Reason};
 use crate::plane::membership::Members;
-use crate::plane::pump::{self, Settle};
+use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{PlaneCtx, PlaneError, StopRx};
 use crate::wire::{LifecycleUid, Principal, FANOUT_DURABLE};
 
-/// Posts handled concurrently (one lane per subject hash).
+/// Lanes of the writer (by CHAT subject: one sender's posts on one channel stay in order).
 pub const FANOUT_LANES: usize = 32;
+/// Copies published and not yet acknowledged by JetStream, over all lanes. With the reader's
+/// [`crate::plane::reader::MAX_HANDOFFS_IN_FLIGHT`] it stays below async-nats's 5000 pending
+/// publish acks per context.
+pub const MAX_COPIES_IN_FLIGHT: usize = 2048;
+/// `max_ack_pending` of `fanout`: posts pulled and not yet acked (the bound of the lane queues).
+pub const FANOUT_MAX_ACK_PENDING: i64 = 1000;
 
 /// One copy to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +60,15 @@ struct Writer {
     channels: Channels,
     members: Members,
     acls: Acls,
+    copies: Arc<Semaphore>,
+}
+
+/// A post routed: what to copy where.
+struct Routed {
+    body: Value,
+    channel: String,
+    seq: u64,
+    targets: Vec<Target>,
 }
 
 /// Creates (or binds) the `fanout` durable and starts its loop.
@@ -59,6 +83,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         ack_policy: AckPolicy::Explicit,
         ack_wait: ctx.config.ack_wait,
         deliver_policy: DeliverPolicy::New,
+        max_ack_pending: FANOUT_MAX_ACK_PENDING,
         ..Default::default()
     };
     let consumer =
@@ -68,6 +93,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         channels: Channels::open(ctx).await.map_err(|e| err(e.to_string()))?,
         members: Members::open(ctx).await.map_err(|e| err(e.to_string()))?,
         acls: Acls::open(ctx).await.map_err(|e| err(e.to_string()))?,
+        copies: Arc::new(Semaphore::new(MAX_COPIES_IN_FLIGHT)),
     };
     let ctx = ctx.clone();
     Ok(tokio::spawn(pump::run(
@@ -77,73 +103,139 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         stop,
         FANOUT_LANES,
         "fan-out writer",
-        move |msg, epoch| {
+        move |batch| {
             let writer = writer.clone();
-            async move {
-                let verdict = writer.handle(&msg).await;
-                pump::settle(&writer.ctx, &msg, epoch, verdict).await;
-            }
+            async move { writer.handle_batch(batch).await }
         },
     )))
 }
 
 impl Writer {
-    async fn handle(&self, msg: &Message) -> Settle {
+    /// Routes a lane batch from caches proved once for it, publishes each post's copies in
+    /// order, and settles each post when its copies are stored (in a task of its own, so the
+    /// lane goes on with the next batch).
+    async fn handle_batch(&self, batch: Vec<Pulled>) {
+        // Both buckets proved current after every post of the batch was received.
+        let caches = &self.ctx.caches;
+        let (channels, members) = tokio::join!(
+            caches.channels.prove(&self.ctx),
+            caches.members.prove(&self.ctx)
+        );
+        let mut live: Option<(View<'_>, View<'_>)> = None;
+        for pulled in batch {
+            let routed = match self
+                .route(&pulled.msg, &channels, &members, &mut live)
+                .await
+            {
+                Ok(r) => r,
+                Err(verdict) => {
+                    pulled.settle(&self.ctx, verdict).await;
+                    continue;
+                }
+            };
+            tracing::debug!(
+                seq = routed.seq,
+                targets = routed.targets.len(),
+                proved = matches!(members, View::Proved(_)),
+                "fan-out: routed"
+            );
+            if routed.targets.is_empty() {
+                pulled.settle(&self.ctx, Settle::Ack).await;
+                continue;
+            }
+            let want = routed.targets.len().min(MAX_COPIES_IN_FLIGHT) as u32;
+            let Ok(permits) = self.copies.clone().acquire_many_owned(want).await else {
+                return;
+            };
+            let sent = publish_copies(
+                &self.ctx,
+                &routed.body,
+                &routed.channel,
+                routed.seq,
+                &routed.targets,
+            )
+            .await;
+            let ctx = self.ctx.clone();
+            tokio::spawn(async move {
+                let stored = match sent {
+                    Ok(acks) => stored_within(acks, COPY_BOUND).await,
+                    Err(e) => Err(e),
+                };
+                let verdict = match stored {
+                    Ok(stored) => {
+                        ctx.metrics.posts_copied(stored.len() as u64);
+                        Settle::Ack
+                    }
+                    Err(e) => {
+                        tracing::warn!(subject = %pulled.msg.subject, error = %e, "fan-out: a copy was not stored; nak");
+                        Settle::Nak
+                    }
+                };
+                pulled.settle(&ctx, verdict).await;
+                drop(permits);
+            });
+        }
+    }
+
+    async fn route<'a>(
+        &'a self,
+        msg: &Message,
+        channels: &View<'_>,
+        members: &View<'_>,
+        live: &mut Option<(View<'a>, View<'a>)>,
+    ) -> Result<Routed, Settle> {
         let seq = pump::stream_sequence(msg);
         let prefix = self.ctx.names.space().prefix();
         let Some((sender, channel)) = parse_chat_subject(&msg.subject, &prefix) else {
             tracing::warn!(subject = %msg.subject, "fan-out: malformed-subject; terminated");
             self.ctx.metrics.gave_up(GiveUp::Malformed);
-            return Settle::Term;
+            return Err(Settle::Term);
         };
         let body: Value = match serde_json::from_slice(&msg.payload) {
             Ok(v @ Value::Object(_)) => v,
             _ => {
                 tracing::warn!(subject = %msg.subject, "fan-out: malformed-json; terminated");
                 self.ctx.metrics.gave_up(GiveUp::Malformed);
-                return Settle::Term;
+                return Err(Settle::Term);
             }
         };
         if sender_id(&body) != Some(sender.dot_form().as_str()) {
             tracing::warn!(subject = %msg.subject, "fan-out: sender-mismatch; terminated");
             self.ctx.metrics.gave_up(GiveUp::Malformed);
-            return Settle::Term;
+            return Err(Settle::Term);
         }
-        let targets = match self.targets(&sender, &channel, seq, &body).await {
+        let targets = match self
+            .targets(&sender, &channel, seq, &body, channels, members, live)
+            .await
+        {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(subject = %msg.subject, error = %e, "fan-out: routing read failed; nak");
-                return Settle::Nak;
+                return Err(Settle::Nak);
             }
         };
-        match store_copies(&self.ctx, &body, &channel, seq, &targets).await {
-            Ok(stored) => {
-                self.ctx.metrics.posts_copied(stored.len() as u64);
-                Settle::Ack
-            }
-            Err(e) => {
-                tracing::warn!(subject = %msg.subject, error = %e, "fan-out: a copy was not stored; nak");
-                Settle::Nak
-            }
-        }
+        Ok(Routed {
+            body,
+            channel,
+            seq,
+            targets,
+        })
     }
 
-    async fn targets(
-        &self,
+    #[allow(clippy::too_many_arguments)]
+    async fn targets<'a>(
+        &'a self,
         sender: &Principal,
         channel: &str,
         seq: u64,
         body: &Value,
+        channels: &View<'_>,
+        members: &View<'_>,
+        live: &mut Option<(View<'a>, View<'a>)>,
     ) -> Result<Vec<Target>, crate::kv::RowError> {
-        // Both buckets proved current after this post was received (coalesced fences).
-        let caches = &self.ctx.caches;
-        let (channels, members) = tokio::join!(
-            caches.channels.prove(&self.ctx),
-            caches.members.prove(&self.ctx)
-        );
-        match self.channels.class_of_in(&channels, channel).await? {
+        match self.channels.class_of_in(channels, channel).await? {
             DeliveryClass::Durable => {
-                let rows = self.members.of_channel_in(&members, channel).await?;
+                let rows = self.members.of_channel_in(members, channel).await?;
                 // Each post is judged by the interval it was posted in, kept closed or current.
                 Ok(rows
                     .into_iter()
@@ -164,13 +256,20 @@ impl Writer {
                 if names.is_empty() {
                     return Ok(Vec::new());
                 }
-                let (presence, acls) = tokio::join!(
-                    caches.presence.prove(&self.ctx),
-                    caches.acl.prove(&self.ctx)
-                );
+                if live.is_none() {
+                    // Proved once per batch, the first time a live post needs them.
+                    let caches = &self.ctx.caches;
+                    *live = Some(tokio::join!(
+                        caches.presence.prove(&self.ctx),
+                        caches.acl.prove(&self.ctx)
+                    ));
+                }
+                let Some((presence, acls)) = live.as_ref() else {
+                    return Ok(Vec::new());
+                };
                 let roster = crate::plane::presence::live_roster_in(
                     &self.ctx,
-                    &presence,
+                    presence,
                     crate::journal::epoch_ms(),
                 )
                 .await?;
@@ -185,12 +284,12 @@ impl Writer {
                         continue;
                     }
                     // The target lifecycle is its single live ACL row, not presence.
-                    let Ok((uid, _)) = self.acls.single_live_in(&acls, &peer).await else {
+                    let Ok((uid, _)) = self.acls.single_live_in(acls, &peer).await else {
                         continue;
                     };
-                    // Fresh read of that row: the *current* allowSubscribe must cover it.
+                    // The *current* allowSubscribe of that row must cover the channel.
                     if let AclRow::Present { record, .. } =
-                        self.acls.read_in(&acls, &peer, &uid).await?
+                        self.acls.read_in(acls, &peer, &uid).await?
                     {
                         if record.covers(channel) {
                             out.push(Target {
@@ -220,29 +319,49 @@ pub async fn store_copies(
     seq: u64,
     targets: &[Target],
 ) -> Result<Vec<u64>, String> {
-    let work = async {
-        let mut acks = Vec::with_capacity(targets.len());
-        for t in targets {
-            let entry = Plane3Entry {
-                msg: msg.clone(),
-                channel: channel.to_string(),
-                seq,
-                reason: t.reason,
-                generation: t.generation,
-            };
-            let body = serde_json::to_vec(&entry).map_err(|e| e.to_string())?;
-            let mut headers = HeaderMap::new();
-            if let Some(id) = dedup_id(msg, &t.member, &t.uid, t.generation) {
-                headers.insert("Nats-Msg-Id", id.as_str());
-            }
-            let subject = ctx.names.dinbox_subject(&t.member, &t.uid);
-            let ack = ctx
-                .js
-                .publish_with_headers(subject.clone(), headers, body.into())
-                .await
-                .map_err(|e| format!("publish {subject}: {}", crate::kv::broker_words(&e)))?;
-            acks.push((subject, ack));
+    let acks = tokio::time::timeout(COPY_BOUND, publish_copies(ctx, msg, channel, seq, targets))
+        .await
+        .map_err(|_| format!("copies not sent within {} ms", COPY_BOUND.as_millis()))??;
+    stored_within(acks, COPY_BOUND).await
+}
+
+/// Publishes every copy of one post, in order, without waiting for the acks; the message body
+/// is serialised once ([`EntryBytes`]).
+async fn publish_copies(
+    ctx: &PlaneCtx,
+    msg: &Value,
+    channel: &str,
+    seq: u64,
+    targets: &[Target],
+) -> Result<Vec<(String, PublishAckFuture)>, String> {
+    let bytes = EntryBytes::new(msg, channel, seq).map_err(|e| e.to_string())?;
+    let mut acks = Vec::with_capacity(targets.len());
+    for t in targets {
+        let mut headers = HeaderMap::new();
+        if let Some(id) = dedup_id(msg, &t.member, &t.uid, t.generation) {
+            headers.insert("Nats-Msg-Id", id.as_str());
         }
+        let subject = ctx.names.dinbox_subject(&t.member, &t.uid);
+        let ack = ctx
+            .js
+            .publish_with_headers(
+                subject.clone(),
+                headers,
+                bytes.entry(t.reason, t.generation),
+            )
+            .await
+            .map_err(|e| format!("publish {subject}: {}", crate::kv::broker_words(&e)))?;
+        acks.push((subject, ack));
+    }
+    Ok(acks)
+}
+
+/// Waits (bounded) until every publish is stored; the INBOX sequences, or the first failure.
+async fn stored_within(
+    acks: Vec<(String, PublishAckFuture)>,
+    bound: Duration,
+) -> Result<Vec<u64>, String> {
+    let work = async {
         let mut stored = Vec::with_capacity(acks.len());
         for (subject, ack) in acks {
             let ack = ack
@@ -252,11 +371,67 @@ pub async fn store_copies(
         }
         Ok(stored)
     };
-    match tokio::time::timeout(COPY_BOUND, work).await {
+    match tokio::time::timeout(bound, work).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "copies not stored within {} ms",
-            COPY_BOUND.as_millis()
-        )),
+        Err(_) => Err(format!("copies not stored within {} ms", bound.as_millis())),
+    }
+}
+
+/// A `Plane3Entry` serialised once per post: everything but `reason` and `generation` is the
+/// same for every copy, so only those are appended per member.
+struct EntryBytes {
+    head: String,
+}
+
+impl EntryBytes {
+    fn new(msg: &Value, channel: &str, seq: u64) -> Result<EntryBytes, serde_json::Error> {
+        Ok(EntryBytes {
+            head: format!(
+                "{{\"msg\":{},\"channel\":{},\"seq\":{seq},\"reason\":",
+                serde_json::to_string(msg)?,
+                serde_json::to_string(channel)?
+            ),
+        })
+    }
+
+    fn entry(&self, reason: Reason, generation: u64) -> Bytes {
+        let reason = match reason {
+            Reason::DurableChannel => "\"durable-channel\"",
+            Reason::LiveMention => "\"live-mention\"",
+        };
+        Bytes::from(format!(
+            "{}{reason},\"generation\":{generation}}}",
+            self.head
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plane::entry::Plane3Entry;
+
+    /// Mutation: spelling a reason differently from its serde name (e.g. `durable_channel`)
+    /// fails the round trip.
+    #[test]
+    fn an_entry_serialised_once_is_the_entry_serde_writes() {
+        let msg = serde_json::json!({"id":"m1","text":"a \"quoted\" line","from":{"id":"local.a"}});
+        let bytes = EntryBytes::new(&msg, "eng.alerts", 42).unwrap();
+        for (reason, generation) in [(Reason::DurableChannel, 3), (Reason::LiveMention, 0)] {
+            let ours: Plane3Entry =
+                serde_json::from_slice(&bytes.entry(reason, generation)).unwrap();
+            let theirs = Plane3Entry {
+                msg: msg.clone(),
+                channel: "eng.alerts".into(),
+                seq: 42,
+                reason,
+                generation,
+            };
+            assert_eq!(ours, theirs);
+            let theirs_bytes: Value = serde_json::to_value(&theirs).unwrap();
+            let ours_value: Value =
+                serde_json::from_slice(&bytes.entry(reason, generation)).unwrap();
+            assert_eq!(ours_value, theirs_bytes);
+        }
     }
 }

@@ -1,10 +1,15 @@
 //! The pull loop shared by the fan-out writer and the trusted reader.
 //!
 //! One task per durable pulls messages and hands each to one of a fixed number of sequential
-//! lanes, chosen by subject. A handler is admitted at a serving epoch and settles
-//! its message (ack, nak, term) only while the gate still shows that epoch: a daemon that
-//! quiesced or lost its lease mid-handling acks nothing, and the entry redelivers to whoever
-//! serves next. A pull stream that ends or faults is reopened after a short pause until `stop`.
+//! lanes, chosen by subject. A lane takes what is queued as one batch (at most
+//! [`LANE_BATCH_MAX`]) and hands it to the handler, which decides the whole batch after one
+//! coalesced fence per bucket and settles each message when its downstream acks arrive. Lane
+//! queues never block the pull loop (one full lane must not stall the others): they are bounded
+//! by the durable's `max_ack_pending`, since the broker delivers no more unacknowledged
+//! messages than that. A message is admitted at a serving epoch and settled (ack, nak, term)
+//! only while the gate still shows that epoch: a daemon that quiesced or lost its lease
+//! mid-handling acks nothing, and the entry redelivers to whoever serves next. A pull stream
+//! that ends or faults is reopened after a short pause until `stop`.
 //!
 //! Crash recovery rides on a short `ack_wait` (5 s by default): a message this daemon pulled and
 //! still owns (queued in a lane or being handled) is kept alive with an in-progress ack every
@@ -65,11 +70,26 @@ pub fn stream_sequence(msg: &Message) -> u64 {
     msg.info().map(|i| i.stream_sequence).unwrap_or(0)
 }
 
-/// Capacity of each lane's queue (back-pressure on the pull loop).
-const LANE_QUEUE: usize = 16;
+/// Most messages a lane hands to its handler at once (one fence per bucket serves them all).
+pub const LANE_BATCH_MAX: usize = 128;
 
 /// Stops a message's keep-alive when dropped (settled, or its lane or the loop went away).
 struct Owned(tokio::task::AbortHandle);
+
+/// A pulled message, owned by this daemon until settled (kept alive meanwhile).
+pub struct Pulled {
+    pub msg: Message,
+    /// The serving epoch it was admitted at.
+    pub epoch: u64,
+    _alive: Owned,
+}
+
+impl Pulled {
+    /// Settles the message (if the gate still shows its epoch) and ends its keep-alive.
+    pub async fn settle(self, ctx: &PlaneCtx, verdict: Settle) {
+        settle(ctx, &self.msg, self.epoch, verdict).await;
+    }
+}
 
 impl Drop for Owned {
     fn drop(&mut self) {
@@ -93,9 +113,9 @@ async fn keep_alive(ctx: PlaneCtx, msg: Message, epoch: u64) {
     }
 }
 
-/// Runs the pull loop of `consumer` until `stop`, calling `handler(msg, epoch)` per message.
+/// Runs the pull loop of `consumer` until `stop`, calling `handler(batch)` per lane batch.
 /// Messages are spread over `lanes` sequential lanes by their subject, so messages on one
-/// subject (one channel's posts, one member's entries) are handled in stream order while
+/// subject (one channel's posts, one member's entries) are handed over in stream order while
 /// different subjects proceed in parallel.
 pub async fn run<H, F>(
     ctx: PlaneCtx,
@@ -106,19 +126,26 @@ pub async fn run<H, F>(
     what: &'static str,
     handler: H,
 ) where
-    H: Fn(Message, u64) -> F + Send + Sync + 'static,
+    H: Fn(Vec<Pulled>) -> F + Send + Sync + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
     let handler = std::sync::Arc::new(handler);
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut senders = Vec::with_capacity(lanes.max(1));
     for _ in 0..lanes.max(1) {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<(Message, u64, Owned)>(LANE_QUEUE);
+        // Unbounded here, bounded by the durable's max_ack_pending (see the module doc).
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Pulled>();
         let handler = handler.clone();
         tasks.spawn(async move {
-            while let Some((msg, epoch, alive)) = rx.recv().await {
-                handler(msg, epoch).await;
-                drop(alive);
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < LANE_BATCH_MAX {
+                    match rx.try_recv() {
+                        Ok(p) => batch.push(p),
+                        Err(_) => break,
+                    }
+                }
+                handler(batch).await;
             }
         });
         senders.push(tx);
@@ -160,13 +187,13 @@ pub async fn run<H, F>(
                     let alive = Owned(
                         tokio::spawn(keep_alive(ctx.clone(), msg.clone(), epoch)).abort_handle(),
                     );
-                    tokio::select! {
-                        _ = stopped(&mut stop) => break 'outer,
-                        sent = senders[lane].send((msg, epoch, alive)) => {
-                            if sent.is_err() {
-                                break 'outer;
-                            }
-                        }
+                    let pulled = Pulled {
+                        msg,
+                        epoch,
+                        _alive: alive,
+                    };
+                    if senders[lane].send(pulled).is_err() {
+                        break 'outer;
                     }
                 }
                 Some(Err(e)) => {

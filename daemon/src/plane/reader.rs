@@ -1,8 +1,13 @@
 //! The trusted reader: the durable `reader` on `INBOX_<s>`.
 //!
 //! Agents hold no content-bearing read on the mixed per-member store; the reader re-authorizes
-//! each entry and hands the authorized frame to the member's own `dlv_` durable. Per entry,
-//! fresh from the leader:
+//! each entry and hands the authorized frame to the member's own `dlv_` durable. Per lane batch,
+//! one coalesced fence per bucket proves the ACL and member caches current (per-key leader reads
+//! when not proved, `plane/cache.rs`); this re-check is the reader's own and never skipped
+//! because the writer checked. Handoffs are published in lane order without waiting (at most
+//! [`MAX_HANDOFFS_IN_FLIGHT`] unacknowledged), each entry is acked after its handoff's ack, and
+//! the batch's boundary ticket (`plane/boundary.rs`) is held until its last handoff settled.
+//! Per entry:
 //!
 //! - owner with no (or a garbled) ACL row: nak, and after ten deliveries term with the
 //!   reference warning. Term does not delete: the entry stays in the stream, because a missing
@@ -18,25 +23,31 @@
 //!   `dlv.<o>.<a>.<uid>` and ack the entry only once that publish is acknowledged, so a crash
 //!   between handoff and surfacing loses nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::Message;
 use async_nats::HeaderMap;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::metrics::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
+use crate::plane::cache::View;
 use crate::plane::entry::{
     dedup_id, parse_dinbox_subject, Plane3DeliveryFrame, Plane3Entry, Reason,
 };
 use crate::plane::membership::{MemberRead, Members};
-use crate::plane::pump::{self, Settle};
+use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{PlaneCtx, PlaneError, StopRx};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
-/// Entries handled concurrently (one lane per member subject hash).
+/// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order).
 pub const READER_LANES: usize = 64;
+/// Handoffs published and not yet acknowledged by JetStream, over all lanes.
+pub const MAX_HANDOFFS_IN_FLIGHT: usize = 1024;
 /// Bound on one handoff publish (or one delete) being acknowledged.
 const HANDOFF_BOUND: Duration = Duration::from_secs(5);
 
@@ -50,6 +61,7 @@ struct Reader {
     ctx: PlaneCtx,
     acls: Acls,
     members: Members,
+    handoffs: Arc<Semaphore>,
 }
 
 /// Creates (or binds) the `reader` durable (exactly one filter subject, DESIGN §6.5).
@@ -73,6 +85,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         ctx: ctx.clone(),
         acls: Acls::open(ctx).await.map_err(|e| err(e.to_string()))?,
         members: Members::open(ctx).await.map_err(|e| err(e.to_string()))?,
+        handoffs: Arc::new(Semaphore::new(MAX_HANDOFFS_IN_FLIGHT)),
     };
     Ok(tokio::spawn(pump::run(
         ctx.clone(),
@@ -81,12 +94,9 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         stop,
         READER_LANES,
         "trusted reader",
-        move |msg, epoch| {
+        move |batch| {
             let reader = reader.clone();
-            async move {
-                let verdict = reader.handle(&msg, epoch).await;
-                pump::settle(&reader.ctx, &msg, epoch, verdict).await;
-            }
+            async move { reader.handle_batch(batch).await }
         },
     )))
 }
@@ -96,31 +106,87 @@ impl Reader {
         pump::deliveries(msg) >= self.ctx.config.reader_max_redeliveries
     }
 
-    async fn handle(&self, msg: &Message, epoch: u64) -> Settle {
+    /// Re-checks a lane batch against caches proved once for it and hands off the authorized
+    /// frames in order; each entry is settled when its handoff is acknowledged (in a task of its
+    /// own, so the lane goes on with the next batch).
+    async fn handle_batch(&self, batch: Vec<Pulled>) {
+        // Taken before the fences and held until the batch's last handoff settled: a leave
+        // answered after its write waits for it (strict leave boundary).
+        let ticket = Arc::new(self.ctx.handoffs.ticket());
+        let caches = &self.ctx.caches;
+        let (acls, members) =
+            tokio::join!(caches.acl.prove(&self.ctx), caches.members.prove(&self.ctx));
+        for pulled in batch {
+            let (member, uid, entry) =
+                match self.check(&pulled.msg, pulled.epoch, &acls, &members).await {
+                    Ok(surface) => surface,
+                    Err(verdict) => {
+                        pulled.settle(&self.ctx, verdict).await;
+                        continue;
+                    }
+                };
+            let Ok(permit) = self.handoffs.clone().acquire_owned().await else {
+                return;
+            };
+            let sent = self.send_handoff(&member, &uid, &entry).await;
+            let reader = self.clone();
+            let ticket = ticket.clone();
+            tokio::spawn(async move {
+                let acked = match sent {
+                    Ok(ack) => match tokio::time::timeout(HANDOFF_BOUND, ack).await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => Err(crate::kv::broker_words(&e)),
+                        Err(_) => Err(format!("no ack within {} ms", HANDOFF_BOUND.as_millis())),
+                    },
+                    Err(e) => Err(e),
+                };
+                let verdict = match acked {
+                    Ok(()) => {
+                        reader.ctx.metrics.handed_off();
+                        Settle::Ack
+                    }
+                    Err(e) => {
+                        tracing::warn!(subject = %pulled.msg.subject, error = %e, "reader: handoff failed");
+                        if reader.given_up(&pulled.msg) {
+                            reader.ctx.metrics.gave_up(GiveUp::Handoff);
+                            Settle::Term
+                        } else {
+                            Settle::Nak
+                        }
+                    }
+                };
+                pulled.settle(&reader.ctx, verdict).await;
+                drop((permit, ticket));
+            });
+        }
+    }
+
+    /// The re-check of one entry: `Ok` to surface it, or how to settle it.
+    async fn check(
+        &self,
+        msg: &Message,
+        epoch: u64,
+        acls: &View<'_>,
+        members: &View<'_>,
+    ) -> Result<(Principal, LifecycleUid, Plane3Entry), Settle> {
         let prefix = self.ctx.names.space().prefix();
         let Some((member, uid)) = parse_dinbox_subject(&msg.subject, &prefix) else {
             tracing::warn!(subject = %msg.subject, "reader: unparseable subject; terminated");
             self.ctx.metrics.gave_up(GiveUp::Malformed);
-            return Settle::Term;
+            return Err(Settle::Term);
         };
         let entry: Plane3Entry = match serde_json::from_slice(&msg.payload) {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(subject = %msg.subject, error = %e, "reader: malformed entry; terminated");
                 self.ctx.metrics.gave_up(GiveUp::Malformed);
-                return Settle::Term;
+                return Err(Settle::Term);
             }
         };
-        // Held until the handoff is acknowledged: a leave answered after this waits for it.
-        let _ticket = self.ctx.handoffs.ticket();
-        // Both rows proved current after this entry was received (coalesced fences).
-        let caches = &self.ctx.caches;
-        let (acls, members) =
-            tokio::join!(caches.acl.prove(&self.ctx), caches.members.prove(&self.ctx));
-        let record = match self.acls.read_in(&acls, &member, &uid).await {
+        let record = match self.acls.read_in(acls, &member, &uid).await {
             Err(e) => {
                 tracing::warn!(error = %e, "reader: ACL read failed; nak");
-                return Settle::Nak;
+                return Err(Settle::Nak);
             }
             Ok(AclRow::Absent) | Ok(AclRow::Garbled(_)) => {
                 if self.given_up(msg) {
@@ -133,56 +199,43 @@ impl Reader {
                         );
                     }
                     self.ctx.metrics.gave_up(GiveUp::UnknownOwner);
-                    return Settle::Term;
+                    return Err(Settle::Term);
                 }
-                return Settle::Nak;
+                return Err(Settle::Nak);
             }
             Ok(AclRow::Present { record, .. }) => record,
         };
         if record.is_retired() {
-            return self.drop_retired(msg, epoch, &member, &uid, &entry).await;
+            return Err(self.drop_retired(msg, epoch, &member, &uid, &entry).await);
         }
         if !record.covers(&entry.channel) {
-            return Settle::Ack;
+            return Err(Settle::Ack);
         }
         if entry.reason == Reason::DurableChannel {
             match self
                 .members
-                .read_in(&members, &entry.channel, &member, &uid)
+                .read_in(members, &entry.channel, &member, &uid)
                 .await
             {
                 Err(e) => {
                     tracing::warn!(error = %e, "reader: member row read failed; nak");
-                    return Settle::Nak;
+                    return Err(Settle::Nak);
                 }
                 Ok(MemberRead::Present(row, _))
                     if row.admits_entry(entry.seq, entry.generation) => {}
-                Ok(_) => return Settle::Ack,
+                Ok(_) => return Err(Settle::Ack),
             }
         }
-        match self.hand_off(&member, &uid, &entry).await {
-            Ok(()) => {
-                self.ctx.metrics.handed_off();
-                Settle::Ack
-            }
-            Err(e) => {
-                tracing::warn!(subject = %msg.subject, error = %e, "reader: handoff failed");
-                if self.given_up(msg) {
-                    self.ctx.metrics.gave_up(GiveUp::Handoff);
-                    Settle::Term
-                } else {
-                    Settle::Nak
-                }
-            }
-        }
+        Ok((member, uid, entry))
     }
 
-    async fn hand_off(
+    /// Publishes the frame without waiting for its ack.
+    async fn send_handoff(
         &self,
         member: &Principal,
         uid: &LifecycleUid,
         entry: &Plane3Entry,
-    ) -> Result<(), String> {
+    ) -> Result<PublishAckFuture, String> {
         let frame = Plane3DeliveryFrame::for_entry(entry);
         let body = serde_json::to_vec(&frame).map_err(|e| e.to_string())?;
         let mut headers = HeaderMap::new();
@@ -191,20 +244,18 @@ impl Reader {
             headers.insert("Nats-Msg-Id", id.as_str());
         }
         let subject = self.ctx.names.dlv_subject(member, uid);
-        let work = async {
-            let ack = self
-                .ctx
-                .js
-                .publish_with_headers(subject.clone(), headers, body.into())
-                .await
-                .map_err(|e| crate::kv::broker_words(&e))?;
-            ack.await.map_err(|e| crate::kv::broker_words(&e))
-        };
-        match tokio::time::timeout(HANDOFF_BOUND, work).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("publish {subject}: {e}")),
+        let send = self
+            .ctx
+            .js
+            .publish_with_headers(subject.clone(), headers, body.into());
+        match tokio::time::timeout(HANDOFF_BOUND, send).await {
+            Ok(Ok(ack)) => Ok(ack),
+            Ok(Err(e)) => Err(format!(
+                "publish {subject}: {}",
+                crate::kv::broker_words(&e)
+            )),
             Err(_) => Err(format!(
-                "publish {subject}: no ack within {} ms",
+                "publish {subject}: not sent within {} ms",
                 HANDOFF_BOUND.as_millis()
             )),
         }
