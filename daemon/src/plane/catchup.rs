@@ -66,6 +66,14 @@ pub async fn activate(
     }
 }
 
+/// The first sequence after a join cursor read from a stored row; a cursor at `u64::MAX` is
+/// refused instead of overflowing.
+fn first_after(join_cursor: u64) -> Result<u64, String> {
+    join_cursor
+        .checked_add(1)
+        .ok_or_else(|| format!("the stored join cursor {join_cursor} has no sequence after it"))
+}
+
 async fn copy_range(
     ctx: &PlaneCtx,
     channel: &str,
@@ -90,7 +98,7 @@ async fn copy_range(
             name: Some(name.clone()),
             filter_subject: ctx.names.chat_read_subject(channel),
             deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: join_cursor + 1,
+                start_sequence: first_after(join_cursor)?,
             },
             ack_policy: AckPolicy::None,
             inactive_threshold: Duration::from_secs(30),
@@ -154,4 +162,19 @@ async fn copy_range(
     .await;
     let _ = stream.delete_consumer(&name).await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation seen failing: `Ok(join_cursor + 1)` (debug build: "attempt to add with
+    /// overflow" at the top of the range).
+    #[test]
+    fn a_join_cursor_at_the_top_of_the_range_is_refused_not_overflowed() {
+        assert_eq!(first_after(0), Ok(1));
+        assert_eq!(first_after(u64::MAX - 1), Ok(u64::MAX));
+        let e = first_after(u64::MAX).expect_err("refused");
+        assert!(e.contains("has no sequence after it"), "{e}");
+    }
 }

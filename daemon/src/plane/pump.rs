@@ -279,7 +279,9 @@ impl RetentionWatch {
         if seq == 0 || seq <= self.last {
             return None;
         }
-        let gap = (self.last > 0 && seq > self.last + 1).then(|| (self.last + 1, seq - 1));
+        // `seq > last` here, so `seq - last` and `last + 1` cannot overflow even at `u64::MAX`
+        // (the sequence comes from the network).
+        let gap = (self.last > 0 && seq - self.last > 1).then(|| (self.last + 1, seq - 1));
         self.last = seq;
         gap
     }
@@ -345,7 +347,8 @@ async fn gone_in(ctx: &PlaneCtx, stream: &str, from: u64, to: u64) -> Result<u64
 
 /// Sequences of `from..=to` below `first` or listed in `deleted`.
 fn count_gone(first: u64, deleted: &[u64], from: u64, to: u64) -> u64 {
-    let below = first.min(to + 1).saturating_sub(from);
+    // Saturating: `to` may be `u64::MAX` (a sequence read from the broker).
+    let below = first.min(to.saturating_add(1)).saturating_sub(from);
     let interior = deleted
         .iter()
         .filter(|s| **s >= from.max(first) && **s <= to)
@@ -402,5 +405,19 @@ mod tests {
             "the whole gap below the first sequence"
         );
         assert_eq!(count_gone(8, &[8, 9], 7, 9), 3, "no sequence counted twice");
+    }
+
+    /// Sequences read from the network at the top of the range must not overflow.
+    /// Mutation seen failing: `to + 1` back in `count_gone` (debug build: "attempt to add with
+    /// overflow"). The old `seq > self.last + 1` in `gap` could not overflow (`last < seq`);
+    /// the assertions on `gap` pin that boundary.
+    #[test]
+    fn sequences_at_the_top_of_the_range_do_not_overflow() {
+        let mut w = RetentionWatch::default();
+        assert_eq!(w.gap(u64::MAX - 3), None);
+        assert_eq!(w.gap(u64::MAX), Some((u64::MAX - 2, u64::MAX - 1)));
+        assert_eq!(w.gap(u64::MAX), None, "a redelivery at the top");
+        assert_eq!(count_gone(u64::MAX, &[], u64::MAX - 2, u64::MAX), 2);
+        assert_eq!(count_gone(1, &[u64::MAX], u64::MAX - 1, u64::MAX), 1);
     }
 }
