@@ -373,6 +373,26 @@ fn create_store_id(path: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// Whether `a` and `b` are one file (same device and inode, links followed); `false` when
+/// either cannot be read.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+/// The first `max_bytes` of a file, as text (lossy).
+fn read_head(path: &Path, max_bytes: u64) -> io::Result<String> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    fs::File::open(path)?
+        .take(max_bytes)
+        .read_to_end(&mut head)?;
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
 /// An in-memory store an embedding host injects. Its identity is the coordinate it declares.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -442,19 +462,51 @@ pub struct CredsFileStore {
 }
 
 impl CredsFileStore {
-    /// Refuses a path that names the identity file.
+    /// Refuses a path that names a store identity file under any name: by name, as the same
+    /// file (device and inode, through links) as the identity file of the store it would
+    /// belong to, or by content (a lone store id is an identity, never a credential).
     pub fn new(path: impl Into<PathBuf>, space: Space) -> Result<CredsFileStore, StoreError> {
         let path = path.into();
-        if path.file_name().and_then(|n| n.to_str()) == Some(STORE_ID_FILE) {
-            return Err(StoreError::new(
+        let shown = path.display().to_string();
+        let names_identity = |why: String| {
+            StoreError::new(
                 StoreErrorKind::Key,
-                format!(
-                    "--creds {} names the store identity file, not a credential",
-                    path.display()
-                ),
-            ));
+                format!("--creds {shown} {why}, not a credential"),
+            )
+        };
+        if path.file_name().and_then(|n| n.to_str()) == Some(STORE_ID_FILE) {
+            return Err(names_identity("names the store identity file".into()));
         }
-        Ok(CredsFileStore { path, space })
+        let store = CredsFileStore { path, space };
+        for id_file in store.identity_files() {
+            if same_file(&store.path, &id_file) {
+                return Err(names_identity(format!(
+                    "is the store identity file {} under another name",
+                    id_file.display()
+                )));
+            }
+        }
+        // Only the first bytes: a store id is 37, a credential far longer.
+        if let Ok(text) = read_head(&store.path, 64) {
+            if is_store_id(text.trim_end_matches('\n')) {
+                return Err(names_identity(
+                    "holds a store identity (a lone store id)".into(),
+                ));
+            }
+        }
+        Ok(store)
+    }
+    /// The identity files this file's store could have: its directory's own `store.id`, and
+    /// the workspace's `.cotal/store.id` for the canonical path.
+    fn identity_files(&self) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        if let Some(dir) = self.path.parent() {
+            files.push(dir.join(STORE_ID_FILE));
+        }
+        if let Some(root) = self.canonical_root() {
+            files.push(root.join(crate::files::COTAL_DIR).join(STORE_ID_FILE));
+        }
+        files
     }
     pub fn path(&self) -> &Path {
         &self.path
@@ -500,18 +552,18 @@ impl SecretStore for CredsFileStore {
             .map_err(|e| StoreError::new(StoreErrorKind::Io, e.to_string()))
     }
     /// The workspace root's identity for the canonical path, the file's own directory
-    /// otherwise (the source the daemon actually reloads from).
+    /// otherwise (the source the daemon actually reloads from), with the `store.id` recorded
+    /// in that directory: two hosts with the same `--creds` path are two stores.
     fn identity(&self) -> Result<StoreIdentity, StoreError> {
         match self.canonical_root() {
             Some(root) => FsStore::new(root).identity(),
-            None => Ok(StoreIdentity::Fs {
-                root: self
-                    .path
+            None => FsStore::at_dir(
+                self.path
                     .parent()
                     .map(Path::to_path_buf)
                     .unwrap_or_else(|| PathBuf::from(".")),
-                store_id: None,
-            }),
+            )
+            .identity(),
         }
     }
     fn locate(&self, _key: &str) -> String {
@@ -604,13 +656,14 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let loose = CredsFileStore::new(dir.path().join("keys/d.creds"), demo()).unwrap();
-        assert_eq!(
-            loose.identity().unwrap(),
-            StoreIdentity::Fs {
-                root: dir.path().join("keys"),
-                store_id: None
+        match loose.identity().unwrap() {
+            StoreIdentity::Fs { root, store_id } => {
+                assert_eq!(root, dir.path().join("keys"));
+                let recorded = fs::read_to_string(dir.path().join("keys/store.id")).unwrap();
+                assert_eq!(store_id.as_deref(), Some(recorded.trim_end()));
             }
-        );
+            other => panic!("{other:?}"),
+        }
         assert!(CredsFileStore::new(dir.path().join(".cotal/store.id"), demo()).is_err());
         // Another space's canonical path is not canonical for this one.
         let other = dir.path().join(".cotal/space.6f74686572/delivery.creds");
@@ -650,5 +703,61 @@ mod tests {
         m.put("k", "v").unwrap();
         assert_eq!(m.get("k").unwrap().as_deref(), Some("v"));
         assert_eq!(m.reads(), 1);
+    }
+
+    /// The identity file is refused under any name: a symlink to it, a hard link to it, a copy
+    /// of it, each named like a credential. Mutation seen failing: the `same_file` and content
+    /// checks removed from `CredsFileStore::new` (only the name check left: the symlink is
+    /// accepted).
+    #[test]
+    fn the_store_identity_file_is_refused_as_creds_under_any_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let cotal = dir.path().join(".cotal");
+        let id = FsStore::new(dir.path()).store_id().unwrap();
+        let id_file = cotal.join(STORE_ID_FILE);
+        let keys = dir.path().join("keys");
+        fs::create_dir_all(&keys).unwrap();
+        std::os::unix::fs::symlink(&id_file, keys.join("sym.creds")).unwrap();
+        fs::hard_link(&id_file, keys.join("hard.creds")).unwrap();
+        fs::copy(&id_file, keys.join("copy.creds")).unwrap();
+        for name in ["sym.creds", "hard.creds", "copy.creds"] {
+            let e = CredsFileStore::new(keys.join(name), demo()).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Key, "{name}: {e}");
+            assert!(e.to_string().contains("not a credential"), "{name}: {e}");
+        }
+        // The directory's own identity file under another name, as the same inode.
+        let own = FsStore::at_dir(&keys).store_id().unwrap();
+        assert_ne!(own, id);
+        fs::hard_link(keys.join(STORE_ID_FILE), keys.join("own.creds")).unwrap();
+        let e = CredsFileStore::new(keys.join("own.creds"), demo()).unwrap_err();
+        assert!(e.to_string().contains("under another name"), "{e}");
+        // A real credential beside them is accepted.
+        fs::write(keys.join("d.creds"), "-----BEGIN NATS USER JWT-----\nx\n").unwrap();
+        assert!(CredsFileStore::new(keys.join("d.creds"), demo()).is_ok());
+        assert!(CredsFileStore::new(keys.join("absent.creds"), demo()).is_ok());
+    }
+
+    /// Two `--creds` directories are two stores, also at the same path on two hosts (simulated:
+    /// the directory's `store.id` replaced between the two reads). Mutation seen failing: a
+    /// non-canonical `--creds` file's identity with `store_id: None` (the same path then compares
+    /// as one store).
+    #[test]
+    fn a_creds_directory_has_its_own_store_identity() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let in_a = CredsFileStore::new(a.path().join("d.creds"), demo()).unwrap();
+        let in_b = CredsFileStore::new(b.path().join("d.creds"), demo()).unwrap();
+        let (ia, ib) = (in_a.identity().unwrap(), in_b.identity().unwrap());
+        assert!(!ia.same_store(&ib), "{ia} vs {ib}");
+        assert!(ia.same_store(&in_a.identity().unwrap()), "stable: {ia}");
+        // Host two: the same path, its own store.id.
+        assert!(
+            a.path().join(STORE_ID_FILE).exists(),
+            "recorded in the directory"
+        );
+        fs::remove_file(a.path().join(STORE_ID_FILE)).unwrap();
+        let other_host = in_a.identity().unwrap();
+        assert!(!ia.same_store(&other_host), "{ia} vs {other_host}");
+        assert!(check_same_store(&ia, &other_host).is_err());
     }
 }

@@ -156,6 +156,16 @@ fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, En
                 .join(space.segment())
                 .join("delivery.creds")
         });
+    // The source renewals are re-read from: the workspace store, or the --creds file (checked
+    // before it is read: a store identity file under any name is refused as such).
+    let workspace: Arc<dyn SecretStore> = Arc::new(FsStore::new(root.clone()));
+    let store: Arc<dyn SecretStore> = match &cfg.creds {
+        None => workspace.clone(),
+        Some(_) => match CredsFileStore::new(creds_path.clone(), space.clone()) {
+            Ok(s) => Arc::new(s),
+            Err(e) => return Err(refused(journal, format!("delivery: {e}"))),
+        },
+    };
     let credential = match read_creds_file(&creds_path) {
         Ok(c) => c,
         Err(e) if e.kind() == CredsErrorKind::Io && !creds_path.exists() => {
@@ -165,15 +175,6 @@ fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, En
             )))
         }
         Err(e) => return Err(refused(journal, format!("delivery: {e}"))),
-    };
-    // The source renewals are re-read from: the workspace store, or the --creds file.
-    let workspace: Arc<dyn SecretStore> = Arc::new(FsStore::new(root.clone()));
-    let store: Arc<dyn SecretStore> = match &cfg.creds {
-        None => workspace.clone(),
-        Some(_) => match CredsFileStore::new(creds_path.clone(), space.clone()) {
-            Ok(s) => Arc::new(s),
-            Err(e) => return Err(refused(journal, format!("delivery: {e}"))),
-        },
     };
     Ok(Source {
         credential,
