@@ -402,7 +402,7 @@ async fn an_entry_already_gone_counts_as_removed() {
 /// bytes show it marking the lease not-ready afterwards), and then the held connection is cut,
 /// so the held delete never reaches the broker. Nothing settled the entry after its delete left
 /// (no ack, `+TERM` or `-NAK` in the held bytes); once the daemon serves again the broker
-/// redelivers the entry (a second delivery: it was neither acked nor terminated) and only then
+/// redelivers the entry (a later delivery: it was neither acked nor terminated) and only then
 /// is it deleted, acked and its member row removed.
 /// (Releasing instead of cutting would prove nothing: the broker itself drops an ack-pending
 /// entry from the consumer once the entry is deleted.)
@@ -443,9 +443,11 @@ async fn a_daemon_that_stops_serving_mid_delete_neither_acks_nor_gives_up() {
         .unwrap();
     assert!(daemon.has_line("stopped serving shard 0"));
     let settled = r.settled().await;
-    assert_eq!(
-        settled.delivered.consumer_sequence, 2,
-        "neither acked nor terminated at the quiesce; redelivered once after: {settled:?}"
+    // Redelivered at least once (more when a pull left open across the quiesce took a
+    // redelivery while nothing served): an ack or a term would have ended it at one.
+    assert!(
+        settled.delivered.consumer_sequence >= 2,
+        "neither acked nor terminated at the quiesce, so redelivered: {settled:?}"
     );
     assert_eq!(inbox_count(&r.insp, &r.p, &r.u).await, 0);
     eventually("the member row removed", SURFACE_BOUND, || async {
