@@ -126,6 +126,15 @@ pub enum Command {
     /// leaves both running. On a root whose mesh already runs, relaunches a missing daemon.
     #[command(after_help = UP_HELP)]
     Up(UpArgs),
+    /// What the backstop owes a member: INBOX entries not yet handed off and DLV frames not yet
+    /// surfaced, per lifecycle and channel, with the oldest one's age. Read-only, with the
+    /// space's inspection credential (.cotal/space.<key>/inspect.creds).
+    #[command(after_help = INSPECT_HELP)]
+    Pending(PendingArgs),
+    /// The durable members of a channel: generation, join and leave cursors, earlier intervals,
+    /// online or not. Read-only, with the space's inspection credential.
+    #[command(after_help = INSPECT_HELP)]
+    Members(MembersArgs),
     /// Stop what `up` started at a root: the delivery daemon first (SIGTERM, SIGKILL after the
     /// grace), then nats-server. A daemon `down` stopped stays stopped.
     #[command(after_help = DOWN_HELP)]
@@ -193,6 +202,52 @@ pub struct UpArgs {
     /// adopt them (reloadCreds).
     #[arg(long, value_name = "SECS")]
     pub creds_lifetime_secs: Option<u64>,
+}
+
+const INSPECT_HELP: &str =
+    "Exit codes: 0 the report was printed; 1 the member or channel is unknown to the
+broker; 3 a malformed space, member or channel, no workspace root, or no inspection credential;
+4 the broker could not be reached, refused the credential, or refused a read. Every failure is
+one line on stderr; nothing is written anywhere.";
+
+/// Where `pending` and `members` look.
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    /// The space to inspect.
+    #[arg(long, value_name = "SPACE")]
+    pub space: String,
+    /// Workspace root holding .cotal/space.<key>/inspect.creds (default: nearest .cotal/ above
+    /// the working directory).
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Broker URL (default: the mesh registry's broker for the space, else
+    /// nats://127.0.0.1:4222).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// PEM file of the CA that signed the broker's certificate.
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PendingArgs {
+    #[command(flatten)]
+    pub at: InspectArgs,
+    /// The member, as its principal `<owner>.<actor>` (e.g. local.bob).
+    #[arg(value_name = "MEMBER")]
+    pub member: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MembersArgs {
+    #[command(flatten)]
+    pub at: InspectArgs,
+    /// The channel (one name, no wildcards).
+    #[arg(value_name = "CHANNEL")]
+    pub channel: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -298,6 +353,78 @@ pub fn run(cli: Cli) -> i32 {
         Command::Status(args) => run_status(args),
         Command::Up(args) => run_up(args),
         Command::Down(args) => run_down(args),
+        Command::Pending(args) => run_inspect(&args.at, Query::Pending(args.member.clone())),
+        Command::Members(args) => run_inspect(&args.at, Query::Members(args.channel.clone())),
+    }
+}
+
+/// What an inspection asks for.
+enum Query {
+    Pending(String),
+    Members(String),
+}
+
+/// `pending` / `members`: one report on stdout, or one line on stderr and the exit code of
+/// `INSPECT_HELP`. Read-only: nothing is written.
+fn run_inspect(at: &InspectArgs, query: Query) -> i32 {
+    use crate::inspect::{members, pending, InspectErrorKind};
+    let (space, root) = match space_and_root("inspect", &at.space, at.root.as_deref()) {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    let cfg = crate::inspect::InspectConfig {
+        space,
+        root,
+        server: at.server.clone(),
+        tls_ca: at.tls_ca.clone(),
+    };
+    let rt = match runtime("inspect") {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let json = at.json;
+    let result = rt.block_on(async {
+        // Tokens are checked before any dial.
+        enum Checked {
+            Member(crate::wire::Principal),
+            Channel(String),
+        }
+        let checked = match &query {
+            Query::Pending(m) => Checked::Member(pending::parse_member(m)?),
+            Query::Members(c) => Checked::Channel(members::parse_channel(c)?),
+        };
+        let insp = crate::inspect::Inspector::open(&cfg).await?;
+        let report = match &checked {
+            Checked::Member(m) => pending::pending(&insp, m)
+                .await
+                .map(|p| (p.lines(), p.to_json())),
+            Checked::Channel(c) => members::members(&insp, c)
+                .await
+                .map(|m| (m.lines(), m.to_json())),
+        };
+        insp.close().await;
+        report
+    });
+    rt.shutdown_background();
+    match result {
+        Ok((lines, value)) => {
+            if json {
+                println!("{value}");
+            } else {
+                for line in lines {
+                    println!("{line}");
+                }
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("✗ inspect: {e}");
+            match e.kind() {
+                InspectErrorKind::Unknown => 1,
+                InspectErrorKind::Input => Exit::Config.code(),
+                InspectErrorKind::Broker => Exit::Unreachable.code(),
+            }
+        }
     }
 }
 

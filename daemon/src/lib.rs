@@ -8,6 +8,7 @@
 //! - [`cli`]: the command line, the only place a way out becomes an exit code.
 //! - [`host`]: processes serving several spaces (lanes, standby).
 //! - [`supervise`] (`up`, the main-job demo) and [`agent`] (the agent client).
+//! - [`inspect`]: `pending` and `members`, read-only over the broker (above `plane`).
 //! - [`space`]: one space's daemon: start-up, lease and keeper, lease watch, health, renewal,
 //!   admission, arming the plane and the rails under the lease.
 //! - [`rails`]: `ctl.delivery` and `ctl.delivery-admin` (serving, verbs).
@@ -19,6 +20,7 @@
 pub mod agent;
 pub mod cli;
 pub mod host;
+pub mod inspect;
 pub mod plane;
 pub mod provision;
 pub mod rails;

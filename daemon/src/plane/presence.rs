@@ -66,7 +66,8 @@ pub async fn live_roster_in(
         .collect())
 }
 
-fn live_entry(key: &str, presence: &Value, now_ms: u64) -> Option<(Principal, String)> {
+/// The roster entry of a presence record when it is live now (`inspect members` reads it too).
+pub fn live_entry(key: &str, presence: &Value, now_ms: u64) -> Option<(Principal, String)> {
     let card = presence.get("card")?;
     if card.get("id")?.as_str()? != key {
         return None;

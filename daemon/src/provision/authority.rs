@@ -154,7 +154,8 @@ pub fn default_ttl(profile: &Profile) -> Duration {
         Profile::Delivery
         | Profile::MembershipRw
         | Profile::Agent { .. }
-        | Profile::Supervisor { .. } => STANDING_TTL,
+        | Profile::Supervisor { .. }
+        | Profile::Inspector => STANDING_TTL,
     }
 }
 

@@ -7,6 +7,7 @@
 //! <root>/.cotal/space.<key>/membership-rw.creds
 //! <root>/.cotal/space.<key>/membership-observer.creds
 //! <root>/.cotal/space.<key>/connection-evictor.creds   (optional)
+//! <root>/.cotal/space.<key>/inspect.creds              (pending, members: read-only)
 //! <root>/.cotal/space.<key>/membership.json            {"accountId": "<data account>"}
 //! <root>/.cotal/delivery.<key>.pid
 //! <root>/.cotal/delivery.<key>.log
@@ -32,6 +33,7 @@ pub const MEMBERSHIP_RW_CREDS_FILE: &str = "membership-rw.creds";
 pub const MEMBERSHIP_OBSERVER_CREDS_FILE: &str = "membership-observer.creds";
 pub const CONNECTION_EVICTOR_CREDS_FILE: &str = "connection-evictor.creds";
 pub const MEMBERSHIP_JSON_FILE: &str = "membership.json";
+pub const INSPECT_CREDS_FILE: &str = "inspect.creds";
 
 /// A workspace root and the paths under its `.cotal/`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +73,10 @@ impl Workspace {
     }
     pub fn connection_evictor_creds_path(&self, space: &Space) -> PathBuf {
         self.space_dir(space).join(CONNECTION_EVICTOR_CREDS_FILE)
+    }
+    /// The read-only `inspector` credential of `pending` and `members`.
+    pub fn inspect_creds_path(&self, space: &Space) -> PathBuf {
+        self.space_dir(space).join(INSPECT_CREDS_FILE)
     }
     pub fn membership_json_path(&self, space: &Space) -> PathBuf {
         self.space_dir(space).join(MEMBERSHIP_JSON_FILE)
@@ -115,6 +121,7 @@ impl Workspace {
         if let Some(evictor) = &material.connection_evictor {
             write_creds_file_atomic(&self.connection_evictor_creds_path(space), evictor)?;
         }
+        write_creds_file_atomic(&self.inspect_creds_path(space), &material.inspect)?;
         let json = format!(
             "{}\n",
             serde_json::json!({ "accountId": material.account_id })
@@ -132,6 +139,8 @@ pub struct SpaceMaterial {
     pub membership_observer: Credential,
     /// Optional: without it eviction is refused (reference-digest §A.4).
     pub connection_evictor: Option<Credential>,
+    /// The operator's read-only inspection credential (`pending`, `members`).
+    pub inspect: Credential,
     /// The space's data account public key.
     pub account_id: String,
 }
@@ -167,6 +176,7 @@ impl SpaceMaterial {
                 SystemProfile::ConnectionEvictor,
                 MintOptions::new(),
             )?),
+            inspect: authority.mint(space, &Profile::Inspector, MintOptions::new())?,
             account_id: authority.account_public_key(space)?,
         })
     }
@@ -232,6 +242,7 @@ mod tests {
             vec![
                 "connection-evictor.creds",
                 "delivery.creds",
+                "inspect.creds",
                 "membership-observer.creds",
                 "membership-rw.creds",
                 "membership.json"

@@ -185,6 +185,10 @@ pub enum Profile {
     Supervisor { principal: Principal },
     /// One-shot stream/bucket/consumer creation for one space.
     Provisioner,
+    /// The operator's read-only inspection (`pending`, `members`): stream and consumer info,
+    /// leader-served message gets on the stores and rows those commands read; no publish to any
+    /// data subject, no consumer create, no subscription but its own inbox.
+    Inspector,
     /// The space account's unrestricted user: an operator's own inspection and repair (read a
     /// lease row, delete it, look at consumers), and the harness's test-side checks. Never given
     /// to a daemon or an agent.
@@ -200,6 +204,7 @@ impl Profile {
             Profile::Agent { .. } => "agent",
             Profile::Supervisor { .. } => "supervisor",
             Profile::Provisioner => "provisioner",
+            Profile::Inspector => "inspector",
             Profile::Operator => "operator",
         }
     }
@@ -230,6 +235,7 @@ impl Profile {
             } => agent(names, user_nkey, principal, lifecycle_uid, read),
             Profile::Supervisor { principal } => supervisor(names, user_nkey, principal),
             Profile::Provisioner => provisioner(names, user_nkey),
+            Profile::Inspector => inspector(names, user_nkey),
             // Empty lists: the JWT carries no restriction.
             Profile::Operator => Permissions::default(),
         }
@@ -434,6 +440,30 @@ fn supervisor(n: &SpaceNames, user_nkey: &str, principal: &Principal) -> Permiss
         .allow_pub(js::API_INFO);
     p.allow_sub(n.ctl_reply_subtree(CtlService::DeliveryAdmin, principal))
         .allow_sub(own_inbox(user_nkey));
+    p
+}
+
+/// `inspector`: what `pending` and `members` read, nothing else. `INBOX_<s>` and `DLV_<s>`:
+/// stream info, leader-served message gets (an owed entry's channel and age), the `reader`
+/// durable's info and the `dlv_` durables' info (their ack floors). The members, ACL and presence
+/// buckets: stream info (key listing, [`crate::plane::scan`]) and message gets (rows). No
+/// `$JS.API.INFO`, no consumer create, no publish to any data subject or `$KV` key.
+fn inspector(n: &SpaceNames, user_nkey: &str) -> Permissions {
+    let inbox = n.inbox_stream();
+    let dlv = n.dlv_stream();
+    let mut p = Permissions::default();
+    p.allow_pub(js::stream_info(&inbox))
+        .allow_pub(js::stream_msg_get(&inbox))
+        .allow_pub(js::consumer_info(&inbox, crate::wire::READER_DURABLE))
+        .allow_pub(js::stream_info(&dlv))
+        .allow_pub(js::stream_msg_get(&dlv))
+        .allow_pub(js::consumer_info_any(&dlv));
+    for bucket in [n.members_bucket(), n.acl_bucket(), n.presence_bucket()] {
+        let stream = SpaceNames::kv_stream(&bucket);
+        p.allow_pub(js::stream_info(&stream))
+            .allow_pub(js::stream_msg_get(&stream));
+    }
+    p.allow_sub(own_inbox(user_nkey));
     p
 }
 
@@ -649,6 +679,33 @@ mod tests {
             ])
         );
         assert!(!p.pub_allow.iter().any(|s| s.contains("INBOX_demo")));
+    }
+
+    /// The inspector reads and never writes: exactly these grants. Mutation seen caught: adding
+    /// `consumer_create_any(&dlv)` to `inspector` (the list differs).
+    #[test]
+    fn inspector_profile_is_read_only() {
+        let p = Profile::Inspector.permissions(&names(), NKEY);
+        assert_eq!(
+            p.pub_allow,
+            v(&[
+                "$JS.API.STREAM.INFO.INBOX_demo",
+                "$JS.API.STREAM.MSG.GET.INBOX_demo",
+                "$JS.API.CONSUMER.INFO.INBOX_demo.reader",
+                "$JS.API.STREAM.INFO.DLV_demo",
+                "$JS.API.STREAM.MSG.GET.DLV_demo",
+                "$JS.API.CONSUMER.INFO.DLV_demo.>",
+                "$JS.API.STREAM.INFO.KV_cotal_members_demo",
+                "$JS.API.STREAM.MSG.GET.KV_cotal_members_demo",
+                "$JS.API.STREAM.INFO.KV_cotal_acl_demo",
+                "$JS.API.STREAM.MSG.GET.KV_cotal_acl_demo",
+                "$JS.API.STREAM.INFO.KV_cotal_presence_demo",
+                "$JS.API.STREAM.MSG.GET.KV_cotal_presence_demo",
+            ])
+        );
+        assert!(p.pub_deny.is_empty() && p.sub_deny.is_empty());
+        assert_eq!(p.sub_allow, v(&["_INBOX_UABC.>"]));
+        assert!(Profile::Inspector.tags().is_empty());
     }
 
     /// Mutation: dropping the tags from `Profile::tags` (or tagging the daemon) fails here.
