@@ -76,6 +76,7 @@ async fn operator_mode_broker_holds_the_provisioned_space() {
         "membership-rw.creds",
         "membership-observer.creds",
         "connection-evictor.creds",
+        "inspect.creds",
         "membership.json",
     ] {
         assert!(dir.join(f).is_file(), "{f} is provisioned");
