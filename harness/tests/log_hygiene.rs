@@ -68,12 +68,21 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
         .await
         .expect("a give-up");
     stop_daemon(&mut first).await;
-    // Run 2: until the broker shows every entry settled.
+    // Run 2: until the broker shows every post copied and every entry settled.
     let mut second = start_daemon(&mesh).await;
-    eventually("every entry given up", Duration::from_secs(90), || async {
-        let r = reader(&insp).await;
-        r.num_pending == 0 && r.num_ack_pending == 0
-    })
+    eventually(
+        "every entry copied and given up",
+        Duration::from_secs(90),
+        || async {
+            let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+            let r = reader(&insp).await;
+            f.num_pending == 0
+                && f.num_ack_pending == 0
+                && inbox_count(&insp, &p, &u).await == OWED as u64
+                && r.num_pending == 0
+                && r.num_ack_pending == 0
+        },
+    )
     .await;
     stop_daemon(&mut second).await;
     // Run 3: nothing left to give up, so nothing is re-swept.
