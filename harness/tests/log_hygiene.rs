@@ -42,8 +42,9 @@ async fn reader(insp: &Inspector) -> async_nats::jetstream::consumer::Info {
     consumer(insp, &insp.names.inbox_stream(), "reader").await
 }
 
-/// Mutation applied and seen caught: the reader writing the warning with `journal.line`
-/// instead of `journal.repeated` (one line per entry: the first run alone wrote hundreds).
+/// Mutations applied and seen caught: the reader writing the warning with `journal.line`
+/// instead of `journal.repeated` (one line per entry: run 2 wrote 499); the reader not counting
+/// `gave_up(UnknownOwner)` (run 2's `give_ups_total` 0 against its lines' count).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_over_two_restarts()
 {
@@ -69,7 +70,20 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
         .expect("a give-up");
     stop_daemon(&mut first).await;
     // Run 2: until the broker shows every post copied and every entry settled.
-    let mut second = start_daemon(&mesh).await;
+    // (with metrics: its give-ups by reason are compared with its lines)
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut second = daemon_spec(&mesh)
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .spawn()
+        .expect("spawn");
+    second
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("up");
     eventually(
         "every entry copied and given up",
         Duration::from_secs(90),
@@ -84,6 +98,19 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
         },
     )
     .await;
+    let scraped = delivery_harness::http::get(port, "/metrics", Duration::from_secs(5))
+        .await
+        .expect("scrape");
+    let text = String::from_utf8(scraped.body).unwrap();
+    let gave_up_metric: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "cotal_delivery_give_ups_total{space=\"demo\",reason=\"unknown_owner\"} ",
+            )
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
     stop_daemon(&mut second).await;
     // Run 3: nothing left to give up, so nothing is re-swept.
     let mut third = start_daemon(&mesh).await;
@@ -111,6 +138,8 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
         );
     }
     assert_eq!(runs[2], (0, 0), "run 3 re-swept:\n{}", third.transcript());
+    // The metric counts each give-up of run 2 that its lines account for.
+    assert_eq!(gave_up_metric, runs[1].1, "give_ups_total in run 2");
     // Every give-up is accounted for. A give-up in flight when run 1 stopped is written, then
     // left unsettled by the closed gate and given up again in run 2: at most one per lane.
     let accounted: u64 = runs.iter().map(|(_, n)| n).sum();

@@ -104,12 +104,20 @@ async fn start_with_metrics(mesh: &delivery_harness::mesh::Mesh, port: u16) -> D
 }
 
 /// Without the flag the daemon opens no listening socket (the port is refused); with it the
-/// same port answers `/metrics` and the daemon holds exactly that one. Mutation applied and seen
-/// caught: `metrics_endpoint` binding `127.0.0.1:0` when no address is given (the process
-/// then holds a listening socket).
+/// same port answers `/metrics` and the daemon holds exactly that one, with the lease,
+/// connection and credential gauges and the renewals counted. Mutations applied and seen caught:
+/// `metrics_endpoint` binding `127.0.0.1:0` when no address is given (the process then holds a
+/// listening socket); the keeper not counting renewals (two never reached).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_is_absent_without_the_flag() {
-    let mesh = mesh().await;
+    // A 4 s lease TTL: renewals every 2 s.
+    let mesh = delivery_harness::mesh::Mesh::builder()
+        .space("demo")
+        .unwrap()
+        .lease_ttl(Duration::from_secs(4))
+        .start()
+        .await
+        .unwrap();
     let port = free_port();
     let mut plain = start_daemon(&mesh).await;
     assert_eq!(listening_sockets_of(plain.pid()), 0);
@@ -136,6 +144,19 @@ async fn the_endpoint_is_absent_without_the_flag() {
     )
     .expect("the credential has an exp");
     assert!(expiry > 0.0, "{text}");
+    // Renewals the broker acknowledged are counted (the lease row's revision moves with them).
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let rev0 = insp.lease().await.unwrap().expect("lease row").revision;
+    let text = scrape_until(port, "two lease renewals", |t| {
+        value(t, "cotal_delivery_lease_renewals_total{space=\"demo\"}") >= 2.0
+    })
+    .await;
+    let renewals = value(&text, "cotal_delivery_lease_renewals_total{space=\"demo\"}");
+    let rev1 = insp.lease().await.unwrap().expect("lease row").revision;
+    assert!(
+        rev1 > rev0,
+        "the broker saw the renewals ({rev0} -> {rev1}, {renewals})"
+    );
     // Anything but GET /metrics is not found.
     let other = delivery_harness::http::get(port, "/", SCRAPE_BOUND)
         .await
@@ -149,7 +170,8 @@ async fn the_endpoint_is_absent_without_the_flag() {
 /// grow by posts x members, as the broker's INBOX and DLV stores do. Mutations applied and seen
 /// caught: `posts_copied(stored.len())` replaced by `posts_copied(1)` (N instead of 2N); the
 /// sampler's lag computed as `floor - last` saturating (lag never above 0); the sampler not
-/// reading the caches' totals (no `cache_fences_total` series).
+/// reading the caches' totals (no `cache_fences_total` series); `rail_request` counting every
+/// request as refused (durableJoin refusals 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
     const POSTS: u64 = 200;
@@ -166,8 +188,34 @@ async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
     let (carol, carol_m) = agent::spawn(&mesh, &insp, "carol", &["general"])
         .await
         .unwrap();
-    bob.durable_join("general").await.unwrap();
+    let g = match bob.durable_join("general").await.unwrap().backstop {
+        cotal_delivery::agent::Backstop::Durable { generation } => generation,
+        other => panic!("{other:?}"),
+    };
     carol.durable_join("general").await.unwrap();
+    // A stale leave is refused: rail requests and refusals by verb.
+    bob.durable_leave("general", g + 7).await.unwrap_err();
+    let rails = scrape(port).await;
+    for (series, want) in [
+        (
+            "cotal_delivery_rail_requests_total{space=\"demo\",verb=\"durableJoin\"}",
+            2.0,
+        ),
+        (
+            "cotal_delivery_rail_refusals_total{space=\"demo\",verb=\"durableJoin\"}",
+            0.0,
+        ),
+        (
+            "cotal_delivery_rail_requests_total{space=\"demo\",verb=\"durableLeave\"}",
+            1.0,
+        ),
+        (
+            "cotal_delivery_rail_refusals_total{space=\"demo\",verb=\"durableLeave\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(value(&rails, series), want, "{series}:\n{rails}");
+    }
     drained(&insp, SURFACE_BOUND).await;
     let before = scrape(port).await;
     let copied0 = value(&before, "cotal_delivery_posts_copied_total{space=\"demo\"}");
