@@ -101,6 +101,10 @@ impl Cluster {
             .get_mut(i)
             .ok_or_else(|| HarnessError::Usage(format!("node {i} out of range (cluster of {len})")))
     }
+    /// The nodes, for an owner that manages them itself (a clustered `Mesh`); node 0 first.
+    pub fn into_nodes(mut self) -> Vec<Broker> {
+        std::mem::take(&mut self.nodes)
+    }
     /// Every node's client URL, for `async_nats::connect(Vec<String>)`.
     pub fn client_urls(&self) -> Vec<String> {
         self.nodes.iter().map(Broker::client_url).collect()

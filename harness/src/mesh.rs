@@ -17,6 +17,7 @@ use cotal_delivery::space::lease::LeaseInfo;
 use cotal_delivery::wire::{Space, SpaceNames, LEASE_KEY};
 
 use crate::broker::{Broker, BrokerBuilder};
+use crate::cluster::Cluster;
 use crate::daemon::DaemonSpec;
 use crate::error::HarnessError;
 
@@ -26,9 +27,17 @@ pub struct MeshBuilder {
     broker: BrokerBuilder,
     lease_ttl: Duration,
     evictor: bool,
+    nodes: usize,
 }
 
 impl MeshBuilder {
+    /// A loopback JetStream cluster of `n` nodes (shaped by [`MeshBuilder::broker`]) instead of
+    /// one broker, with every stream and bucket provisioned at `n` replicas
+    /// (`ProvisionOptions::replicas`). `n <= 1` keeps the single broker.
+    pub fn cluster(mut self, n: usize) -> Self {
+        self.nodes = n.max(1);
+        self
+    }
     /// Adds a space (validated at the provisioning boundary).
     pub fn space(mut self, name: &str) -> Result<Self, HarnessError> {
         let space = Space::parse(name).map_err(|e| HarnessError::Usage(e.to_string()))?;
@@ -59,13 +68,25 @@ impl MeshBuilder {
         let operator = authority
             .operator_auth()
             .map_err(|e| HarnessError::Usage(e.to_string()))?;
-        let broker = self.broker.operator(operator).start().await?;
+        let template = self.broker.operator(operator);
+        let (broker, peers) = if self.nodes > 1 {
+            let mut nodes = Cluster::start(self.nodes, template).await?.into_nodes();
+            let peers = nodes.split_off(1);
+            let first = nodes
+                .pop()
+                .ok_or_else(|| HarnessError::Cluster("a cluster without nodes".into()))?;
+            (first, peers)
+        } else {
+            (template.start().await?, Vec::new())
+        };
         let root = tempfile::Builder::new()
             .prefix("cotal-ws-")
             .tempdir()
             .map_err(|e| HarnessError::io("create workspace root", e))?;
         let workspace = Workspace::new(root.path());
-        let options = ProvisionOptions::new().lease_ttl(self.lease_ttl);
+        let options = ProvisionOptions::new()
+            .lease_ttl(self.lease_ttl)
+            .replicas(self.nodes);
         let ca = broker.ca_pem_path();
         for space in &self.spaces {
             provision::provision_space(
@@ -89,6 +110,7 @@ impl MeshBuilder {
         Ok(Mesh {
             authority,
             broker,
+            peers,
             root,
             workspace,
             spaces: self.spaces,
@@ -99,7 +121,10 @@ impl MeshBuilder {
 /// A running mesh. Dropping it stops the broker and removes the workspace root.
 pub struct Mesh {
     pub authority: MeshAuthority,
+    /// The broker, or node 0 of a cluster (the URL the mesh's own clients dial).
     pub broker: Broker,
+    /// The other nodes of a cluster (empty on a single broker).
+    peers: Vec<Broker>,
     root: tempfile::TempDir,
     workspace: Workspace,
     spaces: Vec<Space>,
@@ -112,6 +137,7 @@ impl Mesh {
             broker: Broker::builder(),
             lease_ttl: Duration::from_secs(30),
             evictor: true,
+            nodes: 1,
         }
     }
 
@@ -146,13 +172,39 @@ impl Mesh {
     /// `cotal-delivery deliver --spaces --root <root>` against this broker (with `--tls
     /// --tls-ca` on a TLS broker): a multi-space host serving `root`'s manifest.
     pub fn host(&self, root: &Path) -> DaemonSpec {
+        self.host_at(root, &self.url())
+    }
+
+    /// [`Mesh::host`] dialing `server` (a cluster node's URL); the client discovers the other
+    /// nodes from the node's INFO and fails over to them.
+    pub fn host_at(&self, root: &Path, server: &str) -> DaemonSpec {
         let root = root.display().to_string();
         let mut spec = DaemonSpec::command(&["deliver", "--spaces", "--root", &root], self.root())
-            .server(&self.url());
+            .server(server);
         if let Some(ca) = self.tls_ca() {
             spec = spec.arg("--tls").arg("--tls-ca").arg(ca);
         }
         spec
+    }
+
+    /// Node `i` of the cluster (0 is [`Mesh::broker`]); `None` past the last node.
+    pub fn node(&self, i: usize) -> Option<&Broker> {
+        if i == 0 {
+            Some(&self.broker)
+        } else {
+            self.peers.get(i - 1)
+        }
+    }
+    pub fn node_mut(&mut self, i: usize) -> Option<&mut Broker> {
+        if i == 0 {
+            Some(&mut self.broker)
+        } else {
+            self.peers.get_mut(i - 1)
+        }
+    }
+    /// Nodes of the mesh: 1 on a single broker.
+    pub fn node_count(&self) -> usize {
+        1 + self.peers.len()
     }
 
     /// The spaces of this mesh.

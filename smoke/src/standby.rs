@@ -43,6 +43,11 @@ pub struct Args {
     /// Interval of the durable sender, in milliseconds.
     #[arg(long, default_value_t = 200)]
     pub post_every_ms: u64,
+    /// A 3-node loopback JetStream cluster with R3 streams and buckets instead of one broker;
+    /// host 1 dials node 1, host 2 node 2 (the suite's own clients node 0), and a fourth case
+    /// kills the node the holder is connected to (then restarts it).
+    #[arg(long)]
+    pub cluster: bool,
     /// One JSON object per case on its own line instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -52,6 +57,10 @@ const BOUND: Duration = Duration::from_secs(120);
 /// One ctl.delivery probe's wait for its answer (the takeover resolution is about this).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 const CASES: [&str; 3] = ["kill", "return", "stop"];
+/// The cluster-only case: the broker node the holder is connected to is SIGKILLed.
+const NODE_CASE: &str = "node";
+/// Nodes of the `--cluster` mesh (and replicas of its streams and buckets).
+const CLUSTER_NODES: usize = 3;
 
 pub async fn run(args: Args) -> i32 {
     match suite(args).await {
@@ -66,6 +75,10 @@ pub async fn run(args: Args) -> i32 {
 struct Host {
     root: tempfile::TempDir,
     holder: String,
+    /// The delivery nkey, as the broker's `/connz?auth=true` names the connection's user.
+    nkey: String,
+    /// The URL this host dials (a cluster node's on `--cluster`).
+    server: String,
     proc: Option<Daemon>,
 }
 
@@ -73,18 +86,43 @@ fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-fn spawn(mesh: &Mesh, root: &Path, retry: Duration) -> Result<Daemon, String> {
-    mesh.host(root)
+fn spawn(mesh: &Mesh, root: &Path, server: &str, retry: Duration) -> Result<Daemon, String> {
+    mesh.host_at(root, server)
         .env(ENV_STANDBY_RETRY_MS, retry.as_millis().to_string())
         .spawn()
         .map_err(err)
 }
 
-fn holder_of(root: &Path, space: &Space) -> Result<String, String> {
+/// The host's holder name (as its lease row names it) and its delivery nkey.
+fn holder_of(root: &Path, space: &Space) -> Result<(String, String), String> {
     let cred = read_creds_file(&Workspace::new(root).delivery_creds_path(space)).map_err(err)?;
-    Ok(Principal::for_nkey(&cred.public_key().map_err(err)?)
-        .map_err(err)?
-        .dot_form())
+    let nkey = cred.public_key().map_err(err)?;
+    let holder = Principal::for_nkey(&nkey).map_err(err)?.dot_form();
+    Ok((holder, nkey))
+}
+
+/// The running node on which a connection of user `nkey` is open (from each node's `/connz`).
+async fn node_of(mesh: &mut Mesh, nkey: &str) -> Result<Option<usize>, String> {
+    for i in 0..mesh.node_count() {
+        let Some(node) = mesh.node_mut(i) else {
+            continue;
+        };
+        if !node.is_running() {
+            continue;
+        }
+        let connz = node
+            .monitor("/connz?auth=true&limit=4096")
+            .await
+            .map_err(err)?;
+        let found = connz["connections"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["authorized_user"].as_str() == Some(nkey))
+        });
+        if found {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
 }
 
 /// Which host's row is live (index into `hosts`), read from the broker.
@@ -97,16 +135,20 @@ async fn holder_index(insp: &Inspector, hosts: &[Host]) -> Result<Option<usize>,
     }))
 }
 
-/// Waits (bounded) until one of `hosts` holds a ready row.
+/// Waits (bounded) until one of `hosts` holds a ready row. A failed read is retried: on a
+/// cluster the suite's own connection may be failing over.
 async fn wait_holder(insp: &Inspector, hosts: &[Host]) -> Result<usize, String> {
     let deadline = Instant::now() + BOUND;
+    let mut last_error = String::new();
     loop {
-        if let Some(i) = holder_index(insp, hosts).await? {
-            return Ok(i);
+        match holder_index(insp, hosts).await {
+            Ok(Some(i)) => return Ok(i),
+            Ok(None) => {}
+            Err(e) => last_error = e,
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "no host held a ready row within {} s",
+                "no host held a ready row within {} s (last read error: {last_error})",
                 BOUND.as_secs()
             ));
         }
@@ -151,6 +193,65 @@ async fn wait_seen(seen: &Seen, id: &str, bound: Duration) -> Result<Instant, St
     }
 }
 
+/// Checks on the broker that every stream of the space (buckets included) has `want`
+/// replicas, and says so.
+async fn replicas(insp: &Inspector, want: usize) -> Result<String, String> {
+    use futures::TryStreamExt;
+    let streams: Vec<async_nats::jetstream::stream::Info> =
+        insp.js.streams().try_collect().await.map_err(err)?;
+    let wrong: Vec<String> = streams
+        .iter()
+        .filter(|i| i.config.num_replicas.max(1) != want)
+        .map(|i| format!("{} R{}", i.config.name, i.config.num_replicas))
+        .collect();
+    if streams.is_empty() || !wrong.is_empty() {
+        return Err(format!(
+            "the space's streams are not all at R{want}: {} of {} differ ({})",
+            wrong.len(),
+            streams.len(),
+            wrong.join(", ")
+        ));
+    }
+    Ok(format!(
+        "every stream and bucket of the space at R{want} ({} streams, read from the broker)",
+        streams.len()
+    ))
+}
+
+/// Posts a round's marker, retried (bounded) while a cluster connection fails over.
+async fn post_mark(sender: &Agent, channel: &str, mark: &str) -> Result<(), String> {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let msg = sender.message(channel, mark, Some(mark));
+        match sender.post(channel, &msg).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => return Err(format!("post {mark}: {e}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+type Times<'a> = BTreeMap<&'a str, Vec<u128>>;
+
+/// Records one case's times: takeover (both seen), first answer, first delivered post.
+fn record<'a>(
+    takeover: &mut Times<'a>,
+    rail: &mut Times<'a>,
+    post: &mut Times<'a>,
+    case: &'a str,
+    t0: Instant,
+    answered: Instant,
+    delivered: Instant,
+) {
+    let ms = |t: Instant| t.duration_since(t0).as_millis();
+    takeover
+        .entry(case)
+        .or_default()
+        .push(ms(answered.max(delivered)));
+    rail.entry(case).or_default().push(ms(answered));
+    post.entry(case).or_default().push(ms(delivered));
+}
+
 fn stats(v: &[u128]) -> (u128, u128, u128) {
     let mut v = v.to_vec();
     v.sort_unstable();
@@ -160,15 +261,18 @@ fn stats(v: &[u128]) -> (u128, u128, u128) {
 async fn suite(args: Args) -> Result<(), String> {
     let ttl = Duration::from_secs(args.lease_ttl_secs.max(1));
     let retry = Duration::from_millis(args.standby_retry_ms.max(100));
-    let mesh = Mesh::builder()
+    let nodes = if args.cluster { CLUSTER_NODES } else { 1 };
+    let mut mesh = Mesh::builder()
         .space("standby")
         .map_err(err)?
         .lease_ttl(ttl)
+        .cluster(nodes)
         .start()
         .await
         .map_err(err)?;
     let space = mesh.space().clone();
     let insp = mesh.inspector(&space).await.map_err(err)?;
+    let replicas_line = replicas(&insp, nodes).await?;
     let roots = [
         tempfile::tempdir().map_err(err)?,
         tempfile::tempdir().map_err(err)?,
@@ -180,15 +284,22 @@ async fn suite(args: Args) -> Result<(), String> {
     prepare_standby_hosts(&mesh.authority, &plan, &[roots[0].path(), roots[1].path()])
         .map_err(err)?;
     let mut hosts = Vec::new();
-    for root in roots {
-        let holder = holder_of(root.path(), &space)?;
+    for (i, root) in roots.into_iter().enumerate() {
+        let (holder, nkey) = holder_of(root.path(), &space)?;
+        // On a cluster host i+1 dials node i+1, away from the suite's own node 0.
+        let server = mesh
+            .node((i + 1) % nodes)
+            .map(|n| n.client_url())
+            .ok_or("no node")?;
         hosts.push(Host {
             root,
             holder,
+            nkey,
+            server,
             proc: None,
         });
     }
-    hosts[0].proc = Some(spawn(&mesh, hosts[0].root.path(), retry)?);
+    hosts[0].proc = Some(spawn(&mesh, hosts[0].root.path(), &hosts[0].server, retry)?);
     hosts[0]
         .proc
         .as_mut()
@@ -196,7 +307,7 @@ async fn suite(args: Args) -> Result<(), String> {
         .wait_for_line("✓ delivery daemon up", BOUND)
         .await
         .map_err(err)?;
-    hosts[1].proc = Some(spawn(&mesh, hosts[1].root.path(), retry)?);
+    hosts[1].proc = Some(spawn(&mesh, hosts[1].root.path(), &hosts[1].server, retry)?);
     hosts[1]
         .proc
         .as_mut()
@@ -293,7 +404,7 @@ async fn suite(args: Args) -> Result<(), String> {
     )
     .map_err(err)?;
     let before = insp.lease().await.map_err(err)?.ok_or("no row")?;
-    let mut t = spawn(&mesh, third.path(), retry)?;
+    let mut t = spawn(&mesh, third.path(), &mesh.url(), retry)?;
     let code = t.wait_exit(BOUND).await.map_err(err)?.code();
     let after = insp.lease().await.map_err(err)?.ok_or("no row")?;
     let same_holder = after.info.holder == before.info.holder
@@ -312,13 +423,68 @@ async fn suite(args: Args) -> Result<(), String> {
     let mut takeover: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
     let mut rail: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
     let mut post: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
+    // Node case: whether the holder's lane rode the failover or the standby took over.
+    let mut kept = 0usize;
+    let mut moved = 0usize;
+    let cases: Vec<&str> = if args.cluster {
+        CASES.iter().copied().chain([NODE_CASE]).collect()
+    } else {
+        CASES.to_vec()
+    };
     for round in 0..args.rounds {
-        for case in CASES {
+        for &case in &cases {
             if let Ok(mut p) = phase.lock() {
                 *p = case.to_string();
             }
             let h = wait_holder(&insp, &hosts).await?;
             let s = 1 - h;
+            if case == NODE_CASE {
+                let row = insp.lease().await.map_err(err)?.ok_or("no row")?;
+                let node = node_of(&mut mesh, &hosts[h].nkey)
+                    .await?
+                    .ok_or("the holder is connected to no running node")?;
+                let t0 = Instant::now();
+                mesh.node_mut(node).ok_or("no node")?.kill().map_err(err)?;
+                let mark = format!("mark-{case}-{round}");
+                post_mark(&sender, channel, &mark).await?;
+                let answered = first_answer(&watcher, BOUND).await?;
+                let delivered = wait_seen(&seen, &mark, BOUND).await?;
+                let after = wait_holder(&insp, &hosts).await?;
+                let now = insp.lease().await.map_err(err)?.ok_or("no row")?;
+                let outcome = if after == h && now.info.incarnation == row.info.incarnation {
+                    kept += 1;
+                    format!(
+                        "host {}'s lane rode the failover (incarnation unchanged)",
+                        h + 1
+                    )
+                } else {
+                    moved += 1;
+                    format!(
+                        "host {} holds it now (incarnation {} -> {})",
+                        after + 1,
+                        row.info.incarnation,
+                        now.info.incarnation
+                    )
+                };
+                record(
+                    &mut takeover,
+                    &mut rail,
+                    &mut post,
+                    case,
+                    t0,
+                    answered,
+                    delivered,
+                );
+                eprintln!(
+                    "delivery-standby: {case} round {round}: node {node} (the holder's) killed; ctl.delivery answered after {} ms, post delivered after {} ms; {outcome}",
+                    answered.duration_since(t0).as_millis(),
+                    delivered.duration_since(t0).as_millis()
+                );
+                let n = mesh.node_mut(node).ok_or("no node")?;
+                n.wait_exit(BOUND).await.map_err(err)?;
+                n.restart().await.map_err(err)?;
+                continue;
+            }
             let holder_proc = hosts[h].proc.as_mut().ok_or("holder not running")?;
             let t0 = Instant::now();
             match case {
@@ -326,18 +492,18 @@ async fn suite(args: Args) -> Result<(), String> {
                 _ => holder_proc.kill().map_err(err)?,
             }
             let mark = format!("mark-{case}-{round}");
-            let msg = sender.message(channel, &mark, Some(&mark));
-            sender.post(channel, &msg).await.map_err(err)?;
+            post_mark(&sender, channel, &mark).await?;
             let answered = first_answer(&watcher, BOUND).await?;
             let delivered = wait_seen(&seen, &mark, BOUND).await?;
-            let ms = answered.max(delivered).duration_since(t0).as_millis();
-            takeover.entry(case).or_default().push(ms);
-            rail.entry(case)
-                .or_default()
-                .push(answered.duration_since(t0).as_millis());
-            post.entry(case)
-                .or_default()
-                .push(delivered.duration_since(t0).as_millis());
+            record(
+                &mut takeover,
+                &mut rail,
+                &mut post,
+                case,
+                t0,
+                answered,
+                delivered,
+            );
             eprintln!(
                 "delivery-standby: {case} round {round}: ctl.delivery answered after {} ms, post delivered after {} ms",
                 answered.duration_since(t0).as_millis(),
@@ -352,7 +518,7 @@ async fn suite(args: Args) -> Result<(), String> {
             }
             // The old holder comes back and stands by; the new holder's row stays its own.
             let row = insp.lease().await.map_err(err)?.ok_or("no row")?;
-            let mut back = spawn(&mesh, hosts[h].root.path(), retry)?;
+            let mut back = spawn(&mesh, hosts[h].root.path(), &hosts[h].server, retry)?;
             back.wait_for_line("standing by", BOUND)
                 .await
                 .map_err(err)?;
@@ -402,8 +568,16 @@ async fn suite(args: Args) -> Result<(), String> {
     let bound_ms = (ttl + retry + Duration::from_secs(1)).as_millis();
     let mut lost_total = 0;
     if !args.json {
-        println!("delivery-standby: two hosts, one broker at {}, lease TTL {} s, standby retry {} s, {} round(s)", mesh.url(), ttl.as_secs(), retry.as_secs_f64(), args.rounds);
-        println!("These are observations on one machine and one broker: not an SLA, and not a test of two physical hosts or of a network partition.");
+        let broker = if args.cluster {
+            format!(
+                "a {CLUSTER_NODES}-node loopback cluster (R{CLUSTER_NODES} streams and buckets)"
+            )
+        } else {
+            format!("one broker at {}", mesh.url())
+        };
+        println!("delivery-standby: two hosts, {broker}, lease TTL {} s, standby retry {} s, {} round(s)", ttl.as_secs(), retry.as_secs_f64(), args.rounds);
+        println!("These are observations on one machine and one broker (or one loopback cluster): not an SLA, and not a test of two physical hosts or of a network partition.");
+        println!("{replicas_line}");
         println!("{credential_line}");
         println!("{third_line}");
         println!("expected bound after a kill: TTL + standby retry + 1 s = {bound_ms} ms");
@@ -420,7 +594,7 @@ async fn suite(args: Args) -> Result<(), String> {
             "duplicates"
         );
     }
-    for case in CASES {
+    for &case in &cases {
         let ids: Vec<&String> = posts
             .iter()
             .filter(|(_, l)| l == case)
@@ -446,10 +620,13 @@ async fn suite(args: Args) -> Result<(), String> {
         let r = stats(rail.get(case).map(Vec::as_slice).unwrap_or(&[0]));
         let p = stats(post.get(case).map(Vec::as_slice).unwrap_or(&[0]));
         if args.json {
-            println!(
-                "{}",
-                serde_json::json!({"case": case, "rounds": args.rounds, "takeover_ms": {"min": min, "median": med, "max": max}, "posts": ids.len(), "surfaced": surfaced, "lost": lost, "duplicates": dups, "bound_ms": bound_ms, "rail_ms": {"min": r.0, "median": r.1, "max": r.2}, "post_ms": {"min": p.0, "median": p.1, "max": p.2}})
-            );
+            let mut line = serde_json::json!({"case": case, "rounds": args.rounds, "takeover_ms": {"min": min, "median": med, "max": max}, "posts": ids.len(), "surfaced": surfaced, "lost": lost, "duplicates": dups, "bound_ms": bound_ms, "rail_ms": {"min": r.0, "median": r.1, "max": r.2}, "post_ms": {"min": p.0, "median": p.1, "max": p.2}, "cluster": args.cluster});
+            if case == NODE_CASE {
+                // Which outcome each round had, proved by the row's holder and incarnation.
+                line["lane_kept"] = kept.into();
+                line["standby_took_over"] = moved.into();
+            }
+            println!("{line}");
         } else {
             println!(
                 "{:>7} | {:>6} | {:>8} {:>8} {:>8} | {:>6} {:>8} {:>5} {:>10}",
@@ -467,6 +644,11 @@ async fn suite(args: Args) -> Result<(), String> {
                 "        first ctl.delivery answer {}/{}/{} ms; first delivered post {}/{}/{} ms (min/med/max)",
                 r.0, r.1, r.2, p.0, p.1, p.2
             );
+            if case == NODE_CASE {
+                println!(
+                    "        after the holder's node died: its lane rode the failover {kept} time(s), the standby took over {moved} time(s) (from the row's holder and incarnation)"
+                );
+            }
         }
     }
     let all_lost = want
