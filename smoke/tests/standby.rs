@@ -4,8 +4,8 @@
 //! checked from its `--json` lines. The seeds' 5 s retry is the default of the suite itself.
 //!
 //! Asserted: the three cases ran; every post of every case reached the offline member's DLV
-//! (`lost == 0`, `surfaced == posts`); the standby answered `ctl.delivery` within TTL + retry
-//! + 1 s (`bound_ms`) plus a 3 s margin for a loaded 2-core machine. The first delivered
+//! (`lost == 0`, `surfaced == posts`); the standby answered `ctl.delivery` within the TTL plus
+//! the retry plus 1 s (`bound_ms`) plus a 3 s margin for a loaded 2-core machine. The first delivered
 //! post after a takeover is reported (`post_ms`, inside `takeover_ms`) and only bounded by the
 //! suite's own 120 s wait: it has arrived one `ack_wait` after the kill (60 s on an earlier
 //! main, 5 s now; docs/performance.md), a data-plane matter outside the host.
