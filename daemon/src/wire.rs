@@ -378,6 +378,10 @@ impl SpaceNames {
     pub fn membership_bucket(&self) -> String {
         format!("cotal_membership_{}", self.s())
     }
+    /// One row per anycast request a holder took or a sender cancelled (docs/anycast.md).
+    pub fn anycast_bucket(&self) -> String {
+        format!("cotal_anycast_{}", self.s())
+    }
     pub fn records_bucket(&self) -> String {
         format!("cotal_records_{}", self.s())
     }
@@ -402,6 +406,39 @@ impl SpaceNames {
     }
     pub fn dm_all(&self) -> String {
         format!("{}.inst.>", self.p())
+    }
+    /// Unicast subject `cotal.<s>.inst.<recipO>.<recipA>.<sndO>.<sndA>`.
+    pub fn dm_subject(&self, recipient: &Principal, sender: &Principal) -> String {
+        format!(
+            "{}.inst.{}.{}.{}.{}",
+            self.p(),
+            recipient.owner(),
+            recipient.actor(),
+            sender.owner(),
+            sender.actor()
+        )
+    }
+    /// DMs from `sender` to anyone: `cotal.<s>.inst.*.*.<sndO>.<sndA>` (the daemon's grant).
+    pub fn dm_from_any(&self, sender: &Principal) -> String {
+        format!(
+            "{}.inst.*.*.{}.{}",
+            self.p(),
+            sender.owner(),
+            sender.actor()
+        )
+    }
+    /// A sender's anycast requests to any role: `cotal.<s>.svc.*.<o>.<a>` (its publish grant).
+    pub fn anycast_send_grant(&self, sender: &Principal) -> String {
+        format!("{}.svc.*.{}.{}", self.p(), sender.owner(), sender.actor())
+    }
+    /// An anycast request of `sender` to `role`: `cotal.<s>.svc.<role>.<o>.<a>`.
+    pub fn anycast_subject(&self, role: &str, sender: &Principal) -> String {
+        format!(
+            "{}.svc.{role}.{}.{}",
+            self.p(),
+            sender.owner(),
+            sender.actor()
+        )
     }
     pub fn task_all(&self) -> String {
         format!("{}.svc.>", self.p())
@@ -536,6 +573,9 @@ pub const MEMBERSHIP_OBSERVER_INBOX_PREFIX: &str = "_INBOX.cotal-membership";
 pub enum CtlService {
     Delivery,
     DeliveryAdmin,
+    /// The anycast take rail: a holder's own take subject `cotal.<s>.ctl.anycast.<o>.<a>`
+    /// (docs/anycast.md).
+    Anycast,
 }
 
 impl CtlService {
@@ -543,6 +583,7 @@ impl CtlService {
         match self {
             CtlService::Delivery => "delivery",
             CtlService::DeliveryAdmin => "delivery-admin",
+            CtlService::Anycast => "anycast",
         }
     }
     /// The queue group the daemon serves the rail in.

@@ -14,6 +14,7 @@
 //! A control request whose connection closes before the answer is rejected at once and never
 //! re-sent: the client opens no reconnect for it.
 
+pub mod anycast;
 pub mod liveness;
 
 use std::fmt;
@@ -312,9 +313,19 @@ impl Agent {
         args: Value,
         timeout: Duration,
     ) -> Result<Value, AgentError> {
-        let subject = self
-            .names
-            .ctl_subject(CtlService::Delivery, &self.spec.principal);
+        self.request_on(CtlService::Delivery, op, args, timeout)
+            .await
+    }
+
+    /// [`Agent::request`] on any rail the agent may call (`ctl.delivery`, its take subject).
+    pub(crate) async fn request_on(
+        &self,
+        service: CtlService,
+        op: &str,
+        args: Value,
+        timeout: Duration,
+    ) -> Result<Value, AgentError> {
+        let subject = self.names.ctl_subject(service, &self.spec.principal);
         let reply = format!("{subject}.reply.{}", uuid::Uuid::new_v4().simple());
         let body = json!({
             "op": op,

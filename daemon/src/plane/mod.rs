@@ -17,6 +17,7 @@ use crate::journal::Journal;
 use crate::wire::{Principal, SpaceNames};
 
 pub mod acl;
+pub mod anycast;
 pub mod boundary;
 pub mod cache;
 pub mod catchup;

@@ -354,12 +354,32 @@ fn delivery(n: &SpaceNames, user_nkey: &str) -> Permissions {
         .allow_pub(n.ctl_reply_grant(CtlService::DeliveryAdmin))
         // §6.9: the `live.delivery` responder's replies (reply leaf only).
         .allow_pub(n.live_delivery_reply_grant());
+    anycast_records(&mut p, n, user_nkey);
     p.allow_sub(own_inbox(user_nkey))
         .allow_sub(n.ctl_serve(CtlService::Delivery))
         .allow_sub(n.ctl_serve(CtlService::DeliveryAdmin))
+        // §6.9: the anycast take rail (queue group `anycast`).
+        .allow_sub(n.ctl_serve(CtlService::Anycast))
         // §6.9: the `live.delivery` responder (queue group `live.delivery`).
         .allow_sub(n.live_delivery_serve());
     p
+}
+
+/// §6.9, anycast take records (docs/anycast.md): leader-served reads of `TASK_<s>` (stream info
+/// for its creation time, message get by seq, never Direct Get) and deletes there (a cancel);
+/// the `cotal_anycast_<s>` rows (read leader-served, written by compare-and-set); DMs from the
+/// daemon's own principal `local.<user nkey>` only; the take rail's serve and reply leaf.
+fn anycast_records(p: &mut Permissions, n: &SpaceNames, user_nkey: &str) {
+    let task = n.task_stream();
+    p.kv_read(&n.anycast_bucket())
+        .allow_pub(js::stream_info(&task))
+        .allow_pub(js::stream_msg_get(&task))
+        .allow_pub(js::stream_msg_delete(&task))
+        .allow_pub(js::kv_key(&n.anycast_bucket(), ">"))
+        .allow_pub(n.ctl_reply_grant(CtlService::Anycast));
+    if let Ok(me) = Principal::for_nkey(user_nkey) {
+        p.allow_pub(n.dm_from_any(&me));
+    }
 }
 
 /// `membership-rw`: spec-digest §4.2. Reads the members registry and the feed, writes the feed.
@@ -413,6 +433,11 @@ fn agent(
     ))
     .allow_pub(n.ctl_subject(CtlService::Delivery, principal))
     .allow_pub(n.live_delivery_subject(principal))
+    // Anycast (docs/anycast.md): requests as their own sender, its own take subject, and the
+    // task stream's creation time.
+    .allow_pub(n.ctl_subject(CtlService::Anycast, principal))
+    .allow_pub(n.anycast_send_grant(principal))
+    .allow_pub(js::stream_info(&n.task_stream()))
     .allow_pub(js::consumer_info(&dlv, &durable))
     .allow_pub(js::consumer_next(&dlv, &durable))
     .allow_pub(js::ack(&dlv, &durable))
@@ -425,7 +450,8 @@ fn agent(
         .deny_pub(js::consumer_durable_create_any(&dlv));
     p.allow_sub(own_inbox(user_nkey))
         .allow_sub(n.ctl_reply_subtree(CtlService::Delivery, principal))
-        .allow_sub(n.live_delivery_reply_subtree(principal));
+        .allow_sub(n.live_delivery_reply_subtree(principal))
+        .allow_sub(n.ctl_reply_subtree(CtlService::Anycast, principal));
     for ch in read.as_slice() {
         p.allow_sub(n.chat_read_subject(ch));
     }
@@ -515,6 +541,7 @@ pub fn space_bucket_names(n: &SpaceNames) -> Vec<String> {
         n.delivery_bucket(),
         n.membership_bucket(),
         n.records_bucket(),
+        n.anycast_bucket(),
     ]
 }
 
@@ -591,6 +618,18 @@ mod tests {
             "cotal.demo.ctl.delivery.*.*.reply.>",
             "cotal.demo.ctl.delivery-admin.*.*.reply.>",
             "cotal.demo.live.delivery.*.*.reply.>",
+            // Anycast take records (docs/anycast.md).
+            "$JS.API.STREAM.INFO.KV_cotal_anycast_demo",
+            "$JS.API.STREAM.MSG.GET.KV_cotal_anycast_demo",
+            "$JS.API.CONSUMER.CREATE.KV_cotal_anycast_demo.>",
+            "$JS.API.CONSUMER.INFO.KV_cotal_anycast_demo.>",
+            "$JS.API.CONSUMER.DELETE.KV_cotal_anycast_demo.>",
+            "$JS.API.STREAM.INFO.TASK_demo",
+            "$JS.API.STREAM.MSG.GET.TASK_demo",
+            "$JS.API.STREAM.MSG.DELETE.TASK_demo",
+            "$KV.cotal_anycast_demo.>",
+            "cotal.demo.ctl.anycast.*.*.reply.>",
+            "cotal.demo.inst.*.*.local.UABC",
         ]));
         assert_eq!(p.pub_allow, expected);
         assert_eq!(
@@ -599,6 +638,7 @@ mod tests {
                 "_INBOX_UABC.>",
                 "cotal.demo.ctl.delivery.*.*",
                 "cotal.demo.ctl.delivery-admin.*.*",
+                "cotal.demo.ctl.anycast.*.*",
                 "cotal.demo.live.delivery.*.*",
             ])
         );
@@ -651,6 +691,9 @@ mod tests {
                 "cotal.demo.chat.local.alice.>".to_string(),
                 "cotal.demo.ctl.delivery.local.alice".to_string(),
                 "cotal.demo.live.delivery.local.alice".to_string(),
+                "cotal.demo.ctl.anycast.local.alice".to_string(),
+                "cotal.demo.svc.*.local.alice".to_string(),
+                "$JS.API.STREAM.INFO.TASK_demo".to_string(),
                 format!("$JS.API.CONSUMER.INFO.DLV_demo.{d}"),
                 format!("$JS.API.CONSUMER.MSG.NEXT.DLV_demo.{d}"),
                 format!("$JS.ACK.DLV_demo.{d}.>"),
@@ -674,6 +717,7 @@ mod tests {
                 "_INBOX_UABC.>",
                 "cotal.demo.ctl.delivery.local.alice.reply.>",
                 "cotal.demo.live.delivery.local.alice.reply.>",
+                "cotal.demo.ctl.anycast.local.alice.reply.>",
                 "cotal.demo.chat.*.*.general",
                 "cotal.demo.chat.*.*.eng.>",
             ])
@@ -761,7 +805,7 @@ mod tests {
             .iter()
             .any(|s| s.contains("DELETE") || s.contains("PURGE")));
         assert!(!p.pub_allow.iter().any(|s| s.starts_with("cotal.")));
-        assert_eq!(p.pub_allow.len(), 1 + 7 * 14);
+        assert_eq!(p.pub_allow.len(), 1 + 7 * 15);
 
         let o = SystemProfile::MembershipObserver.permissions("AACC");
         assert_eq!(o.pub_allow, v(&["$SYS.REQ.ACCOUNT.AACC.CONNZ"]));

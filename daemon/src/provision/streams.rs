@@ -290,6 +290,8 @@ pub fn space_stream_configs(n: &SpaceNames, opts: &ProvisionOptions) -> Vec<Conf
     records.deny_purge = true;
     records.allow_rollup = false;
     out.push(records);
+    // Anycast take records (docs/anycast.md): rows are swept by the daemon, not by age.
+    out.push(kv_stream(&n.anycast_bucket(), 1, Duration::ZERO, opts));
     out
 }
 
@@ -597,7 +599,7 @@ mod tests {
     fn reference_configs() {
         let opts = ProvisionOptions::new().backstop_max_msgs_per_subject(50);
         let all = space_stream_configs(&names(), &opts);
-        assert_eq!(all.len(), 14);
+        assert_eq!(all.len(), 15);
         let chat = by_name(&all, "CHAT_demo");
         assert_eq!(chat.subjects, vec!["cotal.demo.chat.>"]);
         assert!(chat.allow_direct);

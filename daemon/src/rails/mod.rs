@@ -18,6 +18,7 @@ use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx, NOT_SERVING, STOPPED_S
 use crate::wire::{CtlService, Principal};
 
 pub mod admin;
+pub mod anycast;
 pub mod evict;
 pub mod fence;
 pub mod inventory;
@@ -293,6 +294,9 @@ async fn answer(
         CtlService::DeliveryAdmin => {
             admin::dispatch(ctx, parts, caller, &request.op, &request.args).await
         }
+        CtlService::Anycast => anycast::take(ctx, caller, &request.op, &request.args)
+            .await
+            .map_err(admin::AdminRefusal::from),
     };
     ctx.metrics.rail_request(&request.op, result.is_err());
     match result {

@@ -31,6 +31,9 @@ pub async fn delivery(
         "durableJoin" => durable_join(ctx, fences, caller, args).await,
         "durableLeave" => durable_leave(ctx, fences, caller, args).await,
         "listMemberships" => list_memberships(ctx, caller, args).await,
+        "anycastStatus" | "anycastCancel" => {
+            crate::rails::anycast::delivery(ctx, caller, op, args).await
+        }
         _ => Err(format!(
             "op \"{op}\" not supported on the delivery control service"
         )),

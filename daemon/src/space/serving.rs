@@ -83,6 +83,22 @@ impl Plane {
                         .await?,
                 );
             }
+            // Anycast records (docs/anycast.md) are fail-soft: a take rail that cannot bind is
+            // logged and delivery serves on without it.
+            match crate::rails::bind(
+                &self.ctx,
+                self.admin.clone(),
+                crate::wire::CtlService::Anycast,
+                stop_rx.clone(),
+            )
+            .await
+            {
+                Ok(task) => tasks.push(task),
+                Err(e) => self.ctx.journal.line(format!(
+                    "! anycast records: the take rail did not bind ({e}); takes go unrecorded until the next re-arm, delivery is unaffected"
+                )),
+            }
+            tasks.push(crate::rails::anycast::bind_sweeper(&self.ctx, stop_rx.clone()));
             // A fresh opaque instance token per bind (re-minted on every re-arm).
             let instance = uuid::Uuid::new_v4().simple().to_string();
             tasks.push(
