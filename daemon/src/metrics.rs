@@ -154,6 +154,7 @@ struct Families {
     redeliveries: Family<StreamLabel, Counter>,
     give_ups: Family<ReasonLabel, Counter>,
     retention_discards: Family<StreamLabel, Counter>,
+    dlv_discarded: Family<SpaceLabel, Gauge>,
     lease_held: Family<SpaceLabel, Gauge>,
     lease_renewals: Family<SpaceLabel, Counter>,
     broker_connected: Family<SpaceLabel, Gauge>,
@@ -176,6 +177,7 @@ impl Families {
             redeliveries: Family::default(),
             give_ups: Family::default(),
             retention_discards: Family::default(),
+            dlv_discarded: Family::default(),
             lease_held: Family::default(),
             lease_renewals: Family::default(),
             broker_connected: Family::default(),
@@ -226,6 +228,11 @@ impl Families {
             "retention_discards",
             "messages retention discarded before the daemon read them, by stream",
             self.retention_discards.clone(),
+        );
+        r.register(
+            "dlv_discarded",
+            "frames DLV retention removed so far, surfaced or not (last sequence minus frames held; nothing else deletes DLV frames)",
+            self.dlv_discarded.clone(),
         );
         r.register(
             "lease_held",
@@ -678,7 +685,20 @@ impl Sampler {
         {
             self.metrics.set_lag(&self.metrics.families.reader_lag, lag);
         }
+        let dlv = self.names.dlv_stream();
+        if let Ok(Some(gone)) = tokio::time::timeout(SAMPLE_BOUND, removed(&self.js, &dlv)).await {
+            self.metrics
+                .set_lag(&self.metrics.families.dlv_discarded, gone);
+        }
     }
+}
+
+/// How many messages `stream` no longer holds: its last sequence minus the messages it holds
+/// (every message ever stored took one sequence; `None` on a failed read).
+async fn removed(js: &async_nats::jetstream::Context, stream: &str) -> Option<u64> {
+    let s = js.get_stream(stream).await.ok()?;
+    let state = &s.cached_info().state;
+    Some(state.last_sequence.saturating_sub(state.messages))
 }
 
 /// `stream`'s last sequence minus `durable`'s ack floor (stream sequence); `None` on a failed

@@ -331,3 +331,63 @@ async fn a_multi_space_host_serves_every_lane_on_one_endpoint() {
     host.terminate().unwrap();
     host.wait_exit(Duration::from_secs(20)).await.expect("exit");
 }
+
+/// A member who never surfaces is handed off more frames than `DLV_<s>`'s per-subject retention
+/// (1000, discard old) keeps: the DLV discards gauge shows exactly what the broker removed.
+/// Mutation applied and seen caught: `removed` returning the frames held instead of the frames
+/// removed (1000 instead of 100).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlv_retention_discards_are_exported() {
+    const POSTS: u64 = 1100;
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let port = free_port();
+    let mut daemon = start_with_metrics(&mesh, port).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
+        .await
+        .unwrap();
+    bob.durable_join("general").await.unwrap();
+    // A pipelined burst, then the broker's acks.
+    let subject = insp.names.chat_subject(alice.principal(), "general");
+    let mut acks = Vec::new();
+    for i in 0..POSTS {
+        let m = alice.message("general", &format!("burst-{i}"), None);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", m["id"].as_str().unwrap());
+        acks.push(
+            insp.js
+                .publish_with_headers(subject.clone(), headers, m.to_string().into())
+                .await
+                .unwrap(),
+        );
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+    drained(&insp, SURFACE_BOUND * 6).await;
+    // The broker's figure: every frame took a sequence; DLV holds at most 1000 of bob's.
+    let dlv = insp
+        .js
+        .get_stream(insp.names.dlv_stream())
+        .await
+        .unwrap()
+        .cached_info()
+        .state
+        .clone();
+    let removed = dlv.last_sequence - dlv.messages;
+    assert_eq!(
+        dlv_count(&insp, &bob_m.principal, &bob_m.lifecycle_uid).await,
+        1000
+    );
+    assert_eq!(removed, POSTS - 1000);
+    let series = "cotal_delivery_dlv_discarded{space=\"demo\"}";
+    let text = scrape_until(port, "the DLV discards sampled", |t| {
+        sample(t, series) == Some(removed as f64)
+    })
+    .await;
+    assert_eq!(sample(&text, series), Some((POSTS - 1000) as f64));
+    stop_daemon(&mut daemon).await;
+}
