@@ -38,6 +38,8 @@ pub const RAIL_VERBS: &[&str] = &[
     "durableJoin",
     "durableLeave",
     "listMemberships",
+    "anycastStatus",
+    "anycastCancel",
     "reloadCreds",
     "reloadStoreIdentity",
     "lifecycleMemberships",
