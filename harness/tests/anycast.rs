@@ -180,8 +180,8 @@ async fn daemon_with(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
 /// as the broker's row says (`taken` by bob, the request still queued; or `cancelled`, the
 /// request deleted), and the loser's refusal names the winner.
 ///
-/// Mutation seen failing: the cancel's row write as a plain put instead of a create (no
-/// expected-last-subject-sequence): trials where both answered ok.
+/// Mutation seen failing: a take whose row create lost (conflict) answering as the winner
+/// instead of re-reading: trial 0 had both the take and the cancel answered ok.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn take_and_cancel_race_with_exactly_one_winner_over_200_trials() {
     let mesh = mesh().await;
