@@ -90,11 +90,15 @@ async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor
 /// A signal that arrives while the claim is on its way never abandons it: the daemon waits for
 /// the broker's answer and releases a claim that won. The daemon dials through a proxy that holds
 /// its outgoing bytes from the claim's create (`HPUB $KV.<bucket>.lease.0`) on, so the claim is
-/// proved in flight when SIGTERM lands; the daemon is seen still running (waiting) for a quiet
-/// spell, then the hold is released. The broker then shows the claim written and deleted (the
-/// release), and the daemon exits as signalled. Mutation caught: the claim raced against the stop
-/// signal in `startup.rs` (`select!` on `stop.wait()`): the daemon exits during the hold and the
-/// lease stream never sees the create.
+/// proved in flight when SIGTERM lands. The daemon writes its signal line while the claim is
+/// still held (the seeds: the line comes before the release; it is written when the signal
+/// lands), is seen still running (waiting) for a quiet spell, then the hold is released. The
+/// broker then shows the claim written and deleted (the release), and the daemon exits as
+/// signalled, with the signal line written once.
+/// Mutations caught: the claim raced against the stop signal in `space/daemon.rs` (the daemon
+/// exits during the hold and the lease stream never sees the create); the signal line written
+/// only after the claim answered (as before this change: the line is not seen while the claim is
+/// held).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_that_won() {
     let (mesh, space, insp, proxy, mut d) = daemon_behind_a_proxy(|names| {
@@ -111,6 +115,14 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
         "not yet written"
     );
     d.terminate().expect("SIGTERM");
+    // The signal line is written while the claim is still held.
+    d.wait_for_line("received SIGTERM, exiting", BOUND)
+        .await
+        .expect("the signal line while the claim is in flight");
+    assert!(
+        insp.lease().await.expect("read").is_none(),
+        "the claim is still held"
+    );
     // Held claim: the daemon waits for its answer instead of exiting on the signal.
     assert!(
         d.wait_exit(HELD_QUIET).await.is_err(),
@@ -120,8 +132,9 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
     proxy.release();
     let status = d.wait_exit(BOUND).await.expect("exits");
     assert_eq!(status.code(), Some(0), "{}", d.transcript());
-    assert!(
-        d.has_line("received SIGTERM, exiting"),
+    assert_eq!(
+        d.transcript().matches("received SIGTERM, exiting").count(),
+        1,
         "{}",
         d.transcript()
     );

@@ -375,8 +375,23 @@ impl SpaceDaemon {
         };
         let mut lease = Lease::new(rows, identity.clone(), resident.violations.clone());
 
-        // The single-flight lease. A stop during the claim waits for the broker's answer.
-        if let Err(e) = lease.claim().await {
+        // The single-flight lease. A stop during the claim waits for the broker's answer; its
+        // line is written when the signal lands (the seeds: before the release), not after.
+        let mut announced: Option<&'static str> = None;
+        let claimed = {
+            let claim = lease.claim();
+            tokio::pin!(claim);
+            loop {
+                tokio::select! {
+                    r = &mut claim => break r,
+                    by = stops.stopped(), if announced.is_none() => {
+                        journal.line(stop_line(by, &space));
+                        announced = Some(by);
+                    }
+                }
+            }
+        };
+        if let Err(e) = claimed {
             let bucket = names.delivery_bucket();
             let err = match &e {
                 ClaimError::Held { .. } => {
@@ -476,7 +491,11 @@ impl SpaceDaemon {
             return Err(StartError::of_verdict(verdict));
         }
         if let Some(by) = stops.cause() {
-            keeper.stop_signalled(by).await;
+            match announced {
+                // Its line was written when it landed during the claim.
+                Some(_) => keeper.stop(by).await,
+                None => keeper.stop_signalled(by).await,
+            };
             return Err(StartError::new(
                 StartErrorKind::Stopped,
                 format!("stopped by {by}"),
