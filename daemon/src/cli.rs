@@ -144,6 +144,8 @@ pub enum Command {
 const UP_HELP: &str = "Environment:
   COTAL_HOME                     mesh registry home; `up` records the space in $COTAL_HOME/meshes/space.<key>.json [~/.cotal]
   COTAL_DELIVERY_STOP_GRACE_MS   SIGTERM grace before SIGKILL when up stops the daemon [15000]
+  COTAL_DELIVERY_SERVING_BOUND_MS  how long up waits for a daemon it started (or restarted) to serve
+                                 before the not-bound warning [30000]
   NATS_SERVER_BIN                nats-server binary (when --nats-server is not given)
 Files under <root>/.cotal/: nats.pid, nats.log, mesh.json, delivery.<key>.{pid,log,launched,down,stopping}.
 Exit codes: 0 stopped cleanly (or launched, with --detach); 1 the daemon did not serve, the broker

@@ -19,12 +19,8 @@ use up_support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c() {
     let root = tempfile::tempdir().expect("root");
-    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "2"], &[]);
-    up.wait_for_line("delivery daemon serving space demo", BOUND)
-        .await
-        .expect("serving");
+    let (mut up, first) = serving_up(root.path(), &["--lease-ttl-secs", "2"], &[]).await;
     let pid_path = pid_path(root.path());
-    let first = cotal_delivery::files::read_pid(&pid_path).expect("the daemon recorded itself");
     let broker = broker_pid(root.path());
 
     // A SIGKILL leaves its lease row until the TTL expires; up restarts it and reports it.
@@ -86,11 +82,7 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running() {
     let root = tempfile::tempdir().expect("root");
-    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "2"], &[]);
-    up.wait_for_line("delivery daemon serving space demo", BOUND)
-        .await
-        .expect("serving");
-    let daemon = cotal_delivery::files::read_pid(&pid_path(root.path())).expect("record");
+    let (mut up, daemon) = serving_up(root.path(), &["--lease-ttl-secs", "2"], &[]).await;
     let broker = broker_pid(root.path());
     signal(daemon, Signal::SIGTERM);
     up.wait_for_line("it stays stopped; nats-server keeps running", BOUND)
@@ -120,11 +112,7 @@ async fn a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_killed_under_up_stops_the_daemon_and_up_exits_without_a_restart() {
     let root = tempfile::tempdir().expect("root");
-    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "2"], &[]);
-    up.wait_for_line("delivery daemon serving space demo", BOUND)
-        .await
-        .expect("serving");
-    let daemon = cotal_delivery::files::read_pid(&pid_path(root.path())).expect("record");
+    let (mut up, daemon) = serving_up(root.path(), &["--lease-ttl-secs", "2"], &[]).await;
     signal(broker_pid(root.path()), Signal::SIGKILL);
     let status = up.wait_exit(BOUND).await.expect("up exits");
     let t = up.transcript();
@@ -148,11 +136,7 @@ async fn the_broker_killed_under_up_stops_the_daemon_and_up_exits_without_a_rest
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn down_racing_a_restart_leaves_the_daemon_stopped() {
     let root = tempfile::tempdir().expect("root");
-    let mut up = spawn_up(root.path(), &["--lease-ttl-secs", "3"], &[]);
-    up.wait_for_line("delivery daemon serving space demo", BOUND)
-        .await
-        .expect("serving");
-    let first = cotal_delivery::files::read_pid(&pid_path(root.path())).expect("record");
+    let (mut up, first) = serving_up(root.path(), &["--lease-ttl-secs", "3"], &[]).await;
     signal(first, Signal::SIGKILL);
     up.wait_for_line("restarting it", BOUND)
         .await
@@ -183,6 +167,88 @@ async fn down_racing_a_restart_leaves_the_daemon_stopped() {
     assert!(t.contains("nats-server stopped by down"), "{t}");
 }
 
+/// `up`'s windows shortened for the never-serving replacement: a 3 s serving bound, a 1 s grace.
+const SHORT_WINDOWS: [(&str, &str); 2] = [
+    ("COTAL_DELIVERY_SERVING_BOUND_MS", "3000"),
+    ("COTAL_DELIVERY_STOP_GRACE_MS", "1000"),
+];
+
+/// A foreground up whose daemon was SIGKILLed and whose replacement is frozen before it could
+/// claim the lease (so it never serves); returns up once it printed the not-bound warning, the
+/// frozen pid and the warning line. The replacement is proved frozen and never recorded itself.
+async fn up_with_a_replacement_that_never_serves(
+    root: &std::path::Path,
+) -> (delivery_harness::daemon::Daemon, u32, String) {
+    let (mut up, first) = serving_up(root, &["--lease-ttl-secs", "2"], &SHORT_WINDOWS).await;
+    signal(first, Signal::SIGKILL);
+    let frozen = freeze_the_replacement(root, first).await;
+    let warning = up
+        .wait_for_line("did not serve space demo within 3 s", BOUND)
+        .await
+        .expect("the not-bound warning");
+    assert_eq!(proc_state(frozen), Some('T'), "still frozen");
+    assert_ne!(
+        cotal_delivery::files::read_pid(&pid_path(root)),
+        Some(frozen),
+        "frozen before it claimed the lease"
+    );
+    assert!(up.is_running(), "{}", up.transcript());
+    assert!(!up.has_line("running again"), "{}", up.transcript());
+    (up, frozen, warning)
+}
+
+/// A replacement that never serves gets the not-bound warning once the serving bound has passed
+/// (`COTAL_DELIVERY_SERVING_BOUND_MS`, 3 s here), and up keeps answering: Ctrl-C stops the frozen
+/// replacement with the shared stop (SIGKILL after the 1 s grace, credential removed after the
+/// death), then the broker, and up exits 0.
+/// Mutations seen failing: the warning branch removed from the foreground tick (no warning
+/// line); the tick waiting for the replacement to serve (a `while !serving` loop in place of the
+/// one bounded look: Ctrl-C is never acted on and up does not exit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_that_never_serves_is_warned_about_and_ctrl_c_still_stops_it() {
+    let root = tempfile::tempdir().expect("root");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let (mut up, frozen, warning) = up_with_a_replacement_that_never_serves(root.path()).await;
+    up_snapshot!("up_replacement_not_bound", warning);
+    let broker = broker_pid(root.path());
+    up.interrupt().expect("Ctrl-C");
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let t = up.transcript();
+    assert_eq!(status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("did not exit 1000 ms after SIGTERM - sent SIGKILL"),
+        "{t}"
+    );
+    assert!(!alive(frozen), "the frozen replacement is gone");
+    assert!(!alive(broker), "the broker is gone");
+    assert!(
+        !creds_path(root.path()).exists(),
+        "credential removed after the death"
+    );
+    assert_eq!(count(&t, "restarting it"), 1, "{t}");
+}
+
+/// The same never-serving replacement, stopped by `down` instead: down SIGKILLs it after the
+/// grace, then stops the broker; up sees the down, restarts nothing and exits 0.
+/// Mutation seen failing: the tick waiting for the replacement to serve (as above: up never sees
+/// the down and does not exit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_that_never_serves_does_not_block_down() {
+    let root = tempfile::tempdir().expect("root");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let (mut up, frozen, _) = up_with_a_replacement_that_never_serves(root.path()).await;
+    let (st, down_t) = down(root.path(), &SHORT_WINDOWS).await;
+    assert_eq!(st.code(), Some(0), "{down_t}");
+    assert!(down_t.contains("sent SIGKILL"), "{down_t}");
+    assert!(!alive(frozen), "the frozen replacement is gone");
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let t = up.transcript();
+    assert_eq!(status.code(), Some(0), "{t}");
+    assert!(t.contains("nats-server stopped by down"), "{t}");
+    assert_eq!(count(&t, "restarting it"), 1, "{t}");
+    assert!(!t.contains("running again"), "{t}");
+}
+
 /// A mesh under up with 12 s credentials runs past that lifetime: up re-signs them with a
 /// preflight and the daemon adopts them; the same daemon still serves after the first expiry.
 /// Mutation seen failing: `RenewalOwner::spawn` not called (no renewal line; the daemon exits 10
@@ -190,15 +256,12 @@ async fn down_racing_a_restart_leaves_the_daemon_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mesh_under_up_outlives_the_credential_lifetime() {
     let root = tempfile::tempdir().expect("root");
-    let mut up = spawn_up(
+    let (mut up, daemon) = serving_up(
         root.path(),
         &["--creds-lifetime-secs", "12"],
         &[("COTAL_DELIVERY_BROKER_GONE_MS", "2000")],
-    );
-    up.wait_for_line("delivery daemon serving space demo", BOUND)
-        .await
-        .expect("serving");
-    let daemon = cotal_delivery::files::read_pid(&pid_path(root.path())).expect("record");
+    )
+    .await;
     let first = cotal_delivery::creds::read_creds_file(&creds_path(root.path()))
         .expect("creds")
         .claims()

@@ -156,7 +156,7 @@ pub(super) async fn run(
                         if ctx.watch.serving(space, ctx.workspace, d).await {
                             journal.line("delivery daemon running again");
                             phase = Phase::Serving;
-                        } else if !*warned && since.elapsed() > super::SERVING_BOUND {
+                        } else if !*warned && since.elapsed() > super::serving_bound() {
                             *warned = true;
                             journal.line(format!("! up: {}", not_bound(space, ctx.workspace)));
                         }

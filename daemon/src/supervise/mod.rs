@@ -39,8 +39,17 @@ use crate::wire::{Principal, Space, SpaceNames, LEASE_KEY};
 
 /// How long `up` waits for the broker's ports file.
 const BROKER_READY_BOUND: Duration = Duration::from_secs(20);
-/// How long `up` waits for the daemon to serve (its responder bound, its lease ready).
-const SERVING_BOUND: Duration = Duration::from_secs(30);
+/// Environment override (milliseconds) of how long `up` waits for a daemon it started (at
+/// start-up or as a replacement) to serve before the not-bound warning.
+pub const SERVING_BOUND_ENV: &str = "COTAL_DELIVERY_SERVING_BOUND_MS";
+/// The reference's start-up wait for the daemon's responder.
+pub const DEFAULT_SERVING_BOUND: Duration = Duration::from_secs(30);
+
+/// How long `up` waits for the daemon to serve (its responder bound, its lease ready):
+/// `COTAL_DELIVERY_SERVING_BOUND_MS`, else 30 s.
+pub fn serving_bound() -> Duration {
+    crate::env::env_ms(SERVING_BOUND_ENV, DEFAULT_SERVING_BOUND)
+}
 /// Poll period of the bounded waits.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -255,15 +264,7 @@ where
     if let Err(e) = wait_serving(&watch, space, workspace, &mut daemon).await {
         // A daemon still running without serving is stopped like any other before `up` gives up.
         if let Ok(None) = daemon.child.try_wait() {
-            let _ = stop::stop_daemon(
-                workspace.root(),
-                space,
-                Some(&mut daemon.child),
-                cfg.stop_grace,
-                "up",
-                journal,
-            )
-            .await;
+            stop_own(cfg, workspace, &mut daemon, journal).await;
         }
         watch.close().await;
         return Err(e);
@@ -303,19 +304,30 @@ where
         };
         outcome = foreground::run(&ctx, broker, daemon, signals).await;
     } else {
-        let _ = stop::stop_daemon(
-            workspace.root(),
-            space,
-            Some(&mut daemon.child),
-            cfg.stop_grace,
-            "up",
-            journal,
-        )
-        .await;
+        stop_own(cfg, workspace, &mut daemon, journal).await;
     }
     watch.close().await;
     demo.map_err(UpError)?;
     outcome
+}
+
+/// The shared stop for the daemon `up` itself started (outside the foreground loop, which
+/// handles a concurrent `down`'s reservation itself); its line is the stop's own.
+async fn stop_own(
+    cfg: &UpConfig,
+    workspace: &Workspace,
+    daemon: &mut DaemonChild,
+    journal: &Journal,
+) {
+    let _ = stop::stop_daemon(
+        workspace.root(),
+        &cfg.space,
+        Some(&mut daemon.child),
+        cfg.stop_grace,
+        "up",
+        journal,
+    )
+    .await;
 }
 
 /// A bare `up` on a mesh that already runs: relaunch its daemon if it is missing, with the
@@ -628,10 +640,19 @@ impl LeaseWatch {
 /// The line for a daemon whose responder did not bind in time (start-up and restarts alike).
 fn not_bound(space: &Space, workspace: &Workspace) -> String {
     format!(
-        "the delivery daemon did not serve space {space} within {} s (its responder is not bound); see {}",
-        SERVING_BOUND.as_secs(),
+        "the delivery daemon did not serve space {space} within {} (its responder is not bound); see {}",
+        human_bound(serving_bound()),
         workspace.log_path(space).display()
     )
+}
+
+/// `30 s`, or `1500 ms` for a bound that is not whole seconds.
+fn human_bound(bound: Duration) -> String {
+    if bound.subsec_millis() == 0 {
+        format!("{} s", bound.as_secs())
+    } else {
+        format!("{} ms", bound.as_millis())
+    }
 }
 
 /// Waits until the daemon serves, or exits (its last log line is the reason), or the bound ends.
@@ -641,7 +662,7 @@ async fn wait_serving(
     workspace: &Workspace,
     daemon: &mut DaemonChild,
 ) -> Result<(), UpError> {
-    let deadline = Instant::now() + SERVING_BOUND;
+    let deadline = Instant::now() + serving_bound();
     loop {
         if let Ok(Some(status)) = daemon.child.try_wait() {
             let last = last_line(&workspace.log_path(space)).unwrap_or_else(|| "no output".into());

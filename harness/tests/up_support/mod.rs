@@ -76,6 +76,59 @@ pub fn spawn_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
     spawn(root, &args, env)
 }
 
+/// `up` in the foreground (see [`spawn_up`]), waited (bounded) until it reports the daemon
+/// serving; with the pid the daemon recorded.
+pub async fn serving_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Daemon, u32) {
+    let mut up = spawn_up(root, extra, env);
+    up.wait_for_line("delivery daemon serving space demo", BOUND)
+        .await
+        .expect("serving");
+    let pid = files::read_pid(&pid_path(root)).expect("the daemon recorded itself");
+    (up, pid)
+}
+
+/// The state letter of `pid` in `/proc/<pid>/stat` (`T` stopped, `Z` zombie, …).
+pub fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S …`: the state follows the last `)`.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Freezes (SIGSTOP) the replacement `up` launches after `first` died, as soon as the launch
+/// record names it; one that exited before it could be frozen (refused by the lease its
+/// predecessor left) is passed over for the next launch. Returns the frozen pid, proved stopped.
+pub async fn freeze_the_replacement(root: &Path, first: u32) -> u32 {
+    let launched = files::launched_path(root, &demo());
+    let mut passed = vec![first];
+    let deadline = Instant::now() + BOUND;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no replacement frozen within {BOUND:?}"
+        );
+        if let Some(pid) = files::read_pid(&launched).filter(|p| !passed.contains(p)) {
+            let frozen = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGSTOP,
+            )
+            .is_ok();
+            if frozen {
+                // SIGSTOP is delivered asynchronously: wait (bounded) for the stopped state.
+                let until = Instant::now() + Duration::from_secs(2);
+                while Instant::now() < until {
+                    match proc_state(pid) {
+                        Some('T') => return pid,
+                        Some('Z') | None => break,
+                        _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                    }
+                }
+            }
+            passed.push(pid);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Runs a command to its exit (bounded); returns the status and the transcript.
 pub async fn run(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
     let mut p = spawn(root, args, env);
