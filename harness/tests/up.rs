@@ -14,8 +14,8 @@ use up_support::*;
 
 /// SIGKILL → one restart (the seeds' two lines), serving again under a new pid; Ctrl-C stops
 /// everything, removes the credential after the death.
-/// Mutation: not yet applied to this test on its own (the restart path's counterpart is guarded
-/// by `a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running`).
+/// Mutation seen failing: the "restarting it" branch of the foreground tick answering
+/// `Phase::Stopped` instead of a restart (the line comes, "delivery daemon running again" never).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c() {
     let root = tempfile::tempdir().expect("root");
@@ -108,7 +108,8 @@ async fn a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running(
 
 /// The broker SIGKILLed under up → up stops the daemon with the shared stop, exits non-zero
 /// after it, and restarts nothing.
-/// Mutation: not yet applied (intended: the broker check removed from the tick).
+/// Mutation seen failing: the broker check removed from the tick (`broker_exit` always `None`):
+/// the daemon exits 9 once the broker is gone, up announces a restart and never exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_killed_under_up_stops_the_daemon_and_up_exits_without_a_restart() {
     let root = tempfile::tempdir().expect("root");
