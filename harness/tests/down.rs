@@ -8,6 +8,10 @@
 mod up_support;
 
 use cotal_delivery::files::{self, MeshRecord};
+use cotal_delivery::provision::layout::SpaceMaterial;
+use cotal_delivery::provision::MeshAuthority;
+use cotal_delivery::space::admission::observer_key;
+use cotal_delivery::store::{delivery_creds_key, FsStore, SecretStore};
 use delivery_harness::tls::TestPki;
 use nix::sys::signal::Signal;
 use up_support::*;
@@ -161,9 +165,13 @@ async fn a_stale_record_with_a_reused_pid_is_cleared_and_nothing_is_signalled() 
 /// lives on, so the next bare `up` exits non-zero naming the lease refusal. A daemon typed by
 /// hand dials the recorded broker (banner); one with a mismatching --server is refused before
 /// any dial.
-/// Mutation seen failing: `tls: mesh.tls_required` replaced by `false` in `relaunch` (the
-/// relaunch line no longer says TLS required). Not yet applied: the `--server` comparison in
-/// `resolve_dial` removed.
+/// A daemon with an injected store never consults the registry: a record naming another broker
+/// and root for the space neither refuses nor redirects it.
+/// Mutations seen failing: `tls: mesh.tls_required` replaced by `false` in `relaunch` (the
+/// relaunch line no longer says TLS required); the injected-store arm removed from
+/// `cli::registry_dial` (the injected daemon is refused, exit 3, naming the recorded broker).
+/// Not applied here: the `--server` comparison in `resolve_dial` removed (its unit test
+/// `files::registry_mismatching_server_is_refused_naming_both` catches it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
     let root = tempfile::tempdir().expect("root");
@@ -247,6 +255,60 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
     up_snapshot!(
         "deliver_registry_refusals",
         format!("{hand}\n---\n{refused}")
+    );
+
+    // With an injected store the registry is never consulted: a record naming another broker
+    // and another root neither refuses the daemon nor redirects it; it dials the --server it was
+    // given (it reaches the mesh, whose lease is held: exit 6) and the recorded listener sees
+    // nothing.
+    let home = root.path().join("other-home");
+    MeshRecord {
+        space: "demo".into(),
+        server: other.clone(),
+        root: root.path().join("elsewhere"),
+        tls_required: true,
+        tls_ca: None,
+    }
+    .write(&files::registry_path(&home, &demo()))
+    .expect("record");
+    let store_dir = root.path().join("injected");
+    let store = FsStore::at_dir(&store_dir);
+    let authority =
+        MeshAuthority::load(&cotal_delivery::provision::Workspace::new(root.path()).auth_dir())
+            .expect("signer");
+    let m = SpaceMaterial::mint(&authority, &demo()).expect("material");
+    store
+        .put(&delivery_creds_key(&demo()), &m.delivery.to_creds_text())
+        .expect("put");
+    store
+        .put(
+            &observer_key(&demo()),
+            &m.membership_observer.to_creds_text(),
+        )
+        .expect("put");
+    let mesh_url = MeshRecord::read(&files::mesh_state_path(root.path()))
+        .expect("readable")
+        .expect("mesh.json")
+        .server;
+    let store_arg = store_dir.display().to_string();
+    let (st, injected) = run(
+        root.path(),
+        &[
+            "deliver", "--space", "demo", "--store", &store_arg, "--server", &mesh_url, "--tls",
+            "--tls-ca", &ca,
+        ],
+        &[("COTAL_HOME", home.to_str().expect("utf-8"))],
+    )
+    .await;
+    assert!(!injected.contains("meshes entry"), "{injected}");
+    assert!(
+        injected.contains("a live lease already exists"),
+        "it reached the --server it was given: {injected}"
+    );
+    assert_eq!(st.code(), Some(6), "{injected}");
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nothing dialed the recorded server"
     );
 
     // SIGKILL leaves the lease row: a bare up's relaunch is refused and says why.
