@@ -391,3 +391,59 @@ async fn dlv_retention_discards_are_exported() {
     assert_eq!(sample(&text, series), Some((POSTS - 1000) as f64));
     stop_daemon(&mut daemon).await;
 }
+
+/// The resident connection cut twice through a proxy: the connection gauge and the reconnect
+/// counter follow each outage, and the log says `reconnecting` / `restored` once each, the
+/// second outage only counted and summarised at the close (`… (repeated 1 time …)`).
+/// Mutations applied and seen caught: the sampler never counting a reconnect (the count stays
+/// 0); the health watchdog writing `reconnecting` with `journal.line` (two such lines). Tried
+/// and not caught, so not claimed: counting every `Connected` (the sampler subscribes after the
+/// first connect, so the guard is only defensive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_are_counted_and_their_lines_aggregated() {
+    use delivery_harness::proxy::TcpProxy;
+    const LOST: &str = "broker connection unavailable, reconnecting";
+    const RESTORED: &str = "broker connection restored";
+    let mesh = mesh().await;
+    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
+    let port = free_port();
+    let mut d = delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+        .server(&proxy.url())
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("up");
+    let connected = "cotal_delivery_broker_connected{space=\"demo\"}";
+    let reconnects = "cotal_delivery_reconnects_total{space=\"demo\"}";
+    scrape_until(port, "connected", |t| sample(t, connected) == Some(1.0)).await;
+    for outage in 1..=2u32 {
+        proxy.blackhole_new();
+        proxy.cut_established();
+        scrape_until(port, "the drop seen", |t| sample(t, connected) == Some(0.0)).await;
+        proxy.heal();
+        scrape_until(port, "the reconnect counted", |t| {
+            sample(t, connected) == Some(1.0) && value(t, reconnects) == f64::from(outage)
+        })
+        .await;
+    }
+    let count = |needle: &str| d.lines().iter().filter(|l| l.contains(needle)).count();
+    assert_eq!((count(LOST), count(RESTORED)), (1, 1), "{}", d.transcript());
+    d.terminate().unwrap();
+    d.wait_exit(Duration::from_secs(15)).await.expect("exit");
+    let summaries: Vec<String> = d
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("(repeated 1 time in the last "))
+        .collect();
+    assert_eq!(summaries.len(), 2, "{}", d.transcript());
+    assert!(summaries
+        .iter()
+        .any(|l| l.starts_with(&format!("! delivery: {LOST} (space demo)"))));
+    assert!(summaries
+        .iter()
+        .any(|l| l.starts_with(&format!("✓ delivery: {RESTORED} (space demo)"))));
+}
