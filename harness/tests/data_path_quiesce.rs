@@ -15,8 +15,7 @@ use std::time::Duration;
 use cotal_delivery::agent::AgentErrorKind;
 use cotal_delivery::plane::{NOT_SERVING, STOPPED_SERVING};
 use cotal_delivery::wire::{SpaceNames, LEASE_KEY};
-use delivery_harness::daemon::DaemonSpec;
-use delivery_harness::{agent, TcpProxy};
+use delivery_harness::agent;
 use serde_json::json;
 
 use data_path_support::*;
@@ -34,17 +33,7 @@ const HELD_BOUND: Duration = Duration::from_secs(3);
 async fn a_request_admitted_before_a_quiesce_is_refused_not_answered_ok() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let proxy = TcpProxy::start(mesh.broker.port()).await.unwrap();
-    let mut daemon = DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
-        .server(&proxy.url())
-        .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
-        .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
-        .spawn()
-        .unwrap();
-    daemon
-        .wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .unwrap();
+    let (proxy, mut daemon) = start_daemon_via_proxy(&mesh).await;
     let (alice, alice_m) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();

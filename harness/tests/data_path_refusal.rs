@@ -145,3 +145,92 @@ async fn a_join_refused_by_a_quiesce_leaves_no_member_row_and_no_copies() {
     );
     stop_daemon(&mut daemon).await;
 }
+
+/// A `durableLeave` refused after its leave cursor landed takes the row back. The daemon dials
+/// through a proxy that holds its outgoing bytes from the leave's row write on (the `HPUB` of the
+/// member key; the read before it carries the key only in a request body), an operator deletes
+/// the lease, and the hold is released once the keeper marks the lease not-ready (the gate is
+/// closed). The write then lands under a closed gate: the leave must answer the in-flight
+/// refusal and restore the row, both seen on the broker (a watch on the key sees the leave
+/// cursor written, then the row without it), and bob stays a member once serving again.
+///
+/// Mutation seen failing this test: the take-back in `durable_leave` replaced by a no-op (the
+/// watch on the key never sees the row restored: "the leave write and its take-back" times out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_refused_after_its_write_takes_the_row_back() {
+    use cotal_delivery::plane::STOPPED_SERVING;
+    use cotal_delivery::wire::LEASE_KEY;
+
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (proxy, mut daemon) = start_daemon_via_proxy(&mesh).await;
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    let joined = bob.durable_join("general").await.unwrap();
+    let cotal_delivery::agent::Backstop::Durable { generation } = joined.backstop else {
+        panic!("bob's join is durable");
+    };
+    let key = SpaceNames::member_key("general", &p, &u);
+    let key_subject = format!("$KV.{}.{key}", insp.names.members_bucket());
+    let mut watch = insp.client.subscribe(key_subject.clone()).await.unwrap();
+    insp.sync().await.unwrap();
+    let write = format!("HPUB {key_subject}");
+    let lease_subject = format!("$KV.{}.{LEASE_KEY}", insp.names.delivery_bucket());
+    proxy.hold_from(write.as_bytes());
+
+    let args = json!({"channel": "general", "generation": generation, "lifecycleUid": u.as_str()});
+    let (reply, _) = tokio::join!(
+        bob.request("durableLeave", args, Duration::from_secs(15)),
+        async {
+            proxy
+                .wait_held(&write, Duration::from_secs(3))
+                .await
+                .unwrap();
+            insp.delete_lease().await.unwrap();
+            proxy
+                .wait_held(&lease_subject, Duration::from_secs(3))
+                .await
+                .unwrap();
+            proxy.release();
+        }
+    );
+    let e = reply.expect_err("a leave across a quiesce is refused");
+    assert_eq!(e.kind(), AgentErrorKind::Refused, "{e}");
+    assert_eq!(e.detail(), STOPPED_SERVING, "the in-flight refusal: {e}");
+
+    // On the broker: the leave cursor was written, then taken back.
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let m = tokio::time::timeout(SURFACE_BOUND, watch.next())
+            .await
+            .expect("the leave write and its take-back")
+            .unwrap();
+        seen.push(serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap());
+    }
+    assert!(
+        seen[0]["leaveCursor"].is_u64(),
+        "the leave landed: {}",
+        seen[0]
+    );
+    assert!(
+        seen[1].get("leaveCursor").is_none(),
+        "taken back: {}",
+        seen[1]
+    );
+    let row = member_row(&insp, "general", &p, &u).await.expect("row");
+    assert!(row.get("leaveCursor").is_none(), "the row is open: {row}");
+    assert_eq!(row["generation"], generation, "{row}");
+
+    // Serving again, bob is still a member: a new post is copied to him.
+    daemon
+        .wait_for_line("serving shard 0 again", UP_BOUND)
+        .await
+        .unwrap();
+    let m = alice.message("general", "after-refused-leave", None);
+    alice.post("general", &m).await.unwrap();
+    eventually("the post reaches bob's store", SURFACE_BOUND, || async {
+        inbox_count(&insp, &p, &u).await == 1
+    })
+    .await;
+    stop_daemon(&mut daemon).await;
+}

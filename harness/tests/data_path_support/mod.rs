@@ -34,6 +34,24 @@ pub async fn start_daemon(mesh: &Mesh) -> Daemon {
     d
 }
 
+/// A proxy in front of the mesh's broker and the daemon (test windows) dialing through it, up.
+pub async fn start_daemon_via_proxy(mesh: &Mesh) -> (delivery_harness::TcpProxy, Daemon) {
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .expect("proxy");
+    let mut daemon = DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+        .server(&proxy.url())
+        .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+        .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
+        .spawn()
+        .expect("spawn daemon");
+    daemon
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("daemon up");
+    (proxy, daemon)
+}
+
 pub async fn stop_daemon(d: &mut Daemon) {
     d.terminate().expect("sigterm");
     d.wait_exit(Duration::from_secs(15)).await.expect("exit");
