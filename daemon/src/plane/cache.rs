@@ -225,7 +225,8 @@ impl RowCache {
                     return (false, st.incarnation);
                 }
                 incarnation = st.incarnation;
-                st.applied + 1
+                // Saturating: `applied` is a sequence read from the network.
+                st.applied.saturating_add(1)
             };
             let got = tokio::time::timeout(
                 ctx.config.request_bound,
@@ -310,7 +311,7 @@ impl RowCache {
     /// fence (a later revision must not move `applied` past messages not yet seen).
     pub fn note_own_write(&self, key: &str, value: Option<Bytes>, revision: u64) {
         let mut st = self.lock();
-        if st.loaded && revision == st.applied + 1 {
+        if st.loaded && Some(revision) == st.applied.checked_add(1) {
             st.applied = revision;
             st.rows.insert(
                 key.to_string(),
