@@ -30,23 +30,7 @@ async fn posts_discarded_by_retention_before_fan_out_are_reported_and_counted() 
     drop(joined);
     drop(bob);
 
-    // A pipelined burst: publish everything, then collect the broker's acks.
-    let subject = insp.names.chat_subject(alice.principal(), "general");
-    let mut acks = Vec::new();
-    for i in 0..POSTS {
-        let m = alice.message("general", &format!("burst-{i}"), None);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", m["id"].as_str().unwrap());
-        acks.push(
-            insp.js
-                .publish_with_headers(subject.clone(), headers, m.to_string().into())
-                .await
-                .unwrap(),
-        );
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
+    burst(&insp, &alice, "general", POSTS).await;
     eventually("the fan-out writer drained", SURFACE_BOUND * 6, || async {
         let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
         f.num_pending == 0 && f.num_ack_pending == 0

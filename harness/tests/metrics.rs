@@ -350,23 +350,7 @@ async fn dlv_retention_discards_are_exported() {
         .await
         .unwrap();
     bob.durable_join("general").await.unwrap();
-    // A pipelined burst, then the broker's acks.
-    let subject = insp.names.chat_subject(alice.principal(), "general");
-    let mut acks = Vec::new();
-    for i in 0..POSTS {
-        let m = alice.message("general", &format!("burst-{i}"), None);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", m["id"].as_str().unwrap());
-        acks.push(
-            insp.js
-                .publish_with_headers(subject.clone(), headers, m.to_string().into())
-                .await
-                .unwrap(),
-        );
-    }
-    for a in acks {
-        a.await.unwrap();
-    }
+    burst(&insp, &alice, "general", POSTS).await;
     drained(&insp, SURFACE_BOUND * 6).await;
     // The broker's figure: every frame took a sequence; DLV holds at most 1000 of bob's.
     let dlv = insp

@@ -246,3 +246,25 @@ pub async fn drained(insp: &Inspector, bound: Duration) {
     })
     .await;
 }
+
+/// `n` posts of `from` on `channel` (`burst-<i>`, each with its id as `Nats-Msg-Id`) published
+/// pipelined from the test side, then every broker ack collected: a sender outrunning the
+/// fan-out writer.
+pub async fn burst(insp: &Inspector, from: &cotal_delivery::agent::Agent, channel: &str, n: u64) {
+    let subject = insp.names.chat_subject(from.principal(), channel);
+    let mut acks = Vec::new();
+    for i in 0..n {
+        let m = from.message(channel, &format!("burst-{i}"), None);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", m["id"].as_str().unwrap());
+        acks.push(
+            insp.js
+                .publish_with_headers(subject.clone(), headers, m.to_string().into())
+                .await
+                .unwrap(),
+        );
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+}
