@@ -13,6 +13,7 @@ use admin_support as a;
 use cotal_delivery::host::kicker::{HostKicker, HOST_CENSUS_CONNECTION, HOST_KICKER_CONNECTION};
 use cotal_delivery::provision::manifest::Manifest;
 use cotal_delivery::provision::retained::{retain_system_seed, system_seed_path};
+use cotal_delivery::provision::MeshAuthority;
 use cotal_delivery::rails::sweep::ConnRow;
 use cotal_delivery::wire::Principal;
 use data_path_support as s;
@@ -61,13 +62,15 @@ async fn closed_named(mesh: &Mesh, name: &str) -> usize {
 /// alpha's rail evicts alice (alpha) through the host: verified gone, gone from `/connz`, and
 /// the broker saw the host's census and kick-only connections and no lane evictor. bob (beta)
 /// is not evicted through alpha: alpha's sweep does not see him, and a forged target naming his
-/// connection is refused by the host's census of alpha's account. Without any retained seed
-/// the host has no kick authority and a live principal's eviction is refused.
+/// connection is refused by the host's census of alpha's account. A retained seed of another
+/// system account is inconsistent authority, and without any retained seed the host has no kick
+/// authority: a live principal's eviction is refused either way.
 ///
 /// Mutations seen failing: dropping `cfg.kicker = Some(kicker.for_lane(..))` in
 /// `host/lane.rs` (the lane falls back to its own evictor, which is not provisioned: refused);
 /// kicking every target without the census lookup in `host/kicker.rs` (bob's forged target is
-/// kicked and he leaves `/connz`).
+/// kicked and he leaves `/connz`); dropping the issuer comparison in `HostKicker::authority`
+/// (the foreign seed's census user is refused by the broker: another refusal text).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_lists() {
     let mesh = Mesh::builder()
@@ -113,6 +116,7 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
     assert_eq!(live(&mesh, "local.alice").await.len(), 1);
     assert_eq!(live(&mesh, "local.bob").await.len(), 1);
 
+    let started = std::time::Instant::now();
     let r = a::answered(
         m.request_once(
             "evictPrincipal",
@@ -120,6 +124,10 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
             BOUND,
         )
         .await,
+    );
+    println!(
+        "MEASURED evictPrincipal through the host kicker: {} ms",
+        started.elapsed().as_millis()
     );
     assert_eq!(
         r,
@@ -166,7 +174,7 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
     );
     let alpha_account = mesh.authority.account_public_key(&alpha).unwrap();
     let outcome = kicker
-        .for_lane(&alpha_account)
+        .for_lane(&alpha, &alpha_account)
         .kick("evictPrincipal", std::slice::from_ref(&forged))
         .await
         .expect("the host has kick authority");
@@ -180,23 +188,34 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
     assert_eq!(live(&mesh, "local.bob").await.len(), 1, "bob untouched");
     assert_eq!(closed_named(&mesh, HOST_KICKER_CONNECTION).await, 1);
 
-    // No retained seed: no kick authority, the live principal's eviction is refused.
-    std::fs::remove_file(&seed).unwrap();
-    assert!(!system_seed_path(mesh.workspace(), &alpha).exists());
     let carol = agent::provision(&mesh, &ins_a, &alpha, "carol", &["general"])
         .await
         .unwrap();
     let _carol = a::victim(&mesh, &carol).await;
-    let refusal = a::refused(
-        m.request_once(
-            "evictPrincipal",
-            &json!({"principal": "local.carol"}),
-            BOUND,
+    let evict_carol = || async {
+        a::refused(
+            m.request_once(
+                "evictPrincipal",
+                &json!({"principal": "local.carol"}),
+                BOUND,
+            )
+            .await,
         )
-        .await,
-    );
-    s::snapshot_settings()
-        .bind(|| insta::assert_snapshot!("admin_host_kick_no_authority", refusal));
+    };
+    // A seed of another system account: inconsistent authority, refused.
+    let other = MeshAuthority::new().system_account_seed().unwrap();
+    std::fs::write(&seed, format!("{other}\n")).unwrap();
+    let inconsistent = evict_carol().await;
+    // No retained seed: no kick authority, refused.
+    std::fs::remove_file(&seed).unwrap();
+    assert!(!system_seed_path(mesh.workspace(), &alpha).exists());
+    let missing = evict_carol().await;
+    s::snapshot_settings().bind(|| {
+        insta::assert_snapshot!(
+            "admin_host_kick_no_authority",
+            format!("{inconsistent}\n{missing}")
+        )
+    });
     assert_eq!(live(&mesh, "local.carol").await.len(), 1, "carol untouched");
 
     host.terminate().expect("SIGTERM");

@@ -5,7 +5,8 @@
 //! still scans its own account through its own observer, but hands the live matches to the
 //! host through the rails' [`Kicker`] seam. Per call the host
 //! 1. finds a space on its root that retained the system-account signing seed (in manifest
-//!    order); none means no kick authority, and the eviction is refused;
+//!    order); none means no kick authority, and a seed of another system account than the one
+//!    that issued the lane's `$SYS` observer is inconsistent authority: either refuses;
 //! 2. takes its own census of the lane's account, through a census user it mints from that seed
 //!    (CONNZ of that one account), paginated and complete, or it kicks nothing;
 //! 3. kicks only the targets the census lists with the same server, cid and principal, through
@@ -62,12 +63,40 @@ impl HostKicker {
         })
     }
 
-    /// The kicker a lane serving `account` asks.
-    pub fn for_lane(self: &Arc<Self>, account: &str) -> Arc<dyn Kicker> {
+    /// The kicker the lane of `space`, serving `account`, asks.
+    pub fn for_lane(self: &Arc<Self>, space: &Space, account: &str) -> Arc<dyn Kicker> {
         Arc::new(LaneKicker {
             host: self.clone(),
+            space: space.clone(),
             account: account.to_string(),
         })
+    }
+
+    /// [`HostKicker::retained_key`], checked against the system account that issued the lane's
+    /// `$SYS` observer: a seed of another system account is inconsistent authority and refuses.
+    async fn authority(&self, verb: &str, lane: &Space) -> Result<RetainedSystemKey, String> {
+        let key = self.retained_key(verb).await?;
+        let path = Workspace::new(&self.root).membership_observer_creds_path(lane);
+        let shown = path.display().to_string();
+        let issuer = tokio::task::spawn_blocking(move || {
+            crate::creds::read_creds_file(&path)
+                .map_err(|e| e.detail().to_string())
+                .and_then(|c| c.claims().map_err(|e| e.detail().to_string()))
+                .map(|c| c.iss)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r)
+        .map_err(|e| {
+            format!("{verb}: the delivery host could not read lane {lane}'s $SYS observer at {shown} ({e})")
+        })?;
+        if issuer != key.public_key() {
+            return Err(format!(
+                "{verb}: the delivery host's kick authority is inconsistent: the retained system-account seed is of {}, but lane {lane}'s $SYS observer was issued by {issuer} - no kick",
+                key.public_key()
+            ));
+        }
+        Ok(key)
     }
 
     /// The first retained system-account seed of the host's spaces (read off the async
@@ -132,10 +161,11 @@ impl HostKicker {
     async fn kick(
         &self,
         verb: &str,
+        lane: &Space,
         account: &str,
         targets: &[ConnRow],
     ) -> Result<Vec<Result<(), String>>, String> {
-        let key = self.retained_key(verb).await?;
+        let key = self.authority(verb, lane).await?;
         let census_cred = key
             .mint_census(account)
             .map_err(|e| format!("{verb}: the delivery host could not mint its census ({e})"))?;
@@ -198,6 +228,7 @@ impl HostKicker {
 /// One lane's view of the host kicker: every kick is confined to the lane's account.
 struct LaneKicker {
     host: Arc<HostKicker>,
+    space: Space,
     account: String,
 }
 
@@ -207,6 +238,6 @@ impl Kicker for LaneKicker {
         verb: &'a str,
         targets: &'a [ConnRow],
     ) -> BoxFuture<'a, Result<Vec<Result<(), String>>, String>> {
-        Box::pin(self.host.kick(verb, &self.account, targets))
+        Box::pin(self.host.kick(verb, &self.space, &self.account, targets))
     }
 }

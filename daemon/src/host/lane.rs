@@ -291,7 +291,7 @@ fn config(
     cfg.redial_wait = RELEASE_REDIAL_BOUND;
     cfg.journal = journal.clone();
     // The lane opens no kick credential: its evictions ask the host.
-    cfg.kicker = Some(kicker.for_lane(&assigned));
+    cfg.kicker = Some(kicker.for_lane(space, &assigned));
     cfg.metrics = inputs.metrics.for_space(&space.to_string());
     Ok(cfg)
 }
