@@ -627,7 +627,8 @@ mod tests {
         assert!(e.to_string().contains("/w") && e.to_string().contains("/x"));
     }
 
-    /// Mutation (not yet applied): `rec.tls_required` dropped from the TLS decision.
+    /// Mutation seen failing: `rec.tls_required` dropped from the TLS decision (`tls = flag_tls`:
+    /// the recorded TLS mesh is dialed without TLS).
     #[test]
     fn registry_record_is_dialed_with_its_transport_and_no_record_uses_the_default() {
         let s = Space::parse("demo").unwrap();
@@ -661,6 +662,8 @@ mod tests {
         assert_eq!((d.server.as_str(), d.banner), ("nats://h:1", None));
     }
 
+    /// Mutation seen failing: `rename_all = "camelCase"` dropped from `MeshRecord` (the file
+    /// says `tls_required`, not the reference's `tlsRequired`).
     #[test]
     fn registry_record_round_trips_in_the_reference_field_names() {
         let dir = tempfile::tempdir().unwrap();
