@@ -19,7 +19,8 @@ use up_support::*;
 /// Detached up then down: up exits 0 with the daemon serving (status healthy, exit 0); down
 /// stops the daemon (it logs its SIGTERM line), then the broker, and removes the credential;
 /// status then says the broker is unreachable (exit 1).
-/// Mutation: not yet applied (intended: the detached tie replaced by the foreground one).
+/// Mutation seen failing: the detached tie replaced by the foreground one in `tie_to_up` (the
+/// daemon dies with up: "both outlive up" fails).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
     let root = tempfile::tempdir().expect("root");
@@ -64,8 +65,9 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
 
 /// A frozen daemon (SIGSTOP): down sends SIGKILL after the shortened grace, and removes the
 /// credential only after the death; a second down meanwhile is refused by the reservation.
-/// Mutation: not yet applied (intended: the reservation check removed; the SIGKILL branch
-/// removed).
+/// Mutations seen failing, one at a time: the reservation check removed from
+/// `Reservation::take` (the concurrent down is not refused: it exits 0); the SIGKILL removed from
+/// the stop (the frozen daemon outlives the kill confirmation: down exits non-zero).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refused() {
     let root = tempfile::tempdir().expect("root");
