@@ -349,7 +349,15 @@ impl RowCache {
     pub async fn run(self, ctx: PlaneCtx, mut stop: StopRx) {
         loop {
             self.reset();
-            if let Err(e) = self.feed(&ctx, &mut stop).await {
+            // The feed's requests (stream info, consumer create, the audit's info) each wait up
+            // to the request bound while the broker is away; stop must not wait behind them, or
+            // a release during an outage would run past its five seconds from the drop.
+            let mut feed_stop = stop.clone();
+            let fed = tokio::select! {
+                _ = stopped(&mut stop) => break,
+                fed = self.feed(&ctx, &mut feed_stop) => fed,
+            };
+            if let Err(e) = fed {
                 tracing::info!(bucket = %self.inner.bucket, why = %e, "row cache reset");
             }
             if *stop.borrow() {
