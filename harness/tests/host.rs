@@ -418,3 +418,219 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
         normalise(&lane_lines(&a2, "alpha").join("\n"), a_root, a_root)
     );
 }
+
+/// Whether the agent's `ctl.delivery` request is answered within 1 s.
+async fn answers(p: &cotal_delivery::agent::Agent) -> bool {
+    let args = serde_json::json!({"lifecycleUid": p.lifecycle_uid().as_str()});
+    p.request("listMemberships", args, Duration::from_secs(1))
+        .await
+        .is_ok()
+}
+
+/// Runs `cotal-delivery status --spaces --root <root>`; returns (exit code, normalised stdout).
+fn host_status(root: &Path) -> (Option<i32>, String) {
+    let out = std::process::Command::new(delivery_harness::daemon::daemon_bin().expect("bin"))
+        .args(["status", "--spaces", "--root"])
+        .arg(root)
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.code(), normalise(text.trim(), root, root))
+}
+
+/// Lane isolation on credential expiry, the not-provisioned refusal, and `status --spaces`.
+/// Beta's credential expires while the host serves: beta's lane alone stops answering
+/// `ctl.delivery` (its daemon reports the expiry and awaits a proved renewal from the host's
+/// store, re-read every `COTAL_DELIVERY_REMINT_RETRY_MS`), and answers again once the root
+/// holds the renewed credential (same nkey); alpha answers on every probe throughout (one every
+/// 200 ms from before the expiry until beta is back) and writes no close or refusal line. Gamma is
+/// provisioned on the broker but not in this root: its lane refuses with "not provisioned for
+/// space gamma" and never touches the lease (gamma's foreign row keeps its revision and no
+/// write reaches the key while the lane retries). `status --spaces` reports the running host
+/// (exit 0) and, after SIGTERM, no record (exit 1); both outputs snapshotted.
+/// Mutations seen failing: the `!dir.is_dir()` check of `host/lane.rs` removed (gamma's lane
+/// is refused for its missing credential instead: the line differs); the renewal written for
+/// a new nkey instead of `renewal_of` (beta's renewal is not proved: it never answers again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_lane_closes_alone_and_reopens_and_an_unprovisioned_lane_never_touches_the_lease(
+) {
+    let mesh = Mesh::builder()
+        .space("alpha")
+        .expect("space")
+        .space("beta")
+        .expect("space")
+        .space("gamma")
+        .expect("space")
+        // Gamma's foreign row must outlive the test (it is never renewed).
+        .lease_ttl(Duration::from_secs(300))
+        .start()
+        .await
+        .expect("mesh");
+    let (alpha, beta, gamma) = (
+        mesh.spaces()[0].clone(),
+        mesh.spaces()[1].clone(),
+        mesh.spaces()[2].clone(),
+    );
+    let ins_a = mesh.inspector(&alpha).await.expect("inspector");
+    let ins_b = mesh.inspector(&beta).await.expect("inspector");
+    let ins_g = mesh.inspector(&gamma).await.expect("inspector");
+    Manifest {
+        spaces: vec![alpha.clone(), beta.clone(), gamma.clone()],
+    }
+    .write(mesh.root())
+    .expect("manifest");
+    let ws = Workspace::new(mesh.root());
+    std::fs::remove_dir_all(ws.space_dir(&gamma)).expect("unprovision gamma here");
+    let foreign = LeaseInfo {
+        holder: "local.UFOREIGNHOLDER".into(),
+        since: 1,
+        ready: true,
+        incarnation: "f".repeat(32),
+    };
+    let gamma_rev = ins_g
+        .put_lease(&foreign)
+        .await
+        .expect("gamma's row elsewhere");
+    let mut gamma_writes = Box::pin(lease_history(&ins_g).await);
+    // The initial put is delivered first by the watch: skip it.
+    let _ = tokio::time::timeout(BOUND, gamma_writes.next()).await;
+
+    // Beta's credential expires a few seconds after the host opens it.
+    let lifetime = Duration::from_secs(8);
+    let short = mesh
+        .mint(
+            &beta,
+            &cotal_delivery::provision::Profile::Delivery,
+            cotal_delivery::provision::MintOptions::new().expires_in(lifetime),
+        )
+        .expect("mint");
+    let minted = tokio::time::Instant::now();
+    let beta_creds = ws.delivery_creds_path(&beta);
+    cotal_delivery::creds::write_creds_file_atomic(&beta_creds, &short).expect("write");
+
+    let mut host = mesh
+        .host(mesh.root())
+        .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
+        .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000")
+        .env("COTAL_DELIVERY_REMINT_RETRY_MS", "500")
+        .spawn()
+        .expect("spawn");
+    for space in ["alpha", "beta"] {
+        host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), BOUND)
+            .await
+            .expect("lane serves");
+    }
+    host.wait_for_line(
+        "lane gamma: ✗ delivery host: the lane refused (delivery: this host is not provisioned for space gamma",
+        BOUND,
+    )
+    .await
+    .expect("gamma refused");
+    let (code, running) = host_status(mesh.root());
+    assert_eq!(code, Some(0), "{running}");
+
+    // Alpha probed every 200 ms until beta is back.
+    let material = delivery_harness::agent::provision(&mesh, &ins_a, &alpha, "erin", &["general"])
+        .await
+        .expect("agent");
+    let probe = delivery_harness::agent::connect(&mesh, &material, "erin")
+        .await
+        .expect("connect");
+    probe.list_memberships().await.expect("alpha answers");
+    let probing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let prober = {
+        let probing = probing.clone();
+        tokio::spawn(async move {
+            let (mut ok, mut missed) = (0u32, Vec::new());
+            while probing.load(std::sync::atomic::Ordering::SeqCst) {
+                let args = serde_json::json!({"lifecycleUid": probe.lifecycle_uid().as_str()});
+                match probe
+                    .request("listMemberships", args, Duration::from_secs(2))
+                    .await
+                {
+                    Ok(_) => ok += 1,
+                    Err(e) => missed.push(e.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (ok, missed)
+        })
+    };
+
+    // Beta stops answering once its credential has expired...
+    let beta_material =
+        delivery_harness::agent::provision(&mesh, &ins_b, &beta, "fred", &["general"])
+            .await
+            .expect("agent");
+    let beta_probe = delivery_harness::agent::connect(&mesh, &beta_material, "fred")
+        .await
+        .expect("connect");
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while answers(&beta_probe).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "beta kept answering past its expiry"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        minted.elapsed() >= lifetime - Duration::from_secs(1),
+        "beta stopped answering before its credential expired"
+    );
+    host.wait_for_line("lane beta: ! delivery: credential expired", BOUND)
+        .await
+        .expect("beta reports its expiry");
+    // ...and answers again once the host's store holds the renewal.
+    let renewed = mesh
+        .mint(
+            &beta,
+            &cotal_delivery::provision::Profile::Delivery,
+            cotal_delivery::provision::MintOptions::new().renewal_of(&short),
+        )
+        .expect("renew");
+    cotal_delivery::creds::write_creds_file_atomic(&beta_creds, &renewed).expect("replace");
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while !answers(&beta_probe).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "beta did not answer again: {}",
+            host.transcript()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    probing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (ok, missed) = prober.await.expect("prober");
+    assert!(ok >= 5, "alpha probed {ok} times");
+    assert!(missed.is_empty(), "alpha missed {missed:?}");
+    assert!(
+        !lane_lines(&host, "alpha")
+            .iter()
+            .any(|l| l.contains("closed") || l.contains("refused")),
+        "{}",
+        host.transcript()
+    );
+
+    // Gamma never touched its lease while it retried.
+    let row = ins_g.lease().await.expect("read").expect("row");
+    assert_eq!((row.revision, &row.info), (gamma_rev, &foreign));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), gamma_writes.next())
+            .await
+            .is_err(),
+        "a write reached gamma's key"
+    );
+
+    host.terminate().expect("SIGTERM");
+    assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    let (code, stopped) = host_status(mesh.root());
+    assert_eq!(code, Some(1), "{stopped}");
+    insta::assert_snapshot!("status_spaces", format!("{running}\n{stopped}"));
+    insta::assert_snapshot!(
+        "unprovisioned_lane_gamma",
+        normalise(
+            &lane_lines(&host, "gamma").join("\n"),
+            mesh.root(),
+            mesh.root()
+        )
+    );
+}

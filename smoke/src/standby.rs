@@ -18,6 +18,7 @@ use cotal_delivery::host::lane::ENV_STANDBY_RETRY_MS;
 use cotal_delivery::provision::layout::Workspace;
 use cotal_delivery::provision::manifest::manifest_path;
 use cotal_delivery::provision::standby::{prepare_standby_hosts, renew_host_delivery, StandbyPlan};
+use cotal_delivery::provision::streams::DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT;
 use cotal_delivery::wire::{Principal, Space};
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
@@ -40,8 +41,10 @@ pub struct Args {
     /// suite fit in `ci/test`).
     #[arg(long, default_value_t = 5_000)]
     pub standby_retry_ms: u64,
-    /// Interval of the durable sender, in milliseconds.
-    #[arg(long, default_value_t = 200)]
+    /// Interval of the durable sender, in milliseconds. The sender stops at the offline
+    /// member's backstop cap (see `DLV_BUDGET`), so a long run is not cut by the stream's
+    /// `max_msgs_per_subject` discarding the oldest copies.
+    #[arg(long, default_value_t = 500)]
     pub post_every_ms: u64,
     /// A 3-node loopback JetStream cluster with R3 streams and buckets instead of one broker;
     /// host 1 dials node 1, host 2 node 2 (the suite's own clients node 0), and a fourth case
@@ -57,6 +60,11 @@ const BOUND: Duration = Duration::from_secs(120);
 /// One ctl.delivery probe's wait for its answer (the takeover resolution is about this).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 const CASES: [&str; 3] = ["kill", "return", "stop"];
+/// Posts the sender may make: the DLV stream keeps at most
+/// `DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT` (1000) copies per member and discards the oldest
+/// beyond it (a documented bound, not a takeover loss); the rounds' markers share that subject,
+/// hence the margin.
+const DLV_BUDGET: usize = DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT as usize - 100;
 /// The cluster-only case: the broker node the holder is connected to is SIGKILLed.
 const NODE_CASE: &str = "node";
 /// Nodes of the `--cluster` mesh (and replicas of its streams and buckets).
@@ -360,6 +368,10 @@ async fn suite(args: Args) -> Result<(), String> {
         tokio::spawn(async move {
             let mut n = 0u64;
             while sending.load(Ordering::SeqCst) {
+                if posted.lock().map(|p| p.len()).unwrap_or(0) >= DLV_BUDGET {
+                    eprintln!("delivery-standby: the sender stops at {DLV_BUDGET} posts (the offline member's DLV keeps {DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT})");
+                    break;
+                }
                 let label = phase.lock().map(|p| p.clone()).unwrap_or_default();
                 let id = format!("p-{n}");
                 let msg = sender.message(channel, &id, Some(&id));
