@@ -74,8 +74,8 @@ async fn wait_row<F: Fn(&Option<LeaseInfo>) -> bool>(insp: &Inspector, what: &st
 
 /// A malformed manifest refuses the whole start, naming the file and the fault, before any
 /// dial: no lane line, no `$SYS` admission (which needs the broker), no lease row.
-/// Mutation seen failing: spawning the lanes before `Manifest::read` (the valid space's lane
-/// dials and writes its row; the admission line appears).
+/// Mutation named, not yet applied: spawning the lanes before `Manifest::read` (the valid
+/// space's lane would dial and write its row; the admission line would appear).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_manifest_refuses_the_whole_start_before_any_dial() {
     let mesh = Mesh::builder()
@@ -124,9 +124,10 @@ async fn a_malformed_manifest_refuses_the_whole_start_before_any_dial() {
 /// holds a valid credential again. Then lane isolation: the served lane's lease is taken by a
 /// foreign row; that lane closes and stands by, the other keeps answering `ctl.delivery`.
 /// SIGTERM closes every lane (each releases its own row), removes the host record, exits 0.
-/// Mutations seen failing: `attempt.release()` on a repeated refusal (the refusal line appears
-/// per retry); a lane's close returning from `host::run` (the other lane's agent request is
-/// unanswered); no `r.remove()` of the host record.
+/// Mutations seen failing: `attempt.release()` instead of `discard()` on a repeated refusal
+/// (the lane's own refusal line repeats per retry: snapshot `invalid_lane_beta` differs); a
+/// closed lane not reopened (`return` after the close line in `host/lane.rs`: alpha never
+/// stands by); no `r.remove()` of the host record (the record-removed assertion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     let mesh = Mesh::builder()
@@ -253,8 +254,10 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
 /// as the holder, and never writes the key (every write on it from A's return to B's release
 /// is B's); a third host whose credential is another account's, and a fourth lacking the `$SYS`
 /// observer, refuse on their own checks without a write on the key.
-/// Mutations seen failing: releasing every attempt's lines (the held report repeats per retry);
-/// deleting a held row in the claim path (A's return shows a delete).
+/// Mutations seen failing: releasing a repeated attempt's lines (`attempt.release()` instead of
+/// `discard()`: the daemon's held-lease line repeats per retry, snapshot `standby_b` differs).
+/// Named, not yet applied: deleting a held row in the claim path (A's return would show a
+/// delete).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row() {
     let ttl = Duration::from_secs(3);

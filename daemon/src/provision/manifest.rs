@@ -209,8 +209,9 @@ mod tests {
         Manifest::parse(text, Path::new("/r/.cotal/delivery-host.json"))
     }
 
-    /// Mutations seen failing: dropping the unknown-field check (`extra` parses), accepting any
-    /// version, skipping the duplicate set, skipping `Space::parse`, accepting an empty list.
+    /// Mutations seen failing (each applied alone): dropping the unknown-field check, accepting
+    /// any version, skipping the duplicate set, an invalid token reported under kind `Spaces`
+    /// instead of `InvalidSpace`, accepting an empty list.
     #[test]
     fn every_fault_refuses_the_whole_manifest_and_names_the_file() {
         let cases = [

@@ -125,8 +125,8 @@ pub fn renew_host_delivery(
 mod tests {
     use super::*;
 
-    /// Mutation seen failing: minting the delivery credential once and writing it to both roots
-    /// (the nkeys are then equal); renewing without `renewal_of` (the nkey changes).
+    /// Mutations seen failing: every host given the first host's delivery credential (the
+    /// nkeys are then equal); renewing without `renewal_of` (the nkey changes).
     #[test]
     fn each_host_has_its_own_stable_delivery_nkey() {
         let s = Space::parse("demo").unwrap();
