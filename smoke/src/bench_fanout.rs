@@ -8,7 +8,8 @@
 //!   checks: a durable pull consumer on CHAT publishes the M INBOX copies of each post (message
 //!   ids), acks the post after every copy's ack; a durable pull consumer on INBOX publishes each
 //!   entry's DLV frame (message id), acks the entry after the frame's ack; each stage with at
-//!   most [`BASELINE_IN_FLIGHT`] messages in flight.
+//!   most [`BASELINE_IN_FLIGHT`] messages in flight, and the copy stage also with at most the
+//!   daemon's `MAX_COPIES_IN_FLIGHT` copies unacknowledged (so at most 20 posts at 100 members).
 //!
 //! Both phases post from the same sender in windows of `--window` posts (the next window starts
 //! once every (post, member) pair of the last one is stored in DLV), so the backlog stays inside
@@ -542,8 +543,14 @@ impl Baseline {
                 let Ok(messages) = fanout.messages().await else {
                     return;
                 };
+                // Bounded by copies, like the daemon's writer (`MAX_COPIES_IN_FLIGHT`): 512
+                // posts of 100 members each would put 51,200 publishes on one client, whose
+                // acks then time out and the baseline stalls instead of measuring anything.
+                let posts_in_flight = (cotal_delivery::plane::fanout::MAX_COPIES_IN_FLIGHT
+                    / members.len().max(1))
+                .clamp(1, BASELINE_IN_FLIGHT);
                 messages
-                    .for_each_concurrent(BASELINE_IN_FLIGHT, |m| {
+                    .for_each_concurrent(posts_in_flight, |m| {
                         let (js, names, members, channel) =
                             (js.clone(), names.clone(), members.clone(), channel.clone());
                         async move {
