@@ -189,6 +189,31 @@ pub fn check_request(
     Ok(req)
 }
 
+/// The decision after an arm: the coordinate to arm again when the re-read status is still
+/// `waiting` at a different (generation, deadline) that does not go back in generation (a
+/// heartbeat moved it); `None` when the armed coordinate is still live, the status settled or
+/// vanished, or the re-read went back.
+pub fn live_coordinate(
+    armed: &ScheduleRequest,
+    reread: Option<&TimerStatus>,
+) -> Option<ScheduleRequest> {
+    let st = reread?;
+    if st.state != "waiting" || st.generation < armed.generation {
+        return None;
+    }
+    if st.generation == armed.generation && st.deadline == armed.deadline {
+        return None;
+    }
+    if !(0..=MAX_DEADLINE_MS).contains(&st.deadline) {
+        return None;
+    }
+    Some(ScheduleRequest {
+        generation: st.generation,
+        deadline: st.deadline,
+        ..armed.clone()
+    })
+}
+
 /// The scheduling header a request carries, if any.
 pub fn scheduling_header(headers: Option<&HeaderMap>) -> Option<&'static str> {
     let headers = headers?;
@@ -615,7 +640,7 @@ impl Arming {
                 }
             }
             match self.publish_armed(subject, req, pin).await {
-                Ok(seq) => return Outcome::Armed(seq),
+                Ok(seq) => return self.rearm_if_moved(subject, req, &key, seq).await,
                 Err(ArmError::Moved) => continue,
                 Err(ArmError::Failed(e)) => {
                     return Outcome::Retry(format!("publishing {armed}: {e}; retrying"))
@@ -626,6 +651,39 @@ impl Arming {
             "the .armed subject for {} moved on every fenced attempt; re-deliver the request and retry (SPEC 13.6)",
             subject.base
         ))
+    }
+
+    /// The re-read after the arm (admin-anycast-digest §7): the status is read once more,
+    /// leader-served; if a heartbeat moved the live coordinate while the arm was in flight,
+    /// that live coordinate is armed too, pinned on the `.armed` just published. A failed
+    /// re-read or a lost pin keeps the first arm: the fire of a stale generation is discarded by
+    /// its consumer, and a lost pin means a newer arm already landed.
+    async fn rearm_if_moved(
+        &self,
+        subject: &TimerSubject,
+        req: &ScheduleRequest,
+        key: &str,
+        seq: u64,
+    ) -> Outcome {
+        let live = match self.records.read(key).await {
+            Ok(Read::Present(row)) => serde_json::from_slice::<TimerStatus>(&row.value).ok(),
+            Ok(Read::Absent { .. }) => None,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "re-reading the timer status after the arm failed; the first arm stands");
+                None
+            }
+        };
+        let Some(live) = live_coordinate(req, live.as_ref()) else {
+            return Outcome::Armed(seq);
+        };
+        match self.publish_armed(subject, &live, seq).await {
+            Ok(rearmed) => Outcome::Armed(rearmed),
+            Err(ArmError::Moved) => Outcome::Armed(seq),
+            Err(ArmError::Failed(e)) => {
+                tracing::warn!(subject = %subject.armed(), error = %e, "arming the moved coordinate failed; the first arm stands");
+                Outcome::Armed(seq)
+            }
+        }
     }
 
     /// Leader-served last sequence of `subject` on `EPT_<s>` (0 when none).
@@ -730,6 +788,53 @@ mod tests {
         ] {
             assert!(check_request(&demo(), &s, bad).is_err());
         }
+    }
+
+    /// The re-read after the arm: only a still-waiting status at a moved, not older coordinate
+    /// is armed again. Mutations seen failing: dropping the `state != "waiting"` check (the
+    /// settled case re-armed), and comparing only the generation (the heartbeat-moved deadline
+    /// at the same generation left unarmed).
+    #[test]
+    fn the_re_read_after_the_arm_arms_only_a_moved_live_coordinate() {
+        let armed = ScheduleRequest {
+            v: 1,
+            timer_id: "t9".into(),
+            generation: 3,
+            deadline: 1_000,
+            plane: None,
+            phase: None,
+            space: None,
+        };
+        let st = |state: &str, generation, deadline| TimerStatus {
+            state: state.into(),
+            generation,
+            deadline,
+        };
+        assert_eq!(live_coordinate(&armed, None), None, "vanished");
+        assert_eq!(
+            live_coordinate(&armed, Some(&st("waiting", 3, 1_000))),
+            None,
+            "unmoved"
+        );
+        assert_eq!(
+            live_coordinate(&armed, Some(&st("done", 4, 2_000))),
+            None,
+            "settled"
+        );
+        assert_eq!(
+            live_coordinate(&armed, Some(&st("waiting", 2, 2_000))),
+            None,
+            "older"
+        );
+        let moved =
+            live_coordinate(&armed, Some(&st("waiting", 3, 2_000))).expect("deadline moved");
+        assert_eq!(
+            (moved.timer_id.as_str(), moved.generation, moved.deadline),
+            ("t9", 3, 2_000)
+        );
+        let bumped =
+            live_coordinate(&armed, Some(&st("waiting", 4, 5_000))).expect("generation bumped");
+        assert_eq!((bumped.generation, bumped.deadline), (4, 5_000));
     }
 
     #[test]
