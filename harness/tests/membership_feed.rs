@@ -9,7 +9,8 @@ mod data_path_support;
 
 use std::time::Duration;
 
-use cotal_delivery::creds::read_creds_file;
+use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::space::feed::{FeedRow, RW_NAME};
 use cotal_delivery::space::renew::{remint_daemon_creds_for, Preflight};
 use delivery_harness::daemon::Daemon;
@@ -201,4 +202,123 @@ async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
     .await;
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
+}
+
+/// `close()` with the broker gone: the broker is SIGKILLed by pid under a daemon whose feed is
+/// up, the daemon sees the connection drop, and SIGTERM then ends it within [`CLOSE_WITHIN`]
+/// with exit 0 and its signalled close line: the lease release, the timer writer's stop and
+/// both membership connections' failing drains are each bounded, and the process (so every
+/// connection of the feed) is gone. Mutation seen failing: the drains in `feed::close_both`
+/// awaited without their [`cotal_delivery::space::feed::CLOSE_BOUND`] (the daemon hung past
+/// the bound on the disconnected drains).
+#[tokio::test]
+async fn close_with_the_broker_gone_closes_both_feed_connections_within_a_bound() {
+    const CLOSE_WITHIN: Duration = Duration::from_secs(8);
+    let mut mesh = data_path_support::mesh().await;
+    let mut d = start(&mesh).await;
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let rw_jwt = jwt_of(&mesh, RW_NAME).await;
+    assert!(rw_jwt.is_some(), "the rw connection is up before the kill");
+    mesh.broker.kill().expect("kill broker");
+    mesh.broker.wait_exit(BOUND).await.expect("broker reaped");
+    d.wait_for_line("broker connection unavailable, reconnecting", BOUND)
+        .await
+        .expect("the daemon saw the broker go");
+    let asked = std::time::Instant::now();
+    d.terminate().unwrap();
+    let status = d.wait_exit(BOUND).await.expect("daemon exits");
+    let took = asked.elapsed();
+    println!(
+        "MEASURED SIGTERM with the broker gone -> exit: {} ms",
+        took.as_millis()
+    );
+    assert_eq!(status.code(), Some(0), "{}", d.transcript());
+    assert!(
+        d.has_line("• delivery: received SIGTERM, exiting (space demo, shard 0)"),
+        "{}",
+        d.transcript()
+    );
+    assert!(took < CLOSE_WITHIN, "{took:?}: {}", d.transcript());
+}
+
+/// The feed uses its own renewed writer key: with a short-lived `membership-rw` credential (and
+/// a long-lived delivery one, so the daemon's own renewal never runs), the feed's own timer
+/// re-reads the store at 75 % of that credential's lifetime and moves its rw connection onto
+/// the renewal there, so `/connz` shows the renewed JWT on `cotal-membership-rw` before the old
+/// one expires, with no `reloadCreds`. Mutation seen failing: the daemon loop's
+/// `renewal.membership_due()` branch removed (the rw connection kept the old JWT until the
+/// broker closed it at the expiry).
+#[tokio::test]
+async fn the_feed_renews_its_own_writer_key_at_three_quarters_of_its_lifetime() {
+    let mesh = data_path_support::mesh().await;
+    mesh.authority
+        .save(&mesh.workspace().auth_dir())
+        .expect("save signer");
+    let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
+    let current = read_creds_file(&rw_path).unwrap();
+    let short = mesh
+        .mint(
+            mesh.space(),
+            &Profile::MembershipRw,
+            MintOptions::new()
+                .renewal_of(&current)
+                .expires_in(Duration::from_secs(8)),
+        )
+        .unwrap();
+    write_creds_file_atomic(&rw_path, &short).unwrap();
+    let exp_ms = short.claims().unwrap().exp.unwrap() * 1000;
+    let mut d = data_path_support::daemon_spec(&mesh)
+        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "300")
+        // A remint that lands after the 75 % point is picked up on the next retry.
+        .env("COTAL_DELIVERY_REMINT_RETRY_MS", "500")
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    assert_eq!(jwt_of(&mesh, RW_NAME).await, Some(short.jwt.clone()));
+    let report = remint_daemon_creds_for(
+        mesh.root(),
+        mesh.space(),
+        None,
+        Some(&Preflight::new(mesh.url(), None)),
+        Duration::from_secs(600),
+    )
+    .await;
+    assert!(report.all_written(), "{report:?}");
+    let renewed = read_creds_file(&rw_path).unwrap();
+    assert_ne!(renewed.jwt, short.jwt);
+    let until = std::time::Instant::now() + BOUND;
+    while jwt_of(&mesh, RW_NAME).await != Some(renewed.jwt.clone()) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the rw connection never presented the renewed JWT: {}",
+            d.transcript()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let moved_at = now_ms();
+    println!(
+        "MEASURED feed rw on the renewed JWT {} ms before the old exp",
+        exp_ms - moved_at
+    );
+    assert!(
+        moved_at < exp_ms,
+        "moved {} ms after expiry: {}",
+        moved_at - exp_ms,
+        d.transcript()
+    );
+    assert!(
+        d.has_line("✓ membership: adopted the renewed membership-rw credential from "),
+        "{}",
+        d.transcript()
+    );
+    assert!(!d.has_line("reloadCreds"), "{}", d.transcript());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }

@@ -826,6 +826,10 @@ impl Serving {
                 _ = renewal.due() => {
                     renewal.on_due().await;
                 }
+                // the membership feed's own 75 % re-read of its rw credential.
+                _ = renewal.membership_due() => {
+                    renewal.on_membership_due().await;
+                }
                 verdict = health.verdict() => {
                     // Coupled to the broker: no drain to wait for; dropping the writer stops it.
                     return keeper.abandon(verdict).await;

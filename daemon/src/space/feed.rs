@@ -7,8 +7,8 @@
 //! a connect or disconnect event), attributes each connection to an `owner.actor` principal,
 //! joins the live channel subscriptions with the durable rows of the members registry, and
 //! writes one display row per principal to `cotal_membership_<s>` plus the `=feed` heartbeat.
-//! An incomplete sweep neither writes nor prunes. `reloadCreds` moves the rw connection onto a
-//! renewed credential; `close()` closes both connections even when a drain fails.
+//! An incomplete sweep neither writes nor prunes. Its own 75 % timer (`space::renew`) and
+//! `reloadCreds` move the rw connection onto a renewed credential; `close()` closes both connections even when a drain fails.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -190,6 +190,17 @@ pub enum Reread {
     Refused(String),
 }
 
+/// Sleeps until the unix-ms instant held in `at` (forever for `i64::MAX`).
+async fn sleep_until_ms(at: &Mutex<i64>) {
+    let at_ms = *at.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if at_ms == i64::MAX {
+        return std::future::pending().await;
+    }
+    let now_ms = crate::journal::epoch_ms() as i64;
+    let wait = Duration::from_millis(at_ms.saturating_sub(now_ms).max(0) as u64);
+    tokio::time::sleep(wait).await;
+}
+
 /// The daemon side of renewal: one per resident connection.
 pub struct Renewal {
     store: Arc<dyn SecretStore>,
@@ -209,6 +220,9 @@ pub struct Renewal {
     pub reconnect: ReconnectGate,
     /// The membership feed's rw connection and its credential cell, once the feed runs.
     membership: Mutex<Option<(CredentialCell, async_nats::Client)>>,
+    /// When the feed's own timer re-reads its `membership-rw` credential next (unix ms; never
+    /// while no feed runs): 75 % of that credential's lifetime, like the daemon's own.
+    membership_due_ms: Mutex<i64>,
 }
 
 /// How a [`Renewal`] is wired into the daemon.
@@ -242,6 +256,7 @@ impl Renewal {
             adopting: tokio::sync::Mutex::new(()),
             reconnect: ReconnectGate::default(),
             membership: Mutex::new(None),
+            membership_due_ms: Mutex::new(i64::MAX),
         }
     }
 
@@ -269,18 +284,61 @@ impl Renewal {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = at_ms;
     }
 
+    fn set_membership_due_ms(&self, at_ms: i64) {
+        *self
+            .membership_due_ms
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = at_ms;
+    }
+
     /// Sleeps until the timer's next re-read is due.
     pub async fn due(&self) {
-        let at_ms = *self
-            .next_due_ms
+        sleep_until_ms(&self.next_due_ms).await
+    }
+
+    /// Sleeps until the membership feed's own re-read of its rw credential is due.
+    pub async fn membership_due(&self) {
+        sleep_until_ms(&self.membership_due_ms).await
+    }
+
+    /// The feed's own timer: re-reads the store's `membership-rw` credential (where the renewal
+    /// owner re-mints it) and moves the feed's rw connection onto a proved renewal; a store
+    /// still holding the live generation, or a refused candidate, is reported and read again
+    /// after the retry interval while the live one stays until it expires.
+    pub async fn on_membership_due(&self) {
+        let feed = self
+            .membership
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if at_ms == i64::MAX {
-            return std::future::pending().await;
-        }
-        let now_ms = crate::journal::epoch_ms() as i64;
-        let wait = Duration::from_millis(at_ms.saturating_sub(now_ms).max(0) as u64);
-        tokio::time::sleep(wait).await;
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let Some((cell, _)) = feed else {
+            self.set_membership_due_ms(i64::MAX);
+            return;
+        };
+        let before = cell.get();
+        let where_ = self.store.locate(&membership_rw_creds_key(&self.space));
+        let retry_s = self.retry.as_millis() as f64 / 1000.0;
+        let problem = match self.reload_membership(None).await {
+            Ok(_) if cell.get() != before => {
+                self.journal.line(format!(
+                    "✓ membership: adopted the renewed membership-rw credential from {where_}; reconnecting the feed onto it"
+                ));
+                return;
+            }
+            Ok(_) => format!(
+                "{where_} still holds the previous membership-rw credential — the renewal owner has not re-signed it"
+            ),
+            Err(e) => e,
+        };
+        self.journal.repeated(
+            &format!("membership-renew:{}:{problem}", self.space),
+            format!(
+                "! membership: {problem}; the feed keeps its live credential until it expires (retrying in {retry_s} s)"
+            ),
+        );
+        self.set_membership_due_ms(
+            crate::journal::epoch_ms() as i64 + self.retry.as_millis() as i64,
+        );
     }
 
     fn where_(&self) -> String {
@@ -412,6 +470,7 @@ impl Renewal {
 
     /// Hands the running membership feed's rw connection to `reloadCreds`.
     pub fn attach_membership(&self, cell: CredentialCell, client: async_nats::Client) {
+        self.set_membership_due_ms(Self::due_ms_for(&cell.get()));
         *self
             .membership
             .lock()
@@ -460,6 +519,7 @@ impl Renewal {
             Some((cell, client)) => {
                 continuity(&cell.get(), &candidate)?;
                 if cell.get() != candidate {
+                    self.set_membership_due_ms(Self::due_ms_for(&candidate));
                     cell.set(candidate);
                     tokio::spawn(async move {
                         let _ = client.force_reconnect().await;
