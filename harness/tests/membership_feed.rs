@@ -208,9 +208,11 @@ async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
 /// up, the daemon sees the connection drop, and SIGTERM then ends it within [`CLOSE_WITHIN`]
 /// with exit 0 and its signalled close line: the lease release, the timer writer's stop and
 /// both membership connections' failing drains are each bounded, and the process (so every
-/// connection of the feed) is gone. Mutation seen failing: the drains in `feed::close_both`
-/// awaited without their [`cotal_delivery::space::feed::CLOSE_BOUND`] (the daemon hung past
-/// the bound on the disconnected drains).
+/// connection of the feed) is gone (measured ~5 s: the lease release's 5 s reconnect wait).
+/// Mutation seen failing: `feed::close_both` never returning after its drains (a hung close:
+/// no exit within 20 s). Not caught, because async-nats 0.51's `drain()` on a disconnected
+/// client returns `Ok` at once here: the drains awaited without
+/// [`cotal_delivery::space::feed::CLOSE_BOUND`], and a failed drain treated as fatal.
 #[tokio::test]
 async fn close_with_the_broker_gone_closes_both_feed_connections_within_a_bound() {
     const CLOSE_WITHIN: Duration = Duration::from_secs(8);
