@@ -9,7 +9,7 @@ mod data_path_support;
 
 use std::time::Duration;
 
-use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::space::feed::{FeedRow, RW_NAME};
 use cotal_delivery::space::renew::{remint_daemon_creds_for, Preflight};
@@ -48,6 +48,24 @@ async fn jwt_of(mesh: &Mesh, name: &str) -> Option<String> {
         .iter()
         .find(|c| c["name"] == name)
         .and_then(|c| c["jwt"].as_str().map(str::to_string))
+}
+
+/// The renewal owner re-mints the space's standing credentials into the workspace; the
+/// `membership-rw` credential it wrote, checked to be a new generation of `live`.
+async fn remint_rw(mesh: &Mesh, live: &Credential) -> Credential {
+    let report = remint_daemon_creds_for(
+        mesh.root(),
+        mesh.space(),
+        None,
+        Some(&Preflight::new(mesh.url(), None)),
+        Duration::from_secs(600),
+    )
+    .await;
+    assert!(report.all_written(), "{report:?}");
+    let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
+    let renewed = read_creds_file(&rw_path).unwrap();
+    assert_ne!(renewed.jwt, live.jwt);
+    renewed
 }
 
 /// Rows appear: one per principal, `live` from the broker's CONNZ (the agents' live chat
@@ -173,17 +191,7 @@ async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
     let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
     let before = read_creds_file(&rw_path).unwrap();
     assert_eq!(jwt_of(&mesh, RW_NAME).await, Some(before.jwt.clone()));
-    let report = remint_daemon_creds_for(
-        mesh.root(),
-        mesh.space(),
-        None,
-        Some(&Preflight::new(mesh.url(), None)),
-        Duration::from_secs(600),
-    )
-    .await;
-    assert!(report.all_written(), "{report:?}");
-    let renewed = read_creds_file(&rw_path).unwrap();
-    assert_ne!(renewed.jwt, before.jwt);
+    let renewed = remint_rw(&mesh, &before).await;
     let boss = Supervisor::connect(&mesh, mesh.space()).await;
     let reply = boss
         .request("reloadCreds", json!({}), Duration::from_secs(15))
@@ -277,17 +285,7 @@ async fn the_feed_renews_its_own_writer_key_at_three_quarters_of_its_lifetime() 
         .expect("spawn");
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     assert_eq!(jwt_of(&mesh, RW_NAME).await, Some(short.jwt.clone()));
-    let report = remint_daemon_creds_for(
-        mesh.root(),
-        mesh.space(),
-        None,
-        Some(&Preflight::new(mesh.url(), None)),
-        Duration::from_secs(600),
-    )
-    .await;
-    assert!(report.all_written(), "{report:?}");
-    let renewed = read_creds_file(&rw_path).unwrap();
-    assert_ne!(renewed.jwt, short.jwt);
+    let renewed = remint_rw(&mesh, &short).await;
     let until = std::time::Instant::now() + BOUND;
     while jwt_of(&mesh, RW_NAME).await != Some(renewed.jwt.clone()) {
         assert!(
