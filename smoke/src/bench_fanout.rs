@@ -96,6 +96,8 @@ struct Row {
     baseline_p99: f64,
     rss_mb: f64,
     complete: bool,
+    /// The daemon's metrics endpoint over each daemon run.
+    scraped: Vec<Scraped>,
 }
 
 async fn bench(args: Args) -> Result<bool, String> {
@@ -162,7 +164,8 @@ async fn bench(args: Args) -> Result<bool, String> {
     let mut all_complete = true;
     for (round, &m) in args.members.iter().enumerate() {
         let channel = format!("bench{round}");
-        let mut daemon = start_daemon(&mesh).await?;
+        let (mut daemon, mut port) = start_daemon(&mesh).await?;
+        let mut scraped = Vec::new();
         let (sender, _) = agent::spawn(&mesh, &insp, &format!("sender{round}"), &[&channel])
             .await
             .map_err(|e| e.to_string())?;
@@ -184,8 +187,9 @@ async fn bench(args: Args) -> Result<bool, String> {
         let mut rss_kb = 0u64;
         for run in 0..args.runs.max(1) {
             if run > 0 {
-                daemon = start_daemon(&mesh).await?;
+                (daemon, port) = start_daemon(&mesh).await?;
             }
+            let scraper = Scraper::start(port, mesh.space().as_str().to_string());
             let on = On {
                 api: &api,
                 insp: &insp,
@@ -197,6 +201,17 @@ async fn bench(args: Args) -> Result<bool, String> {
                 bound,
             };
             let d = on.phase(&format!("d{round}r{run}"), run == 0).await?;
+            let posts = args.posts + if run == 0 { args.latency_posts } else { 0 };
+            let got = scraper
+                .finish(mesh.space().as_str(), (posts * m) as u64)
+                .await;
+            if !got.ok() {
+                eprintln!(
+                    "bench-fanout: {m} members, run {run}: the metrics endpoint disagrees: fan-out lag peak {} end {}, copies counted {} and handed off {} of {}",
+                    got.peak_lag, got.end_lag, got.copied, got.handed_off, got.expected
+                );
+            }
+            scraped.push(got);
             daemon_pps.push(d.posts_per_s);
             complete &= d.complete;
             daemon_lat = d.latency.unwrap_or(daemon_lat);
@@ -228,8 +243,10 @@ async fn bench(args: Args) -> Result<bool, String> {
             baseline_p99: baseline_lat.1,
             rss_mb: rss_kb as f64 / 1024.0,
             complete,
+            scraped,
         };
-        all_complete &= complete;
+        // A metrics endpoint that disagrees with the broker fails the run like an incomplete one.
+        all_complete &= complete && row.scraped.iter().all(Scraped::ok);
         print_row(&row, &args);
     }
     Ok(all_complete)
@@ -294,6 +311,14 @@ fn print_row(r: &Row, args: &Args) {
                 "baseline_p99_ms": round2(r.baseline_p99),
                 "daemon_rss_peak_mb": round2(r.rss_mb),
                 "complete": r.complete,
+                "metrics": r.scraped.iter().map(|m| json!({
+                    "fanout_lag_peak": m.peak_lag,
+                    "fanout_lag_end": m.end_lag,
+                    "posts_copied": m.copied,
+                    "handed_off": m.handed_off,
+                    "copies_expected": m.expected,
+                    "ok": m.ok(),
+                })).collect::<Vec<_>>(),
             })
         );
     } else {
@@ -310,6 +335,17 @@ fn print_row(r: &Row, args: &Args) {
             r.rss_mb,
             r.complete
         );
+        for (run, m) in r.scraped.iter().enumerate() {
+            println!(
+                "        metrics run {run}: fan-out lag peak {} -> end {}, copies counted {} / handed off {} of {} expected: {}",
+                m.peak_lag,
+                m.end_lag,
+                m.copied,
+                m.handed_off,
+                m.expected,
+                if m.ok() { "agree" } else { "DISAGREE" }
+            );
+        }
     }
 }
 
@@ -649,9 +685,17 @@ impl Baseline {
     }
 }
 
-async fn start_daemon(mesh: &Mesh) -> Result<Daemon, String> {
+async fn start_daemon(mesh: &Mesh) -> Result<(Daemon, u16), String> {
+    // The daemon's own Prometheus endpoint, scraped while it runs (docs/operations.md).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free loopback port for --metrics-addr: {e}"))?
+        .port();
     let mut d = mesh
         .deliver(mesh.space())
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
         .spawn()
         .map_err(|e| e.to_string())?;
     d.wait_for_line("delivery daemon up", Duration::from_secs(30))
@@ -659,7 +703,100 @@ async fn start_daemon(mesh: &Mesh) -> Result<Daemon, String> {
         .map_err(|e| e.to_string())?;
     // For a profiler to attach to (`perf stat -p <pid>`).
     eprintln!("bench-fanout: daemon pid {}", d.pid());
-    Ok(d)
+    Ok((d, port))
+}
+
+/// What the daemon's metrics endpoint showed over one daemon phase: the fan-out lag gauge
+/// sampled every `SCRAPE_EVERY` (it must rise under the burst and fall back to 0) and the copy
+/// counters at the end (they must equal posts x members: every copy counted once).
+struct Scraper {
+    port: u16,
+    peak_lag: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+const SCRAPE_EVERY: Duration = Duration::from_millis(100);
+const SCRAPE_BOUND: Duration = Duration::from_secs(5);
+/// How long the lag may take to fall back to 0 after the phase saw every copy stored.
+const LAG_SETTLE_BOUND: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Default)]
+struct Scraped {
+    peak_lag: u64,
+    end_lag: u64,
+    copied: u64,
+    handed_off: u64,
+    expected: u64,
+}
+
+impl Scraped {
+    fn ok(&self) -> bool {
+        self.peak_lag > 0
+            && self.end_lag == 0
+            && self.copied == self.expected
+            && self.handed_off == self.expected
+    }
+}
+
+fn metric(text: &str, name: &str, space: &str) -> Option<u64> {
+    let series = format!("{name}{{space=\"{space}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+async fn scrape(port: u16) -> Option<String> {
+    let r = delivery_harness::http::get(port, "/metrics", SCRAPE_BOUND)
+        .await
+        .ok()?;
+    (r.status == 200).then(|| String::from_utf8_lossy(&r.body).into_owned())
+}
+
+impl Scraper {
+    fn start(port: u16, space: String) -> Scraper {
+        let peak_lag = Arc::new(AtomicU64::new(0));
+        let peak = peak_lag.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Some(lag) = scrape(port)
+                    .await
+                    .and_then(|t| metric(&t, "cotal_delivery_fanout_lag", &space))
+                {
+                    peak.fetch_max(lag, Ordering::Relaxed);
+                }
+                tokio::time::sleep(SCRAPE_EVERY).await;
+            }
+        });
+        Scraper {
+            port,
+            peak_lag,
+            task,
+        }
+    }
+
+    /// Stops sampling and reads the end state once the lag settled (or its bound ran out).
+    async fn finish(self, space: &str, expected: u64) -> Scraped {
+        self.task.abort();
+        let deadline = Instant::now() + LAG_SETTLE_BOUND;
+        let mut out = Scraped {
+            peak_lag: self.peak_lag.load(Ordering::Relaxed),
+            end_lag: u64::MAX,
+            expected,
+            ..Scraped::default()
+        };
+        loop {
+            if let Some(t) = scrape(self.port).await {
+                out.end_lag = metric(&t, "cotal_delivery_fanout_lag", space).unwrap_or(u64::MAX);
+                out.copied = metric(&t, "cotal_delivery_posts_copied_total", space).unwrap_or(0);
+                out.handed_off = metric(&t, "cotal_delivery_handed_off_total", space).unwrap_or(0);
+            }
+            if out.ok() || Instant::now() >= deadline {
+                return out;
+            }
+            tokio::time::sleep(SCRAPE_EVERY).await;
+        }
+    }
 }
 
 async fn stop(d: &mut Daemon) {
