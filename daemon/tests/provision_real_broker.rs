@@ -102,11 +102,12 @@ async fn provisions_a_space_idempotently_on_a_real_broker() {
     let broker = start_broker(&authority);
     let opts = ProvisionOptions::new();
 
-    // First run creates all 14 streams and buckets; the second changes nothing.
+    // First run creates all 15 streams and buckets (the anycast bucket is the 15th); the second
+    // changes nothing.
     let first = provision_space(&authority, &broker.url, None, &demo, &opts)
         .await
         .expect("first provision");
-    assert_eq!(first.created(), 14, "{first:?}");
+    assert_eq!(first.created(), 15, "{first:?}");
     let second = provision_space(&authority, &broker.url, None, &demo, &opts)
         .await
         .expect("second provision");
@@ -123,7 +124,7 @@ async fn provisions_a_space_idempotently_on_a_real_broker() {
     let rest = provision_space(&authority, &broker.url, None, &half, &opts)
         .await
         .expect("completing provision");
-    assert_eq!(rest.created(), 12, "{rest:?}");
+    assert_eq!(rest.created(), 13, "{rest:?}");
 
     // Client-side view of the configs, read with a provisioner credential.
     let (_client, js) = connect_provisioner(&authority, &broker.url, None, &demo, &opts)
