@@ -36,28 +36,6 @@ const MAX_POSTS: usize = 800;
 /// How far the burst may run ahead of the fan-out writer.
 const MAX_LAG: u64 = 300;
 
-/// Pauses (`until` = an RFC 3339 time) or resumes (`None`) the daemon's `fanout` durable.
-async fn pause_fanout(insp: &delivery_harness::mesh::Inspector, until: Option<&str>) {
-    let body = match until {
-        Some(t) => format!(r#"{{"pause_until":"{t}"}}"#),
-        None => "{}".to_string(),
-    };
-    let reply = insp
-        .client
-        .request(
-            format!("$JS.API.CONSUMER.PAUSE.{}.fanout", insp.names.chat_stream()),
-            body.into(),
-        )
-        .await
-        .unwrap();
-    let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
-    assert_eq!(
-        answer["paused"],
-        until.is_some(),
-        "pause/resume answered {answer}"
-    );
-}
-
 /// Mutations seen failing this test: `MembershipRecord::closed_for_rejoin` dropping the closed
 /// interval ("interval 1 (15, 53]: missing [24, …, 53]").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

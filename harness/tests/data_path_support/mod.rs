@@ -268,3 +268,25 @@ pub async fn burst(insp: &Inspector, from: &cotal_delivery::agent::Agent, channe
         a.await.unwrap();
     }
 }
+
+/// Pauses (`until` = an RFC 3339 time) or resumes (`None`) the daemon's `fanout` durable.
+pub async fn pause_fanout(insp: &delivery_harness::mesh::Inspector, until: Option<&str>) {
+    let body = match until {
+        Some(t) => format!(r#"{{"pause_until":"{t}"}}"#),
+        None => "{}".to_string(),
+    };
+    let reply = insp
+        .client
+        .request(
+            format!("$JS.API.CONSUMER.PAUSE.{}.fanout", insp.names.chat_stream()),
+            body.into(),
+        )
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(
+        answer["paused"],
+        until.is_some(),
+        "pause/resume answered {answer}"
+    );
+}
