@@ -194,6 +194,29 @@ impl RetiredEntry {
             .expect("spawn daemon")
     }
 
+    /// [`RetiredEntry::spawn_held`], with the reader durable paused on the broker until the
+    /// daemon's start-up is complete: its lease watch consumer exists and the broker sees its
+    /// subscription (`push_bound`). The lease watch binds after the plane (the seeds: start-up
+    /// completes once the watch is bound, after the lease turns ready), so an unpaused reader can
+    /// send the held delete first, and the watch's own subscription is then held with it: the
+    /// watch never sees a lease change and only the renew at TTL/2 would.
+    async fn spawn_held_once_started(&self, proxy: &TcpProxy) -> Daemon {
+        let inbox = self.insp.names.inbox_stream();
+        pause_durable(&self.insp, &inbox, "reader", Some("2099-01-01T00:00:00Z")).await;
+        let mut daemon = self.spawn_held(proxy);
+        daemon
+            .wait_for_line("delivery daemon up", UP_BOUND)
+            .await
+            .unwrap();
+        wait_lease_watch_bound(&self.insp).await;
+        assert!(
+            proxy.held().is_empty(),
+            "nothing held before the reader is resumed"
+        );
+        pause_durable(&self.insp, &inbox, "reader", None).await;
+        daemon
+    }
+
     async fn reader(&self) -> async_nats::jetstream::consumer::Info {
         consumer(&self.insp, &self.insp.names.inbox_stream(), "reader").await
     }
@@ -405,14 +428,16 @@ async fn an_entry_already_gone_counts_as_removed() {
 /// redelivers the entry (a later delivery: it was neither acked nor terminated) and only then
 /// is it deleted, acked and its member row removed.
 /// (Releasing instead of cutting would prove nothing: the broker itself drops an ack-pending
-/// entry from the consumer once the entry is deleted.)
+/// entry from the consumer once the entry is deleted.) The reader is held back on the broker
+/// until the lease watch is bound: otherwise the held delete can precede the watch's own
+/// subscription, which the hold then keeps from the broker (CI saw that: no quiesce in 20 s).
 /// Mutation seen failing: `drop_retired` answering `Settle::Term` without waiting for the
 /// delete's answer (the `+TERM` follows the delete in the held bytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_that_stops_serving_mid_delete_neither_acks_nor_gives_up() {
     let r = RetiredEntry::place().await;
     let proxy = TcpProxy::start(r.mesh.broker.port()).await.unwrap();
-    let mut daemon = r.spawn_held(&proxy);
+    let mut daemon = r.spawn_held_once_started(&proxy).await;
     proxy
         .wait_held(&r.delete_subject(), UP_BOUND)
         .await

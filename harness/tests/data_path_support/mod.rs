@@ -49,7 +49,30 @@ pub async fn start_daemon_via_proxy(mesh: &Mesh) -> (delivery_harness::TcpProxy,
         .wait_for_line("delivery daemon up", UP_BOUND)
         .await
         .expect("daemon up");
+    // A test that holds the proxy must not hold the lease watch's own subscription with it.
+    wait_lease_watch_bound(&mesh.inspector(mesh.space()).await.expect("inspector")).await;
     (proxy, daemon)
+}
+
+/// Waits until the daemon's start-up is complete as the broker sees it: its lease watch
+/// consumer exists and the broker knows its subscription (`push_bound`). The watch binds after
+/// "delivery daemon up" (the seeds' order), so a proxy hold armed before this may keep the
+/// watch's subscription from the broker, and the watch would then never see a lease change.
+pub async fn wait_lease_watch_bound(insp: &delivery_harness::mesh::Inspector) {
+    let lease_stream = cotal_delivery::wire::SpaceNames::kv_stream(&insp.names.delivery_bucket());
+    eventually("the lease watch bound", UP_BOUND, || async {
+        let Ok(stream) = insp.js.get_stream(&lease_stream).await else {
+            return false;
+        };
+        let mut infos = stream.consumers();
+        while let Some(Ok(info)) = futures::StreamExt::next(&mut infos).await {
+            if info.name.starts_with("leasewatch_") && info.push_bound {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
 }
 
 pub async fn stop_daemon(d: &mut Daemon) {
@@ -271,6 +294,17 @@ pub async fn burst(insp: &Inspector, from: &cotal_delivery::agent::Agent, channe
 
 /// Pauses (`until` = an RFC 3339 time) or resumes (`None`) the daemon's `fanout` durable.
 pub async fn pause_fanout(insp: &delivery_harness::mesh::Inspector, until: Option<&str>) {
+    pause_durable(insp, &insp.names.chat_stream(), "fanout", until).await;
+}
+
+/// Pauses (`until` = an RFC 3339 time) or resumes (`None`) one of the daemon's durables on the
+/// broker (`CONSUMER.PAUSE`): while paused the broker hands it nothing, whoever pulls.
+pub async fn pause_durable(
+    insp: &delivery_harness::mesh::Inspector,
+    stream: &str,
+    durable: &str,
+    until: Option<&str>,
+) {
     let body = match until {
         Some(t) => format!(r#"{{"pause_until":"{t}"}}"#),
         None => "{}".to_string(),
@@ -278,7 +312,7 @@ pub async fn pause_fanout(insp: &delivery_harness::mesh::Inspector, until: Optio
     let reply = insp
         .client
         .request(
-            format!("$JS.API.CONSUMER.PAUSE.{}.fanout", insp.names.chat_stream()),
+            format!("$JS.API.CONSUMER.PAUSE.{stream}.{durable}"),
             body.into(),
         )
         .await
@@ -287,6 +321,6 @@ pub async fn pause_fanout(insp: &delivery_harness::mesh::Inspector, until: Optio
     assert_eq!(
         answer["paused"],
         until.is_some(),
-        "pause/resume answered {answer}"
+        "pause/resume of {durable} answered {answer}"
     );
 }
