@@ -91,6 +91,8 @@ pub struct DialSpec {
     pub name: String,
     pub ping_interval: Duration,
     pub connect_bound: Duration,
+    /// Inbox prefix of the connection; `None` is the delivery principal's `_INBOX_<nkey>`.
+    pub inbox_prefix: Option<String>,
 }
 
 impl DialSpec {
@@ -102,6 +104,7 @@ impl DialSpec {
             name: "cotal:delivery".into(),
             ping_interval: Duration::from_millis(DEFAULT_PING_INTERVAL_MS),
             connect_bound: Duration::from_secs(5),
+            inbox_prefix: None,
         }
     }
     pub fn tls(mut self, required: bool, ca: Option<PathBuf>) -> Self {
@@ -115,6 +118,11 @@ impl DialSpec {
     }
     pub fn ping_interval(mut self, every: Duration) -> Self {
         self.ping_interval = every;
+        self
+    }
+    /// Another inbox prefix (a credential whose grants name its own, e.g. the `$SYS` observer).
+    pub fn inbox(mut self, prefix: impl Into<String>) -> Self {
+        self.inbox_prefix = Some(prefix.into());
         self
     }
 }
@@ -299,20 +307,39 @@ impl Resident {
     /// Closes the connection for good: no redial authenticates after this, and a live
     /// connection is drained (bounded). A connection that is down is not waited for.
     pub async fn close(&self, bound: Duration) {
+        let _ = self.close_drained(bound).await;
+    }
+
+    /// [`Resident::close`], saying whether the drain completed: the connection is retired
+    /// first, whatever the drain then does, so a failed drain never leaves it redialing. A
+    /// connection that is down cannot flush a drain (the client would only queue it until a
+    /// redial that the retirement refuses): that is a failed drain, reported at once.
+    pub async fn close_drained(&self, bound: Duration) -> Result<(), String> {
         self.link.retire();
         use async_nats::connection::State;
-        if self.client.connection_state() == State::Connected {
-            let _ = tokio::time::timeout(bound, async {
-                let mut events = self.events.subscribe();
-                if self.client.drain().await.is_ok() {
-                    while let Ok(ev) = events.recv().await {
-                        if matches!(ev, ConnEvent::Closed) {
-                            break;
-                        }
-                    }
+        if self.client.connection_state() != State::Connected {
+            return Err("the connection is down, so its drain cannot be flushed".into());
+        }
+        let mut events = self.events.subscribe();
+        self.client
+            .drain()
+            .await
+            .map_err(|e| format!("the drain was refused ({e})"))?;
+        let closed = async {
+            while let Ok(ev) = events.recv().await {
+                if matches!(ev, ConnEvent::Closed) {
+                    return true;
                 }
-            })
-            .await;
+            }
+            false
+        };
+        match tokio::time::timeout(bound, closed).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("its event feed ended before the drain closed it".into()),
+            Err(_) => Err(format!(
+                "the drain did not close it within {} ms",
+                bound.as_millis()
+            )),
         }
     }
 }
@@ -418,7 +445,11 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
             Ok(auth)
         }
     })
-    .custom_inbox_prefix(format!("_INBOX_{nkey}"))
+    .custom_inbox_prefix(
+        spec.inbox_prefix
+            .clone()
+            .unwrap_or_else(|| format!("_INBOX_{nkey}")),
+    )
     .name(spec.name.clone())
     .ping_interval(spec.ping_interval)
     .connection_timeout(spec.connect_bound)

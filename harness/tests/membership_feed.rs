@@ -7,14 +7,19 @@
 mod health_support;
 mod data_path_support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use cotal_delivery::conn::{self, CredentialCell, DialSpec};
 use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
+use cotal_delivery::journal::Journal;
 use cotal_delivery::provision::{MintOptions, Profile};
-use cotal_delivery::space::feed::{FeedRow, RW_NAME};
+use cotal_delivery::space::feed::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
 use cotal_delivery::space::renew::{remint_daemon_creds_for, Preflight};
+use cotal_delivery::store::{FsStore, SecretStore};
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::TcpProxy;
 use serde_json::json;
 
 use data_path_support::{alice_and_bob, dlv_count, eventually, row};
@@ -218,9 +223,8 @@ async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
 /// both membership connections' failing drains are each bounded, and the process (so every
 /// connection of the feed) is gone (measured ~5 s: the lease release's 5 s reconnect wait).
 /// Mutation seen failing: `feed::close_both` never returning after its drains (a hung close:
-/// no exit within 20 s). Not caught, because async-nats 0.51's `drain()` on a disconnected
-/// client returns `Ok` at once here: the drains awaited without
-/// [`cotal_delivery::space::feed::CLOSE_BOUND`], and a failed drain treated as fatal.
+/// no exit within 20 s). That the closed connections never come back is proved in process,
+/// where the process outlives the close: `close_retires_both_feed_connections_even_when_their_drains_fail`.
 #[tokio::test]
 async fn close_with_the_broker_gone_closes_both_feed_connections_within_a_bound() {
     const CLOSE_WITHIN: Duration = Duration::from_secs(8);
@@ -321,4 +325,117 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// Which of `names` `/connz` lists (every account's connections, the `$SYS` observer's too).
+async fn listed(mesh: &Mesh, names: &[&str]) -> Vec<String> {
+    let connz = mesh.broker.monitor("/connz").await.expect("/connz");
+    let mut out: Vec<String> = connz["connections"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["name"].as_str())
+                .filter(|n| names.contains(n))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// How many connections named `name` the broker has seen, open or closed (`/connz?state=all`).
+async fn sessions(mesh: &Mesh, name: &str) -> usize {
+    let connz = mesh
+        .broker
+        .monitor("/connz?state=all&limit=1024")
+        .await
+        .expect("/connz");
+    connz["connections"]
+        .as_array()
+        .map(|a| a.iter().filter(|c| c["name"] == name).count())
+        .unwrap_or(0)
+}
+
+/// `close()` closes both membership connections even when a disconnected drain fails, so they
+/// cannot reconnect after closure. The feed runs in process (as every lane and embedded
+/// service runs it) through a proxy, beside a control connection dialed the same way. The
+/// proxy cuts all three and parks their redials (accepted, no bytes); `close()` then meets two
+/// connections that are down, so both drains fail, and it says so. The proxy heals: the
+/// parked redials reach the broker; the control reconnects (`/connz`), while the feed's two
+/// are refused before CONNECT and dropped, so the proxy carries the control alone, `/connz`
+/// lists neither feed connection, and `/connz?state=all` shows each feed connection's one
+/// session (a reconnect that closed again at once would be a second). Mutations seen failing: `close_both` draining only
+/// (no retirement first: both feed connections back in `/connz`); the rw connection closed
+/// only when the observer's drain succeeded (rw back); `close()` returning as soon as the
+/// observer's drain failed, before closing rw (rw back).
+#[tokio::test]
+async fn close_retires_both_feed_connections_even_when_their_drains_fail() {
+    const CONTROL: &str = "test-control";
+    let mesh = data_path_support::mesh().await;
+    let space = mesh.space().clone();
+    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
+    let store: Arc<dyn SecretStore> = Arc::new(FsStore::new(mesh.root()));
+    let account = mesh.authority.account_public_key(&space).unwrap();
+    let mut parts = FeedParts::new(
+        DialSpec::new(proxy.url()),
+        store,
+        space.clone(),
+        account,
+        Journal::stderr_only(),
+    );
+    parts.interval = Duration::from_millis(300);
+    let feed = MembershipFeed::start(parts).await.expect("feed up");
+    // The daemon's renewal keeps a handle on the rw connection past the close; so does the test.
+    let (_rw_cell, _rw_handle) = feed.rw();
+    let delivery = read_creds_file(&mesh.workspace().delivery_creds_path(&space)).unwrap();
+    let control = conn::dial(
+        &DialSpec::new(proxy.url()).name(CONTROL),
+        CredentialCell::new(delivery),
+    )
+    .await
+    .expect("control up");
+    let all = [OBSERVER_NAME, RW_NAME, CONTROL];
+    eventually("all three listed", BOUND, || async {
+        listed(&mesh, &all).await.len() == 3
+    })
+    .await;
+    assert_eq!(proxy.active_count(), 3);
+
+    // The path goes away: the three are cut and each redial is parked in the proxy.
+    proxy.blackhole_new();
+    proxy.cut_established();
+    eventually("three redials parked, none listed", BOUND, || async {
+        proxy.accepted_count() >= 6
+            && proxy.active_count() == 3
+            && listed(&mesh, &all).await.is_empty()
+    })
+    .await;
+    let closed = feed.close().await;
+    for (name, r) in [("observer", &closed.observer), ("rw", &closed.rw)] {
+        let e = r.as_ref().expect_err(name);
+        assert!(e.contains("the connection is down"), "{name}: {e}");
+    }
+
+    proxy.heal();
+    eventually(
+        "the control back and the proxy carrying it alone",
+        BOUND,
+        || async {
+            listed(&mesh, &all).await == [CONTROL.to_string()] && proxy.active_count() == 1
+        },
+    )
+    .await;
+    assert_eq!(listed(&mesh, &all).await, [CONTROL.to_string()]);
+    // Never back even for a moment: the broker saw each feed connection once (the session the
+    // cut closed), the control twice.
+    assert_eq!(
+        (
+            sessions(&mesh, OBSERVER_NAME).await,
+            sessions(&mesh, RW_NAME).await,
+            sessions(&mesh, CONTROL).await
+        ),
+        (1, 1, 2)
+    );
+    control.close(Duration::from_secs(1)).await;
 }

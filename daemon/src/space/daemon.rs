@@ -831,8 +831,14 @@ impl Serving {
                     renewal.on_membership_due().await;
                 }
                 verdict = health.verdict() => {
-                    // Coupled to the broker: no drain to wait for; dropping the writer stops it.
-                    return keeper.abandon(verdict).await;
+                    // Coupled to the broker: no drain to wait for; dropping the writer stops it
+                    // (its connection retired). The feed's two are retired by its close, which
+                    // does not wait on a connection that is down.
+                    let closed = keeper.abandon(verdict).await;
+                    if let Some(feed) = feed {
+                        feed.close().await;
+                    }
+                    return closed;
                 }
             }
         };

@@ -8,7 +8,9 @@
 //! joins the live channel subscriptions with the durable rows of the members registry, and
 //! writes one display row per principal to `cotal_membership_<s>` plus the `=feed` heartbeat.
 //! An incomplete sweep neither writes nor prunes. Its own 75 % timer (`space::renew`) and
-//! `reloadCreds` move the rw connection onto a renewed credential; `close()` closes both connections even when a drain fails.
+//! `reloadCreds` move the rw connection onto a renewed credential. `close()` retires both
+//! connections before it drains them, so a drain that fails (a connection that is down cannot
+//! flush one) never leaves either redialing after the close.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::conn::{self, credential_expired, CredentialCell, DialSpec};
+use crate::conn::{self, credential_expired, CredentialCell, DialSpec, Resident};
 use crate::creds::Credential;
 use crate::journal::{epoch_ms, Journal};
 use crate::kv::{Read, Rows};
@@ -93,9 +95,15 @@ impl FeedParts {
 pub struct MembershipFeed {
     stop: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
-    observer: async_nats::Client,
-    rw: async_nats::Client,
-    rw_cell: CredentialCell,
+    observer: Resident,
+    rw: Resident,
+}
+
+/// How each connection's drain went at [`MembershipFeed::close`] (both are retired either way).
+#[derive(Debug)]
+pub struct FeedClosed {
+    pub observer: Result<(), String>,
+    pub rw: Result<(), String>,
 }
 
 /// Where a feed that did not start says why (the reference's lines, written by `start`).
@@ -175,17 +183,13 @@ impl MembershipFeed {
             );
             return None;
         }
-        let observer = match crate::provision::connect_standing_with_inbox(
-            &parts.dial.server,
-            parts.dial.tls_ca.as_deref(),
-            &observer_cred,
-            OBSERVER_NAME,
-            MEMBERSHIP_OBSERVER_INBOX_PREFIX,
-            BOUND,
-        )
-        .await
-        {
-            Ok(c) => c,
+        let observer_dial = parts
+            .dial
+            .clone()
+            .name(OBSERVER_NAME)
+            .inbox(MEMBERSHIP_OBSERVER_INBOX_PREFIX);
+        let observer = match conn::dial(&observer_dial, CredentialCell::new(observer_cred)).await {
+            Ok(r) => r,
             Err(e) => {
                 j.line(format!("! membership: failed to start (the observer connection: {e}); graph membership degraded, delivery unaffected"));
                 return None;
@@ -193,18 +197,20 @@ impl MembershipFeed {
         };
         let rw_cell = CredentialCell::new(rw_cred);
         let rw = match conn::dial(&parts.dial.clone().name(RW_NAME), rw_cell.clone()).await {
-            Ok(r) => r.client,
+            Ok(r) => r,
             Err(e) => {
                 j.line(format!("! membership: failed to start (the rw connection: {e}); graph membership degraded, delivery unaffected"));
-                let _ = tokio::time::timeout(CLOSE_BOUND, observer.drain()).await;
+                let _ = observer.close_drained(CLOSE_BOUND).await;
                 return None;
             }
         };
         let events = async {
             let c = observer
+                .client
                 .subscribe(format!("$SYS.ACCOUNT.{}.CONNECT", parts.account))
                 .await?;
             let d = observer
+                .client
                 .subscribe(format!("$SYS.ACCOUNT.{}.DISCONNECT", parts.account))
                 .await?;
             Ok::<_, async_nats::SubscribeError>(futures::stream::select(c, d))
@@ -225,10 +231,10 @@ impl MembershipFeed {
         let sweeper = Sweeper {
             names: SpaceNames::new(&parts.space),
             account: parts.account.clone(),
-            observer: observer.clone(),
+            observer: observer.client.clone(),
             js: jetstream::context::ContextBuilder::new()
                 .timeout(BOUND)
-                .build(rw.clone()),
+                .build(rw.client.clone()),
             rw_self: rw_cell.get().public_key().unwrap_or_default(),
             rw_cell: rw_cell.clone(),
             written: BTreeMap::new(),
@@ -239,23 +245,30 @@ impl MembershipFeed {
             task: Some(task),
             observer,
             rw,
-            rw_cell,
         })
     }
 
     /// The rw connection and its credential cell (what `reloadCreds` moves).
     pub fn rw(&self) -> (CredentialCell, async_nats::Client) {
-        (self.rw_cell.clone(), self.rw.clone())
+        (self.rw.credential.clone(), self.rw.client.clone())
     }
 
-    /// Stops the sweeps and closes both connections, even when a drain fails or hangs on a
-    /// disconnected connection (the last handles are dropped, so neither reconnects).
-    pub async fn close(mut self) {
+    /// Stops the sweeps and closes both connections, each retired before its drain whatever
+    /// the other's drain did, so neither reconnects after the close even when a drain fails
+    /// (a disconnected connection cannot flush one) or hangs (each is bounded by
+    /// [`CLOSE_BOUND`]). Says how each drain went.
+    pub async fn close(mut self) -> FeedClosed {
         self.stop.send_replace(true);
         if let Some(task) = self.task.take() {
             let _ = tokio::time::timeout(CLOSE_BOUND, task).await;
         }
-        close_both(&self.observer, &self.rw).await;
+        let closed = close_both(&self.observer, &self.rw).await;
+        for (name, r) in [(OBSERVER_NAME, &closed.observer), (RW_NAME, &closed.rw)] {
+            if let Err(e) = r {
+                tracing::warn!(connection = name, error = %e, "membership feed: a drain failed at close; the connection is closed all the same");
+            }
+        }
+        closed
     }
 }
 
@@ -265,11 +278,13 @@ impl Drop for MembershipFeed {
     }
 }
 
-async fn close_both(observer: &async_nats::Client, rw: &async_nats::Client) {
-    let _ = tokio::join!(
-        tokio::time::timeout(CLOSE_BOUND, observer.drain()),
-        tokio::time::timeout(CLOSE_BOUND, rw.drain())
+/// Closes both connections side by side; neither outcome gates the other.
+async fn close_both(observer: &Resident, rw: &Resident) -> FeedClosed {
+    let (observer, rw) = tokio::join!(
+        observer.close_drained(CLOSE_BOUND),
+        rw.close_drained(CLOSE_BOUND)
     );
+    FeedClosed { observer, rw }
 }
 
 /// The sweep loop: every interval and after connect/disconnect events (debounced). A failing

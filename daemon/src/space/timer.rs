@@ -361,13 +361,14 @@ async fn session(
         _ = stopped(stop) => return None,
         r = conn::dial(&parts.dial, parts.credential.clone()) => r,
     };
-    let client = match dialed {
-        Ok(r) => r.client,
+    let resident = match dialed {
+        Ok(r) => r,
         Err(e) => return Some(format!("dial: {e}")),
     };
     // The pump watches the stop itself (between requests), so a request being armed settles.
-    let outcome = pump(parts, &client, stop.clone(), state, backoff).await;
-    let _ = tokio::time::timeout(DRAIN_BOUND, client.drain()).await;
+    let outcome = pump(parts, &resident.client, stop.clone(), state, backoff).await;
+    // Retired before the drain: a connection that is down never redials after the session.
+    resident.close(DRAIN_BOUND).await;
     outcome
 }
 
