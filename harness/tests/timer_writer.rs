@@ -22,7 +22,7 @@ use cotal_delivery::space::timer::{
     CONNECTION_NAME,
 };
 use cotal_delivery::wire::{Space, SpaceNames};
-use delivery_harness::daemon::Daemon;
+use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::mesh::{Inspector, Mesh};
 
 use data_path_support::{alice_and_bob, consumer, count_on, dlv_count, eventually};
@@ -111,7 +111,11 @@ async fn request(
 }
 
 async fn start(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
-    let mut spec = data_path_support::daemon_spec(mesh).env("COTAL_DELIVERY_TIMER_POLL_MS", "200");
+    start_spec(data_path_support::daemon_spec(mesh), env).await
+}
+
+async fn start_spec(spec: DaemonSpec, env: &[(&str, &str)]) -> Daemon {
+    let mut spec = spec.env("COTAL_DELIVERY_TIMER_POLL_MS", "200");
     for (k, v) in env {
         spec = spec.env(k, *v);
     }
@@ -323,6 +327,109 @@ async fn a_workflow_pause_expires_through_a_real_broker_schedule() {
     assert_eq!(count_on(&insp, &names.ept_stream(), &t3.armed()).await, 0);
     assert_eq!(count_on(&insp, &names.ept_stream(), &t0.armed()).await, 1);
     assert_eq!(count_on(&insp, &names.ept_stream(), &t0.fire()).await, 0);
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// The re-arm after a heartbeat move, on a real broker: the daemon dials through a proxy that
+/// holds the writer's `.armed` publish (`HPUB <armed>`) after its fresh-check read saw
+/// generation 1; while it is held the workflow's heartbeat moves the status to generation 2
+/// with a new deadline; on release generation 1 is stored, the writer's re-read sees the move
+/// and arms generation 2 pinned on it, so the last `.armed` on the broker is generation 2 and
+/// the broker's `.fire` at generation 2's deadline carries it (the held publish is proved by
+/// the proxy's held bytes, the order by the re-arm's stored pin). Mutation seen failing: the
+/// `rearm_if_moved` call in `Arming::arm` replaced by `Outcome::Armed(seq)` (the last
+/// `.armed` stayed at generation 1 and nothing fired).
+#[tokio::test]
+async fn a_heartbeat_move_between_the_arm_and_the_re_read_is_armed_again() {
+    let mesh = data_path_support::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .expect("proxy");
+    let mut d = start_spec(
+        DaemonSpec::deliver(mesh.space().as_str(), mesh.root()).server(&proxy.url()),
+        &[],
+    )
+    .await;
+    let t = Timer::new(&insp.names, "moved");
+    let held = format!("HPUB {} ", t.armed());
+    proxy.hold_from(held.as_bytes());
+    let first = now_ms() + 600_000;
+    put_status(&insp, &t, 1, first).await;
+    request(&insp, &t, &t.request(1, first), HeaderMap::new())
+        .await
+        .expect("request stored");
+    proxy
+        .wait_held(&held, BOUND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    // The arm of generation 1 is in flight; the heartbeat moves the live coordinate.
+    let second = now_ms() + 1_500;
+    put_status(&insp, &t, 2, second).await;
+    proxy.release();
+    let ept = insp
+        .js
+        .get_stream_no_info(insp.names.ept_stream())
+        .await
+        .unwrap();
+    // Before generation 2's deadline: its `.armed` is the live schedule.
+    let until = Instant::now() + BOUND;
+    let rearmed = loop {
+        let last = ept.get_last_raw_message_by_subject(&t.armed()).await.ok();
+        if let Some(m) = last {
+            let body: Armed = serde_json::from_slice(&m.payload).expect("armed body");
+            if body.generation == 2 {
+                break m;
+            }
+        }
+        assert!(
+            Instant::now() < until,
+            "the moved coordinate was never armed\n{}",
+            d.transcript()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Pinned on generation 1's `.armed`, which the broker stored first (a rollup then kept
+    // only generation 2's).
+    let pin: u64 = rearmed
+        .headers
+        .get("Nats-Expected-Last-Subject-Sequence")
+        .and_then(|v| v.as_str().parse().ok())
+        .expect("the re-arm carries its pin");
+    assert!(
+        pin >= 1 && pin < rearmed.sequence,
+        "pin {pin}, re-arm at {}",
+        rearmed.sequence
+    );
+    let until = Instant::now() + BOUND;
+    let fire = loop {
+        if let Ok(fire) = ept.get_last_raw_message_by_subject(&t.fire()).await {
+            break fire;
+        }
+        assert!(
+            Instant::now() < until,
+            "no .fire for the moved coordinate; last .armed: {:?}\n{}",
+            ept.get_last_raw_message_by_subject(&t.armed())
+                .await
+                .ok()
+                .map(|m| String::from_utf8_lossy(&m.payload).to_string()),
+            d.transcript()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(now_ms() >= second, "fired before generation 2's deadline");
+    let fired: Armed = serde_json::from_slice(&fire.payload).expect("fire body");
+    assert_eq!((fired.generation, fired.deadline), (2, second));
+    // The request was settled once (acked), with no discard.
+    let c = consumer(
+        &insp,
+        &insp.names.ept_req_stream(),
+        &insp.names.timer_writer_durable(),
+    )
+    .await;
+    assert_eq!((c.num_pending, c.num_ack_pending), (0, 0));
+    assert!(!d.has_line("discarded"), "{}", d.transcript());
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
 }
