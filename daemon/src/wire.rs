@@ -15,6 +15,8 @@ pub const MAX_CHANNEL_LENGTH: usize = 4096;
 pub const MAX_SPACE_LENGTH: usize = 64;
 /// Longest actor token we accept (an nkey is 56 characters).
 pub const MAX_ACTOR_LENGTH: usize = 128;
+/// Longest role token we accept; it is embedded in the `svc_<role>` durable name.
+pub const MAX_ROLE_LENGTH: usize = 64;
 
 /// Why a wire token was refused. `kind()` lets a caller match; `Display` names the value and rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +34,7 @@ pub enum WireErrorKind {
     Principal,
     LifecycleUid,
     Channel,
+    Role,
 }
 
 impl WireError {
@@ -62,6 +65,7 @@ impl fmt::Display for WireError {
             WireErrorKind::Principal => "principal",
             WireErrorKind::LifecycleUid => "lifecycle uid",
             WireErrorKind::Channel => "channel",
+            WireErrorKind::Role => "role",
         };
         write!(f, "invalid {what} {:?}: {}", self.value, self.rule)
     }
@@ -261,6 +265,44 @@ impl fmt::Display for LifecycleUid {
     }
 }
 
+/// An anycast role: one `[A-Za-z0-9_-]` token (the reference's 0.71 role grammar; `*` and any
+/// other wildcard are refused, never rewritten). It names the request subject's role token and
+/// the role's shared durable `svc_<role>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Role(String);
+
+impl Role {
+    pub fn parse(raw: &str) -> Result<Role, WireError> {
+        if raw.is_empty() || raw.len() > MAX_ROLE_LENGTH {
+            return Err(WireError::new(
+                WireErrorKind::Role,
+                raw,
+                "a role is 1 to 64 characters",
+            ));
+        }
+        if !raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(WireError::new(
+                WireErrorKind::Role,
+                raw,
+                "a role is one token of [A-Za-z0-9_-] (no `.`, `*` or `>`)",
+            ));
+        }
+        Ok(Role(raw.to_string()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A channel name: dotted segments of `[A-Za-z0-9_-]`; `*` and `>` only as whole segments, `>`
 /// only last. `concrete` additionally forbids wildcards (publish targets, membership rows).
 pub fn validate_channel(raw: &str, concrete: bool) -> Result<(), WireError> {
@@ -443,6 +485,14 @@ impl SpaceNames {
     pub fn task_all(&self) -> String {
         format!("{}.svc.>", self.p())
     }
+    /// The role's shared durable on `TASK_<s>`: `svc_<role>`.
+    pub fn task_durable(role: &Role) -> String {
+        format!("svc_{role}")
+    }
+    /// The role durable's filter: `cotal.<s>.svc.<role>.>`.
+    pub fn task_role_filter(&self, role: &Role) -> String {
+        format!("{}.svc.{role}.>", self.p())
+    }
     pub fn dinbox_all(&self) -> String {
         format!("{}.dinbox.>", self.p())
     }
@@ -609,6 +659,10 @@ pub struct AclRecord {
     pub retired: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retired_at: Option<u64>,
+    /// The anycast roles this lifecycle serves (docs/anycast.md), written with the credential
+    /// that grants their `svc_<role>` durables; absent means none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
 }
 
 impl AclRecord {
@@ -620,7 +674,12 @@ impl AclRecord {
             updated_at,
             retired: false,
             retired_at: None,
+            roles: Vec::new(),
         }
+    }
+    /// Whether this lifecycle serves `role`: the row lists it and is not retired.
+    pub fn serves(&self, role: &str) -> bool {
+        !self.is_retired() && self.roles.iter().any(|r| r == role)
     }
     /// Whether the row carries the retirement tombstone.
     pub fn is_retired(&self) -> bool {

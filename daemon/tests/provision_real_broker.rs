@@ -14,7 +14,7 @@ use async_nats::jetstream::stream::{DiscardPolicy, RetentionPolicy};
 use cotal_delivery::provision::{
     connect_provisioner, connect_with_credential, connect_with_inbox, create_agent_consumer,
     ensure_stream, provision_space, streams::space_stream_configs, Ensured, MeshAuthority,
-    MintOptions, Profile, ProvisionOptions, ReadChannels, ServerConf, SystemProfile,
+    MintOptions, Profile, ProvisionOptions, ReadChannels, Roles, ServerConf, SystemProfile,
 };
 use cotal_delivery::wire::{
     LifecycleUid, Principal, Space, SpaceNames, MEMBERSHIP_OBSERVER_INBOX_PREFIX,
@@ -215,6 +215,7 @@ async fn provisions_a_space_idempotently_on_a_real_broker() {
                 principal: alice.clone(),
                 lifecycle_uid: uid.clone(),
                 read: ReadChannels::new(["general"]).unwrap(),
+                roles: Roles::none(),
             },
             MintOptions::new(),
         )

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use cotal_delivery::agent::{Agent, AgentSpec, Delivery, Frame};
 use cotal_delivery::provision::agent::{provision_agent, AgentMaterial};
-use cotal_delivery::provision::{MintOptions, ReadChannels};
+use cotal_delivery::provision::{MintOptions, ReadChannels, Roles};
 use cotal_delivery::wire::{Principal, Space};
 
 use crate::error::HarnessError;
@@ -19,15 +19,30 @@ pub async fn provision(
     actor: &str,
     read: &[&str],
 ) -> Result<AgentMaterial, HarnessError> {
+    provision_holder(mesh, inspector, space, actor, read, &[]).await
+}
+
+/// Provisions a fresh lifecycle of `local.<actor>` reading `read` and serving the anycast
+/// `roles` in `space` (their `svc_<role>` durables are ensured, the ACL row lists them).
+pub async fn provision_holder(
+    mesh: &Mesh,
+    inspector: &Inspector,
+    space: &Space,
+    actor: &str,
+    read: &[&str],
+    roles: &[&str],
+) -> Result<AgentMaterial, HarnessError> {
     let principal =
         Principal::new("local", actor).map_err(|e| HarnessError::Usage(e.to_string()))?;
     let read = ReadChannels::new(read).map_err(|e| HarnessError::Usage(e.to_string()))?;
+    let roles = Roles::new(roles).map_err(|e| HarnessError::Usage(e.to_string()))?;
     provision_agent(
         &mesh.authority,
         &inspector.js,
         space,
         &principal,
         read,
+        roles,
         MintOptions::new(),
     )
     .await
@@ -60,7 +75,18 @@ pub async fn spawn(
     actor: &str,
     read: &[&str],
 ) -> Result<(Agent, AgentMaterial), HarnessError> {
-    let material = provision(mesh, inspector, mesh.space(), actor, read).await?;
+    spawn_holder(mesh, inspector, actor, read, &[]).await
+}
+
+/// Provisions a holder of the anycast `roles` and connects it, in one step.
+pub async fn spawn_holder(
+    mesh: &Mesh,
+    inspector: &Inspector,
+    actor: &str,
+    read: &[&str],
+    roles: &[&str],
+) -> Result<(Agent, AgentMaterial), HarnessError> {
+    let material = provision_holder(mesh, inspector, mesh.space(), actor, read, roles).await?;
     let agent = connect(mesh, &material, actor).await?;
     Ok((agent, material))
 }

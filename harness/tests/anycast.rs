@@ -107,8 +107,9 @@ async fn dms_to(insp: &Inspector, recipient: &str) -> Vec<Value> {
     out
 }
 
-/// A role durable on the task stream with a short ack wait (what the provisioner pre-creates
-/// for a role, shortened so a redelivery happens inside the test).
+/// A role durable on the task stream created by the operator (what the provisioner
+/// pre-creates for a role; a shorter ack wait, the role's own setting, lets a redelivery happen
+/// inside the test). Provisioning a holder afterwards keeps it as it is.
 async fn role_consumer(
     insp: &Inspector,
     ack_wait: Duration,
@@ -143,14 +144,15 @@ async fn next_copy(c: &jetstream::consumer::Consumer<pull::Config>) -> jetstream
         .expect("message")
 }
 
+/// Alice sends (she serves no role); bob and carol hold `@review`.
 async fn three(mesh: &Mesh, insp: &Inspector) -> (Agent, Agent, Agent) {
     let (alice, _) = agent::spawn(mesh, insp, "alice", &["general"])
         .await
         .expect("alice");
-    let (bob, _) = agent::spawn(mesh, insp, "bob", &["general"])
+    let (bob, _) = agent::spawn_holder(mesh, insp, "bob", &["general"], &[ROLE])
         .await
         .expect("bob");
-    let (carol, _) = agent::spawn(mesh, insp, "carol", &["general"])
+    let (carol, _) = agent::spawn_holder(mesh, insp, "carol", &["general"], &[ROLE])
         .await
         .expect("carol");
     (alice, bob, carol)
@@ -272,7 +274,9 @@ async fn a_take_from_a_recreated_task_stream_is_refused_and_the_copy_naked() {
         refused.detail()
     );
     assert!(row(&insp, &new, seq).await.is_none(), "no row written");
-    let c = role_consumer(&insp, Duration::from_secs(30)).await;
+    // The role's durable went with the old stream; the provisioner creates it again.
+    role_consumer(&insp, Duration::from_secs(30)).await;
+    let c = bob.role_queue(ROLE).await.unwrap();
     let copy = next_copy(&c).await;
     let started = Instant::now();
     match bob.take_before_showing(&copy, &old).await.unwrap() {
@@ -304,17 +308,26 @@ async fn both_dms_reach_the_sender_from_the_daemon_principal() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(&mesh, &[]).await;
+    role_consumer(&insp, Duration::from_secs(1)).await;
     let (alice, bob, carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
-    let c = role_consumer(&insp, Duration::from_secs(1)).await;
+    let (bq, cq) = (
+        bob.role_queue(ROLE).await.unwrap(),
+        carol.role_queue(ROLE).await.unwrap(),
+    );
+    assert_eq!(
+        cq.cached_info().config.ack_wait,
+        Duration::from_secs(1),
+        "provisioning kept the role's durable"
+    );
     let seq = send(&alice).await;
-    let first = next_copy(&c).await;
+    let first = next_copy(&bq).await;
     assert!(matches!(
         bob.take_before_showing(&first, &created).await.unwrap(),
         TakeVerdict::Show { .. }
     ));
     // Bob never acks: the 1 s ack wait runs out and the broker delivers the copy again.
-    let second = next_copy(&c).await;
+    let second = next_copy(&cq).await;
     assert_eq!(second.info().unwrap().delivered, 2);
     match carol.take_before_showing(&second, &created).await.unwrap() {
         TakeVerdict::Show { took } => assert_eq!(took, "moved"),
@@ -433,7 +446,7 @@ async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
     .await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
-    let c = role_consumer(&insp, Duration::from_secs(30)).await;
+    let c = bob.role_queue(ROLE).await.unwrap();
     let done = send(&alice).await;
     let copy = next_copy(&c).await;
     bob.take_before_showing(&copy, &created).await.unwrap();
@@ -507,7 +520,7 @@ async fn status_and_cancel_are_the_senders_and_a_cancelled_copy_is_forgotten() {
         e.detail()
     );
 
-    let c = role_consumer(&insp, Duration::from_secs(30)).await;
+    let c = bob.role_queue(ROLE).await.unwrap();
     let _first = next_copy(&c).await; // seq `taken`, held by bob
     let cancelled = send(&alice).await;
     let buffered = next_copy(&c).await;
@@ -650,4 +663,184 @@ async fn every_new_anycast_grant_is_confined() {
         s.get_raw_message(2).await.is_err(),
         "bob's forged request was not stored"
     );
+}
+
+/// Only a holder of the request's role takes it: the daemon reads the ACL row of the lifecycle
+/// the take names under the caller's own (broker-authenticated) principal. Alice (no role),
+/// mallory (`@deploy` only), mallory naming bob's lifecycle, and bob once his lifecycle is
+/// retired are each refused with what was wrong, and none of them writes a row; bob's take
+/// while his lifecycle is live wins.
+///
+/// Mutation seen failing: the `check_serves` call in `Anycast::take` removed (alice's take was
+/// recorded: "expected a refusal, got Ok").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_holder_of_the_role_takes_its_request() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = daemon_with(&mesh, &[]).await;
+    let (alice, bob, _carol) = three(&mesh, &insp).await;
+    let (mallory, _) = agent::spawn_holder(&mesh, &insp, "mallory", &["general"], &["deploy"])
+        .await
+        .expect("mallory");
+    let created = bob.task_created().await.unwrap();
+    let seq = send(&alice).await;
+    let refused = |who: &str, e: Result<Value, cotal_delivery::agent::AgentError>| {
+        let e = e.expect_err(&format!("{who}: expected a refusal, got Ok"));
+        assert_eq!(e.kind(), AgentErrorKind::Refused, "{who}: {}", e.detail());
+        e.detail().to_string()
+    };
+    let why = refused("alice", alice.anycast_take(seq, &created, 1).await);
+    assert_eq!(
+        why,
+        format!(
+            "take: refused: local.alice does not serve @review (the ACL row of its lifecycle {} lists no role); request seq {seq} is addressed to @review and only its holders take it",
+            alice.lifecycle_uid()
+        )
+    );
+    let why = refused("mallory", mallory.anycast_take(seq, &created, 1).await);
+    assert!(
+        why.contains("local.mallory does not serve @review") && why.contains("lists @deploy)"),
+        "{why}"
+    );
+    // Naming another principal's lifecycle does not borrow its roles: the row is keyed by
+    // the caller's own principal.
+    let take_subject = insp
+        .names
+        .ctl_subject(CtlService::Anycast, mallory.principal());
+    let body = serde_json::json!({
+        "op": "take",
+        "args": {"seq": seq, "streamCreated": created, "delivered": 1,
+                 "lifecycleUid": bob.lifecycle_uid().to_string()},
+        "from": {"id": "local.mallory", "name": "mallory", "kind": "agent"},
+    });
+    let why = refused(
+        "mallory as bob's lifecycle",
+        mallory
+            .request_raw(
+                &take_subject,
+                &format!("{take_subject}.reply.forged"),
+                body.to_string().into_bytes(),
+                BOUND,
+            )
+            .await,
+    );
+    assert!(
+        why.contains(&format!(
+            "local.mallory does not serve @review (its lifecycle {} has no ACL row)",
+            bob.lifecycle_uid()
+        )),
+        "{why}"
+    );
+    assert!(
+        row(&insp, &created, seq).await.is_none(),
+        "no refused take wrote a row"
+    );
+    let won = bob
+        .anycast_take(seq, &created, 1)
+        .await
+        .expect("bob holds @review");
+    assert_eq!(won["took"], "taken");
+    assert_eq!(
+        row(&insp, &created, seq).await.unwrap()["holder"],
+        "local.bob"
+    );
+    // A retired lifecycle serves nothing any more.
+    cotal_delivery::provision::agent::retire(
+        &insp.js,
+        &insp.names,
+        bob.principal(),
+        bob.lifecycle_uid(),
+    )
+    .await
+    .expect("retire bob");
+    let next = send(&alice).await;
+    let why = refused("retired bob", bob.anycast_take(next, &created, 1).await);
+    assert!(
+        why.contains(&format!(
+            "local.bob does not serve @review (its lifecycle {} is retired)",
+            bob.lifecycle_uid()
+        )),
+        "{why}"
+    );
+    assert!(row(&insp, &created, next).await.is_none());
+    s::stop_daemon(&mut d).await;
+}
+
+/// The role durable grants, on the broker: bob (`@review`) binds `svc_review`, pulls a
+/// request and acks it (it leaves the queue); he cannot read, pull from or ack on the
+/// `@deploy` durable, create any consumer on `TASK_<s>` (ephemeral, named or durable) or
+/// delete his role's durable. Alice, who serves no role, cannot bind `svc_review`. The task
+/// stream still holds exactly the two durables the operator made.
+///
+/// Mutation seen failing: the agent's role grants widened to `consumer_info_any` /
+/// `consumer_next_any` on `TASK_<s>` (bob's INFO of `svc_deploy` was not denied).
+#[tokio::test]
+async fn role_durable_grants_are_confined() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let names: &SpaceNames = &insp.names;
+    let (alice, bob, _carol) = three(&mesh, &insp).await;
+    // Another role's durable, as the provisioner makes it for its holders.
+    let deploy = cotal_delivery::wire::Role::parse("deploy").unwrap();
+    cotal_delivery::provision::create_role_consumer(&insp.js, names, &deploy)
+        .await
+        .expect("svc_deploy");
+    let seq = send(&alice).await;
+    let q = bob.role_queue(ROLE).await.expect("bob binds svc_review");
+    let copy = next_copy(&q).await;
+    assert_eq!(copy.info().unwrap().stream_sequence, seq);
+    copy.double_ack()
+        .await
+        .expect("bob acks his role's request");
+    assert!(
+        !queued(&insp, seq).await,
+        "the acked request left the queue"
+    );
+
+    let e = alice
+        .role_queue(ROLE)
+        .await
+        .expect_err("alice serves no role");
+    assert_eq!(e.kind(), AgentErrorKind::Broker, "{}", e.detail());
+    assert!(
+        e.detail()
+            .ends_with("the broker denied it (this credential does not serve @review)"),
+        "{}",
+        e.detail()
+    );
+
+    let bob_m = agent::provision_holder(&mesh, &insp, mesh.space(), "bob", &["general"], &[ROLE])
+        .await
+        .unwrap();
+    let (bc, mut bevents) = mesh
+        .connect_watched(&bob_m.credential, "bob-raw")
+        .await
+        .unwrap();
+    let task = names.task_stream();
+    for subject in [
+        format!("$JS.API.CONSUMER.INFO.{task}.svc_deploy"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{task}.svc_deploy"),
+        format!("$JS.ACK.{task}.svc_deploy.1.1.1.1.1"),
+        format!("$JS.API.CONSUMER.CREATE.{task}"),
+        format!(
+            "$JS.API.CONSUMER.CREATE.{task}.peek.{}",
+            names.task_role_filter(&deploy)
+        ),
+        format!("$JS.API.CONSUMER.DURABLE.CREATE.{task}.peek"),
+        format!("$JS.API.CONSUMER.DELETE.{task}.svc_review"),
+    ] {
+        bc.publish(subject.clone(), "{}".into()).await.unwrap();
+        expect_denied(&mut bevents, "Publish", &subject).await;
+    }
+    let mut consumers: Vec<String> = insp
+        .js
+        .get_stream(task.clone())
+        .await
+        .unwrap()
+        .consumer_names()
+        .map(|n| n.expect("consumer name"))
+        .collect()
+        .await;
+    consumers.sort();
+    assert_eq!(consumers, vec!["svc_deploy", "svc_review"]);
 }

@@ -10,7 +10,7 @@ use async_nats::jetstream::{self, AckKind};
 use serde_json::{json, Value};
 
 use super::{Agent, AgentError, AgentErrorKind, BROKER_BOUND, REQUEST_TIMEOUT};
-use crate::wire::CtlService;
+use crate::wire::{CtlService, Role, SpaceNames};
 
 /// What the holder does with its copy after asking to take it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +64,57 @@ impl Agent {
         }
     }
 
+    /// Binds the role's shared durable `svc_<role>` on `TASK_<s>`, from which a holder of the
+    /// role receives its requests (bind-only: the provisioner pre-created it, and the
+    /// credential grants INFO, MSG.NEXT and ACK on the durables of its own roles only).
+    pub async fn role_queue(
+        &self,
+        role: &str,
+    ) -> Result<jetstream::consumer::PullConsumer, AgentError> {
+        let role = Role::parse(role)
+            .map_err(|e| AgentError::new(AgentErrorKind::Malformed, e.to_string()))?;
+        let durable = SpaceNames::task_durable(&role);
+        let task = self.names.task_stream();
+        let info_subject = format!("$JS.API.CONSUMER.INFO.{task}.{durable}");
+        let errors_before = self.server_errors_seen();
+        let bind = self
+            .js
+            .get_consumer_from_stream(durable.clone(), task.clone());
+        // A credential without the role is denied at once by the broker, and the bind would
+        // only time out: watch the connection's server errors so the denial answers first.
+        let denied = async {
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
+            loop {
+                tick.tick().await;
+                if self.denied_since(errors_before, &info_subject) {
+                    return;
+                }
+            }
+        };
+        let outcome = tokio::time::timeout(BROKER_BOUND, async {
+            tokio::select! {
+                r = bind => Some(r),
+                _ = denied => None,
+            }
+        })
+        .await;
+        match outcome {
+            Ok(Some(Ok(c))) => Ok(c),
+            Ok(None) => Err(AgentError::new(
+                AgentErrorKind::Broker,
+                format!("binding {durable} on {task}: the broker denied it (this credential does not serve @{role})"),
+            )),
+            Ok(Some(Err(e))) => Err(AgentError::new(
+                AgentErrorKind::Broker,
+                format!("binding {durable} on {task}: {e}"),
+            )),
+            Err(_) => Err(AgentError::new(
+                AgentErrorKind::TimedOut,
+                format!("binding {durable} on {task}: no answer"),
+            )),
+        }
+    }
+
     /// Asks the daemon to record this holder's take of the request at `seq`, read from the
     /// stream created at `seen_created`, in delivery number `delivered`.
     pub async fn anycast_take(
@@ -75,7 +126,12 @@ impl Agent {
         self.request_on(
             CtlService::Anycast,
             "take",
-            json!({"seq": seq, "streamCreated": seen_created, "delivered": delivered}),
+            json!({
+                "seq": seq,
+                "streamCreated": seen_created,
+                "delivered": delivered,
+                "lifecycleUid": self.lifecycle_uid().to_string(),
+            }),
             REQUEST_TIMEOUT,
         )
         .await

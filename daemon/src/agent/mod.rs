@@ -416,6 +416,19 @@ impl Agent {
         Ok(msg)
     }
 
+    /// How many server errors (permission violations) the connection has seen so far.
+    pub(crate) fn server_errors_seen(&self) -> usize {
+        self.server_errors.lock().map(|v| v.len()).unwrap_or(0)
+    }
+
+    /// Whether a server error naming `subject` arrived after the first `before` errors.
+    pub(crate) fn denied_since(&self, before: usize, subject: &str) -> bool {
+        self.server_errors
+            .lock()
+            .map(|v| v[before.min(v.len())..].iter().any(|e| e.contains(subject)))
+            .unwrap_or(false)
+    }
+
     /// Joins `channel`: a broker-confirmed live subscription, then the durable backstop.
     pub async fn durable_join(&self, channel: &str) -> Result<Joined, AgentError> {
         self.durable_join_within(channel, JOIN_TIMEOUT).await
@@ -428,7 +441,7 @@ impl Agent {
         timeout: Duration,
     ) -> Result<Joined, AgentError> {
         let subject = self.names.chat_read_subject(channel);
-        let errors_before = self.server_errors.lock().map(|v| v.len()).unwrap_or(0);
+        let errors_before = self.server_errors_seen();
         let live = self
             .client
             .subscribe(subject.clone())
@@ -439,17 +452,7 @@ impl Agent {
             .await
             .map_err(|_| AgentError::new(AgentErrorKind::TimedOut, "flush after subscribe"))?
             .map_err(|e| AgentError::new(AgentErrorKind::Broker, e.to_string()))?;
-        let refused = || {
-            self.server_errors
-                .lock()
-                .map(|v| {
-                    v[errors_before.min(v.len())..]
-                        .iter()
-                        .any(|e| e.contains(&subject))
-                })
-                .unwrap_or(false)
-        };
-        if refused() {
+        if self.denied_since(errors_before, &subject) {
             return Err(AgentError::new(
                 AgentErrorKind::Broker,
                 format!("the broker refused the live subscription {subject}"),
@@ -480,7 +483,7 @@ impl Agent {
         // write. `flush()` only writes the socket, but the daemon's reply travelled the same
         // connection after the SUB, so a refusal of the SUB has arrived by now: a late refusal
         // takes the membership back and fails the join.
-        if refused() {
+        if self.denied_since(errors_before, &subject) {
             let undone = match &backstop {
                 Backstop::Durable { generation } => {
                     match self.durable_leave(channel, *generation).await {

@@ -5,7 +5,9 @@
 //! take that a later delivery moved to another holder) sends the request's sender a DM from the
 //! daemon's own principal; the row remembers whether that notice went out, so a crash between
 //! the row and the DM is repaired by the sweep, which also removes rows a day after their
-//! request left the queue.
+//! request left the queue. Only a holder of the request's role takes it: the role must be
+//! listed on the ACL row of the lifecycle the take names (written by the manager with the
+//! credential that grants the role's durable).
 
 use std::time::Duration;
 
@@ -16,8 +18,9 @@ use serde_json::{json, Value};
 
 use crate::journal::{epoch_ms, Journal};
 use crate::kv::{broker_words, Read, RowErrorKind, Rows};
+use crate::plane::acl::{AclRow, Acls};
 use crate::plane::PlaneCtx;
-use crate::wire::{Principal, SpaceNames};
+use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
 /// Age of a row after its request left the queue before the sweep removes it.
 pub const ROW_AGE_ENV: &str = "COTAL_DELIVERY_ANYCAST_ROW_AGE_MS";
@@ -98,6 +101,8 @@ pub enum AnycastErrorKind {
     Gone,
     /// The caller is not the request's sender.
     NotYours,
+    /// The holder asking to take does not serve the role the request is addressed to.
+    NotHolder,
     /// Malformed arguments.
     Invalid,
     /// The broker did not answer or refused.
@@ -183,6 +188,7 @@ impl SweepConfig {
 
 /// The record keeper of one space.
 pub struct Anycast {
+    ctx: PlaneCtx,
     js: jetstream::Context,
     names: SpaceNames,
     me: Principal,
@@ -214,6 +220,7 @@ impl Anycast {
         .await
         .map_err(|e| unavailable("opening the rows", e))?;
         Ok(Anycast {
+            ctx: ctx.clone(),
             js: ctx.js.clone(),
             names: ctx.names.clone(),
             me: ctx.me.clone(),
@@ -317,11 +324,75 @@ impl Anycast {
         )
     }
 
+    /// The role the request at `seq` is addressed to: from its row when there is one, else
+    /// from the request itself.
+    async fn role_of(&self, key: &str, seq: u64) -> Result<String, AnycastError> {
+        if let Some((row, _)) = self.read_row(key).await? {
+            return Ok(row.role);
+        }
+        if let Some(req) = self.request_at(seq).await? {
+            return Ok(req.role);
+        }
+        // A cancel may have written its row and deleted the request between the two reads.
+        match self.read_row(key).await? {
+            Some((row, _)) => Ok(row.role),
+            None => Err(self.no_request("take", seq)),
+        }
+    }
+
+    /// Refuses a take by a holder whose lifecycle does not serve `role`: the lifecycle's ACL
+    /// row (leader-served, fresh) must be live and list the role.
+    async fn check_serves(
+        &self,
+        holder: &Principal,
+        lifecycle: &LifecycleUid,
+        seq: u64,
+        role: &str,
+    ) -> Result<(), AnycastError> {
+        let acls = Acls::open(&self.ctx)
+            .await
+            .map_err(|e| unavailable("opening the ACL rows", e))?;
+        let row = acls
+            .read(holder, lifecycle)
+            .await
+            .map_err(|e| unavailable(&format!("reading the ACL row of {holder}"), e))?;
+        let found = match row {
+            AclRow::Present { record, .. } if record.serves(role) => return Ok(()),
+            AclRow::Present { record, .. } if record.is_retired() => {
+                format!("its lifecycle {lifecycle} is retired")
+            }
+            AclRow::Present { record, .. } if record.roles.is_empty() => {
+                format!("the ACL row of its lifecycle {lifecycle} lists no role")
+            }
+            AclRow::Present { record, .. } => format!(
+                "the ACL row of its lifecycle {lifecycle} lists {}",
+                record
+                    .roles
+                    .iter()
+                    .map(|r| format!("@{r}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            AclRow::Absent => format!("its lifecycle {lifecycle} has no ACL row"),
+            AclRow::Garbled(e) => {
+                format!("the ACL row of its lifecycle {lifecycle} is unreadable ({e})")
+            }
+        };
+        Err(AnycastError::new(
+            AnycastErrorKind::NotHolder,
+            format!(
+                "take: refused: {holder} does not serve @{role} ({found}); request seq {seq} is addressed to @{role} and only its holders take it"
+            ),
+        ))
+    }
+
     /// Records `holder`'s take of the request at `seq`, which it read from the stream created
-    /// at `seen_created` in delivery number `delivered`.
+    /// at `seen_created` in delivery number `delivered`, as its lifecycle `lifecycle` (whose
+    /// ACL row must list the request's role).
     pub async fn take(
         &self,
         holder: &Principal,
+        lifecycle: &LifecycleUid,
         seq: u64,
         seen_created: &str,
         delivered: u64,
@@ -338,6 +409,8 @@ impl Anycast {
         }
         let key = row_key(&current, seq);
         let me = holder.dot_form();
+        let role = self.role_of(&key, seq).await?;
+        self.check_serves(holder, lifecycle, seq, &role).await?;
         for _ in 0..CAS_ROUNDS {
             let now = epoch_ms();
             match self.read_row(&key).await? {

@@ -1,11 +1,12 @@
 //! Agent provisioning as the manager does it: mint the agent credential for a fresh lifecycle,
-//! write its read-ACL row `<o>.<a>.<uid>` in `cotal_acl_<s>`, and pre-create its bind-only
-//! `dlv_<o>-<a>-<uid>` durable. Also the manager's later ACL writes (narrowing, retirement,
+//! write its read-ACL row `<o>.<a>.<uid>` in `cotal_acl_<s>` (read channels and the anycast
+//! roles it serves), and pre-create its bind-only `dlv_<o>-<a>-<uid>` durable and each of its
+//! roles' shared `svc_<role>` durables. Also the manager's later ACL writes (narrowing, retirement,
 //! removal), each one atomic compare-and-set of the whole row. Used by the harness, the smoke
 //! suites and the demo; the daemon itself never writes ACL rows.
 //!
 //! `writer` must hold the manager's grants on the ACL bucket and consumer creation on
-//! `DLV_<s>` (the `operator` profile does).
+//! `DLV_<s>` and `TASK_<s>` (the `operator` profile does).
 
 use async_nats::jetstream::Context;
 
@@ -13,8 +14,8 @@ use crate::creds::Credential;
 use crate::journal::epoch_ms;
 use crate::kv::{Read, Rows};
 use crate::provision::{
-    create_agent_consumer, MeshAuthority, MintOptions, Profile, ProvisionError, ProvisionErrorKind,
-    ReadChannels,
+    create_agent_consumer, create_role_consumer, MeshAuthority, MintOptions, Profile,
+    ProvisionError, ProvisionErrorKind, ReadChannels, Roles,
 };
 use crate::wire::AclRecord;
 use crate::wire::{LifecycleUid, Principal, Space, SpaceNames};
@@ -29,6 +30,7 @@ pub struct AgentMaterial {
     pub principal: Principal,
     pub lifecycle_uid: LifecycleUid,
     pub read: ReadChannels,
+    pub roles: Roles,
     pub credential: Credential,
 }
 
@@ -37,13 +39,15 @@ fn js_err(what: impl std::fmt::Display) -> ProvisionError {
 }
 
 /// Mints, writes the ACL row and creates the `dlv_` durable for a fresh lifecycle of
-/// `principal` reading `read`.
+/// `principal` reading `read` and serving `roles` (whose `svc_<role>` durables it also
+/// ensures). The ACL row lists the roles: it is what the daemon checks a take against.
 pub async fn provision_agent(
     authority: &MeshAuthority,
     writer: &Context,
     space: &Space,
     principal: &Principal,
     read: ReadChannels,
+    roles: Roles,
     options: MintOptions,
 ) -> Result<AgentMaterial, ProvisionError> {
     let lifecycle_uid = LifecycleUid::generate();
@@ -54,12 +58,17 @@ pub async fn provision_agent(
                 principal: principal.clone(),
                 lifecycle_uid: lifecycle_uid.clone(),
                 read: read.clone(),
+                roles: roles.clone(),
             },
             options,
         )
         .map_err(|e| ProvisionError::new(ProvisionErrorKind::Credential, e.to_string()))?;
     let names = SpaceNames::new(space);
-    let record = AclRecord::new(read.as_slice().to_vec(), 1, epoch_ms());
+    for role in roles.as_slice() {
+        create_role_consumer(writer, &names, role).await?;
+    }
+    let mut record = AclRecord::new(read.as_slice().to_vec(), 1, epoch_ms());
+    record.roles = roles.names();
     put_acl(writer, &names, principal, &lifecycle_uid, &record).await?;
     create_agent_consumer(writer, &names, principal, &lifecycle_uid).await?;
     Ok(AgentMaterial {
@@ -67,6 +76,7 @@ pub async fn provision_agent(
         principal: principal.clone(),
         lifecycle_uid,
         read,
+        roles,
         credential,
     })
 }

@@ -17,11 +17,11 @@ use std::sync::Arc;
 
 pub use authority::{AuthorityError, AuthorityErrorKind, Expiry, MeshAuthority, MintOptions};
 pub use layout::{SpaceMaterial, Workspace};
-pub use profiles::{Permissions, Profile, ReadChannels, SystemProfile};
+pub use profiles::{Permissions, Profile, ReadChannels, Roles, SystemProfile};
 pub use server_conf::{ClusterConf, OperatorAuth, ServerConf, TlsFiles};
 pub use streams::{
-    create_agent_consumer, ensure_space, ensure_stream, Ensured, ProvisionError,
-    ProvisionErrorKind, ProvisionOptions, ProvisionReport,
+    create_agent_consumer, create_role_consumer, ensure_space, ensure_stream, Ensured,
+    ProvisionError, ProvisionErrorKind, ProvisionOptions, ProvisionReport,
 };
 
 use crate::creds::Credential;

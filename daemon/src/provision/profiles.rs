@@ -8,8 +8,8 @@
 //! reference: a profile that needs more adds it together with the feature (DESIGN §6.9).
 
 use crate::wire::{
-    inbox_prefix, validate_channel, CtlService, LifecycleUid, Principal, SpaceNames, WireError,
-    MEMBERSHIP_OBSERVER_INBOX_PREFIX,
+    inbox_prefix, validate_channel, CtlService, LifecycleUid, Principal, Role, SpaceNames,
+    WireError, MEMBERSHIP_OBSERVER_INBOX_PREFIX,
 };
 
 /// The four lists of a user JWT's `pub`/`sub` permissions.
@@ -168,6 +168,40 @@ impl ReadChannels {
     }
 }
 
+/// The anycast roles an agent serves (docs/anycast.md), validated at the boundary and
+/// deduplicated. Each one grants bind-only access to the role's `svc_<role>` durable and is
+/// written to the lifecycle's ACL row, where the daemon checks a take against it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Roles(Vec<Role>);
+
+impl Roles {
+    /// No role: the agent sends anycast requests but takes none.
+    pub fn none() -> Roles {
+        Roles(Vec::new())
+    }
+    pub fn new<I, S>(roles: I) -> Result<Roles, WireError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut out: Vec<Role> = Vec::new();
+        for r in roles {
+            let role = Role::parse(r.as_ref())?;
+            if !out.contains(&role) {
+                out.push(role);
+            }
+        }
+        Ok(Roles(out))
+    }
+    pub fn as_slice(&self) -> &[Role] {
+        &self.0
+    }
+    /// The role names, as the ACL row stores them.
+    pub fn names(&self) -> Vec<String> {
+        self.0.iter().map(|r| r.as_str().to_string()).collect()
+    }
+}
+
 /// A data-account credential profile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Profile {
@@ -175,11 +209,13 @@ pub enum Profile {
     Delivery,
     /// The derived membership-feed reader/writer (spec-digest §4.2).
     MembershipRw,
-    /// One agent instance: a principal in one lifecycle, reading `read` channels.
+    /// One agent instance: a principal in one lifecycle, reading `read` channels and serving
+    /// `roles` (anycast).
     Agent {
         principal: Principal,
         lifecycle_uid: LifecycleUid,
         read: ReadChannels,
+        roles: Roles,
     },
     /// The admin-rail caller (`reloadCreds`, `evictPrincipal`, …) speaking as `principal`.
     Supervisor { principal: Principal },
@@ -232,7 +268,8 @@ impl Profile {
                 principal,
                 lifecycle_uid,
                 read,
-            } => agent(names, user_nkey, principal, lifecycle_uid, read),
+                roles,
+            } => agent(names, user_nkey, principal, lifecycle_uid, read, roles),
             Profile::Supervisor { principal } => supervisor(names, user_nkey, principal),
             Profile::Provisioner => provisioner(names, user_nkey),
             Profile::Inspector => inspector(names, user_nkey),
@@ -412,6 +449,11 @@ fn membership_rw(n: &SpaceNames, user_nkey: &str) -> Permissions {
 ///   (non-gating health).
 /// - **Presence**: `STREAM.INFO` on the presence bucket (to open it) and a KV write of its own
 ///   key `<o>.<a>` only.
+/// - **Anycast** (docs/anycast.md): publish requests as their own sender
+///   `cotal.<s>.svc.*.<o>.<a>`, its own take subject, `STREAM.INFO` on `TASK_<s>` (the creation
+///   time a take names); for each role it serves, bind-only on the role's shared `svc_<role>`
+///   durable (INFO, MSG.NEXT, ACK), which the provisioner pre-creates. Creating any TASK
+///   consumer is denied, like DLV: an agent never reads another role's requests.
 /// - No `$JS.API.INFO` and no `$JS.FC.>`: a pull consumer and JetStream publishes need neither.
 fn agent(
     n: &SpaceNames,
@@ -419,6 +461,7 @@ fn agent(
     principal: &Principal,
     uid: &LifecycleUid,
     read: &ReadChannels,
+    roles: &Roles,
 ) -> Permissions {
     let dlv = n.dlv_stream();
     let durable = SpaceNames::dlv_durable(principal, uid);
@@ -445,9 +488,18 @@ fn agent(
     .allow_pub(js::stream_msg_get(&lease_stream))
     .allow_pub(js::stream_info(&SpaceNames::kv_stream(&presence)))
     .allow_pub(js::kv_key(&presence, &SpaceNames::presence_key(principal)));
-    p.deny_pub(js::consumer_create_bare(&dlv))
-        .deny_pub(js::consumer_create_any(&dlv))
-        .deny_pub(js::consumer_durable_create_any(&dlv));
+    let task = n.task_stream();
+    for role in roles.as_slice() {
+        let svc = SpaceNames::task_durable(role);
+        p.allow_pub(js::consumer_info(&task, &svc))
+            .allow_pub(js::consumer_next(&task, &svc))
+            .allow_pub(js::ack(&task, &svc));
+    }
+    for stream in [&dlv, &task] {
+        p.deny_pub(js::consumer_create_bare(stream))
+            .deny_pub(js::consumer_create_any(stream))
+            .deny_pub(js::consumer_durable_create_any(stream));
+    }
     p.allow_sub(own_inbox(user_nkey))
         .allow_sub(n.ctl_reply_subtree(CtlService::Delivery, principal))
         .allow_sub(n.live_delivery_reply_subtree(principal))
@@ -673,6 +725,9 @@ mod tests {
         assert_eq!(p.sub_allow, v(&["_INBOX_UABC.>"]));
     }
 
+    /// The agent's grants, exactly; with a role, bind-only on that role's durable and nothing
+    /// on another's. Mutation seen caught: granting `consumer_info_any(&task)` instead of the
+    /// role's own durable (the list differs).
     #[test]
     fn agent_profile_is_scoped_to_principal_and_lifecycle() {
         let principal = Principal::parse("local.alice").unwrap();
@@ -682,6 +737,7 @@ mod tests {
             principal,
             lifecycle_uid: uid,
             read,
+            roles: Roles::new(["review", "review"]).unwrap(),
         }
         .permissions(&names(), NKEY);
         let d = "dlv_local-alice-abcdefghijklmnopqrstuvwxyz";
@@ -701,6 +757,9 @@ mod tests {
                 "$JS.API.STREAM.MSG.GET.KV_cotal_delivery_demo".to_string(),
                 "$JS.API.STREAM.INFO.KV_cotal_presence_demo".to_string(),
                 "$KV.cotal_presence_demo.local.alice".to_string(),
+                "$JS.API.CONSUMER.INFO.TASK_demo.svc_review".to_string(),
+                "$JS.API.CONSUMER.MSG.NEXT.TASK_demo.svc_review".to_string(),
+                "$JS.ACK.TASK_demo.svc_review.>".to_string(),
             ]
         );
         assert_eq!(
@@ -709,6 +768,9 @@ mod tests {
                 "$JS.API.CONSUMER.CREATE.DLV_demo",
                 "$JS.API.CONSUMER.CREATE.DLV_demo.>",
                 "$JS.API.CONSUMER.DURABLE.CREATE.DLV_demo.>",
+                "$JS.API.CONSUMER.CREATE.TASK_demo",
+                "$JS.API.CONSUMER.CREATE.TASK_demo.>",
+                "$JS.API.CONSUMER.DURABLE.CREATE.TASK_demo.>",
             ])
         );
         assert_eq!(
@@ -723,6 +785,32 @@ mod tests {
             ])
         );
         assert!(!p.pub_allow.iter().any(|s| s.contains("INBOX_demo")));
+        // Without a role: no grant on any TASK consumer at all.
+        let none = Profile::Agent {
+            principal: Principal::parse("local.alice").unwrap(),
+            lifecycle_uid: LifecycleUid::parse("abcdefghijklmnopqrstuvwxyz").unwrap(),
+            read: ReadChannels::new(["general"]).unwrap(),
+            roles: Roles::none(),
+        }
+        .permissions(&names(), NKEY);
+        assert!(!none
+            .pub_allow
+            .iter()
+            .any(|s| s.contains("CONSUMER") && s.contains("TASK_demo")
+                || s.starts_with("$JS.ACK.TASK")));
+    }
+
+    /// Roles are single tokens; a wildcard or dotted role is refused, never rewritten.
+    #[test]
+    fn roles_refuse_wildcards_and_dots() {
+        for bad in ["*", ">", "a.b", "", "re view"] {
+            assert_eq!(
+                Roles::new([bad]).unwrap_err().kind(),
+                crate::wire::WireErrorKind::Role,
+                "{bad:?}"
+            );
+        }
+        assert_eq!(Roles::new(["a-b_1"]).unwrap().names(), vec!["a-b_1"]);
     }
 
     /// The inspector reads and never writes: exactly these grants. Mutation seen caught: adding
@@ -757,6 +845,7 @@ mod tests {
     fn principals_carry_owner_actor_and_principal_tags() {
         let principal = Principal::parse("local.alice").unwrap();
         let agent = Profile::Agent {
+            roles: Roles::none(),
             principal: principal.clone(),
             lifecycle_uid: LifecycleUid::parse("abcdefghijklmnopqrstuvwxyz").unwrap(),
             read: ReadChannels::new(["general"]).unwrap(),

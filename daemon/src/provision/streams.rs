@@ -20,7 +20,7 @@ use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, Stor
 use async_nats::jetstream::Context;
 use async_nats::jetstream::ErrorCode;
 
-use crate::wire::{LifecycleUid, Principal, SpaceNames};
+use crate::wire::{LifecycleUid, Principal, Role, SpaceNames};
 
 /// Reference lease TTL, applied as the lease bucket's `max_age`.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
@@ -522,13 +522,48 @@ pub async fn create_agent_consumer(
     member: &Principal,
     uid: &LifecycleUid,
 ) -> Result<Ensured, ProvisionError> {
-    let stream_name = names.dlv_stream();
     let desired = agent_consumer_config(names, member, uid);
-    let durable = SpaceNames::dlv_durable(member, uid);
+    ensure_durable(js, &names.dlv_stream(), desired, true).await
+}
+
+/// A role's shared durable `svc_<role>` on `TASK_<s>` (the reference `taskDurableConfig`):
+/// filter `cotal.<s>.svc.<role>.>`, explicit acks, 60 s ack wait, no deliver policy.
+pub fn role_consumer_config(names: &SpaceNames, role: &Role) -> pull::Config {
+    pull::Config {
+        durable_name: Some(SpaceNames::task_durable(role)),
+        filter_subject: names.task_role_filter(role),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: AGENT_CONSUMER_ACK_WAIT,
+        ..Default::default()
+    }
+}
+
+/// Pre-creates a role's `svc_<role>` durable (idempotent; agents only bind it). The durable is
+/// shared by every holder of the role, so an existing one is accepted whatever its ack wait (the
+/// role's own setting, which one holder's provisioning must not fight over); a different filter,
+/// ack policy or deliver policy is refused, never rewritten: it may hold queued requests.
+pub async fn create_role_consumer(
+    js: &Context,
+    names: &SpaceNames,
+    role: &Role,
+) -> Result<Ensured, ProvisionError> {
+    let desired = role_consumer_config(names, role);
+    ensure_durable(js, &names.task_stream(), desired, false).await
+}
+
+/// Creates `desired` on `stream_name` when absent; accepts an existing durable whose config
+/// matches (the ack wait only when `fixed_ack_wait`), and refuses one that does not.
+async fn ensure_durable(
+    js: &Context,
+    stream_name: &str,
+    desired: pull::Config,
+    fixed_ack_wait: bool,
+) -> Result<Ensured, ProvisionError> {
+    let durable = desired.durable_name.clone().unwrap_or_default();
     let stream = js
-        .get_stream(&stream_name)
+        .get_stream(stream_name)
         .await
-        .map_err(|e| js_failed("stream info of", &stream_name, e))?;
+        .map_err(|e| js_failed("stream info of", stream_name, e))?;
     match stream.consumer_info(&durable).await {
         Ok(info) => {
             let c = &info.config;
@@ -542,7 +577,7 @@ pub async fn create_agent_consumer(
             if c.ack_policy != desired.ack_policy {
                 bad.push(format!("ack_policy is {:?}, wanted Explicit", c.ack_policy));
             }
-            if c.ack_wait != desired.ack_wait {
+            if fixed_ack_wait && c.ack_wait != desired.ack_wait {
                 bad.push(format!(
                     "ack_wait is {} ms, wanted {} ms",
                     c.ack_wait.as_millis(),
@@ -551,8 +586,8 @@ pub async fn create_agent_consumer(
             }
             if c.deliver_policy != desired.deliver_policy {
                 bad.push(format!(
-                    "deliver_policy is {:?}, wanted All",
-                    c.deliver_policy
+                    "deliver_policy is {:?}, wanted {:?}",
+                    c.deliver_policy, desired.deliver_policy
                 ));
             }
             if bad.is_empty() {

@@ -8,7 +8,7 @@ use tokio::task::JoinHandle;
 
 use crate::plane::anycast::{Anycast, SweepConfig};
 use crate::plane::{stopped, PlaneCtx, StopRx};
-use crate::wire::Principal;
+use crate::wire::{LifecycleUid, Principal};
 
 /// The `seq` argument: a positive integer.
 fn seq_arg(op: &str, args: &Value) -> Result<u64, String> {
@@ -18,7 +18,7 @@ fn seq_arg(op: &str, args: &Value) -> Result<u64, String> {
         .ok_or_else(|| format!("{op}: seq must be a positive integer"))
 }
 
-/// `take {seq, streamCreated, delivered}` on the take rail.
+/// `take {seq, streamCreated, delivered, lifecycleUid}` on the take rail.
 pub async fn take(
     ctx: &PlaneCtx,
     holder: &Principal,
@@ -41,9 +41,14 @@ pub async fn take(
         .and_then(Value::as_u64)
         .filter(|d| *d > 0)
         .ok_or("take: delivered must be the copy's delivery count (a positive integer)")?;
+    let lifecycle = args
+        .get("lifecycleUid")
+        .and_then(Value::as_str)
+        .and_then(|u| LifecycleUid::parse(u).ok())
+        .ok_or("take: lifecycleUid must be the holder's lifecycle uid (its ACL row names the roles it serves)")?;
     let anycast = Anycast::open(ctx).await.map_err(|e| e.to_string())?;
     let (took, row) = anycast
-        .take(holder, seq, created, delivered)
+        .take(holder, &lifecycle, seq, created, delivered)
         .await
         .map_err(|e| e.to_string())?;
     Ok(json!({"seq": seq, "took": took.as_str(), "holder": row.holder, "sender": row.sender}))

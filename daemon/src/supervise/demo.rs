@@ -9,7 +9,7 @@ use async_nats::jetstream;
 
 use crate::agent::{Agent, AgentSpec, Backstop};
 use crate::provision::agent::{provision_agent, AgentMaterial};
-use crate::provision::{self, MeshAuthority, MintOptions, Profile, ReadChannels};
+use crate::provision::{self, MeshAuthority, MintOptions, Profile, ReadChannels, Roles};
 use crate::supervise::RunningMesh;
 use crate::wire::{Principal, SpaceNames};
 
@@ -80,6 +80,7 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
             &mesh.space,
             &principal,
             read.clone(),
+            Roles::none(),
             MintOptions::new(),
         )
         .await
