@@ -277,7 +277,7 @@ const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps th
   COTAL_DELIVERY_SWEEP_SETTLE_MS          $SYS CONNZ page collection ends this long after the last answer [250]
   COTAL_DELIVERY_ANYCAST_SWEEP_MS         interval of the anycast records sweep (also run when serving starts) [600000]
   COTAL_DELIVERY_ANYCAST_ROW_AGE_MS       an anycast row is removed this long after its request left the queue [86400000]
-  COTAL_DELIVERY_FAULT_EXIT_AFTER_ANYCAST_ROW  fault injection for tests: 1 = exit 86 after a take's row, before its DM
+  COTAL_DELIVERY_FAULT_HOLD_AFTER_ANYCAST_ROW  fault injection for tests: 1 = hold 60 s after a take's row, before its DM
   COTAL_DELIVERY_METRICS_SAMPLE_MS        --metrics-addr: sampling period of the lag and state gauges [1000]
   COTAL_DELIVERY_LOG_REPEAT_WINDOW_MS     window over which a repeated line is counted, then summarised once [60000]
   COTAL_DELIVERY_SWEEP_PAGE_LIMIT         (a count) connections per $SYS CONNZ page [1024]

@@ -13,7 +13,7 @@ use async_nats::Event;
 use cotal_delivery::agent::anycast::{TakeVerdict, NO_DAEMON};
 use cotal_delivery::agent::{Agent, AgentErrorKind};
 use cotal_delivery::kv::{Read, Rows};
-use cotal_delivery::plane::anycast::{row_key, FAULT_EXIT_ENV, FAULT_EXIT_STATUS};
+use cotal_delivery::plane::anycast::{row_key, FAULT_HOLD_ENV, FAULT_HOLD_LINE};
 use cotal_delivery::wire::{CtlService, Principal, SpaceNames};
 use data_path_support as s;
 use delivery_harness::agent;
@@ -385,23 +385,34 @@ async fn both_dms_reach_the_sender_from_the_daemon_principal() {
     s::stop_daemon(&mut d).await;
 }
 
-/// The crash window between a take's row and its DM, forced by the documented fault-injection
-/// knob: the daemon exits 86 after the row write; the row says `noticeSent: false` and no DM
-/// exists; the next daemon's start-up sweep sends it and marks the row.
+/// The crash window between a take's row and its DM: the documented fault-injection knob
+/// holds the take right after its row is written, and the test SIGKILLs the daemon there (by
+/// pid, once the hold's line is logged). The row says `noticeSent: false` and no DM exists;
+/// the next daemon's start-up sweep (default ten-minute interval, so only the start sweep runs
+/// inside the bound) sends it and marks the row.
 ///
 /// Mutation seen failing: the sweep's resend of unsent notices removed (no DM after restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_notice_a_crash_left_unsent_is_resent_at_start() {
+async fn a_notice_a_sigkill_left_unsent_is_resent_at_start() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(&mesh, &[(FAULT_EXIT_ENV, "1")]).await;
+    let mut d = daemon_with(&mesh, &[(FAULT_HOLD_ENV, "1")]).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
     let seq = send(&alice).await;
-    let lost = bob.anycast_take(seq, &created, 1).await;
+    let key = row_key(&created, seq);
+    let (lost, held) = tokio::join!(bob.anycast_take(seq, &created, 1), async {
+        let line = d
+            .wait_for_line(&format!("{FAULT_HOLD_LINE} {key} "), BOUND)
+            .await
+            .expect("the take holds after its row");
+        d.kill().expect("SIGKILL");
+        line
+    });
     assert!(lost.is_err(), "the daemon died before answering: {lost:?}");
     let status = d.wait_exit(BOUND).await.expect("the daemon exits");
-    assert_eq!(status.code(), Some(FAULT_EXIT_STATUS));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "killed by SIGKILL ({held})");
     let r = row(&insp, &created, seq)
         .await
         .expect("the row was written");

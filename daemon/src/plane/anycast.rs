@@ -26,12 +26,15 @@ use crate::wire::{LifecycleUid, Principal, SpaceNames};
 pub const ROW_AGE_ENV: &str = "COTAL_DELIVERY_ANYCAST_ROW_AGE_MS";
 /// Interval between two sweeps of the rows (the first runs when serving starts).
 pub const SWEEP_EVERY_ENV: &str = "COTAL_DELIVERY_ANYCAST_SWEEP_MS";
-/// Fault-injection knob (tests only, documented in docs/anycast.md): `1` makes the daemon
-/// process exit with status 86 right after a take's row is written and before its DM is sent,
-/// so the crash window the resend repairs can be forced.
-pub const FAULT_EXIT_ENV: &str = "COTAL_DELIVERY_FAULT_EXIT_AFTER_ANYCAST_ROW";
-/// Exit status of the fault-injection exit.
-pub const FAULT_EXIT_STATUS: i32 = 86;
+/// Fault-injection knob (tests only, documented in docs/anycast.md): `1` makes a winning take
+/// hold for [`FAULT_HOLD`] right after its row is written and before its DM is sent, logging
+/// [`FAULT_HOLD_LINE`], so a test can SIGKILL the daemon inside the crash window the resend
+/// repairs.
+pub const FAULT_HOLD_ENV: &str = "COTAL_DELIVERY_FAULT_HOLD_AFTER_ANYCAST_ROW";
+/// Bound of the fault-injection hold: a forgotten knob delays a DM, it never wedges a take.
+pub const FAULT_HOLD: Duration = Duration::from_secs(60);
+/// Start of the line the hold logs (the row key follows).
+pub const FAULT_HOLD_LINE: &str = "! anycast: fault injection: holding before the DM of row";
 
 const DEFAULT_ROW_AGE: Duration = Duration::from_secs(24 * 60 * 60);
 const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(10 * 60);
@@ -195,7 +198,7 @@ pub struct Anycast {
     journal: Journal,
     bound: Duration,
     rows: Rows,
-    fault_exit: bool,
+    fault_hold: bool,
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> AnycastError {
@@ -227,7 +230,7 @@ impl Anycast {
             journal: ctx.journal.clone(),
             bound: ctx.config.request_bound,
             rows,
-            fault_exit: std::env::var(FAULT_EXIT_ENV).is_ok_and(|v| v == "1"),
+            fault_hold: std::env::var(FAULT_HOLD_ENV).is_ok_and(|v| v == "1"),
         })
     }
 
@@ -497,13 +500,14 @@ impl Anycast {
         ))
     }
 
-    /// After a winning take's row: the fault-injection exit (tests), then the sender's DM.
+    /// After a winning take's row: the fault-injection hold (tests), then the sender's DM.
     async fn after_take(&self, key: &str, row: AnycastRow, rev: u64) -> AnycastRow {
-        if self.fault_exit {
-            self.journal
-                .line(format!("! anycast: fault injection ({FAULT_EXIT_ENV}=1): exiting after writing row {key}, before its DM"));
-            self.journal.flush_repeats();
-            std::process::exit(FAULT_EXIT_STATUS);
+        if self.fault_hold {
+            self.journal.line(format!(
+                "{FAULT_HOLD_LINE} {key} for {} s ({FAULT_HOLD_ENV}=1)",
+                FAULT_HOLD.as_secs()
+            ));
+            tokio::time::sleep(FAULT_HOLD).await;
         }
         match self.notify(key, &row, rev).await {
             Ok(sent) => sent,
