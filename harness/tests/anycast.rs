@@ -440,11 +440,14 @@ async fn a_notice_a_sigkill_left_unsent_is_resent_at_start() {
 
 /// The sweep with the age shortened to 3 s (every 300 ms): a row whose request was acked is
 /// marked `leftQueueAt`, kept for the age, then removed; a row whose request is still queued
-/// stays.
+/// stays. The age is judged against the row's own `leftQueueAt` (the daemon's clock, this
+/// machine's), so a slow test side cannot make it pass or fail: the row is still there whenever
+/// it is read before `leftQueueAt` + age, and first found gone after it.
 ///
 /// Mutation seen failing: the age comparison dropped (the row was gone at the first look).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
+    const AGE_MS: u64 = 3000;
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(
@@ -470,20 +473,29 @@ async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
             .is_some()
     })
     .await;
-    let marked = Instant::now();
-    tokio::time::sleep(Duration::from_millis(1500)).await; // half the age: the row must still be there
+    let left = row(&insp, &created, done).await.unwrap()["leftQueueAt"]
+        .as_u64()
+        .unwrap();
+    let (mut seen_late, deadline) = (0u64, Instant::now() + BOUND);
+    let gone_at = loop {
+        let asked = cotal_delivery::journal::epoch_ms();
+        let present = row(&insp, &created, done).await.is_some();
+        if !present {
+            break asked;
+        }
+        seen_late = seen_late.max(asked);
+        assert!(Instant::now() < deadline, "the row was never removed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
-        row(&insp, &created, done).await.is_some(),
-        "removed before its age"
+        gone_at >= left + AGE_MS,
+        "removed {} ms after it left the queue, before the {AGE_MS} ms age",
+        gone_at.saturating_sub(left)
     );
-    s::eventually("the row is removed", BOUND, || async {
-        row(&insp, &created, done).await.is_none()
-    })
-    .await;
     assert!(
-        marked.elapsed() >= Duration::from_millis(2500),
-        "removed after {:?}",
-        marked.elapsed()
+        seen_late >= left + AGE_MS / 2,
+        "the row was read at half its age or later (last seen {} ms after leaving)",
+        seen_late.saturating_sub(left)
     );
     let kept = row(&insp, &created, waiting)
         .await
