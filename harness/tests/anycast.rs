@@ -867,3 +867,96 @@ async fn role_durable_grants_are_confined() {
     consumers.sort();
     assert_eq!(consumers, vec!["svc_deploy", "svc_review"]);
 }
+
+/// The seeds' other two cases of a holder whose takes cannot be recorded, each told apart on
+/// the broker: a seat minted before takes (its credential lacks the take subject, so the broker
+/// denies the publish) and a daemon whose credential predates takes (it serves delivery and
+/// answers the liveness probe `bound`, but no take rail is reachable). Both answer "restart the
+/// daemon or respawn the seat", at once rather than after the request timeout; neither writes
+/// a row.
+///
+/// Mutations seen failing: the broker-denial watch removed from `anycast_take` (the old seat's
+/// take timed out instead); the probe's verdict ignored (the daemon case said "no delivery
+/// daemon is answering").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_says_to_restart_the_daemon_or_respawn_the_seat_when_either_predates_takes() {
+    use cotal_delivery::agent::anycast::PREDATES_FIX;
+    use cotal_delivery::provision::{MintOptions, Profile, ReadChannels, Roles};
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let no_take = |p: &mut cotal_delivery::provision::Permissions| {
+        p.pub_allow.retain(|s| !s.contains(".ctl.anycast."));
+        p.sub_allow.retain(|s| !s.contains(".ctl.anycast."));
+    };
+    // A daemon whose delivery credential was minted before takes.
+    let creds_path = mesh.workspace().delivery_creds_path(mesh.space());
+    let current = cotal_delivery::creds::read_creds_file(&creds_path).unwrap();
+    let old_daemon = mesh
+        .authority
+        .mint_narrowed(
+            mesh.space(),
+            &Profile::Delivery,
+            MintOptions::new(),
+            no_take,
+        )
+        .unwrap();
+    cotal_delivery::creds::write_creds_file_atomic(&creds_path, &old_daemon).unwrap();
+    let mut d = daemon_with(&mesh, &[]).await;
+    let (alice, bob, _carol) = three(&mesh, &insp).await;
+    let created = bob.task_created().await.unwrap();
+    let seq = send(&alice).await;
+    let started = Instant::now();
+    let e = bob.anycast_take(seq, &created, 1).await.unwrap_err();
+    assert_eq!(e.kind(), AgentErrorKind::NoResponders, "{}", e.detail());
+    assert!(
+        e.detail().starts_with(
+            "anycast: the delivery daemon serving this space does not answer takes on"
+        ) && e.detail().ends_with(PREDATES_FIX),
+        "{}",
+        e.detail()
+    );
+    assert!(started.elapsed() < Duration::from_secs(4), "at once");
+    assert!(row(&insp, &created, seq).await.is_none());
+    s::stop_daemon(&mut d).await;
+
+    // A seat minted before takes, against a daemon that records them.
+    cotal_delivery::creds::write_creds_file_atomic(&creds_path, &current).unwrap();
+    let mut d = daemon_with(&mesh, &[]).await;
+    let mut seat =
+        agent::provision_holder(&mesh, &insp, mesh.space(), "dave", &["general"], &[ROLE])
+            .await
+            .unwrap();
+    seat.credential = mesh
+        .authority
+        .mint_narrowed(
+            mesh.space(),
+            &Profile::Agent {
+                principal: seat.principal.clone(),
+                lifecycle_uid: seat.lifecycle_uid.clone(),
+                read: ReadChannels::new(["general"]).unwrap(),
+                roles: Roles::new([ROLE]).unwrap(),
+            },
+            MintOptions::new(),
+            no_take,
+        )
+        .unwrap();
+    let dave = agent::connect(&mesh, &seat, "dave").await.unwrap();
+    let started = Instant::now();
+    let e = dave.anycast_take(seq, &created, 1).await.unwrap_err();
+    assert_eq!(e.kind(), AgentErrorKind::Broker, "{}", e.detail());
+    assert_eq!(
+        e.detail(),
+        format!(
+            "anycast: the broker denied this seat's take subject {}: its credential predates takes, so role requests wait on the queue; {PREDATES_FIX}",
+            insp.names.ctl_subject(CtlService::Anycast, dave.principal())
+        )
+    );
+    assert!(started.elapsed() < Duration::from_secs(4), "at once");
+    assert!(row(&insp, &created, seq).await.is_none());
+    // The same request is taken by a seat minted with takes.
+    assert_eq!(
+        bob.anycast_take(seq, &created, 1).await.unwrap()["took"],
+        "taken"
+    );
+    s::stop_daemon(&mut d).await;
+}

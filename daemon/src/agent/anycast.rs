@@ -28,6 +28,10 @@ pub enum TakeVerdict {
 
 /// Why a call found no daemon: the words the seeds give.
 pub const NO_DAEMON: &str = "no delivery daemon is answering";
+/// What a holder says when a daemon or its own seat predates takes (the seeds' words).
+pub const PREDATES_FIX: &str = "restart the daemon or respawn the seat";
+/// Bound of the liveness probe that tells a daemon predating takes from no daemon at all.
+const PROBE_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn no_daemon(e: AgentError) -> AgentError {
     if e.kind() == AgentErrorKind::NoResponders {
@@ -82,15 +86,7 @@ impl Agent {
             .get_consumer_from_stream(durable.clone(), task.clone());
         // A credential without the role is denied at once by the broker, and the bind would
         // only time out: watch the connection's server errors so the denial answers first.
-        let denied = async {
-            let mut tick = tokio::time::interval(std::time::Duration::from_millis(20));
-            loop {
-                tick.tick().await;
-                if self.denied_since(errors_before, &info_subject) {
-                    return;
-                }
-            }
-        };
+        let denied = self.denied(errors_before, &info_subject);
         let outcome = tokio::time::timeout(BROKER_BOUND, async {
             tokio::select! {
                 r = bind => Some(r),
@@ -116,14 +112,21 @@ impl Agent {
     }
 
     /// Asks the daemon to record this holder's take of the request at `seq`, read from the
-    /// stream created at `seen_created`, in delivery number `delivered`.
+    /// stream created at `seen_created`, in delivery number `delivered`. While no daemon answers
+    /// it says "no delivery daemon is answering"; when a daemon serves but not takes (it, or its
+    /// credential, predates them) or the broker denies this seat's take subject (a seat minted
+    /// before takes), it says to restart the daemon or respawn the seat.
     pub async fn anycast_take(
         &self,
         seq: u64,
         seen_created: &str,
         delivered: u64,
     ) -> Result<Value, AgentError> {
-        self.request_on(
+        let subject = self
+            .names
+            .ctl_subject(CtlService::Anycast, self.principal());
+        let before = self.server_errors_seen();
+        let take = self.request_on(
             CtlService::Anycast,
             "take",
             json!({
@@ -133,9 +136,32 @@ impl Agent {
                 "lifecycleUid": self.lifecycle_uid().to_string(),
             }),
             REQUEST_TIMEOUT,
-        )
-        .await
-        .map_err(no_daemon)
+        );
+        let outcome = tokio::select! {
+            r = take => r,
+            _ = self.denied(before, &subject) => {
+                return Err(AgentError::new(
+                    AgentErrorKind::Broker,
+                    format!("anycast: the broker denied this seat's take subject {subject}: its credential predates takes, so role requests wait on the queue; {PREDATES_FIX}"),
+                ));
+            }
+        };
+        match outcome {
+            Err(e) if e.kind() == AgentErrorKind::NoResponders => {
+                // Is a daemon serving the space at all? One that answers the liveness probe
+                // but not takes predates them (or its credential does).
+                let probe = self.probe_delivery(PROBE_BOUND).await;
+                if probe.responder == "bound" {
+                    Err(AgentError::new(
+                        AgentErrorKind::NoResponders,
+                        format!("anycast: the delivery daemon serving this space does not answer takes on {subject} (it or its credential predates them), so role requests wait on the queue; {PREDATES_FIX}"),
+                    ))
+                } else {
+                    Err(no_daemon(e))
+                }
+            }
+            other => other.map_err(no_daemon),
+        }
     }
 
     /// Takes `msg` (a copy delivered from `TASK_<s>`) before showing it: records the take, and on

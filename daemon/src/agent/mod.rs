@@ -421,6 +421,18 @@ impl Agent {
         self.server_errors.lock().map(|v| v.len()).unwrap_or(0)
     }
 
+    /// Returns once a server error naming `subject` arrives after the first `before` errors
+    /// (a broker denial of a publish or subscribe); never on its own, so the caller bounds it.
+    pub(crate) async fn denied(&self, before: usize, subject: &str) {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tick.tick().await;
+            if self.denied_since(before, subject) {
+                return;
+            }
+        }
+    }
+
     /// Whether a server error naming `subject` arrived after the first `before` errors.
     pub(crate) fn denied_since(&self, before: usize, subject: &str) -> bool {
         self.server_errors

@@ -17,7 +17,7 @@ use nkeys::{KeyPair, KeyPairType};
 use serde::{Deserialize, Serialize};
 
 use super::jwt::{self, JwtError, UserClaimsSpec};
-use super::profiles::{Profile, SystemProfile};
+use super::profiles::{Permissions, Profile, SystemProfile};
 use super::server_conf::OperatorAuth;
 use crate::creds::{write_file_atomic, Credential, CredsError};
 use crate::wire::{Space, SpaceNames, WireError};
@@ -334,9 +334,23 @@ impl MeshAuthority {
         profile: &Profile,
         options: MintOptions,
     ) -> Result<Credential, AuthorityError> {
+        self.mint_narrowed(space, profile, options, |_| {})
+    }
+
+    /// [`MeshAuthority::mint`] with `narrow` applied to the profile's grants before signing:
+    /// a credential as an older release minted it, before a grant existed (a seat or a daemon
+    /// credential minted before anycast takes, docs/anycast.md).
+    pub fn mint_narrowed(
+        &self,
+        space: &Space,
+        profile: &Profile,
+        options: MintOptions,
+        narrow: impl FnOnce(&mut Permissions),
+    ) -> Result<Credential, AuthorityError> {
         let account = self.account(space)?;
         let user = Self::user_key(&options)?;
-        let permissions = profile.permissions(&SpaceNames::new(space), &user.public_key());
+        let mut permissions = profile.permissions(&SpaceNames::new(space), &user.public_key());
+        narrow(&mut permissions);
         let expires_in = match options.expiry {
             Expiry::ProfileDefault => Some(default_ttl(profile)),
             Expiry::Never => None,
