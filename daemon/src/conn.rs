@@ -437,6 +437,10 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
                 return Err(AuthError::new("this connection was closed by its owner"));
             }
             let p = cell.wait_unexpired().await;
+            // Retired while it waited for an unexpired credential: still never comes back.
+            if retired.is_retired() {
+                return Err(AuthError::new("this connection was closed by its owner"));
+            }
             let kp = nkeys::KeyPair::from_seed(&p.seed).map_err(AuthError::new)?;
             let sig = kp.sign(&nonce).map_err(AuthError::new)?;
             let mut auth = async_nats::Auth::new();

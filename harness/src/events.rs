@@ -67,6 +67,23 @@ impl ClientEvents {
         }
     }
 
+    /// Waits up to `bound` for the broker's permission violation of `op` (`Publish`,
+    /// `Subscription`) on exactly `subject`.
+    pub async fn expect_denied(
+        &mut self,
+        bound: Duration,
+        op: &str,
+        subject: &str,
+    ) -> Result<(), HarnessError> {
+        let needle = format!("Permissions Violation for {op} to \"{subject}\"");
+        self.wait_for(bound, &needle, |e| match e {
+            Event::ServerError(err) => err.to_string().contains(&needle),
+            _ => false,
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Every event received so far, as displayed by async-nats (drains the channel first).
     pub fn seen(&mut self) -> &[String] {
         while let Ok(event) = self.rx.try_recv() {

@@ -401,6 +401,15 @@ async fn close_retires_both_feed_connections_even_when_their_drains_fail() {
     })
     .await;
     assert_eq!(proxy.active_count(), 3);
+    // Each feed connection presents its own credential.
+    let observer_jwt = read_creds_file(&mesh.workspace().membership_observer_creds_path(&space))
+        .unwrap()
+        .jwt;
+    let rw_jwt = read_creds_file(&mesh.workspace().membership_rw_creds_path(&space))
+        .unwrap()
+        .jwt;
+    assert_eq!(jwt_of(&mesh, OBSERVER_NAME).await, Some(observer_jwt));
+    assert_eq!(jwt_of(&mesh, RW_NAME).await, Some(rw_jwt));
 
     // The path goes away: the three are cut and each redial is parked in the proxy.
     proxy.blackhole_new();

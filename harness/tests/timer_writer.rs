@@ -25,7 +25,7 @@ use cotal_delivery::wire::{Space, SpaceNames};
 use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::mesh::{Inspector, Mesh};
 
-use data_path_support::{alice_and_bob, consumer, count_on, dlv_count, eventually};
+use data_path_support::{alice_and_bob, consumer, count_on, dlv_count, eventually, row};
 
 const DAEMON_UP: &str = "delivery daemon up";
 const WRITER_UP: &str = "✓ timer writer up (space demo) — workflow pauses on this space expire";
@@ -188,7 +188,8 @@ async fn expire_one(
 /// and a body naming another timer are refused for good. Mutations seen failing: dropping the
 /// generation comparison in `Arming::arm` (the stale request was armed, no `(stale)` line), and
 /// skipping the scheduling-header check in `Arming::decide` (the `Nats-Schedule-Target`
-/// request was not refused).
+/// request was not refused), and dropping the `Nats-Expected-Last-Subject-Sequence` header in
+/// `publish_armed` (t0's `.armed` carried no pin).
 #[tokio::test]
 async fn a_workflow_pause_expires_through_a_real_broker_schedule() {
     let mesh = data_path_support::mesh().await;
@@ -242,6 +243,11 @@ async fn a_workflow_pause_expires_through_a_real_broker_schedule() {
         .expect(".armed stored");
     let header = |name: &str| armed.headers.get(name).map(|v| v.as_str().to_string());
     assert_eq!(header("Nats-Schedule-Target"), Some(t0.fire()));
+    // The first arm of t0 is pinned on "no `.armed` yet".
+    assert_eq!(
+        header("Nats-Expected-Last-Subject-Sequence").as_deref(),
+        Some("0")
+    );
     assert!(
         header("Nats-Schedule").is_some_and(|v| v.starts_with("@at ")),
         "{:?}",
@@ -432,6 +438,159 @@ async fn a_heartbeat_move_between_the_arm_and_the_re_read_is_armed_again() {
     assert!(!d.has_line("discarded"), "{}", d.transcript());
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
+}
+
+/// A pull request lost with its connection is not a writer fault. The daemon dials through a
+/// proxy that holds the writer's next pull (`MSG.NEXT` on `timerw_<s>`) and then cuts every
+/// connection, so that pull never reaches the broker: the client ends it as an empty batch
+/// 5 s after its expiry, on a connection that has since come back, and the writer pulls
+/// again: a pull is waiting on the durable after that, with no down line and no second
+/// `timer writer up`, and it still arms. Mutation seen failing: the writer's own fetch bound
+/// set below the client's (`poll + 4 s`): the writer went down on the lost pull (60 s
+/// backoff) and no pull was waiting. With the two bounds equal
+/// (`poll + 5 s`, the code before) they raced: the writer restarted in one of nine runs of
+/// `the_writer_moves_onto_a_renewed_credential_before_the_old_one_expires`, where the forced
+/// reconnect onto the renewal lost a pull the same way; this test cannot force that race.
+#[tokio::test]
+async fn a_pull_lost_with_its_connection_is_retried_not_a_fault() {
+    let mesh = data_path_support::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let names = insp.names.clone();
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .expect("proxy");
+    let mut d = start_spec(
+        DaemonSpec::deliver(mesh.space().as_str(), mesh.root()).server(&proxy.url()),
+        &[("COTAL_DELIVERY_TIMER_RETRY_MS", "60000")],
+    )
+    .await;
+    let (cid, _) = writer_conn(&mesh).await.expect("writer connection");
+    let pull = format!(
+        "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
+        names.ept_req_stream(),
+        names.timer_writer_durable()
+    );
+    proxy.hold_from(pull.as_bytes());
+    proxy.wait_held(&pull, BOUND).await.expect("a pull held");
+    let lost_at = Instant::now();
+    proxy.cut_established();
+    eventually("the writer reconnected", BOUND, || async {
+        matches!(writer_conn(&mesh).await, Some((c, _)) if c != cid)
+    })
+    .await;
+    // The held pull died with its connection; past its bound the writer pulls again.
+    eventually(
+        "a pull waiting after the lost one's bound",
+        BOUND,
+        || async {
+            lost_at.elapsed() > Duration::from_millis(5_200)
+                && consumer(
+                    &insp,
+                    &names.ept_req_stream(),
+                    &names.timer_writer_durable(),
+                )
+                .await
+                .num_waiting
+                    >= 1
+        },
+    )
+    .await;
+    let (deadline, fired_at, _) = expire_one(&insp, "after-lost-pull", Duration::from_millis(300))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    assert!(fired_at >= deadline);
+    assert!(!d.has_line(WRITER_DOWN), "{}", d.transcript());
+    assert_eq!(writer_ups(&d), 1, "{}", d.transcript());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// The timer writer's grants on the delivery credential are confined: it may publish `.armed`
+/// (stored on `EPT_<s>`), read the status bucket and the `.armed` stream, and drive its own
+/// durable `timerw_<s>`; it may not publish `.fire` or `.schedule` (only the broker's scheduler
+/// and the workflow do), write the status bucket, or create another durable on `EPT_REQ_<s>`.
+/// Checked against the broker with the daemon's own credential; nothing denied was stored.
+/// Mutation seen failing: `allow_pub(n.ept_fire_filter())` added to the delivery profile (the
+/// `.fire` publish was stored, no violation).
+#[tokio::test]
+async fn the_timer_writer_grants_are_confined() {
+    let mesh = data_path_support::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let names = insp.names.clone();
+    let cred = read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space())).unwrap();
+    let (client, mut events) = mesh.connect_watched(&cred, "confined-timer").await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let t = Timer::new(&names, "confined");
+
+    // Allowed: an `.armed` publish (stored), the status read, the `.armed` last-by-subject read.
+    let armed = js
+        .publish(t.armed(), "{}".into())
+        .await
+        .expect("sent")
+        .await
+        .expect(".armed stored");
+    put_status(&insp, &t, 1, now_ms() + 60_000).await;
+    let records = js
+        .get_stream_no_info(SpaceNames::kv_stream(&names.records_bucket()))
+        .await
+        .unwrap();
+    records
+        .get_last_raw_message_by_subject(&format!(
+            "$KV.{}.{}",
+            names.records_bucket(),
+            status_key("wf", &t.timer_id)
+        ))
+        .await
+        .expect("status read allowed");
+    let ept = js.get_stream_no_info(names.ept_stream()).await.unwrap();
+    let last = ept
+        .get_last_raw_message_by_subject(&t.armed())
+        .await
+        .expect(".armed read allowed");
+    assert_eq!(last.sequence, armed.sequence);
+
+    // Denied: `.fire`, `.schedule`, a status write, another durable on EPT_REQ.
+    let status_write = format!("$KV.{}.{}", names.records_bucket(), "cp.wf.x.status");
+    for subject in [t.fire(), t.schedule(), status_write] {
+        client
+            .publish(subject.clone(), "{}".into())
+            .await
+            .expect("sent");
+        events
+            .expect_denied(BOUND, "Publish", &subject)
+            .await
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    }
+    let other = format!(
+        "$JS.API.CONSUMER.CREATE.{}.other.{}",
+        names.ept_req_stream(),
+        names.ept_schedule_filter()
+    );
+    client
+        .publish(other.clone(), "{}".into())
+        .await
+        .expect("sent");
+    events
+        .expect_denied(BOUND, "Publish", &other)
+        .await
+        .unwrap_or_else(|e| panic!("{other}: {e}"));
+    assert_eq!(count_on(&insp, &names.ept_stream(), &t.fire()).await, 0);
+    assert_eq!(
+        count_on(&insp, &names.ept_req_stream(), &t.schedule()).await,
+        0
+    );
+    assert!(
+        row(&insp, &names.records_bucket(), "cp.wf.x.status")
+            .await
+            .is_none(),
+        "the denied status write was not stored"
+    );
+    let stream = insp
+        .js
+        .get_stream_no_info(names.ept_req_stream())
+        .await
+        .unwrap();
+    assert!(stream.consumer_info("other").await.is_err());
 }
 
 /// KICKs connection `cid` with the workspace's `$SYS` connection-evictor credential.
@@ -690,6 +849,141 @@ async fn the_writer_moves_onto_a_renewed_credential_before_the_old_one_expires()
     assert!(fired_at >= deadline);
     assert!(!d.has_line(WRITER_DOWN), "{}", d.transcript());
     assert_eq!(writer_ups(&d), 1, "{}", d.transcript());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// `(name, reason)` of every closed connection the broker remembers (`/connz?state=closed`).
+async fn closed_conns(mesh: &Mesh) -> Vec<(String, String)> {
+    let connz = mesh
+        .broker
+        .monitor("/connz?state=closed&limit=1024")
+        .await
+        .expect("/connz");
+    connz["connections"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| {
+                    (
+                        c["name"].as_str().unwrap_or("").to_string(),
+                        c["reason"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The writer never dials with an expired credential. The daemon's delivery credential expires
+/// with no renewal in the store: the broker closes the writer's connection at the expiry; its
+/// redials then wait for an unexpired credential and send no CONNECT (the broker times them
+/// out unnamed, seen before the renewal is written); once the renewal is written and adopted,
+/// the writer's connection presents the renewed JWT (`/connz`). Of the writer's connections the
+/// broker closed, one was closed for an authentication reason: the expiry; none for a refused
+/// authentication. Mutation
+/// seen failing: the auth callback in `conn::dial` presenting `cell.get()` instead of waiting
+/// in `wait_unexpired` (the writer's redials were refused by the broker as `Authentication
+/// Failure`).
+#[tokio::test]
+async fn the_writer_never_dials_with_an_expired_credential() {
+    let mesh = data_path_support::mesh().await;
+    mesh.authority
+        .save(&mesh.workspace().auth_dir())
+        .expect("save signer");
+    let path = mesh.workspace().delivery_creds_path(mesh.space());
+    let current = read_creds_file(&path).unwrap();
+    let short = mesh
+        .mint(
+            mesh.space(),
+            &Profile::Delivery,
+            MintOptions::new()
+                .renewal_of(&current)
+                .expires_in(Duration::from_secs(4)),
+        )
+        .unwrap();
+    write_creds_file_atomic(&path, &short).unwrap();
+    let mut d = start(
+        &mesh,
+        &[
+            ("COTAL_DELIVERY_BROKER_GONE_MS", "20000"),
+            ("COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS", "60000"),
+            ("COTAL_DELIVERY_REMINT_RETRY_MS", "300"),
+            ("COTAL_DELIVERY_TIMER_RETRY_MS", "200"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        writer_conn(&mesh).await.map(|c| c.1),
+        Some(short.jwt.clone())
+    );
+    d.wait_for_line(
+        "! delivery: credential expired, awaiting proved renewal",
+        BOUND,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    // Expired: the broker closed the writer, and redials that sent no CONNECT timed out.
+    eventually(
+        "the writer closed at expiry, redials held back",
+        BOUND,
+        || async {
+            let closed = closed_conns(&mesh).await;
+            let refused: Vec<_> = closed
+                .iter()
+                .filter(|(n, r)| n == CONNECTION_NAME && r != "Authentication Expired")
+                .filter(|(_, r)| r.contains("Authentication") || r.contains("Authorization"))
+                .collect();
+            assert!(refused.is_empty(), "the writer dialed expired: {refused:?}");
+            writer_conn(&mesh).await.is_none()
+                && closed
+                    .iter()
+                    .any(|(n, r)| n == CONNECTION_NAME && r == "Authentication Expired")
+                && closed
+                    .iter()
+                    .filter(|(n, r)| n.is_empty() && r == "Authentication Timeout")
+                    .count()
+                    >= 2
+        },
+    )
+    .await;
+    let report = remint_daemon_creds_for(
+        mesh.root(),
+        mesh.space(),
+        None,
+        Some(&Preflight::new(mesh.url(), None)),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(report.all_written(), "{report:?}");
+    let renewed = read_creds_file(&path).unwrap();
+    eventually("the writer presents the renewed JWT", BOUND, || async {
+        writer_conn(&mesh).await.map(|c| c.1) == Some(renewed.jwt.clone())
+    })
+    .await;
+    let writer_closes: Vec<String> = closed_conns(&mesh)
+        .await
+        .into_iter()
+        .filter(|(n, _)| n == CONNECTION_NAME)
+        .map(|(_, r)| r)
+        .collect();
+    // The one authentication close is the expiry; the others are the client's own (the forced
+    // reconnect onto the adoption).
+    let auth_closes: Vec<&String> = writer_closes
+        .iter()
+        .filter(|r| r.contains("Authentication") || r.contains("Authorization"))
+        .collect();
+    assert_eq!(
+        auth_closes,
+        ["Authentication Expired"],
+        "{writer_closes:?}\n{}",
+        d.transcript()
+    );
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (deadline, fired_at, _) = expire_one(&insp, "after-expiry", Duration::from_millis(300))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    assert!(fired_at >= deadline);
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
 }

@@ -497,7 +497,16 @@ async fn bind(
         .map_err(|e| format!("binding its durable {durable}: {}", broker_words(&e)))
 }
 
-/// One fetch, bounded by the poll plus the request bound.
+/// The client ends a pull whose answer never came (a pull written to a socket that a reconnect
+/// then replaced is lost) this long after its expiry, as an empty batch (async-nats 0.51:
+/// `expires + 5 s`).
+const CLIENT_PULL_GRACE: Duration = Duration::from_secs(5);
+/// Our own bound on a fetch outlasts the client's by this much, so a lost pull ends as the
+/// empty batch it is (the writer pulls again), never as a fault; the bound is left for a fetch
+/// that hangs. With equal bounds the two raced, and the writer restarted on a lost pull.
+const FETCH_MARGIN: Duration = Duration::from_secs(1);
+
+/// One fetch, bounded by the poll plus the client's own pull grace plus a margin.
 async fn fetch(consumer: &Consumer<pull::Config>, poll: Duration) -> Result<Vec<Message>, String> {
     let pull = async {
         let mut batch = consumer
@@ -513,14 +522,10 @@ async fn fetch(consumer: &Consumer<pull::Config>, poll: Duration) -> Result<Vec<
         }
         Ok(out)
     };
-    tokio::time::timeout(poll + REQUEST_BOUND, pull)
+    let bound = poll + CLIENT_PULL_GRACE + FETCH_MARGIN;
+    tokio::time::timeout(bound, pull)
         .await
-        .unwrap_or_else(|_| {
-            Err(format!(
-                "no answer within {} ms",
-                (poll + REQUEST_BOUND).as_millis()
-            ))
-        })
+        .unwrap_or_else(|_| Err(format!("no answer within {} ms", bound.as_millis())))
 }
 
 /// What one request came to.
