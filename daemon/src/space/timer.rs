@@ -408,6 +408,7 @@ async fn pump(
     // A reconnect the writer forced (onto a renewed credential) may fail the fetch in flight.
     let mut forced_at: Option<Instant> = None;
     loop {
+        let began = Instant::now();
         let fetched = tokio::select! {
             _ = stopped(&mut stop) => return None,
             changed = renewals.changed() => {
@@ -446,9 +447,11 @@ async fn pump(
             Err(e) => Err(e),
         };
         if let Err(fault) = result {
+            // Judged by when the failed round began: a request lost in the forced reconnect
+            // fails only once its own bound (5 s) has run, past the grace counted from the force.
             let forced = forced_at
                 .take()
-                .is_some_and(|t| t.elapsed() < RECONNECT_GRACE);
+                .is_some_and(|t| began.saturating_duration_since(t) < RECONNECT_GRACE);
             let dropped = client.connection_state() != async_nats::connection::State::Connected;
             if (forced || dropped) && reconnected(client, &mut stop).await {
                 continue;
