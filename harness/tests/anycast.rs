@@ -1,7 +1,9 @@
 //! Anycast take records on a real broker with the real daemon (docs/anycast.md): the take /
 //! cancel race, a take from a recreated task stream, the sender's DMs and their resend after a
-//! crash, the day-old sweep, sender-only status and cancel, a buffered copy of a cancelled
-//! request, the agent with no daemon, and the confinement of every new grant.
+//! SIGKILL, the day-old sweep, sender-only status and cancel, a buffered copy of a cancelled
+//! request, takes only by holders of the request's role, the agent with no daemon and with a
+//! daemon or seat that predates takes, and the confinement of every new grant (the role
+//! durables included).
 
 mod data_path_support;
 
