@@ -510,6 +510,80 @@ async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
     s::stop_daemon(&mut d).await;
 }
 
+/// A cancel a crash cut short between its row and its delete (the cancelled row is on the
+/// broker, the request still queued; the state is written on the broker by the operator, as
+/// the crash leaves it) is finished by the next daemon's start-up sweep: the request is
+/// deleted from `TASK_<s>`, the row marked `leftQueueAt`, and a holder's take of its buffered
+/// copy is refused as cancelled.
+///
+/// Mutation seen failing: the sweep's re-delete of a cancelled row's request removed (the
+/// request stayed queued).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
+    use cotal_delivery::plane::anycast::{AnycastRow, RowState};
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, bob, _carol) = three(&mesh, &insp).await;
+    let created = bob.task_created().await.unwrap();
+    let seq = send(&alice).await;
+    let q = bob.role_queue(ROLE).await.unwrap();
+    let buffered = next_copy(&q).await;
+    let now = cotal_delivery::journal::epoch_ms();
+    let cut_short = AnycastRow {
+        v: 1,
+        seq,
+        stream_created: created.clone(),
+        role: ROLE.into(),
+        sender: "local.alice".into(),
+        state: RowState::Cancelled,
+        holder: None,
+        previous_holder: None,
+        delivered: 0,
+        moves: 0,
+        notice_sent: true,
+        taken_at: None,
+        cancelled_at: Some(now),
+        left_queue_at: None,
+        updated_at: now,
+    };
+    Rows::open(&insp.js, &insp.names.anycast_bucket(), BOUND)
+        .await
+        .unwrap()
+        .create(
+            &row_key(&created, seq),
+            serde_json::to_vec(&cut_short).unwrap().into(),
+        )
+        .await
+        .expect("the cancelled row");
+    assert!(
+        queued(&insp, seq).await,
+        "the crash left the request queued"
+    );
+    let mut d = daemon_with(&mesh, &[]).await;
+    s::eventually("the start sweep deletes the request", BOUND, || async {
+        !queued(&insp, seq).await
+    })
+    .await;
+    s::eventually("the row is marked as left", BOUND, || async {
+        row(&insp, &created, seq).await.unwrap()["leftQueueAt"]
+            .as_u64()
+            .is_some()
+    })
+    .await;
+    assert_eq!(
+        row(&insp, &created, seq).await.unwrap()["state"],
+        "cancelled"
+    );
+    match bob.take_before_showing(&buffered, &created).await.unwrap() {
+        TakeVerdict::Forget { why } => assert!(
+            why.contains("was cancelled by its sender local.alice"),
+            "{why}"
+        ),
+        other => panic!("expected forget, got {other:?}"),
+    }
+    s::stop_daemon(&mut d).await;
+}
+
 /// Status and cancel answer only the request's sender; a cancel of a taken request is refused;
 /// a cancel of an untaken one writes the cancelled row and deletes the request, and the buffered
 /// copy a holder then tries to take is refused and forgotten.
