@@ -584,6 +584,54 @@ async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
     s::stop_daemon(&mut d).await;
 }
 
+/// A row of a task stream since recreated belongs to a request that left the queue, even
+/// though the new stream stores another request at the same seq: the start sweep marks it
+/// `leftQueueAt` (so it is removed a day later), and leaves the new request alone.
+///
+/// Mutation seen failing: the sweep's creation-time comparison dropped (the old row was taken
+/// for the new stream's seq 1 and never marked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_of_a_recreated_task_stream_is_marked_as_left() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = daemon_with(&mesh, &[]).await;
+    let (alice, bob, _carol) = three(&mesh, &insp).await;
+    let old = bob.task_created().await.unwrap();
+    let seq = send(&alice).await;
+    bob.anycast_take(seq, &old, 1).await.unwrap();
+    assert!(row(&insp, &old, seq)
+        .await
+        .unwrap()
+        .get("leftQueueAt")
+        .is_none());
+    // Recreate TASK_<s> with every daemon stopped, as the seeds require.
+    s::stop_daemon(&mut d).await;
+    let config = insp
+        .js
+        .get_stream(insp.names.task_stream())
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    insp.js
+        .delete_stream(insp.names.task_stream())
+        .await
+        .unwrap();
+    insp.js.create_stream(config).await.unwrap();
+    let reused = send(&alice).await;
+    assert_eq!(reused, seq, "the new stream reuses the seq");
+    let mut d = daemon_with(&mesh, &[]).await;
+    s::eventually("the old row is marked as left", BOUND, || async {
+        row(&insp, &old, seq).await.unwrap()["leftQueueAt"]
+            .as_u64()
+            .is_some()
+    })
+    .await;
+    assert!(queued(&insp, reused).await, "the new request stays queued");
+    s::stop_daemon(&mut d).await;
+}
+
 /// Status and cancel answer only the request's sender; a cancel of a taken request is refused;
 /// a cancel of an untaken one writes the cancelled row and deletes the request, and the buffered
 /// copy a holder then tries to take is refused and forgotten.
