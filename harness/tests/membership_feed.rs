@@ -16,6 +16,7 @@ use cotal_delivery::journal::Journal;
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::space::feed::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
 use cotal_delivery::space::renew::{remint_daemon_creds_for, Preflight};
+use cotal_delivery::space::timer::CONNECTION_NAME as TIMER_WRITER;
 use cotal_delivery::store::{FsStore, SecretStore};
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
@@ -183,8 +184,10 @@ async fn a_feed_fault_does_not_disturb_delivery() {
 
 /// `reloadCreds` moves the feed's rw connection onto the renewed `membership-rw` credential:
 /// the reply's membership component says `residentSwap: "best-effort"` and `/connz` shows the
-/// renewed JWT on `cotal-membership-rw`. Mutation seen failing: not setting the feed's cell in
-/// `Renewal::reload_membership` (the old JWT stayed in `/connz`).
+/// renewed JWT on `cotal-membership-rw`; the delivery component adopted the re-signed delivery
+/// credential and the timer writer's connection presents it too. Mutations seen failing: not
+/// setting the feed's cell in `Renewal::reload_membership` (the old JWT stayed in `/connz`);
+/// the writer's forced reconnect on `renewals.changed()` removed (the writer kept the old JWT).
 #[tokio::test]
 async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
     let mesh = data_path_support::mesh().await;
@@ -211,6 +214,21 @@ async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
         "the rw connection presents the renewed JWT",
         BOUND,
         || async { jwt_of(&mesh, RW_NAME).await == Some(renewed.jwt.clone()) },
+    )
+    .await;
+    // The same reload adopted the re-signed delivery credential (its own component), and the
+    // timer writer's connection moved onto it as well.
+    assert!(
+        reply["data"]["delivery"]["brokerAccepted"].is_object(),
+        "{reply}"
+    );
+    let delivery = read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space()))
+        .unwrap()
+        .jwt;
+    eventually(
+        "the timer writer presents the renewed delivery JWT",
+        BOUND,
+        || async { jwt_of(&mesh, TIMER_WRITER).await == Some(delivery.clone()) },
     )
     .await;
     d.terminate().unwrap();

@@ -713,6 +713,57 @@ fn parts(url: &str, cred: cotal_delivery::creds::Credential, space: &Space) -> T
     parts
 }
 
+/// Space `demo` and a delivery credential of a throwaway authority, for a writer run in process
+/// against something that is not the mesh.
+fn offline_delivery_credential() -> (Space, cotal_delivery::creds::Credential) {
+    let space = Space::parse("demo").unwrap();
+    let mut authority = MeshAuthority::new();
+    authority.add_space(&space);
+    let cred = authority
+        .mint(&space, &Profile::Delivery, MintOptions::new())
+        .unwrap();
+    (space, cred)
+}
+
+/// The restart backoff doubles. The writer runs in process, as the daemon runs it, against a
+/// loopback listener that accepts each dial and closes it at once, so every session fails in
+/// its handshake and the accept times are the restarts: with a 300 ms first backoff the gaps
+/// between them grow 300 → 600 → 1200 ms (each at least its backoff, printed as `MEASURED`). Mutation seen failing: the doubling in `run` removed (`backoff` kept at the
+/// first value: gaps of about 300 ms each).
+#[tokio::test]
+async fn the_restart_backoff_doubles() {
+    let (space, cred) = offline_delivery_credential();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, mut accepts) = tokio::sync::mpsc::unbounded_channel();
+    let acceptor = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let _ = tx.send(Instant::now());
+            drop(socket);
+        }
+    });
+    let mut p = parts(&format!("nats://127.0.0.1:{port}"), cred, &space);
+    p.retry = Duration::from_millis(300);
+    let w = TimerWriter::start(p);
+    let mut at = Vec::new();
+    while at.len() < 4 {
+        let next = tokio::time::timeout(BOUND, accepts.recv())
+            .await
+            .expect("a restart within the bound")
+            .expect("acceptor alive");
+        at.push(next);
+    }
+    w.stop().await;
+    acceptor.abort();
+    let gaps: Vec<u128> = at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
+    println!("MEASURED restart gaps with a 300 ms first backoff: {gaps:?} ms");
+    // A sleep is never shorter than asked, so each gap is at least its backoff whatever the
+    // load adds (a stalled host lengthens gaps, it cannot shorten them).
+    for (gap, backoff) in gaps.iter().zip([300, 600, 1200]) {
+        assert!(*gap >= backoff, "not doubling: {gaps:?}");
+    }
+}
+
 /// Stop wakes a backoff and ends a pending fetch at once (measured). The writer is run as the
 /// daemon runs it, in process: first against a port nobody listens on (it goes down and sleeps
 /// through a 60 s backoff), then against the mesh (it is up, in a 30 s fetch). Mutations seen
@@ -720,12 +771,7 @@ fn parts(url: &str, cred: cotal_delivery::creds::Credential, space: &Space) -> T
 /// removing the stop arm around the fetch (the same).
 #[tokio::test]
 async fn stop_during_a_backoff_or_a_fetch_returns_at_once() {
-    let space = Space::parse("demo").unwrap();
-    let mut authority = MeshAuthority::new();
-    authority.add_space(&space);
-    let cred = authority
-        .mint(&space, &Profile::Delivery, MintOptions::new())
-        .unwrap();
+    let (space, cred) = offline_delivery_credential();
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
