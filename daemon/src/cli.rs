@@ -68,7 +68,7 @@ impl Exit {
             Closed::LeaseDenied { .. } => Exit::LeaseDenied,
             Closed::LeaseRefused { .. } => Exit::LeaseRefused,
             Closed::BrokerGone { .. } => Exit::BrokerGone,
-            Closed::CredentialExpired => Exit::CredentialExpired,
+            Closed::CredentialExpired | Closed::CredentialLapsed => Exit::CredentialExpired,
         }
     }
 
@@ -94,7 +94,9 @@ impl Exit {
         match ended {
             Ended::Refused(e) => Exit::of_start(e.kind()),
             Ended::Closed(c) => Exit::of_closed(c),
-            Ended::Abandoned(Verdict::CredentialExpired) => Exit::CredentialExpired,
+            Ended::Abandoned(Verdict::CredentialExpired | Verdict::CredentialLapsed) => {
+                Exit::CredentialExpired
+            }
             Ended::Abandoned(_) => Exit::BrokerGone,
         }
     }

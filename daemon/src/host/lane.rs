@@ -23,7 +23,7 @@ use crate::space::daemon::{Closed, SpaceConfig, SpaceDaemon, StartError, StartEr
 use crate::space::health::{HealthConfig, HARD_EXIT_GRACE};
 use crate::space::keeper::RELEASE_REDIAL_BOUND;
 use crate::store::{FsStore, SecretStore};
-use crate::wire::Space;
+use crate::wire::{Principal, Space};
 
 /// `COTAL_DELIVERY_STANDBY_RETRY_MS`: a standby's retry of a held lease (default 5 s, seeds).
 pub const ENV_STANDBY_RETRY_MS: &str = "COTAL_DELIVERY_STANDBY_RETRY_MS";
@@ -90,8 +90,12 @@ pub async fn run(space: Space, inputs: Arc<LaneInputs>, mut stop: Stop, kicker: 
             return;
         }
         let attempt = journal.held();
+        let mut own = None;
         let started = match config(&space, &inputs, &kicker, &attempt) {
-            Ok(cfg) => SpaceDaemon::start(cfg, stop.clone()).await,
+            Ok(cfg) => {
+                own = own_holder(&cfg);
+                SpaceDaemon::start(cfg, stop.clone()).await
+            }
             Err(e) => Err(e),
         };
         let wait = match started {
@@ -126,7 +130,7 @@ pub async fn run(space: Space, inputs: Arc<LaneInputs>, mut stop: Stop, kicker: 
                     attempt.discard();
                 } else {
                     attempt.release();
-                    attempt.line(report(&e, &inputs.timing, wait));
+                    attempt.line(report(&e, own.as_deref(), &inputs.timing, wait));
                 }
                 last = Some(refusal);
                 wait
@@ -146,9 +150,22 @@ fn next_backoff(backoff: &mut Duration, max: Duration) -> Duration {
     now
 }
 
-/// The host's one line about a refused attempt.
-fn report(e: &StartError, timing: &LaneTiming, wait: Duration) -> String {
+/// The lease holder this lane's credential writes (`local.<nkey>`).
+fn own_holder(cfg: &SpaceConfig) -> Option<String> {
+    let nkey = cfg.credential.public_key().ok()?;
+    Some(Principal::for_nkey(&nkey).ok()?.dot_form())
+}
+
+/// The host's one line about a refused attempt. `own` is the holder this lane writes: a held
+/// row of its own is a previous daemon of this lane that could not release it (it closed on
+/// an expired credential or a gone broker), left to the bucket TTL.
+fn report(e: &StartError, own: Option<&str>, timing: &LaneTiming, wait: Duration) -> String {
     match e.kind() {
+        StartErrorKind::LeaseHeld if e.holder().is_some() && e.holder() == own => format!(
+            "• delivery host: the lease still holds this host's own row ({}), which a closed lane could not release; it expires with the bucket TTL. No lane opened, retrying every {} ms (reported once)",
+            e.holder().unwrap_or_default(),
+            timing.standby_retry.as_millis()
+        ),
         StartErrorKind::LeaseHeld => format!(
             "• delivery host: standing by — the lease is held by {}; no lane opened, retrying every {} ms (reported once)",
             e.holder().unwrap_or("another live holder"),
@@ -287,7 +304,9 @@ fn config(
     cfg.tls_ca = inputs.tls_ca.clone();
     cfg.ping_interval = inputs.ping_interval;
     cfg.plane = inputs.plane.clone();
-    cfg.health = inputs.health;
+    // A lane does not await a renewal on an expired credential: it closes, and the reopen
+    // runs the checks above (docs/host.md, "A lane's credential expires").
+    cfg.health = inputs.health.closing_on_expiry();
     cfg.redial_wait = RELEASE_REDIAL_BOUND;
     cfg.journal = journal.clone();
     // The lane opens no kick credential: its evictions ask the host.

@@ -26,6 +26,9 @@ pub enum Closed {
     BrokerGone { verdict: Verdict },
     /// The credential expired and no proved renewal arrived by the backstop.
     CredentialExpired,
+    /// The credential expired and the daemon closed at once, as a host's lane does (its host
+    /// reopens it; the row is left to the bucket TTL: this credential can no longer write it).
+    CredentialLapsed,
     /// Another holder's row is (or took) the lease; the row was not touched.
     LeaseTaken { by: String },
     /// Re-acquiring the lease was denied by permissions (quoted).
@@ -40,6 +43,7 @@ impl Closed {
     pub(crate) fn of_verdict(verdict: Verdict) -> Closed {
         match verdict {
             Verdict::CredentialExpired => Closed::CredentialExpired,
+            Verdict::CredentialLapsed => Closed::CredentialLapsed,
             v => Closed::BrokerGone { verdict: v },
         }
     }
@@ -54,6 +58,7 @@ impl fmt::Display for Closed {
             },
             Closed::BrokerGone { verdict } => f.write_str(verdict.line()),
             Closed::CredentialExpired => f.write_str(Verdict::CredentialExpired.line()),
+            Closed::CredentialLapsed => f.write_str(Verdict::CredentialLapsed.line()),
             Closed::LeaseTaken { by } => write!(f, "the lease is held by {by}"),
             Closed::LeaseDenied { detail } => write!(f, "the lease write was denied ({detail})"),
             Closed::LeaseRefused { detail } => write!(f, "the lease write was refused ({detail})"),

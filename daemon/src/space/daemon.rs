@@ -223,7 +223,9 @@ impl StartError {
     }
     fn of_verdict(verdict: Verdict) -> StartError {
         let kind = match verdict {
-            Verdict::CredentialExpired => StartErrorKind::CredentialExpired,
+            Verdict::CredentialExpired | Verdict::CredentialLapsed => {
+                StartErrorKind::CredentialExpired
+            }
             _ => StartErrorKind::BrokerGone,
         };
         StartError::new(kind, verdict.line().trim_start_matches("✗ "))

@@ -43,6 +43,8 @@ pub const LINE_BROKER_GONE: &str = "✗ delivery: broker connection unavailable 
 pub const LINE_BACKSTOP: &str = "✗ delivery: broker connection unavailable past backstop (broker unreachable), exiting (coupled to the broker)";
 pub const LINE_EXPIRED: &str = "! delivery: credential expired, awaiting proved renewal";
 pub const LINE_EXPIRED_EXIT: &str = "✗ delivery: credential expired without renewal";
+/// A host's lane does not await a renewal: it closes and its host reopens it (docs/host.md).
+pub const LINE_EXPIRED_CLOSE: &str = "✗ delivery: credential expired, closing without awaiting a renewal; the host reopens the lane once its store holds a valid credential";
 
 /// A refused health configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +80,10 @@ impl std::error::Error for HealthError {}
 pub struct HealthConfig {
     window_ms: u64,
     backstop_ms: u64,
+    /// Close at once on a credential expiry instead of awaiting a proved renewal until the
+    /// backstop. Only a multi-space host's lane sets it: its host reopens the lane through the
+    /// lane's own credential checks, so nothing is gained by holding a dead connection.
+    expiry_closes: bool,
 }
 
 impl HealthConfig {
@@ -100,6 +106,7 @@ impl HealthConfig {
         Ok(HealthConfig {
             window_ms,
             backstop_ms,
+            expiry_closes: false,
         })
     }
 
@@ -113,6 +120,7 @@ impl HealthConfig {
         HealthConfig {
             window_ms,
             backstop_ms,
+            expiry_closes: false,
         }
     }
 
@@ -131,6 +139,14 @@ impl HealthConfig {
     }
     pub fn backstop_ms(&self) -> u64 {
         self.backstop_ms
+    }
+    /// The same windows, closing at once on a credential expiry ([`Verdict::CredentialLapsed`]).
+    pub fn closing_on_expiry(mut self) -> HealthConfig {
+        self.expiry_closes = true;
+        self
+    }
+    pub fn expiry_closes(&self) -> bool {
+        self.expiry_closes
     }
 }
 
@@ -209,6 +225,9 @@ pub enum Verdict {
     Backstop,
     /// The credential expired and no proved renewal arrived by the backstop.
     CredentialExpired,
+    /// The credential expired and this daemon does not await a renewal
+    /// ([`HealthConfig::closing_on_expiry`]: a host's lane, reopened by its host).
+    CredentialLapsed,
 }
 
 impl Verdict {
@@ -218,6 +237,7 @@ impl Verdict {
             Verdict::BrokerGone => LINE_BROKER_GONE,
             Verdict::Backstop => LINE_BACKSTOP,
             Verdict::CredentialExpired => LINE_EXPIRED_EXIT,
+            Verdict::CredentialLapsed => LINE_EXPIRED_CLOSE,
         }
     }
 }
@@ -348,6 +368,9 @@ impl TransportHealth {
     /// The verdict at `now_ms`, without ticking the meter.
     pub fn verdict(&self, now_ms: u64) -> Option<Verdict> {
         let since = self.disconnected_at_ms?;
+        if self.expired && self.cfg.expiry_closes {
+            return Some(Verdict::CredentialLapsed);
+        }
         let elapsed = now_ms.saturating_sub(since);
         if elapsed >= self.cfg.backstop_ms {
             return Some(if self.expired {
@@ -483,6 +506,10 @@ impl Watchdog {
                 if !armed && health.armed() {
                     tick.reset();
                 }
+                // A lane closes on the expiry itself: nothing to await, no episode line.
+                if change == Change::Expired && cfg.expiry_closes() {
+                    break Verdict::CredentialLapsed;
+                }
                 match change {
                     // A flapping connection: each of the pair once per window, with its count.
                     Change::ClockStarted => journal.repeated(
@@ -502,7 +529,15 @@ impl Watchdog {
                     Change::None => {}
                 }
             };
-            journal.line(verdict.line());
+            match verdict {
+                // The space named as the lane's own log is read alone.
+                Verdict::CredentialLapsed => journal.line(verdict.line().replacen(
+                    "credential expired",
+                    &format!("credential expired (space {space})"),
+                    1,
+                )),
+                _ => journal.line(verdict.line()),
+            }
             let _ = verdict_tx.send(Some(verdict));
         });
         HealthHandle {
@@ -649,6 +684,21 @@ mod tests {
         assert_eq!(h.tick(3_000), None);
         assert_eq!(h.tick(6_750), None);
         assert_eq!(h.tick(7_000), Some(Verdict::CredentialExpired));
+    }
+
+    /// A host's lane closes on the expiry itself; without the setting nothing changes.
+    /// Mutation seen failing: the `expiry_closes` check removed from `verdict` (the lane would
+    /// await the backstop: `None` at 1 250 ms).
+    #[test]
+    fn a_lane_closes_on_the_expiry_itself() {
+        let mut h = TransportHealth::new(cfg(1_500, 6_000).closing_on_expiry());
+        assert_eq!(h.tick(500), None);
+        assert_eq!(h.credential_expired(1_000), Change::Expired);
+        assert_eq!(h.tick(1_250), Some(Verdict::CredentialLapsed));
+        assert_eq!(Verdict::CredentialLapsed.line(), LINE_EXPIRED_CLOSE);
+        let mut plain = TransportHealth::new(cfg(1_500, 6_000));
+        plain.credential_expired(1_000);
+        assert_eq!(plain.tick(1_250), None);
     }
 
     #[test]

@@ -218,7 +218,14 @@ impl Keeper {
     pub(crate) async fn abandon(mut self, verdict: Verdict) -> Closed {
         self.lease.forget();
         let _ = tokio::time::timeout(Duration::from_secs(1), self.plane.quiesce()).await;
-        self.resident.close(DRAIN_BOUND).await;
+        // An expired credential can flush nothing: the broker is closing this connection, and
+        // a drain would wait out its bound past a host's grace (the lane would be reopened
+        // while its daemon is still closing).
+        let drain = match verdict {
+            Verdict::CredentialExpired | Verdict::CredentialLapsed => Duration::ZERO,
+            Verdict::BrokerGone | Verdict::Backstop => DRAIN_BOUND,
+        };
+        self.resident.close(drain).await;
         Closed::of_verdict(verdict)
     }
 
