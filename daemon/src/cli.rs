@@ -840,6 +840,7 @@ mod tests {
                 Closed::CredentialExpired,
                 "expired without a proved renewal",
             ),
+            (Closed::CredentialLapsed, "expired without a proved renewal"),
         ];
         let mut reached = std::collections::BTreeSet::new();
         for (closed, words) in closures {
@@ -881,6 +882,7 @@ mod tests {
             (Verdict::BrokerGone, 9),
             (Verdict::Backstop, 9),
             (Verdict::CredentialExpired, 10),
+            (Verdict::CredentialLapsed, 10),
         ] {
             assert_eq!(Exit::of_ended(&Ended::Abandoned(verdict)).code(), code);
         }
