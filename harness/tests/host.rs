@@ -12,11 +12,12 @@ use async_nats::jetstream::kv::Operation;
 use cotal_delivery::provision::layout::Workspace;
 use cotal_delivery::provision::manifest::{manifest_path, Manifest};
 use cotal_delivery::provision::standby::{prepare_standby_hosts, StandbyPlan};
-use cotal_delivery::space::lease::LeaseInfo;
 use delivery_harness::mesh::Mesh;
 use delivery_harness::scenario::normalise;
 use futures::StreamExt;
-use host_support::{drain, holder_of, lane_lines, lease_history, wait_row, BOUND, RETRY_MS};
+use host_support::{
+    drain, foreign_row, holder_of, lane_lines, lease_history, wait_row, BOUND, RETRY_MS,
+};
 
 /// A malformed manifest refuses the whole start, naming the file and the fault, before any
 /// dial: no lane line, no `$SYS` admission (which needs the broker), no lease row, and no
@@ -151,12 +152,7 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
         .await
         .expect("connect");
     beta_agent.list_memberships().await.expect("beta answers");
-    let foreign = LeaseInfo {
-        holder: "local.UFOREIGNHOLDER".into(),
-        since: 1,
-        ready: true,
-        incarnation: "f".repeat(32),
-    };
+    let foreign = foreign_row();
     ins_a.put_lease(&foreign).await.expect("take alpha's lease");
     host.wait_for_line("lane alpha: • delivery host: standing by", BOUND)
         .await
@@ -413,12 +409,7 @@ async fn an_unprovisioned_lane_never_touches_the_lease_and_status_reads_the_host
     .expect("manifest");
     let ws = Workspace::new(mesh.root());
     std::fs::remove_dir_all(ws.space_dir(&gamma)).expect("unprovision gamma here");
-    let foreign = LeaseInfo {
-        holder: "local.UFOREIGNHOLDER".into(),
-        since: 1,
-        ready: true,
-        incarnation: "f".repeat(32),
-    };
+    let foreign = foreign_row();
     let gamma_rev = ins_g
         .put_lease(&foreign)
         .await

@@ -11,13 +11,12 @@ use async_nats::jetstream::kv::Operation;
 use cotal_delivery::provision::layout::Workspace;
 use cotal_delivery::provision::manifest::Manifest;
 use cotal_delivery::provision::{MintOptions, Profile};
-use cotal_delivery::space::lease::LeaseInfo;
 use delivery_harness::agent::{self, surface_until, texts};
 use delivery_harness::mesh::{Inspector, Mesh};
 use delivery_harness::scenario::normalise;
 use host_support::{
-    answers, count_lines, drain, holder_of, lane_lines, lease_history, wait_answers, wait_count,
-    wait_row, Prober, BOUND, RETRY_MS,
+    answers, count_lines, drain, foreign_row, holder_of, lane_lines, lease_history,
+    quiet_lane_then_stop, wait_answers, wait_count, wait_row, Prober, BOUND, RETRY_MS,
 };
 
 /// The backoff cap the tests run with (`COTAL_DELIVERY_LANE_BACKOFF_MAX_MS`).
@@ -215,26 +214,7 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
     wait_answers(&beta_probe, true, "beta answers again").await;
     delivers_a_post(&mesh, &ins_b, 1, "after the reopen").await;
 
-    let (ok, missed) = prober.stop().await;
-    assert!(ok >= 10, "alpha probed {ok} times");
-    assert!(missed.is_empty(), "alpha missed {missed:?}");
-    assert!(
-        !lane_lines(&host, "alpha")
-            .iter()
-            .any(|l| l.contains("closed") || l.contains("refused")),
-        "{}",
-        host.transcript()
-    );
-    host.terminate().expect("SIGTERM");
-    assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
-    assert!(
-        ins_a.lease().await.expect("read").is_none(),
-        "alpha released"
-    );
-    assert!(
-        ins_b.lease().await.expect("read").is_none(),
-        "beta released"
-    );
+    quiet_lane_then_stop(prober, 10, &mut host, "alpha", [&ins_a, &ins_b]).await;
     insta::assert_snapshot!(
         "expired_lane_beta",
         normalised(&lane_lines(&host, "beta"), &mesh)
@@ -428,12 +408,7 @@ async fn a_lost_lease_closes_only_its_lane_and_the_host_reopens_it() {
     assert_eq!(count_lines(&host, "alpha", "the lane closed"), 0);
 
     // Taken: alpha closes alone and stands by; the row is never rewritten by it.
-    let foreign = LeaseInfo {
-        holder: "local.UFOREIGNHOLDER".into(),
-        since: 1,
-        ready: true,
-        incarnation: "f".repeat(32),
-    };
+    let foreign = foreign_row();
     ins_a.put_lease(&foreign).await.expect("take alpha's lease");
     host.wait_for_line(
         "lane alpha: ! delivery host: the lane closed (the lease is held by local.UFOREIGNHOLDER)",
@@ -460,26 +435,7 @@ async fn a_lost_lease_closes_only_its_lane_and_the_host_reopens_it() {
     assert!(retaken.is_some());
     wait_answers(&alpha_probe, true, "alpha answers after the reopen").await;
 
-    let (ok, missed) = prober.stop().await;
-    assert!(ok >= 5, "beta probed {ok} times");
-    assert!(missed.is_empty(), "beta missed {missed:?}");
-    assert!(
-        !lane_lines(&host, "beta")
-            .iter()
-            .any(|l| l.contains("closed") || l.contains("refused")),
-        "{}",
-        host.transcript()
-    );
-    host.terminate().expect("SIGTERM");
-    assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
-    assert!(
-        ins_a.lease().await.expect("read").is_none(),
-        "alpha released"
-    );
-    assert!(
-        ins_b.lease().await.expect("read").is_none(),
-        "beta released"
-    );
+    quiet_lane_then_stop(prober, 5, &mut host, "beta", [&ins_a, &ins_b]).await;
     insta::assert_snapshot!(
         "lost_lease_alpha",
         normalised(&lane_lines(&host, "alpha"), &mesh)

@@ -162,3 +162,39 @@ impl Prober {
         self.task.await.expect("prober")
     }
 }
+
+/// A row no host of these tests writes: another holder's live lease.
+pub fn foreign_row() -> LeaseInfo {
+    LeaseInfo {
+        holder: "local.UFOREIGNHOLDER".into(),
+        since: 1,
+        ready: true,
+        incarnation: "f".repeat(32),
+    }
+}
+
+/// The end of a two-lane run: the quiet lane answered every probe (at least `min_ok`) and
+/// wrote no close or refusal line; SIGTERM exits 0 and both rows are released.
+pub async fn quiet_lane_then_stop(
+    prober: Prober,
+    min_ok: u32,
+    host: &mut Daemon,
+    quiet: &str,
+    inspectors: [&Inspector; 2],
+) {
+    let (ok, missed) = prober.stop().await;
+    assert!(ok >= min_ok, "{quiet} probed {ok} times");
+    assert!(missed.is_empty(), "{quiet} missed {missed:?}");
+    assert!(
+        !lane_lines(host, quiet)
+            .iter()
+            .any(|l| l.contains("closed") || l.contains("refused")),
+        "{}",
+        host.transcript()
+    );
+    host.terminate().expect("SIGTERM");
+    assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    for ins in inspectors {
+        assert!(ins.lease().await.expect("read").is_none(), "released");
+    }
+}
