@@ -1,7 +1,9 @@
 //! The membership feed against a real broker (issue 12, "Must show"): its rows and heartbeat
 //! appear in `cotal_membership_<s>` from the broker's own CONNZ and the members registry, a
-//! feed fault (a missing credential, its bucket deleted under it) leaves delivery serving, and
-//! `reloadCreds` moves its rw connection onto the renewed credential (`/connz`).
+//! feed fault (a missing credential, its bucket deleted under it) leaves delivery serving,
+//! `reloadCreds` moves its rw connection onto the renewed credential (`/connz`), `close()`
+//! closes both connections for good even when their drains fail, and the `membership-rw`
+//! grants are confined.
 
 #[macro_use]
 mod health_support;
@@ -465,4 +467,80 @@ async fn close_retires_both_feed_connections_even_when_their_drains_fail() {
         (1, 1, 2)
     );
     control.close(Duration::from_secs(1)).await;
+}
+
+/// The feed's `membership-rw` grants are confined, checked against the broker with the
+/// workspace's own `membership-rw` credential: it may write rows of `cotal_membership_<s>`
+/// (stored) and read the members registry; it may not write the members registry or the lease
+/// bucket, post or subscribe on chat, or publish on the `ctl.delivery` rail, and the broker
+/// stored none of those. Mutation seen failing: `kv_key(members_bucket, ">")` added to the
+/// `membership-rw` profile (the registry write was stored, no violation).
+#[tokio::test]
+async fn the_membership_rw_grants_are_confined() {
+    let mesh = data_path_support::mesh().await;
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.unwrap();
+    let names = insp.names.clone();
+    let cred = read_creds_file(&mesh.workspace().membership_rw_creds_path(&space)).unwrap();
+    let (client, mut events) = mesh.connect_watched(&cred, "confined-rw").await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+
+    // Allowed: a row of the feed's bucket, and a read of the members registry.
+    let row_subject = format!("$KV.{}.local.confined", names.membership_bucket());
+    js.publish(row_subject, "{}".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("feed row stored");
+    assert!(row(&insp, &names.membership_bucket(), "local.confined")
+        .await
+        .is_some());
+    let members = js
+        .get_stream_no_info(cotal_delivery::wire::SpaceNames::kv_stream(
+            &names.members_bucket(),
+        ))
+        .await
+        .unwrap();
+    let registry_row = format!("$KV.{}.general/local.bob.u1", names.members_bucket());
+    insp.js
+        .publish(registry_row.clone(), "{\"state\":\"durable\"}".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("registry row stored by the inspector");
+    let read = members
+        .get_last_raw_message_by_subject(&registry_row)
+        .await
+        .expect("the registry read is allowed");
+    assert_eq!(&read.payload[..], b"{\"state\":\"durable\"}");
+
+    // Denied: a registry write, a lease write, a chat post, a chat subscription, the rail.
+    let member_write = format!("$KV.{}.general/local.x.y", names.members_bucket());
+    let lease_write = format!("$KV.{}.lease.0", names.delivery_bucket());
+    let post = format!("{}.chat.local.alice.general", space.prefix());
+    let rail = format!("{}.ctl.delivery.local.alice", space.prefix());
+    for subject in [&member_write, &lease_write, &post, &rail] {
+        client
+            .publish(subject.to_string(), "{}".into())
+            .await
+            .expect("sent");
+        events
+            .expect_denied(BOUND, "Publish", subject)
+            .await
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    }
+    let chat = names.chat_all();
+    let _sub = client.subscribe(chat.clone()).await.expect("sub sent");
+    events
+        .expect_denied(BOUND, "Subscription", &chat)
+        .await
+        .unwrap_or_else(|e| panic!("{chat}: {e}"));
+    assert!(row(&insp, &names.members_bucket(), "general/local.x.y")
+        .await
+        .is_none());
+    assert!(row(&insp, &names.delivery_bucket(), "lease.0")
+        .await
+        .is_none());
+    let mut chat_stream = insp.js.get_stream(names.chat_stream()).await.unwrap();
+    assert_eq!(chat_stream.info().await.unwrap().state.messages, 0);
 }
