@@ -162,6 +162,7 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
     )
     .await
     .expect("beta closes on the expiry");
+    let closed_at = minted.elapsed();
     assert!(
         minted.elapsed() >= lifetime - Duration::from_secs(1),
         "beta closed before its credential expired"
@@ -203,6 +204,7 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
         )
         .expect("renew");
     cotal_delivery::creds::write_creds_file_atomic(&beta_creds, &renewed).expect("replace");
+    let renewed_at = tokio::time::Instant::now();
     wait_count(&host, "beta", "✓ delivery daemon up", 2).await;
     let reopened = wait_row(&ins_b, "beta re-took its lease", |r| {
         r.as_ref()
@@ -212,6 +214,12 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
     .expect("row");
     assert_eq!(reopened.holder, beta_holder, "the holder is stable");
     wait_answers(&beta_probe, true, "beta answers again").await;
+    eprintln!(
+        "MEASURED expired lane: close line seen {} ms after the mint (lifetime {} ms); answering again {} ms after the renewal was written (backoff cap {BACKOFF_MAX_MS} ms)",
+        closed_at.as_millis(),
+        lifetime.as_millis(),
+        renewed_at.elapsed().as_millis()
+    );
     delivers_a_post(&mesh, &ins_b, 1, "after the reopen").await;
 
     quiet_lane_then_stop(prober, 10, &mut host, "alpha", [&ins_a, &ins_b]).await;
@@ -318,6 +326,11 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
         wait_count(&host, space, "✓ delivery daemon up", 2).await;
     }
     let reopened_after = back.elapsed();
+    eprintln!(
+        "MEASURED broker gone: both lanes serving again {} ms after the broker returned (TTL {} ms, backoff cap {BACKOFF_MAX_MS} ms)",
+        reopened_after.as_millis(),
+        ttl.as_millis()
+    );
     assert!(
         reopened_after <= ttl + Duration::from_millis(BACKOFF_MAX_MS) + Duration::from_secs(10),
         "the lanes reopened {} ms after the broker returned",
@@ -425,6 +438,7 @@ async fn a_lost_lease_closes_only_its_lane_and_the_host_reopens_it() {
     );
     // The foreign holder goes: the host reopens alpha, which re-takes the lease.
     ins_a.delete_lease().await.expect("the foreign row goes");
+    let freed = tokio::time::Instant::now();
     wait_count(&host, "alpha", "✓ delivery daemon up", 2).await;
     let retaken = wait_row(&ins_a, "alpha re-took its lease", |r| {
         r.as_ref().is_some_and(|i| {
@@ -434,6 +448,10 @@ async fn a_lost_lease_closes_only_its_lane_and_the_host_reopens_it() {
     .await;
     assert!(retaken.is_some());
     wait_answers(&alpha_probe, true, "alpha answers after the reopen").await;
+    eprintln!(
+        "MEASURED lost lease: alpha answering again {} ms after the foreign row was deleted (standby retry {RETRY_MS} ms)",
+        freed.elapsed().as_millis()
+    );
 
     quiet_lane_then_stop(prober, 5, &mut host, "beta", [&ins_a, &ins_b]).await;
     insta::assert_snapshot!(
