@@ -13,6 +13,7 @@ use cotal_delivery::provision::manifest::Manifest;
 use cotal_delivery::provision::{MintOptions, Profile};
 use delivery_harness::agent::{self, surface_until, texts};
 use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::proxy::TcpProxy;
 use delivery_harness::scenario::normalise;
 use host_support::{
     answers, count_lines, drain, foreign_row, holder_of, lane_lines, lease_history,
@@ -43,14 +44,20 @@ async fn two_lanes(ttl: Duration) -> (Mesh, Inspector, Inspector) {
     (mesh, ins_a, ins_b)
 }
 
-fn start_host(mesh: &Mesh, extra: &[(&str, &str)]) -> delivery_harness::daemon::Daemon {
-    let mut spec = mesh
-        .host(mesh.root())
-        .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
-        .env(
-            "COTAL_DELIVERY_LANE_BACKOFF_MAX_MS",
-            BACKOFF_MAX_MS.to_string(),
-        );
+/// The host on `mesh`'s root, dialing `server` (the broker when `None`).
+fn start_host(
+    mesh: &Mesh,
+    server: Option<&str>,
+    extra: &[(&str, &str)],
+) -> delivery_harness::daemon::Daemon {
+    let spec = match server {
+        Some(url) => mesh.host_at(mesh.root(), url),
+        None => mesh.host(mesh.root()),
+    };
+    let mut spec = spec.env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS).env(
+        "COTAL_DELIVERY_LANE_BACKOFF_MAX_MS",
+        BACKOFF_MAX_MS.to_string(),
+    );
     for (k, v) in extra {
         spec = spec.env(k, *v);
     }
@@ -97,6 +104,35 @@ async fn delivers_a_post(mesh: &Mesh, insp: &Inspector, space: usize, text: &str
     assert_eq!(texts(&frames), [text]);
 }
 
+/// Watches the proxy's accept count for `span`; the time (ms from the start) of each accept.
+async fn attempt_times(proxy: &TcpProxy, span: Duration) -> Vec<u64> {
+    let start = tokio::time::Instant::now();
+    let mut seen = proxy.accepted_count();
+    let mut times = Vec::new();
+    while start.elapsed() < span {
+        let now = proxy.accepted_count();
+        for _ in seen..now {
+            times.push(start.elapsed().as_millis() as u64);
+        }
+        seen = now;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    times
+}
+
+/// Accepts closer than 700 ms are one retry round (both lanes); the gaps between rounds' starts.
+fn cluster_gaps_ms(times: &[u64]) -> Vec<u64> {
+    let mut starts: Vec<u64> = Vec::new();
+    let mut last: Option<u64> = None;
+    for &t in times {
+        if last.is_none_or(|l| t - l > 700) {
+            starts.push(t);
+        }
+        last = Some(t);
+    }
+    starts.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
 /// `normalise` plus the credential's expiry time.
 fn normalised(lines: &[String], mesh: &Mesh) -> String {
     let text = normalise(&lines.join("\n"), mesh.root(), mesh.root());
@@ -140,7 +176,7 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
     cotal_delivery::creds::write_creds_file_atomic(&beta_creds, &short).expect("write");
     let beta_holder = holder_of(mesh.root(), &beta);
 
-    let mut host = start_host(&mesh, &[]);
+    let mut host = start_host(&mesh, None, &[]);
     for space in ["alpha", "beta"] {
         host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), BOUND)
             .await
@@ -233,12 +269,15 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
 /// lane closes with its broker-gone line after the window (`COTAL_DELIVERY_BROKER_GONE_MS`, 1 s
 /// here), the host keeps running (same pid) and retries each lane with the bounded backoff
 /// (first reopen after 500 ms, then 1 000 ms, doubling up to the 2 s cap, the refusal reported
-/// once); once the broker is back, each lane finds its own previous row (which the closed lane
+/// once). The host dials through a loopback proxy, so each attempt is an accept there: the
+/// test times them and requires a retry round every cap (1.7–2.7 s apart), never a hot loop
+/// and never a stall. Once the broker is back, each lane finds its own previous row (which the closed lane
 /// could not release: the broker was gone), reports it once, takes the lease when the row
 /// expires with the TTL, and serves. The lanes reopen within TTL + cap + a start. SIGTERM exits 0.
 /// Mutations seen failing: a closed lane not reopened (`return` after the close line in
 /// `host/lane.rs`: no refused reopen while the broker is gone); the own-row branch of `report`
-/// removed (the line is the foreign-holder standby line: the own-row wait fails).
+/// removed (the line is the foreign-holder standby line: the own-row wait fails);
+/// `next_backoff` without the doubling (a retry every 500 ms: the accepts form one round).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_returns() {
     let ttl = Duration::from_secs(20);
@@ -247,7 +286,16 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
         holder_of(mesh.root(), &mesh.spaces()[0]),
         holder_of(mesh.root(), &mesh.spaces()[1]),
     ];
-    let mut host = start_host(&mesh, &[("COTAL_DELIVERY_BROKER_GONE_MS", "1000")]);
+    // The host dials through a loopback proxy: each dial attempt is an accept there, timed from
+    // the test side while the broker is gone (the proxy then closes it: no upstream).
+    let proxy = TcpProxy::start(mesh.node(0).expect("broker").port())
+        .await
+        .expect("proxy");
+    let mut host = start_host(
+        &mesh,
+        Some(&proxy.url()),
+        &[("COTAL_DELIVERY_BROKER_GONE_MS", "1000")],
+    );
     for space in ["alpha", "beta"] {
         host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), BOUND)
             .await
@@ -277,8 +325,22 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
         .await
         .expect("the reopen is refused while the broker is gone");
     }
-    // Several retries at the cap while the broker is gone; the refusal is reported once.
-    tokio::time::sleep(Duration::from_millis(2 * BACKOFF_MAX_MS)).await;
+    // The reopen attempts while the broker is gone, seen as the proxy's accepts: both lanes
+    // attempt together, every cap (2 s) once the backoff reached it; never a hot loop.
+    // The first rounds still hold the 1 s step and the connections' own last redials: the
+    // gaps are judged from the second on.
+    let attempts = attempt_times(&proxy, Duration::from_millis(4 * BACKOFF_MAX_MS + 500)).await;
+    let gaps = cluster_gaps_ms(&attempts);
+    eprintln!(
+        "MEASURED broker gone: reopen attempts {attempts:?} ms, gaps between rounds {gaps:?} ms"
+    );
+    assert!(gaps.len() >= 3, "attempts at {attempts:?} ms");
+    for gap in &gaps[1..] {
+        assert!(
+            (BACKOFF_MAX_MS - 300..=BACKOFF_MAX_MS + 700).contains(gap),
+            "a retry round {gap} ms after the previous one (cap {BACKOFF_MAX_MS} ms): {attempts:?}"
+        );
+    }
     assert!(host.is_running(), "the host keeps running");
     assert_eq!(host.pid(), pid);
     for space in ["alpha", "beta"] {
@@ -386,7 +448,7 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
 async fn a_lost_lease_closes_only_its_lane_and_the_host_reopens_it() {
     let (mesh, ins_a, ins_b) = two_lanes(Duration::from_secs(30)).await;
     let alpha_holder = holder_of(mesh.root(), &mesh.spaces()[0]);
-    let mut host = start_host(&mesh, &[]);
+    let mut host = start_host(&mesh, None, &[]);
     for space in ["alpha", "beta"] {
         host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), BOUND)
             .await
