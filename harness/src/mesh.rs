@@ -131,6 +131,11 @@ pub struct Mesh {
 }
 
 impl Mesh {
+    /// A mesh of the two spaces `alpha` and `beta` (the shape of the multi-space tests).
+    pub async fn alpha_beta() -> Result<Mesh, HarnessError> {
+        Mesh::builder().space("alpha")?.space("beta")?.start().await
+    }
+
     pub fn builder() -> MeshBuilder {
         MeshBuilder {
             spaces: Vec::new(),

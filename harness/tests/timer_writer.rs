@@ -43,6 +43,7 @@ fn now_ms() -> i64 {
 struct Timer {
     base: String,
     timer_id: String,
+    space: String,
 }
 
 impl Timer {
@@ -50,6 +51,7 @@ impl Timer {
         Timer {
             base: format!("{}.ept.wf.i1.1.{timer_id}", names.space().prefix()),
             timer_id: timer_id.into(),
+            space: names.space().as_str().to_string(),
         }
     }
     fn schedule(&self) -> String {
@@ -69,7 +71,7 @@ impl Timer {
             deadline,
             plane: Some("timer".into()),
             phase: Some("schedule".into()),
-            space: Some("demo".into()),
+            space: Some(self.space.clone()),
         }
     }
 }
@@ -1032,4 +1034,89 @@ async fn the_writer_never_dials_with_an_expired_credential() {
     assert!(fired_at >= deadline);
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
+}
+
+/// Every lane of a multi-space host (`deliver --spaces`) holds its own timer writer and
+/// membership feed: two lanes, and `/connz` shows two writer connections, each presenting its
+/// own space's delivery JWT, and two `membership-rw` connections, each with its space's
+/// credential; a workflow pause expires through a real broker schedule on each space. Mutation
+/// seen failing: in `SpaceDaemon::start`, every writer but alpha's dialing a port nobody
+/// listens on (no `lane beta: ✓ timer writer up` line).
+#[tokio::test]
+async fn every_lane_of_a_host_runs_its_own_writer_and_feed() {
+    use cotal_delivery::provision::manifest::Manifest;
+    use cotal_delivery::space::feed::RW_NAME;
+    let mesh = Mesh::alpha_beta().await.expect("mesh");
+    let spaces = mesh.spaces().to_vec();
+    Manifest {
+        spaces: spaces.clone(),
+    }
+    .write(mesh.root())
+    .expect("manifest");
+    let mut host = mesh
+        .host(mesh.root())
+        .env("COTAL_DELIVERY_TIMER_POLL_MS", "200")
+        .spawn()
+        .expect("spawn");
+    for s in &spaces {
+        for line in [
+            format!(
+                "lane {s}: ✓ timer writer up (space {s}) — workflow pauses on this space expire"
+            ),
+            format!(
+                "lane {s}: ✓ membership feed up (broker-sourced channel membership) — space {s}"
+            ),
+        ] {
+            host.wait_for_line(&line, BOUND)
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{}", host.transcript()));
+        }
+    }
+    let jwts = |name: &'static str| {
+        let mesh = &mesh;
+        async move {
+            let connz = mesh
+                .broker
+                .monitor("/connz?auth=true")
+                .await
+                .expect("/connz");
+            let mut out: Vec<String> = connz["connections"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|c| c["name"] == name)
+                        .filter_map(|c| c["jwt"].as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            out.sort();
+            out
+        }
+    };
+    let ws = mesh.workspace();
+    let mut want_writers: Vec<String> = spaces
+        .iter()
+        .map(|s| read_creds_file(&ws.delivery_creds_path(s)).unwrap().jwt)
+        .collect();
+    want_writers.sort();
+    let mut want_rw: Vec<String> = spaces
+        .iter()
+        .map(|s| {
+            read_creds_file(&ws.membership_rw_creds_path(s))
+                .unwrap()
+                .jwt
+        })
+        .collect();
+    want_rw.sort();
+    assert_eq!(jwts(CONNECTION_NAME).await, want_writers);
+    assert_eq!(jwts(RW_NAME).await, want_rw);
+    for s in &spaces {
+        let insp = mesh.inspector(s).await.unwrap();
+        let (deadline, fired_at, _) = expire_one(&insp, "lane", Duration::from_millis(300))
+            .await
+            .unwrap_or_else(|e| panic!("{s}: {e}\n{}", host.transcript()));
+        assert!(fired_at >= deadline, "{s}");
+    }
+    host.terminate().unwrap();
+    host.wait_exit(BOUND).await.unwrap();
 }
