@@ -339,6 +339,67 @@ async fn a_workflow_pause_expires_through_a_real_broker_schedule() {
     d.wait_exit(BOUND).await.unwrap();
 }
 
+/// A daemon dialing through a proxy whose writer is arming timer `timer_id` at generation 1 and
+/// `deadline`, its `.armed` publish (`HPUB <armed>`) held in the proxy: the pin and the status
+/// were read, the publish has not reached the broker.
+async fn arm_held(
+    mesh: &Mesh,
+    insp: &Inspector,
+    timer_id: &str,
+    deadline: i64,
+) -> (delivery_harness::TcpProxy, Daemon, Timer) {
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .expect("proxy");
+    let d = start_spec(
+        DaemonSpec::deliver(mesh.space().as_str(), mesh.root()).server(&proxy.url()),
+        &[],
+    )
+    .await;
+    let t = Timer::new(&insp.names, timer_id);
+    let held = format!("HPUB {} ", t.armed());
+    proxy.hold_from(held.as_bytes());
+    put_status(insp, &t, 1, deadline).await;
+    request(insp, &t, &t.request(1, deadline), HeaderMap::new())
+        .await
+        .expect("request stored");
+    proxy
+        .wait_held(&held, BOUND)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    (proxy, d, t)
+}
+
+/// The last `.armed` of `t` on `EPT_<s>` once `done` holds for it (bounded by [`BOUND`]).
+async fn last_armed_once(
+    insp: &Inspector,
+    t: &Timer,
+    d: &Daemon,
+    what: &str,
+    done: impl Fn(&async_nats::jetstream::message::StreamMessage) -> bool,
+) -> async_nats::jetstream::message::StreamMessage {
+    let ept = insp
+        .js
+        .get_stream_no_info(insp.names.ept_stream())
+        .await
+        .unwrap();
+    let until = Instant::now() + BOUND;
+    loop {
+        if let Ok(m) = ept.get_last_raw_message_by_subject(&t.armed()).await {
+            if done(&m) {
+                return m;
+            }
+        }
+        assert!(
+            Instant::now() < until,
+            "not within {} ms: {what}\n{}",
+            BOUND.as_millis(),
+            d.transcript()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The re-arm after a heartbeat move, on a real broker: the daemon dials through a proxy that
 /// holds the writer's `.armed` publish (`HPUB <armed>`) after its fresh-check read saw
 /// generation 1; while it is held the workflow's heartbeat moves the status to generation 2
@@ -352,26 +413,8 @@ async fn a_workflow_pause_expires_through_a_real_broker_schedule() {
 async fn a_heartbeat_move_between_the_arm_and_the_re_read_is_armed_again() {
     let mesh = data_path_support::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
-        .await
-        .expect("proxy");
-    let mut d = start_spec(
-        DaemonSpec::deliver(mesh.space().as_str(), mesh.root()).server(&proxy.url()),
-        &[],
-    )
-    .await;
-    let t = Timer::new(&insp.names, "moved");
-    let held = format!("HPUB {} ", t.armed());
-    proxy.hold_from(held.as_bytes());
     let first = now_ms() + 600_000;
-    put_status(&insp, &t, 1, first).await;
-    request(&insp, &t, &t.request(1, first), HeaderMap::new())
-        .await
-        .expect("request stored");
-    proxy
-        .wait_held(&held, BOUND)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", d.transcript()));
+    let (proxy, mut d, t) = arm_held(&mesh, &insp, "moved", first).await;
     // The arm of generation 1 is in flight; the heartbeat moves the live coordinate.
     let second = now_ms() + 1_500;
     put_status(&insp, &t, 2, second).await;
@@ -382,22 +425,10 @@ async fn a_heartbeat_move_between_the_arm_and_the_re_read_is_armed_again() {
         .await
         .unwrap();
     // Before generation 2's deadline: its `.armed` is the live schedule.
-    let until = Instant::now() + BOUND;
-    let rearmed = loop {
-        let last = ept.get_last_raw_message_by_subject(&t.armed()).await.ok();
-        if let Some(m) = last {
-            let body: Armed = serde_json::from_slice(&m.payload).expect("armed body");
-            if body.generation == 2 {
-                break m;
-            }
-        }
-        assert!(
-            Instant::now() < until,
-            "the moved coordinate was never armed\n{}",
-            d.transcript()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let rearmed = last_armed_once(&insp, &t, &d, "the moved coordinate armed", |m| {
+        serde_json::from_slice::<Armed>(&m.payload).is_ok_and(|b| b.generation == 2)
+    })
+    .await;
     // Pinned on generation 1's `.armed`, which the broker stored first (a rollup then kept
     // only generation 2's).
     let pin: u64 = rearmed
@@ -503,6 +534,45 @@ async fn a_pull_lost_with_its_connection_is_retried_not_a_fault() {
     assert!(fired_at >= deadline);
     assert!(!d.has_line(WRITER_DOWN), "{}", d.transcript());
     assert_eq!(writer_ups(&d), 1, "{}", d.transcript());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// The pin fences the arm: the writer's `.armed` publish is held in a proxy (after its pin and
+/// status reads) while another `.armed` lands on the same subject; on release the broker
+/// refuses the held publish (wrong last subject sequence), and the writer reads the pin again
+/// and arms pinned on the newcomer, at once, with no retry line: the last `.armed` is the
+/// writer's, pinned on the newcomer's sequence. Mutation seen failing: `ArmError::Moved`
+/// handled as a failure in `Arming::arm` (the request was nak'ed with the `retrying` line and
+/// the newcomer stayed the last `.armed`).
+#[tokio::test]
+async fn a_lost_pin_is_read_again_and_the_arm_lands_on_the_newcomer() {
+    let mesh = data_path_support::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let deadline = now_ms() + 600_000;
+    let (proxy, mut d, t) = arm_held(&mesh, &insp, "fenced", deadline).await;
+    // A newcomer lands on `.armed` while the writer's pinned publish is in flight.
+    let newcomer = insp
+        .js
+        .publish(t.armed(), "newcomer".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("newcomer stored")
+        .sequence;
+    proxy.release();
+    let last = last_armed_once(&insp, &t, &d, "the writer armed over the newcomer", |m| {
+        m.sequence != newcomer
+    })
+    .await;
+    let body: Armed = serde_json::from_slice(&last.payload).expect("the writer's body");
+    assert_eq!((body.generation, body.deadline), (1, deadline));
+    let pin = last
+        .headers
+        .get("Nats-Expected-Last-Subject-Sequence")
+        .map(|v| v.as_str().to_string());
+    assert_eq!(pin, Some(newcomer.to_string()));
+    assert!(!d.has_line("retrying"), "{}", d.transcript());
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
 }
