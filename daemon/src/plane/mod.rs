@@ -39,10 +39,22 @@ pub const NOT_SERVING: &str =
 
 /// Serving epoch shared with every handler: a handler admitted at one epoch may act (ack, reply
 /// ok, write) only while the gate still shows that epoch and serving.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ServingGate {
     epoch: Arc<AtomicU64>,
     serving: Arc<AtomicBool>,
+    /// Mirrors `serving` for waiters: the pull loops pull only while it is open.
+    opened: Arc<watch::Sender<bool>>,
+}
+
+impl Default for ServingGate {
+    fn default() -> Self {
+        ServingGate {
+            epoch: Arc::default(),
+            serving: Arc::default(),
+            opened: Arc::new(watch::Sender::new(false)),
+        }
+    }
 }
 
 impl ServingGate {
@@ -64,10 +76,19 @@ impl ServingGate {
     pub fn open(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.serving.store(true, Ordering::SeqCst);
+        self.opened.send_replace(true);
     }
     pub fn close(&self) {
         self.serving.store(false, Ordering::SeqCst);
         self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.opened.send_replace(false);
+    }
+    /// Returns once the gate is open (at once if it is). Unbounded on its own: callers race it
+    /// against their stop signal.
+    pub async fn opened(&self) {
+        let mut rx = self.opened.subscribe();
+        // The sender lives in `self`, so `wait_for` cannot fail while we wait.
+        let _ = rx.wait_for(|open| *open).await;
     }
 }
 

@@ -8,21 +8,24 @@
 //! by the durable's `max_ack_pending`, since the broker delivers no more unacknowledged
 //! messages than that. A message is admitted at a serving epoch and settled (ack, nak, term)
 //! only while the gate still shows that epoch: a daemon that quiesced or lost its lease
-//! mid-handling acks nothing, and the entry redelivers to whoever serves next. A pull stream
+//! mid-handling acks nothing, and hands the entry back to whoever serves next. A pull stream
 //! that ends or faults is reopened after a short pause until `stop`.
 //!
 //! Crash recovery rides on a short `ack_wait` (5 s by default): a message this daemon pulled and
 //! still owns (queued in a lane or being handled) is kept alive with an in-progress ack every
 //! third of `ack_wait` while the gate holds its epoch, so only a message whose owner died (or
 //! stopped serving) redelivers, and it does so one `ack_wait` after its last keep-alive instead
-//! of after a minute.
+//! of after a minute. A loop pulls only while the gate is open, and a message this daemon will
+//! not settle (pulled after the gate closed, handled past a quiesce, or dropped with its aborted
+//! lane) is handed back with an immediate nak, never an ack: a takeover's first posts are not
+//! held one `ack_wait` by the daemon that starts or stops serving (docs/performance.md).
 
 use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::{AckKind, Message};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::task::JoinSet;
 
 use crate::metrics::Store;
@@ -37,16 +40,18 @@ pub enum Settle {
     Nak,
     /// Permanent anomaly or given up: never redeliver (the stream keeps the message).
     Term,
-    /// Neither ack nor term (the daemon stopped serving mid-work): redelivers after ack_wait.
+    /// Neither ack nor term (the daemon stopped serving mid-work): handed back at once (a nak).
     Leave,
 }
 
 /// Pause before reopening a pull stream that ended or faulted.
 const REOPEN_PAUSE: Duration = Duration::from_millis(250);
 
-/// Applies `settle` to `msg` if the gate still shows `epoch`.
+/// Applies `settle` to `msg` if the gate still shows `epoch`; otherwise (and for
+/// [`Settle::Leave`]) hands it back, never acked, so whoever serves next has it at once.
 pub async fn settle(ctx: &PlaneCtx, msg: &Message, epoch: u64, settle: Settle) {
-    if !ctx.gate.still(epoch) {
+    if !ctx.gate.still(epoch) || settle == Settle::Leave {
+        hand_back(msg).await;
         return;
     }
     let kind = match settle {
@@ -73,27 +78,39 @@ pub fn stream_sequence(msg: &Message) -> u64 {
 /// Most messages a lane hands to its handler at once (one fence per bucket serves them all).
 pub const LANE_BATCH_MAX: usize = 128;
 
-/// Stops a message's keep-alive when dropped (settled, or its lane or the loop went away).
-struct Owned(tokio::task::AbortHandle);
+/// Stops a message's keep-alive when dropped (settled, or its lane or the loop went away), and
+/// hands back a message dropped unsettled (its lane aborted by a quiesce).
+struct Owned {
+    keep_alive: tokio::task::AbortHandle,
+    unsettled: Option<Message>,
+}
 
 /// A pulled message, owned by this daemon until settled (kept alive meanwhile).
 pub struct Pulled {
     pub msg: Message,
     /// The serving epoch it was admitted at.
     pub epoch: u64,
-    _alive: Owned,
+    alive: Owned,
 }
 
 impl Pulled {
     /// Settles the message (if the gate still shows its epoch) and ends its keep-alive.
-    pub async fn settle(self, ctx: &PlaneCtx, verdict: Settle) {
+    pub async fn settle(mut self, ctx: &PlaneCtx, verdict: Settle) {
+        self.alive.unsettled = None;
         settle(ctx, &self.msg, self.epoch, verdict).await;
     }
 }
 
 impl Drop for Owned {
     fn drop(&mut self) {
-        self.0.abort();
+        self.keep_alive.abort();
+        // Never acked: a nak cannot lose it, and the copies it may have written are deduplicated
+        // by their Nats-Msg-Id when whoever serves next redoes it.
+        if let Some(msg) = self.unsettled.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move { hand_back(&msg).await });
+            }
+        }
     }
 }
 
@@ -110,6 +127,14 @@ async fn keep_alive(ctx: PlaneCtx, msg: Message, epoch: u64) {
         if let Err(e) = msg.ack_with(AckKind::Progress).await {
             tracing::debug!(subject = %msg.subject, error = %e, "in-progress ack failed");
         }
+    }
+}
+
+/// Returns a message this daemon pulled but never admitted: an immediate nak, so whoever
+/// serves next gets it now rather than one `ack_wait` later.
+async fn hand_back(msg: &Message) {
+    if let Err(e) = msg.ack_with(AckKind::Nak(None)).await {
+        tracing::debug!(subject = %msg.subject, error = %e, "handing back an unadmitted message failed; it redelivers after ack_wait");
     }
 }
 
@@ -152,6 +177,12 @@ pub async fn run<H, F>(
     }
     let mut retention = RetentionWatch::default();
     'outer: loop {
+        // Pull only while serving: a message pulled behind a closed gate (before `arm` opens it,
+        // or after a quiesce closed it) would sit out a whole `ack_wait` before anyone got it.
+        tokio::select! {
+            _ = stopped(&mut stop) => break 'outer,
+            _ = ctx.gate.opened() => {}
+        }
         let mut messages = tokio::select! {
             _ = stopped(&mut stop) => break 'outer,
             m = consumer.messages() => match m {
@@ -180,18 +211,22 @@ pub async fn run<H, F>(
                         ctx.metrics.redelivered(Store::of(&ctx.names, &stream));
                     }
                     let Some(epoch) = ctx.gate.admit() else {
-                        // Not serving: leave it pending; it redelivers to whoever serves.
-                        continue;
+                        // Quiesced before admitting it: nothing was done with it, so hand it
+                        // (and whatever the pull stream already buffered) straight back, and
+                        // stop pulling until the gate opens again.
+                        hand_back(&msg).await;
+                        while let Some(Some(Ok(m))) = messages.next().now_or_never() {
+                            hand_back(&m).await;
+                        }
+                        continue 'outer;
                     };
                     let lane = lane_of(&msg.subject, senders.len());
-                    let alive = Owned(
-                        tokio::spawn(keep_alive(ctx.clone(), msg.clone(), epoch)).abort_handle(),
-                    );
-                    let pulled = Pulled {
-                        msg,
-                        epoch,
-                        _alive: alive,
+                    let alive = Owned {
+                        keep_alive: tokio::spawn(keep_alive(ctx.clone(), msg.clone(), epoch))
+                            .abort_handle(),
+                        unsettled: Some(msg.clone()),
                     };
+                    let pulled = Pulled { msg, epoch, alive };
                     if senders[lane].send(pulled).is_err() {
                         break 'outer;
                     }
