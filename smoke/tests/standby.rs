@@ -16,11 +16,12 @@
 //! the marker post is sent after the holder died, so no dead holder ever owned it.
 //!
 //! Mutations seen failing: a standby lane that returns after its first held-lease report
-//! instead of retrying (`host/lane.rs`): no takeover, the suite exits 1. The pull loop of
-//! `plane/pump.rs` not waiting for the gate to open (`ctx.gate.opened()` removed): the kill
-//! case's first post came after ~15 s (the new holder pulled the backlog before `arm` opened
-//! the gate). Its hand-back replaced by the old "leave it pending": the stop case's first post
-//! came one `ack_wait` after the SIGTERM.
+//! instead of retrying (`host/lane.rs`): no takeover, the suite exits 1. `plane/pump.rs` put
+//! back as it was before the hand-back (no wait for the gate, an unadmitted message left
+//! pending, an unsettled one left to its `ack_wait`): the return case's first post came after
+//! 18.5 s and the stop case's after 15.0 s (`post_ms`), against 8 s allowed. Removing only the
+//! wait for the gate is not caught: the hand-back then returns each message pulled before the
+//! gate opened at once (the wait only spares that nak loop).
 
 use std::process::Command;
 
