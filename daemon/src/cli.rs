@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::files::{self, PidLiveness};
+use crate::files;
 use crate::space::health::Verdict;
 use crate::space::{self as deliver, Closed, DeliverConfig, Ended, StartErrorKind};
 use crate::wire::Space;
@@ -161,7 +161,10 @@ daemon outlived SIGKILL (its credential is kept); 3 bad flags or no workspace ro
 const STATUS_HELP: &str =
     "Exit codes: 0 healthy (broker reachable, lease ready, pid record alive, credential valid,
 ctl.delivery answers); 1 not healthy (the report says which check failed); 3 bad flags or no
-workspace root.";
+workspace root.
+With --spaces: 0 the host's record names a live host; 1 it does not (no record, stale or
+foreign, unreadable); 3 no workspace root, or the manifest is missing or malformed. See
+docs/host.md for the --json shape.";
 
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
@@ -341,8 +344,10 @@ pub struct StatusArgs {
     /// The space whose daemon to look for.
     #[arg(long, value_name = "SPACE", required_unless_present = "spaces")]
     pub space: Option<String>,
-    /// Look for the multi-space host (deliver --spaces) of the root instead: its record
-    /// <root>/.cotal/delivery-host.pid.
+    /// Report the multi-space host (deliver --spaces) of the root instead: its record
+    /// <root>/.cotal/delivery-host.pid, and with --json also each space of its manifest (lease
+    /// row and whether this host holds it, credential expiry, ctl.delivery). Exit 0 when the
+    /// record names a live host, 1 when not, 3 when the root or its manifest cannot be read.
     #[arg(long, conflicts_with = "space")]
     pub spaces: bool,
     /// Workspace root (default: nearest .cotal/ above the working directory).
@@ -611,7 +616,7 @@ fn space_and_root(
 
 fn run_status(args: StatusArgs) -> i32 {
     if args.spaces {
-        return run_host_status(args.root);
+        return run_host_status(args.root, args.json);
     }
     let space = args.space.as_deref().unwrap_or_default();
     let (space, root) = match space_and_root("status", space, args.root.as_deref()) {
@@ -657,43 +662,33 @@ fn run_down(args: DownArgs) -> i32 {
     }
 }
 
-fn run_host_status(root: Option<PathBuf>) -> i32 {
-    let root = match files::resolve_root(root.as_deref(), &current_dir()) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("{e}");
-            return 3;
-        }
+/// `status --spaces`: 0 the host's record names a live host, 1 it does not, 3 no root or no
+/// readable manifest (docs/host.md).
+fn run_host_status(root: Option<PathBuf>, as_json: bool) -> i32 {
+    let rt = match runtime("status") {
+        Ok(rt) => rt,
+        Err(code) => return code,
     };
-    let path = crate::host::host_pid_path(&root);
-    match crate::host::host_liveness(&root) {
-        PidLiveness::Alive(pid) => {
-            println!("delivery host of {}: running (pid {pid})", root.display());
-            0
+    let cwd = current_dir();
+    match rt.block_on(crate::host::status::host_status(root.as_deref(), &cwd)) {
+        Ok(report) => {
+            if as_json {
+                println!("{}", report.to_json());
+            } else {
+                println!("{}", report.line());
+            }
+            if report.running() {
+                0
+            } else {
+                1
+            }
         }
-        PidLiveness::Unverified(pid) => {
-            println!("delivery host of {}: running (pid {pid}; its command line could not be read, trusted)", root.display());
-            0
-        }
-        PidLiveness::Stale(pid) | PidLiveness::Foreign(pid) => {
-            println!("delivery host of {}: stale record ({} names pid {pid}, which is not a running delivery host)", root.display(), path.display());
-            1
-        }
-        PidLiveness::Unreadable => {
-            println!(
-                "delivery host of {}: unreadable record at {}",
-                root.display(),
-                path.display()
-            );
-            1
-        }
-        PidLiveness::Absent => {
-            println!(
-                "delivery host of {}: not running (no record at {})",
-                root.display(),
-                path.display()
-            );
-            1
+        Err(e) => {
+            if as_json {
+                println!("{}", e.to_json());
+            }
+            eprintln!("✗ status: {e}");
+            Exit::Config.code()
         }
     }
 }

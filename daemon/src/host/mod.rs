@@ -9,6 +9,7 @@
 
 pub mod kicker;
 pub mod lane;
+pub mod status;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
