@@ -47,6 +47,12 @@ fn one_round_of_each_case_takes_over_within_the_bound_and_loses_nothing() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "smoke failed:\n{stdout}\n{stderr}");
+    // The suite's per-round lines, carried by every assertion below.
+    let rounds: String = stderr
+        .lines()
+        .filter(|l| l.contains(" round "))
+        .collect::<Vec<_>>()
+        .join("\n");
     let cases: Vec<serde_json::Value> = stdout
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -56,16 +62,16 @@ fn one_round_of_each_case_takes_over_within_the_bound_and_loses_nothing() {
     for c in &cases {
         let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
         assert_eq!(n("rounds"), 1);
-        assert!(n("posts") > 0, "{c}");
-        assert_eq!(n("lost"), 0, "{c}");
-        assert_eq!(n("surfaced"), n("posts"), "{c}");
+        assert!(n("posts") > 0, "{c}\n{rounds}");
+        assert_eq!(n("lost"), 0, "{c}\n{rounds}");
+        assert_eq!(n("surfaced"), n("posts"), "{c}\n{rounds}");
         let bound = n("bound_ms");
         assert_eq!(bound, 5_000, "TTL 3 s + 1 s retry + 1 s");
         let rail = c["rail_ms"]["max"].as_u64().expect("rail_ms");
-        assert!(rail <= bound + 3_000, "{c}");
+        assert!(rail <= bound + 3_000, "{c}\n{rounds}");
         let post = c["post_ms"]["max"].as_u64().expect("post_ms");
-        assert!(post <= bound + 3_000, "{c}");
+        assert!(post <= bound + 3_000, "{c}\n{rounds}");
         let takeover = c["takeover_ms"]["max"].as_u64().expect("takeover_ms");
-        assert_eq!(takeover, rail.max(post), "{c}");
+        assert_eq!(takeover, rail.max(post), "{c}\n{rounds}");
     }
 }

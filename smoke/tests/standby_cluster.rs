@@ -17,6 +17,9 @@
 
 use std::process::Command;
 
+/// The hosts' `ack_wait` (`--ack-wait-ms`): long, so a post held one `ack_wait` stands out.
+const ACK_WAIT_MS: u64 = 15_000;
+
 #[test]
 fn cluster_round_takes_over_or_rides_the_failover_and_loses_nothing() {
     let out = Command::new(env!("CARGO_BIN_EXE_smoke"))
@@ -32,7 +35,7 @@ fn cluster_round_takes_over_or_rides_the_failover_and_loses_nothing() {
             "--initial-creds-secs",
             "10",
             "--ack-wait-ms",
-            "15000",
+            &ACK_WAIT_MS.to_string(),
             "--json",
         ])
         .output()
@@ -40,6 +43,12 @@ fn cluster_round_takes_over_or_rides_the_failover_and_loses_nothing() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "smoke failed:\n{stdout}\n{stderr}");
+    // The suite's per-round lines, carried by every assertion below.
+    let rounds: String = stderr
+        .lines()
+        .filter(|l| l.contains(" round "))
+        .collect::<Vec<_>>()
+        .join("\n");
     let cases: Vec<serde_json::Value> = stdout
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -48,21 +57,24 @@ fn cluster_round_takes_over_or_rides_the_failover_and_loses_nothing() {
     assert_eq!(names, vec!["kill", "return", "stop", "node"], "{stdout}");
     for c in &cases {
         let n = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
-        assert_eq!(c["cluster"], true, "{c}");
+        assert_eq!(c["cluster"], true, "{c}\n{rounds}");
         assert_eq!(n("rounds"), 1);
-        assert!(n("posts") > 0, "{c}");
-        assert_eq!(n("lost"), 0, "{c}");
-        assert_eq!(n("surfaced"), n("posts"), "{c}");
+        assert!(n("posts") > 0, "{c}\n{rounds}");
+        assert_eq!(n("lost"), 0, "{c}\n{rounds}");
+        assert_eq!(n("surfaced"), n("posts"), "{c}\n{rounds}");
         assert_eq!(n("bound_ms"), 5_000, "TTL 3 s + 1 s retry + 1 s");
         let rail = c["rail_ms"]["max"].as_u64().expect("rail_ms");
         let post = c["post_ms"]["max"].as_u64().expect("post_ms");
         if c["case"] == "node" {
-            assert_eq!(n("lane_kept") + n("standby_took_over"), 1, "{c}");
-            assert!(rail <= 20_000, "{c}");
-            assert!(post <= 20_000, "{c}");
+            assert_eq!(n("lane_kept") + n("standby_took_over"), 1, "{c}\n{rounds}");
+            assert!(rail <= 20_000, "{c}\n{rounds}");
+            // A post may be handed to a pull request of the holder's connection on the dead
+            // node and come back one ack_wait (15 s here) later: crash recovery of a lost
+            // connection, not a takeover (seen at 15016 ms); plus the same 5 s for the rest.
+            assert!(post <= ACK_WAIT_MS + 5_000, "{c}\n{rounds}");
         } else {
-            assert!(rail <= n("bound_ms") + 3_000, "{c}");
-            assert!(post <= n("bound_ms") + 3_000, "{c}");
+            assert!(rail <= n("bound_ms") + 3_000, "{c}\n{rounds}");
+            assert!(post <= n("bound_ms") + 3_000, "{c}\n{rounds}");
         }
     }
 }

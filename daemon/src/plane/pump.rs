@@ -213,10 +213,16 @@ pub async fn run<H, F>(
                     let Some(epoch) = ctx.gate.admit() else {
                         // Quiesced before admitting it: nothing was done with it, so hand it
                         // (and whatever the pull stream already buffered) straight back, and
-                        // stop pulling until the gate opens again.
-                        hand_back(&msg).await;
+                        // stop pulling until the gate opens again. The pull stream goes first:
+                        // a nak the broker saw while this stream's pull requests were still
+                        // open could be redelivered straight back to them, for an ack_wait.
+                        let mut unadmitted = vec![msg];
                         while let Some(Some(Ok(m))) = messages.next().now_or_never() {
-                            hand_back(&m).await;
+                            unadmitted.push(m);
+                        }
+                        drop(messages);
+                        for m in &unadmitted {
+                            hand_back(m).await;
                         }
                         continue 'outer;
                     };
