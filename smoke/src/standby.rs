@@ -165,6 +165,33 @@ async fn gone_from_broker(mesh: &mut Mesh, nkey: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Posts the steady sender has made labelled `case`.
+fn posted_in(posted: &Posted, case: &str) -> Result<usize, String> {
+    Ok(posted
+        .lock()
+        .map_err(err)?
+        .iter()
+        .filter(|(_, l)| l == case)
+        .count())
+}
+
+/// Waits (bounded) until the steady sender posted at least once more labelled `case`: a case
+/// quicker than the sender's interval must still carry a post across its takeover to count.
+async fn wait_posted(posted: &Posted, case: &str, before: usize) -> Result<(), String> {
+    let deadline = Instant::now() + BOUND;
+    while posted_in(posted, case)? <= before {
+        if posted.lock().map_err(err)?.len() >= DLV_BUDGET {
+            // The sender stopped at its budget (see `DLV_BUDGET`).
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the sender posted nothing during the {case} case"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// Which host's row is live (index into `hosts`), read from the broker.
 async fn holder_index(insp: &Inspector, hosts: &[Host]) -> Result<Option<usize>, String> {
     let row = insp.lease().await.map_err(err)?;
@@ -216,6 +243,9 @@ async fn first_answer(probe: &Agent, bound: Duration) -> Result<Instant, String>
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The steady sender's posts: (id, the case it was posted in).
+type Posted = Arc<Mutex<Vec<(String, String)>>>;
 
 /// Surfaced post ids (the text) with their first surface time, and duplicates counted.
 type Seen = Arc<Mutex<(BTreeMap<String, Instant>, usize)>>;
@@ -404,7 +434,7 @@ async fn suite(args: Args) -> Result<(), String> {
     // The steady durable sender, labelled by the phase it posts in.
     let phase = Arc::new(Mutex::new(String::from("setup")));
     let sending = Arc::new(AtomicBool::new(true));
-    let posted: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let posted: Posted = Arc::default();
     let sender_task = {
         let (sender, phase, sending, posted) = (
             sender.clone(),
@@ -496,6 +526,7 @@ async fn suite(args: Args) -> Result<(), String> {
             if let Ok(mut p) = phase.lock() {
                 *p = case.to_string();
             }
+            let posted_before = posted_in(&posted, case)?;
             let h = wait_holder(&insp, &hosts).await?;
             let s = 1 - h;
             if case == NODE_CASE {
@@ -543,6 +574,7 @@ async fn suite(args: Args) -> Result<(), String> {
                 let n = mesh.node_mut(node).ok_or("no node")?;
                 n.wait_exit(BOUND).await.map_err(err)?;
                 n.restart().await.map_err(err)?;
+                wait_posted(&posted, case, posted_before).await?;
                 continue;
             }
             let holder_nkey = hosts[h].nkey.clone();
@@ -550,14 +582,13 @@ async fn suite(args: Args) -> Result<(), String> {
             let t0 = Instant::now();
             match case {
                 "stop" => holder_proc.terminate().map_err(err)?,
-                _ => {
-                    holder_proc.kill().map_err(err)?;
-                    // The marker is the first post sent after the death: posted while the
-                    // broker still had the dying holder's pull requests, it could be handed to
-                    // them and come back only one ack_wait later (crash recovery, not takeover).
-                    gone_from_broker(&mut mesh, &holder_nkey).await?;
-                }
+                _ => holder_proc.kill().map_err(err)?,
             }
+            // The marker is the first post sent once the holder is gone from the broker: a
+            // post sent while the dying (or stopping) holder's pull requests were still there
+            // could be handed to them in flight and come back only one ack_wait later (crash
+            // recovery of an in-flight message, not takeover). Timed from the signal all the same.
+            gone_from_broker(&mut mesh, &holder_nkey).await?;
             let mark = format!("mark-{case}-{round}");
             post_mark(&sender, channel, &mark).await?;
             let answered = first_answer(&watcher, BOUND).await?;
@@ -599,6 +630,7 @@ async fn suite(args: Args) -> Result<(), String> {
                 ));
             }
             hosts[h].proc = Some(back);
+            wait_posted(&posted, case, posted_before).await?;
         }
     }
 

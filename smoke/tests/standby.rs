@@ -4,16 +4,17 @@
 //! checked from its `--json` lines. The seeds' 5 s retry is the default of the suite itself.
 //!
 //! Asserted: the three cases ran; every post of every case reached the offline member's DLV
-//! (`lost == 0`, `surfaced == posts`); both the standby's first `ctl.delivery` answer
-//! (`rail_ms`) and the first post sent after the kill or stop, seen on an online member's DLV
-//! (`post_ms`), came within the bound, TTL + retry + 1 s (`bound_ms`, 5 s here), plus
-//! a 3 s margin for a loaded 2-core machine.
+//! (`lost == 0`, `surfaced == posts`, and every case carried at least one post); both the
+//! standby's first `ctl.delivery` answer (`rail_ms`) and the first post sent once the holder's
+//! connections are gone from the broker, seen on an online member's DLV (`post_ms`), both timed
+//! from the SIGKILL or SIGTERM, came within the bound, TTL + retry + 1 s (`bound_ms`,
+//! 5 s here), plus a 3 s margin for a loaded 2-core machine.
 //!
 //! The hosts run with `--ack-wait-ms 15000` (`COTAL_DELIVERY_ACK_WAIT_MS`): a post a daemon
 //! pulls behind its closed gate (the new holder before `arm` opens it, the stopping holder
 //! after its quiesce closed it) is redelivered only after `ack_wait`, and 15 s puts that far
 //! outside the 8 s allowed, whatever the machine's load. Nothing legitimate waits on it here:
-//! the marker post is sent after the holder died, so no dead holder ever owned it.
+//! the marker post is sent after the holder left the broker, so no gone holder ever owned it.
 //!
 //! Mutations seen failing: a standby lane that returns after its first held-lease report
 //! instead of retrying (`host/lane.rs`): no takeover, the suite exits 1. `plane/pump.rs` put

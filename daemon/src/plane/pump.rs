@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::{AckKind, Message};
 use futures::{FutureExt, StreamExt};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::task::JoinSet;
 
 use crate::metrics::Store;
@@ -47,11 +48,9 @@ pub enum Settle {
 /// Pause before reopening a pull stream that ended or faulted.
 const REOPEN_PAUSE: Duration = Duration::from_millis(250);
 
-/// Applies `settle` to `msg` if the gate still shows `epoch`; otherwise (and for
-/// [`Settle::Leave`]) hands it back, never acked, so whoever serves next has it at once.
+/// Applies `settle` to `msg` if the gate still shows `epoch`.
 pub async fn settle(ctx: &PlaneCtx, msg: &Message, epoch: u64, settle: Settle) {
-    if !ctx.gate.still(epoch) || settle == Settle::Leave {
-        hand_back(msg).await;
+    if !ctx.gate.still(epoch) {
         return;
     }
     let kind = match settle {
@@ -79,10 +78,12 @@ pub fn stream_sequence(msg: &Message) -> u64 {
 pub const LANE_BATCH_MAX: usize = 128;
 
 /// Stops a message's keep-alive when dropped (settled, or its lane or the loop went away), and
-/// hands back a message dropped unsettled (its lane aborted by a quiesce).
+/// returns a message dropped unsettled (handled past a quiesce, or its lane aborted) to its pull
+/// loop, which hands it back once its own pull requests are gone.
 struct Owned {
     keep_alive: tokio::task::AbortHandle,
     unsettled: Option<Message>,
+    back: UnboundedSender<Message>,
 }
 
 /// A pulled message, owned by this daemon until settled (kept alive meanwhile).
@@ -94,8 +95,12 @@ pub struct Pulled {
 }
 
 impl Pulled {
-    /// Settles the message (if the gate still shows its epoch) and ends its keep-alive.
+    /// Settles the message (if the gate still shows its epoch) and ends its keep-alive. One this
+    /// daemon will not settle ([`Settle::Leave`], or the gate moved on) goes back to the loop.
     pub async fn settle(mut self, ctx: &PlaneCtx, verdict: Settle) {
+        if verdict == Settle::Leave || !ctx.gate.still(self.epoch) {
+            return;
+        }
         self.alive.unsettled = None;
         settle(ctx, &self.msg, self.epoch, verdict).await;
     }
@@ -107,8 +112,12 @@ impl Drop for Owned {
         // Never acked: a nak cannot lose it, and the copies it may have written are deduplicated
         // by their Nats-Msg-Id when whoever serves next redoes it.
         if let Some(msg) = self.unsettled.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move { hand_back(&msg).await });
+            if let Err(returned) = self.back.send(msg) {
+                // The loop is gone, and its pull requests with it: hand it back from here.
+                let msg = returned.0;
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move { hand_back(&msg).await });
+                }
             }
         }
     }
@@ -176,12 +185,19 @@ pub async fn run<H, F>(
         senders.push(tx);
     }
     let mut retention = RetentionWatch::default();
+    // Messages this daemon pulled but will not settle, handed back (a nak) only while no pull
+    // stream of this loop is open: a nak the broker saw while this loop's pull requests were
+    // still open could be redelivered straight back to them and sit out an ack_wait.
+    let (back, mut returned) = unbounded_channel::<Message>();
     'outer: loop {
         // Pull only while serving: a message pulled behind a closed gate (before `arm` opens it,
         // or after a quiesce closed it) would sit out a whole `ack_wait` before anyone got it.
-        tokio::select! {
-            _ = stopped(&mut stop) => break 'outer,
-            _ = ctx.gate.opened() => {}
+        loop {
+            tokio::select! {
+                _ = stopped(&mut stop) => break 'outer,
+                _ = ctx.gate.opened() => break,
+                Some(m) = returned.recv() => hand_back(&m).await,
+            }
         }
         let mut messages = tokio::select! {
             _ = stopped(&mut stop) => break 'outer,
@@ -200,6 +216,20 @@ pub async fn run<H, F>(
             let next = tokio::select! {
                 _ = stopped(&mut stop) => break 'outer,
                 n = messages.next() => n,
+                Some(m) = returned.recv() => {
+                    let mut back_now = vec![m];
+                    while let Ok(m) = returned.try_recv() {
+                        back_now.push(m);
+                    }
+                    while let Some(Some(Ok(m))) = messages.next().now_or_never() {
+                        back_now.push(m);
+                    }
+                    drop(messages);
+                    for m in &back_now {
+                        hand_back(m).await;
+                    }
+                    continue 'outer;
+                }
             };
             match next {
                 Some(Ok(msg)) => {
@@ -220,6 +250,9 @@ pub async fn run<H, F>(
                         while let Some(Some(Ok(m))) = messages.next().now_or_never() {
                             unadmitted.push(m);
                         }
+                        while let Ok(m) = returned.try_recv() {
+                            unadmitted.push(m);
+                        }
                         drop(messages);
                         for m in &unadmitted {
                             hand_back(m).await;
@@ -231,6 +264,7 @@ pub async fn run<H, F>(
                         keep_alive: tokio::spawn(keep_alive(ctx.clone(), msg.clone(), epoch))
                             .abort_handle(),
                         unsettled: Some(msg.clone()),
+                        back: back.clone(),
                     };
                     let pulled = Pulled { msg, epoch, alive };
                     if senders[lane].send(pulled).is_err() {
@@ -248,8 +282,17 @@ pub async fn run<H, F>(
             _ = tokio::time::sleep(REOPEN_PAUSE) => {}
         }
     }
+    // The pull stream is gone (dropped on the way out): the lanes' unsettled messages come
+    // back as the aborted lanes drop them, then go back to the broker.
     drop(senders);
     tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    // Not waited for beyond this: a message dropped later finds the receiver gone and is
+    // handed back by its own drop.
+    drop(back);
+    while let Ok(m) = returned.try_recv() {
+        hand_back(&m).await;
+    }
 }
 
 /// Creates (or binds) the durable `config` names on `stream`, within the request bound; a
