@@ -165,6 +165,12 @@ async fn gone_from_broker(mesh: &mut Mesh, nkey: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The last `n` lines a host printed (for a failure's message).
+fn tail(host: &Host, n: usize) -> String {
+    let lines = host.proc.as_ref().map(|p| p.lines()).unwrap_or_default();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// Posts the steady sender has made labelled `case`.
 fn posted_in(posted: &Posted, case: &str) -> Result<usize, String> {
     Ok(posted
@@ -612,7 +618,13 @@ async fn suite(args: Args) -> Result<(), String> {
                 return Err(format!("the stopped holder exited {status:?}"));
             }
             if wait_holder(&insp, &hosts).await? != s {
-                return Err(format!("{case}: host {} did not take the lease", s + 1));
+                let row = insp.lease().await.map_err(err)?;
+                return Err(format!(
+                    "{case}: host {} did not take the lease (row {row:?}; host {}'s last lines:\n{})",
+                    s + 1,
+                    s + 1,
+                    tail(&hosts[s], 20)
+                ));
             }
             // The old holder comes back and stands by; the new holder's row stays its own.
             let row = insp.lease().await.map_err(err)?.ok_or("no row")?;
