@@ -51,6 +51,12 @@ impl CredentialCell {
     pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.generation.subscribe()
     }
+    /// How many wait on this cell now: redials held in [`CredentialCell::wait_unexpired`] plus
+    /// the [`CredentialCell::changes`] receivers alive (what a test observes to know a redial
+    /// is waiting for a renewal).
+    pub fn waiting(&self) -> usize {
+        self.generation.receiver_count()
+    }
     /// The held credential once it has not expired. A redial must never present an expired JWT:
     /// the broker answers it with an authorization violation, after which the client gives up
     /// reconnecting for good, so no renewal adopted later could bring the connection back. The

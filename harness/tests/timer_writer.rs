@@ -891,6 +891,20 @@ async fn stop_during_a_backoff_or_a_fetch_returns_at_once() {
     .await;
 }
 
+/// A re-signed delivery credential of the same nkey as `current`, expiring in `ttl`.
+fn renewal_expiring_in(
+    mesh: &Mesh,
+    current: &cotal_delivery::creds::Credential,
+    ttl: Duration,
+) -> cotal_delivery::creds::Credential {
+    mesh.mint(
+        mesh.space(),
+        &Profile::Delivery,
+        MintOptions::new().renewal_of(current).expires_in(ttl),
+    )
+    .unwrap()
+}
+
 /// The writer presents the daemon's credential now: when the daemon adopts a renewal at 75 %,
 /// the writer's connection (as `/connz` shows it) carries the renewed JWT before the old one
 /// expires, and it stays up past that expiry. Mutation seen failing: no forced reconnect on
@@ -904,15 +918,7 @@ async fn the_writer_moves_onto_a_renewed_credential_before_the_old_one_expires()
         .expect("save signer");
     let path = mesh.workspace().delivery_creds_path(mesh.space());
     let current = read_creds_file(&path).unwrap();
-    let short = mesh
-        .mint(
-            mesh.space(),
-            &Profile::Delivery,
-            MintOptions::new()
-                .renewal_of(&current)
-                .expires_in(Duration::from_secs(6)),
-        )
-        .unwrap();
+    let short = renewal_expiring_in(&mesh, &current, Duration::from_secs(6));
     write_creds_file_atomic(&path, &short).unwrap();
     let exp_ms = short.claims().unwrap().exp.unwrap() * 1000;
     let mut d = start(
@@ -1011,15 +1017,7 @@ async fn the_writer_never_dials_with_an_expired_credential() {
         .expect("save signer");
     let path = mesh.workspace().delivery_creds_path(mesh.space());
     let current = read_creds_file(&path).unwrap();
-    let short = mesh
-        .mint(
-            mesh.space(),
-            &Profile::Delivery,
-            MintOptions::new()
-                .renewal_of(&current)
-                .expires_in(Duration::from_secs(4)),
-        )
-        .unwrap();
+    let short = renewal_expiring_in(&mesh, &current, Duration::from_secs(4));
     write_creds_file_atomic(&path, &short).unwrap();
     let mut d = start(
         &mesh,
@@ -1189,4 +1187,59 @@ async fn every_lane_of_a_host_runs_its_own_writer_and_feed() {
     }
     host.terminate().unwrap();
     host.wait_exit(BOUND).await.unwrap();
+}
+
+/// A connection closed while its redial waits for a renewal never comes back: a connection
+/// dialed as the writer's (`conn::dial`) on a credential that expires; the broker closes it at
+/// the expiry and its redial waits in the auth callback for an unexpired credential (seen on
+/// the cell); the owner closes it (the writer's session end); then a renewal is set in the
+/// cell. The waiting redial refuses itself (a client error event) instead of connecting, and
+/// the broker saw the connection's name once. Mutation seen failing: the retirement re-check
+/// after `wait_unexpired` in `conn::dial` removed (the redial connected with the renewal).
+#[tokio::test]
+async fn a_connection_closed_while_its_redial_waits_never_comes_back() {
+    use cotal_delivery::conn::{self, ConnEvent};
+    const NAME: &str = "test-retired-while-waiting";
+    let mesh = data_path_support::mesh().await;
+    let current = read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space())).unwrap();
+    let short = renewal_expiring_in(&mesh, &current, Duration::from_secs(2));
+    let cell = CredentialCell::new(short.clone());
+    let resident = conn::dial(&DialSpec::new(mesh.url()).name(NAME), cell.clone())
+        .await
+        .expect("dialed");
+    eventually(
+        "a redial waits for an unexpired credential",
+        BOUND,
+        || async { cell.waiting() >= 1 },
+    )
+    .await;
+    let mut events = resident.events.subscribe();
+    let drained = resident.close_drained(Duration::from_secs(1)).await;
+    assert!(drained.is_err(), "the connection is down: {drained:?}");
+    let renewed = mesh
+        .mint(
+            mesh.space(),
+            &Profile::Delivery,
+            MintOptions::new().renewal_of(&short),
+        )
+        .unwrap();
+    cell.set(renewed);
+    let first = tokio::time::timeout(BOUND, events.recv())
+        .await
+        .expect("an event after the renewal")
+        .expect("event feed open");
+    assert!(
+        matches!(&first, ConnEvent::Other(_)),
+        "the waiting redial refused itself, got {first:?}"
+    );
+    let connz = mesh
+        .broker
+        .monitor("/connz?state=all&limit=1024")
+        .await
+        .unwrap();
+    let seen = connz["connections"]
+        .as_array()
+        .map(|a| a.iter().filter(|c| c["name"] == NAME).count())
+        .unwrap_or(0);
+    assert_eq!(seen, 1, "{connz}");
 }
