@@ -8,17 +8,17 @@
 //! by the durable's `max_ack_pending`, since the broker delivers no more unacknowledged
 //! messages than that. A message is admitted at a serving epoch and settled (ack, nak, term)
 //! only while the gate still shows that epoch: a daemon that quiesced or lost its lease
-//! mid-handling acks nothing, and hands the entry back to whoever serves next. A pull stream
+//! mid-handling acks nothing, and the entry redelivers to whoever serves next. A pull stream
 //! that ends or faults is reopened after a short pause until `stop`.
 //!
 //! Crash recovery rides on a short `ack_wait` (5 s by default): a message this daemon pulled and
 //! still owns (queued in a lane or being handled) is kept alive with an in-progress ack every
 //! third of `ack_wait` while the gate holds its epoch, so only a message whose owner died (or
 //! stopped serving) redelivers, and it does so one `ack_wait` after its last keep-alive instead
-//! of after a minute. A loop pulls only while the gate is open, and a message this daemon will
-//! not settle (pulled after the gate closed, handled past a quiesce, or dropped with its aborted
-//! lane) is handed back with an immediate nak, never an ack: a takeover's first posts are not
-//! held one `ack_wait` by the daemon that starts or stops serving (docs/performance.md).
+//! of after a minute. A loop pulls only while the gate is open, and a message it pulled after
+//! the gate closed (never admitted, nothing done with it) is handed back with an immediate nak
+//! once the loop's own pull stream is dropped: a new holder's first posts are not held one
+//! `ack_wait` by pulls made before its `arm` opened the gate (docs/performance.md).
 
 use std::future::Future;
 use std::time::Duration;
@@ -26,7 +26,6 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::{AckKind, Message};
 use futures::{FutureExt, StreamExt};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::task::JoinSet;
 
 use crate::metrics::Store;
@@ -41,7 +40,7 @@ pub enum Settle {
     Nak,
     /// Permanent anomaly or given up: never redeliver (the stream keeps the message).
     Term,
-    /// Neither ack nor term (the daemon stopped serving mid-work): handed back at once (a nak).
+    /// Neither ack nor term (the daemon stopped serving mid-work): redelivers after ack_wait.
     Leave,
 }
 
@@ -77,49 +76,27 @@ pub fn stream_sequence(msg: &Message) -> u64 {
 /// Most messages a lane hands to its handler at once (one fence per bucket serves them all).
 pub const LANE_BATCH_MAX: usize = 128;
 
-/// Stops a message's keep-alive when dropped (settled, or its lane or the loop went away), and
-/// returns a message dropped unsettled (handled past a quiesce, or its lane aborted) to its pull
-/// loop, which hands it back once its own pull requests are gone.
-struct Owned {
-    keep_alive: tokio::task::AbortHandle,
-    unsettled: Option<Message>,
-    back: UnboundedSender<Message>,
-}
+/// Stops a message's keep-alive when dropped (settled, or its lane or the loop went away).
+struct Owned(tokio::task::AbortHandle);
 
 /// A pulled message, owned by this daemon until settled (kept alive meanwhile).
 pub struct Pulled {
     pub msg: Message,
     /// The serving epoch it was admitted at.
     pub epoch: u64,
-    alive: Owned,
+    _alive: Owned,
 }
 
 impl Pulled {
-    /// Settles the message (if the gate still shows its epoch) and ends its keep-alive. One this
-    /// daemon will not settle ([`Settle::Leave`], or the gate moved on) goes back to the loop.
-    pub async fn settle(mut self, ctx: &PlaneCtx, verdict: Settle) {
-        if verdict == Settle::Leave || !ctx.gate.still(self.epoch) {
-            return;
-        }
-        self.alive.unsettled = None;
+    /// Settles the message (if the gate still shows its epoch) and ends its keep-alive.
+    pub async fn settle(self, ctx: &PlaneCtx, verdict: Settle) {
         settle(ctx, &self.msg, self.epoch, verdict).await;
     }
 }
 
 impl Drop for Owned {
     fn drop(&mut self) {
-        self.keep_alive.abort();
-        // Never acked: a nak cannot lose it, and the copies it may have written are deduplicated
-        // by their Nats-Msg-Id when whoever serves next redoes it.
-        if let Some(msg) = self.unsettled.take() {
-            if let Err(returned) = self.back.send(msg) {
-                // The loop is gone, and its pull requests with it: hand it back from here.
-                let msg = returned.0;
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move { hand_back(&msg).await });
-                }
-            }
-        }
+        self.0.abort();
     }
 }
 
@@ -185,19 +162,12 @@ pub async fn run<H, F>(
         senders.push(tx);
     }
     let mut retention = RetentionWatch::default();
-    // Messages this daemon pulled but will not settle, handed back (a nak) only while no pull
-    // stream of this loop is open: a nak the broker saw while this loop's pull requests were
-    // still open could be redelivered straight back to them and sit out an ack_wait.
-    let (back, mut returned) = unbounded_channel::<Message>();
     'outer: loop {
         // Pull only while serving: a message pulled behind a closed gate (before `arm` opens it,
         // or after a quiesce closed it) would sit out a whole `ack_wait` before anyone got it.
-        loop {
-            tokio::select! {
-                _ = stopped(&mut stop) => break 'outer,
-                _ = ctx.gate.opened() => break,
-                Some(m) = returned.recv() => hand_back(&m).await,
-            }
+        tokio::select! {
+            _ = stopped(&mut stop) => break 'outer,
+            _ = ctx.gate.opened() => {}
         }
         let mut messages = tokio::select! {
             _ = stopped(&mut stop) => break 'outer,
@@ -216,20 +186,6 @@ pub async fn run<H, F>(
             let next = tokio::select! {
                 _ = stopped(&mut stop) => break 'outer,
                 n = messages.next() => n,
-                Some(m) = returned.recv() => {
-                    let mut back_now = vec![m];
-                    while let Ok(m) = returned.try_recv() {
-                        back_now.push(m);
-                    }
-                    while let Some(Some(Ok(m))) = messages.next().now_or_never() {
-                        back_now.push(m);
-                    }
-                    drop(messages);
-                    for m in &back_now {
-                        hand_back(m).await;
-                    }
-                    continue 'outer;
-                }
             };
             match next {
                 Some(Ok(msg)) => {
@@ -250,9 +206,6 @@ pub async fn run<H, F>(
                         while let Some(Some(Ok(m))) = messages.next().now_or_never() {
                             unadmitted.push(m);
                         }
-                        while let Ok(m) = returned.try_recv() {
-                            unadmitted.push(m);
-                        }
                         drop(messages);
                         for m in &unadmitted {
                             hand_back(m).await;
@@ -260,13 +213,14 @@ pub async fn run<H, F>(
                         continue 'outer;
                     };
                     let lane = lane_of(&msg.subject, senders.len());
-                    let alive = Owned {
-                        keep_alive: tokio::spawn(keep_alive(ctx.clone(), msg.clone(), epoch))
-                            .abort_handle(),
-                        unsettled: Some(msg.clone()),
-                        back: back.clone(),
+                    let alive = Owned(
+                        tokio::spawn(keep_alive(ctx.clone(), msg.clone(), epoch)).abort_handle(),
+                    );
+                    let pulled = Pulled {
+                        msg,
+                        epoch,
+                        _alive: alive,
                     };
-                    let pulled = Pulled { msg, epoch, alive };
                     if senders[lane].send(pulled).is_err() {
                         break 'outer;
                     }
@@ -282,17 +236,8 @@ pub async fn run<H, F>(
             _ = tokio::time::sleep(REOPEN_PAUSE) => {}
         }
     }
-    // The pull stream is gone (dropped on the way out): the lanes' unsettled messages come
-    // back as the aborted lanes drop them, then go back to the broker.
     drop(senders);
     tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    // Not waited for beyond this: a message dropped later finds the receiver gone and is
-    // handed back by its own drop.
-    drop(back);
-    while let Ok(m) = returned.try_recv() {
-        hand_back(&m).await;
-    }
 }
 
 /// Creates (or binds) the durable `config` names on `stream`, within the request bound; a
