@@ -184,6 +184,18 @@ impl Manager {
 
     /// One request, answered within `bound`.
     pub async fn request_once(&self, op: &str, args: &Value, bound: Duration) -> Outcome {
+        self.request_before(op, args, bound, None).await
+    }
+
+    /// [`Manager::request_once`], never sent at or after `deadline` (the subscribe before the
+    /// send can take long enough under load to cross it).
+    async fn request_before(
+        &self,
+        op: &str,
+        args: &Value,
+        bound: Duration,
+        deadline: Option<Instant>,
+    ) -> Outcome {
         let subject = self.subject();
         let reply = format!("{subject}.reply.{}", uuid::Uuid::new_v4().simple());
         let Ok(mut sub) = self.client.subscribe(reply.clone()).await else {
@@ -194,10 +206,15 @@ impl Manager {
             "args": args,
             "from": {"id": self.principal.dot_form(), "name": "manager", "kind": "endpoint"},
         });
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            let _ = sub.unsubscribe().await;
+            return Outcome::TimedOut;
+        }
         self.sent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(Instant::now());
+            .push(now);
         if self
             .client
             .publish_with_reply(subject, reply, body.to_string().into())
@@ -249,7 +266,11 @@ impl Manager {
             let bound = attempt.map_or(left, |a| a.min(left));
             sent += 1;
             // The wait ends on time even while this request is still in flight.
-            last = match tokio::time::timeout_at(deadline, self.request_once(op, args, bound)).await
+            last = match tokio::time::timeout_at(
+                deadline,
+                self.request_before(op, args, bound, Some(deadline)),
+            )
+            .await
             {
                 Ok(o) => o,
                 Err(_) => Outcome::TimedOut,
