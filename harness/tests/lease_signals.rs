@@ -229,18 +229,21 @@ async fn a_signal_during_a_redial_waits_for_it_and_then_releases() {
         .await
         .expect("serving");
     assert!(insp.lease().await.expect("read").is_some());
-    // Start-up is complete once the lease watch is bound: its consumer exists on the broker.
+    // Start-up is complete once the lease watch is bound: its consumer exists on the broker and
+    // the broker has its subscription (`push_bound`), the last step of the bind. The consumer's
+    // existence alone is not enough: a cut between the create and the SUB fails the start-up
+    // (CI saw "the lease watch could not be bound (timed out)" and exit 1).
     let lease_stream = SpaceNames::kv_stream(&insp.names().delivery_bucket());
     delivery_harness::wait_until(
         BOUND,
         Duration::from_millis(50),
-        "the lease watch consumer",
+        "the lease watch consumer bound",
         || async {
             let stream = insp.js.get_stream_no_info(&lease_stream).await.ok()?;
-            let names: Vec<String> = stream.consumer_names().try_collect().await.ok()?;
-            names
+            let infos: Vec<_> = stream.consumers().try_collect().await.ok()?;
+            infos
                 .iter()
-                .any(|n| n.starts_with("leasewatch_"))
+                .any(|i| i.name.starts_with("leasewatch_") && i.push_bound)
                 .then_some(())
         },
     )
