@@ -264,3 +264,76 @@ async fn an_ambiguous_mention_copies_to_no_one() {
     }
     stop_daemon(&mut daemon).await;
 }
+
+/// The durables' `ack_wait` of the start-up test below: long, so a post left to it stands out.
+const LONG_ACK_WAIT_MS: &str = "20000";
+/// What that test allows from the daemon's spawn to the last copy: start-up, then one fan-out
+/// of the waiting posts. Half the `ack_wait` above.
+const PROMPT_BOUND: Duration = Duration::from_secs(10);
+
+/// Posts waiting on the broker when a daemon starts serving are fanned out at once, each handed
+/// to the fan-out writer exactly once. Its pull loop pulls only once `arm` has opened the serving
+/// gate (`plane/pump.rs`); a loop that pulled earlier got the waiting posts behind the closed gate,
+/// and they waited out an `ack_wait` (a new holder's first posts in the standby suite's kill case
+/// came 37 s after the kill). The `ack_wait` is 20 s here, so a post left to it stands out.
+///
+/// bob joins durably and goes offline, the daemon stops (releasing its lease), 50 posts are made
+/// while nobody serves, and a daemon starts. Checked on the broker: all 50 copies in bob's inbox
+/// within `PROMPT_BOUND` of the spawn, and the `fanout` durable's consumer sequence advanced by
+/// exactly 50 for the 50 stream messages (no post delivered twice).
+///
+/// Mutations seen failing: the pull loop's wait for the open gate removed (the posts pulled in
+/// `arm` are handed back with a nak and redelivered: the consumer sequence advances past 50);
+/// that and the hand-back (`hand_back` doing nothing) both removed (the copies come one
+/// `ack_wait` later: the bound fails). The hand-back alone removed is not caught here: with the
+/// wait in place nothing is pulled behind a closed gate at start-up; it guards the window
+/// between a quiesce closing the gate and the loop stopping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_waiting_when_a_daemon_starts_serving_are_fanned_out_at_once_and_once() {
+    const POSTS: u64 = 50;
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut first = start_daemon(&mesh).await;
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    bob.durable_join("general").await.unwrap();
+    drop(bob); // offline
+    stop_daemon(&mut first).await;
+    let chat = insp.names.chat_stream();
+    let before = consumer(&insp, &chat, "fanout").await;
+
+    burst(&insp, &alice, "general", POSTS).await;
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    assert_eq!(inbox_count(&insp, &p, &u).await, 0, "nobody serves yet");
+
+    let spawned = tokio::time::Instant::now();
+    let mut daemon = daemon_spec(&mesh)
+        .env("COTAL_DELIVERY_ACK_WAIT_MS", LONG_ACK_WAIT_MS)
+        .spawn()
+        .expect("spawn daemon");
+    eventually("every waiting post fanned out", PROMPT_BOUND, || async {
+        inbox_count(&insp, &p, &u).await == POSTS
+    })
+    .await;
+    let took = spawned.elapsed();
+    drained(&insp, SURFACE_BOUND).await;
+    let after = consumer(&insp, &chat, "fanout").await;
+    assert_eq!(
+        after.delivered.stream_sequence - before.delivered.stream_sequence,
+        POSTS
+    );
+    assert_eq!(
+        after.delivered.consumer_sequence - before.delivered.consumer_sequence,
+        POSTS,
+        "each waiting post handed to the writer once, none redelivered: {after:?}"
+    );
+    assert_eq!(
+        inbox_count(&insp, &p, &u).await,
+        POSTS,
+        "fanned out once each"
+    );
+    eprintln!(
+        "MEASURED start-up fan-out: {POSTS} waiting posts in bob's inbox {} ms after the spawn (ack_wait {LONG_ACK_WAIT_MS} ms)",
+        took.as_millis()
+    );
+    stop_daemon(&mut daemon).await;
+}

@@ -10,7 +10,8 @@
 //! within TTL + retry + 1 s plus a 3 s margin (the hosts' `ack_wait` lengthened to 15 s, as in
 //! `standby.rs`, so a post held behind a closed gate cannot pass for a takeover). The node case's
 //! answer includes the client's detection of the dead node (pings, 2.5 s) and R3 leader
-//! elections, so it is bounded at 20 s here and reported, not held to the lease bound.
+//! elections, so it is bounded at 20 s here and reported, not held to the lease bound; its post at
+//! 20 s plus one `ack_wait` (a first delivery lost with the node, or caught by a quiesce).
 //!
 //! Mutation seen failing: `ProvisionOptions::replicas` ignoring its argument (every stream
 //! R1): the suite's R3 check on the broker refuses, exit 1.
@@ -19,6 +20,9 @@ use std::process::Command;
 
 /// The hosts' `ack_wait` (`--ack-wait-ms`): long, so a post held one `ack_wait` stands out.
 const ACK_WAIT_MS: u64 = 15_000;
+/// The node case's bound on the first `ctl.delivery` answer: the client's detection of the dead
+/// node (pings, 2.5 s), R3 leader elections, and a takeover if the lane lost its lease meanwhile.
+const NODE_RAIL_BOUND_MS: u64 = 20_000;
 
 #[test]
 fn cluster_round_takes_over_or_rides_the_failover_and_loses_nothing() {
@@ -67,11 +71,14 @@ fn cluster_round_takes_over_or_rides_the_failover_and_loses_nothing() {
         let post = c["post_ms"]["max"].as_u64().expect("post_ms");
         if c["case"] == "node" {
             assert_eq!(n("lane_kept") + n("standby_took_over"), 1, "{c}\n{rounds}");
-            assert!(rail <= 20_000, "{c}\n{rounds}");
-            // A post may be handed to a pull request of the holder's connection on the dead
-            // node and come back one ack_wait (15 s here) later: crash recovery of a lost
-            // connection, not a takeover (seen at 15016 ms); plus the same 5 s for the rest.
-            assert!(post <= ACK_WAIT_MS + 5_000, "{c}\n{rounds}");
+            assert!(rail <= NODE_RAIL_BOUND_MS, "{c}\n{rounds}");
+            // The post's first delivery may be lost with the dead node's connection, or made to
+            // a lane that rode the failover and then lost its lease to the standby (a message
+            // admitted and then caught by a quiesce is left to its ack_wait, by design); it then
+            // comes back one ack_wait (15 s here) after that first delivery, which itself may
+            // come as late as the node case's answer (seen: 15016 ms; and 21131 ms with the first
+            // delivery about 6 s after the kill and the standby serving at 11.8 s).
+            assert!(post <= NODE_RAIL_BOUND_MS + ACK_WAIT_MS, "{c}\n{rounds}");
         } else {
             assert!(rail <= n("bound_ms") + 3_000, "{c}\n{rounds}");
             assert!(post <= n("bound_ms") + 3_000, "{c}\n{rounds}");
