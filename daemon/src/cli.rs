@@ -675,7 +675,9 @@ fn run_host_status(root: Option<PathBuf>, as_json: bool) -> i32 {
             if as_json {
                 println!("{}", report.to_json());
             } else {
-                println!("{}", report.line());
+                for line in report.lines() {
+                    println!("{line}");
+                }
             }
             if report.running() {
                 0

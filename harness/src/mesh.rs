@@ -153,6 +153,27 @@ impl Mesh {
     pub fn workspace(&self) -> &Workspace {
         &self.workspace
     }
+
+    /// What `up` leaves for `status` on a workstation: the signer under `.cotal/auth/` (status
+    /// checks the broker with a credential minted from it) and the mesh's URL in
+    /// `.cotal/mesh.json`, recorded for the first space.
+    pub fn leave_for_status(&self) -> Result<(), HarnessError> {
+        let ws = self.workspace();
+        if !ws.auth_dir().join("broker.json").exists() {
+            self.authority
+                .save(&ws.auth_dir())
+                .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        }
+        cotal_delivery::files::MeshRecord {
+            space: self.space().as_str().to_string(),
+            server: self.url(),
+            root: self.root().to_path_buf(),
+            tls_required: self.tls_ca().is_some(),
+            tls_ca: self.tls_ca(),
+        }
+        .write(&cotal_delivery::files::mesh_state_path(self.root()))
+        .map_err(|e| HarnessError::Usage(e.to_string()))
+    }
     /// The first space.
     pub fn space(&self) -> &Space {
         &self.spaces[0]

@@ -549,24 +549,7 @@ impl Run<'_> {
                 Ok("a pid record names a live process that is not a delivery daemon".into())
             }
             Step::Status { contains, code } => {
-                // What `up` leaves for `status` on a workstation: the signer under
-                // `.cotal/auth/` and the mesh's URL in `.cotal/mesh.json`.
-                let ws = self.mesh.workspace();
-                if !ws.auth_dir().join("broker.json").exists() {
-                    self.mesh
-                        .authority
-                        .save(&ws.auth_dir())
-                        .map_err(|e| HarnessError::Usage(e.to_string()))?;
-                }
-                cotal_delivery::files::MeshRecord {
-                    space: self.mesh.space().as_str().to_string(),
-                    server: self.mesh.url(),
-                    root: self.mesh.root().to_path_buf(),
-                    tls_required: self.mesh.tls_ca().is_some(),
-                    tls_ca: self.mesh.tls_ca(),
-                }
-                .write(&cotal_delivery::files::mesh_state_path(self.mesh.root()))
-                .map_err(|e| HarnessError::Usage(e.to_string()))?;
+                self.mesh.leave_for_status()?;
                 let bin = match &self.options.daemon_bin {
                     Some(b) => b.clone(),
                     None => crate::daemon::daemon_bin()?,
@@ -762,6 +745,23 @@ pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
         (r"\bpid \d+", "pid [PID]"),
         (r"\b\d+ ms\b", "[N] ms"),
         (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
+    ];
+    for (pattern, replacement) in rules {
+        if let Ok(re) = regex::Regex::new(pattern) {
+            out = re.replace_all(&out, *replacement).into_owned();
+        }
+    }
+    out
+}
+
+/// [`normalise`], plus the volatile parts of a `status` report: lease ages, incarnations and
+/// credential expiry times.
+pub fn normalise_status(text: &str, root: &Path) -> String {
+    let mut out = normalise(text, root, root);
+    let rules: &[(&str, &str)] = &[
+        (r"age \d+ s", "age [N] s"),
+        (r"incarnation [0-9a-f]{32}", "incarnation [INCARNATION]"),
+        (r"expires \S+ \((in \d+ s|expired)\)", "expires [EXP]"),
     ];
     for (pattern, replacement) in rules {
         if let Ok(re) = regex::Regex::new(pattern) {

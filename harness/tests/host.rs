@@ -13,7 +13,7 @@ use cotal_delivery::provision::layout::Workspace;
 use cotal_delivery::provision::manifest::{manifest_path, Manifest};
 use cotal_delivery::provision::standby::{prepare_standby_hosts, StandbyPlan};
 use delivery_harness::mesh::Mesh;
-use delivery_harness::scenario::normalise;
+use delivery_harness::scenario::{normalise, normalise_status};
 use futures::StreamExt;
 use host_support::{
     drain, foreign_row, holder_of, lane_lines, lease_history, wait_row, BOUND, RETRY_MS,
@@ -377,7 +377,7 @@ fn host_status(root: &Path) -> (Option<i32>, String) {
         .output()
         .expect("status");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    (out.status.code(), normalise(text.trim(), root, root))
+    (out.status.code(), normalise_status(text.trim(), root))
 }
 
 /// The not-provisioned refusal and `status --spaces`. Gamma is provisioned on the broker but
@@ -409,6 +409,7 @@ async fn an_unprovisioned_lane_never_touches_the_lease_and_status_reads_the_host
     .expect("manifest");
     let ws = Workspace::new(mesh.root());
     std::fs::remove_dir_all(ws.space_dir(&gamma)).expect("unprovision gamma here");
+    mesh.leave_for_status().expect("signer and mesh record");
     let foreign = foreign_row();
     let gamma_rev = ins_g
         .put_lease(&foreign)

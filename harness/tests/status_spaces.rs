@@ -8,14 +8,12 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use cotal_delivery::files::{self, MeshRecord};
 use cotal_delivery::host::lane::ENV_STANDBY_RETRY_MS;
 use cotal_delivery::host::HOST_PID_FILE;
-use cotal_delivery::provision::layout::Workspace;
 use cotal_delivery::provision::manifest::{manifest_path, Manifest};
 use cotal_delivery::space::lease::LeaseInfo;
 use delivery_harness::mesh::Mesh;
-use delivery_harness::scenario::normalise;
+use delivery_harness::scenario::{normalise, normalise_status};
 use serde_json::Value;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -64,9 +62,12 @@ fn scrub(mut v: Value, root: &Path) -> String {
 /// so per space from the broker and exits 0; after SIGTERM exit 1 and alpha's row is gone while
 /// beta's is still the foreign one; a stale and a foreign host record exit 1 with their
 /// verdicts.
+/// The human report (host line, then a block per space) is snapshotted running and with a stale
+/// or foreign record.
 /// Mutations seen failing: `running()` made always true (the stopped host's exit is 0, not 1);
 /// the role's holder comparison inverted in `host/status.rs` (alpha reads `standby`, beta
-/// `holder`).
+/// `holder`); the per-space block keeping the single-space pid record and verdict lines
+/// (`status_spaces_stale_and_foreign` differs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
     let mesh = Mesh::builder()
@@ -83,19 +84,7 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
     let root = mesh.root();
     // `status` finds the broker in .cotal/mesh.json and checks with a credential minted from
     // the root's signer, as on a mesh `up` prepared.
-    let ws = Workspace::new(root);
-    if !ws.auth_dir().join("broker.json").exists() {
-        mesh.authority.save(&ws.auth_dir()).expect("signer");
-    }
-    MeshRecord {
-        space: alpha.as_str().to_string(),
-        server: mesh.url(),
-        root: root.to_path_buf(),
-        tls_required: false,
-        tls_ca: None,
-    }
-    .write(&files::mesh_state_path(root))
-    .expect("mesh record");
+    mesh.leave_for_status().expect("signer and mesh record");
     Manifest {
         spaces: vec![alpha.clone(), beta.clone()],
     }
@@ -146,13 +135,17 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
     assert_eq!(human.status.code(), Some(0));
     let human = String::from_utf8_lossy(&human.stdout).trim().to_string();
     assert_eq!(
-        human,
-        format!(
-            "delivery host of {}: running (pid {})",
-            root.display(),
-            host.pid()
+        human.lines().next(),
+        Some(
+            format!(
+                "delivery host of {}: running (pid {})",
+                root.display(),
+                host.pid()
+            )
+            .as_str()
         )
     );
+    let running_human = normalise_status(&human, root);
 
     host.terminate().expect("SIGTERM");
     assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
@@ -178,13 +171,13 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
         assert_eq!(v["hostRecord"]["pid"], pid, "{v}");
         let out = status(root, &[]);
         assert_eq!(out.status.code(), Some(1), "{verdict}");
-        lines.push(normalise(
+        lines.push(normalise_status(
             String::from_utf8_lossy(&out.stdout).trim(),
-            root,
             root,
         ));
     }
     insta::assert_snapshot!("status_spaces_stale_and_foreign", lines.join("\n"));
+    insta::assert_snapshot!("status_spaces_human_running", running_human);
     insta::assert_snapshot!(
         "status_spaces_json",
         format!(

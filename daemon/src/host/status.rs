@@ -42,6 +42,18 @@ impl Role {
             Role::Unknown => "unknown",
         }
     }
+
+    /// What the role means, for the human report.
+    fn meaning(self) -> &'static str {
+        match self {
+            Role::Holder => "the lease row is this host's",
+            Role::Standby => "another holder's lease row; this host stands by",
+            Role::Unheld => "no lease row; nobody serves the space",
+            Role::Unknown => {
+                "the broker could not be checked, or this host's delivery credential could not be read"
+            }
+        }
+    }
 }
 
 /// One space of the manifest as `status --spaces` sees it.
@@ -52,6 +64,26 @@ pub struct LaneStatus {
 }
 
 impl LaneStatus {
+    /// The human block: the role, then the single-space checks indented, without the pid
+    /// record line (lanes write none) and the single-space verdict (it needs that record).
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "space {}: {} ({})",
+            self.report.space,
+            self.role.as_str(),
+            self.role.meaning()
+        )];
+        out.extend(
+            self.report
+                .lines()
+                .into_iter()
+                .skip(1)
+                .filter(|l| !l.starts_with("pid record:") && !l.starts_with("status:"))
+                .map(|l| format!("  {l}")),
+        );
+        out
+    }
+
     /// The single-space JSON without what does not apply to a lane: no pid record (lanes write
     /// none), hence no `healthy` verdict, and the root is the host's.
     pub fn to_json(&self) -> Value {
@@ -147,7 +179,16 @@ impl HostStatus {
         })
     }
 
-    /// The human line (the host's record; `--json` carries the spaces too).
+    /// The human report: the host's record, then a block per space of the manifest.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = vec![self.line()];
+        for lane in &self.spaces {
+            out.extend(lane.lines());
+        }
+        out
+    }
+
+    /// The human line of the host's record.
     pub fn line(&self) -> String {
         let root = self.root.display();
         let path = super::host_pid_path(&self.root);

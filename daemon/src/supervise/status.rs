@@ -101,6 +101,10 @@ impl StatusReport {
                 if l.ready { "ready" } else { "not ready" },
                 l.age_ms / 1000
             ),
+            // No row read is not "no row" when the broker was never reached.
+            None if self.broker.is_err() => {
+                "lease:        not checked (the broker was not reached)".to_string()
+            }
             None => "lease:        no row".to_string(),
         };
         // Each verdict also says, in words scripts have matched since the first `status`,
