@@ -141,6 +141,9 @@ pub enum Command {
     /// grace), then nats-server. A daemon `down` stopped stays stopped.
     #[command(after_help = DOWN_HELP)]
     Down(DownArgs),
+    /// Print the hash of the sources this binary was built from (for test harnesses).
+    #[command(hide = true)]
+    BuildId,
 }
 
 const UP_HELP: &str = "Environment:
@@ -365,6 +368,10 @@ pub fn run(cli: Cli) -> i32 {
         Command::Status(args) => run_status(args),
         Command::Up(args) => run_up(args),
         Command::Down(args) => run_down(args),
+        Command::BuildId => {
+            println!("{}", crate::BUILD_ID);
+            0
+        }
         Command::Pending(args) => run_inspect(&args.at, Query::Pending(args.member.clone())),
         Command::Members(args) => run_inspect(&args.at, Query::Members(args.channel.clone())),
     }

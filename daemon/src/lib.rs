@@ -17,6 +17,10 @@
 //! - base files: [`wire`] (names and shapes), [`creds`], [`conn`], [`kv`], [`store`],
 //!   [`files`], [`journal`], [`repeats`], [`metrics`], [`env`].
 
+/// A hash of this crate's sources at build time (`build.rs`): the binary prints it with
+/// `cotal-delivery build-id`, so a test can tell a daemon binary built from other sources.
+pub const BUILD_ID: &str = env!("COTAL_DELIVERY_BUILD_ID");
+
 pub mod agent;
 pub mod cli;
 pub mod host;

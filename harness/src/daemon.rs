@@ -19,7 +19,8 @@ use tokio::sync::watch;
 use crate::error::HarnessError;
 
 /// Locates the daemon binary: `COTAL_DELIVERY_BIN`, else `<target dir>/<profile>/cotal-delivery`
-/// next to the running test executable, building it once with cargo when it is missing.
+/// next to the running test executable, built once with cargo when it is missing or was built
+/// from other sources than this harness (its build id differs).
 pub fn daemon_bin() -> Result<PathBuf, HarnessError> {
     if let Ok(p) = std::env::var("COTAL_DELIVERY_BIN") {
         let p = PathBuf::from(p);
@@ -31,6 +32,19 @@ pub fn daemon_bin() -> Result<PathBuf, HarnessError> {
             p.display()
         )));
     }
+    // Once per process: every test of a file shares the answer (and at most one build).
+    static FOUND: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| workspace_daemon_bin().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(HarnessError::Usage)
+}
+
+/// `target/<profile>/cotal-delivery`, built from the sources this harness was compiled against:
+/// built when missing, rebuilt when its build id (`cotal-delivery build-id`) is another's.
+/// Cargo rebuilds that binary only for its own package's targets, so a test of this package
+/// would otherwise run a daemon built from older sources, silently.
+fn workspace_daemon_bin() -> Result<PathBuf, HarnessError> {
     let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
         what: "current_exe".into(),
         source,
@@ -41,7 +55,7 @@ pub fn daemon_bin() -> Result<PathBuf, HarnessError> {
         dir.pop();
     }
     let candidate = dir.join("cotal-delivery");
-    if candidate.is_file() {
+    if candidate.is_file() && same_build(&candidate, cotal_delivery::BUILD_ID).is_ok() {
         return Ok(candidate);
     }
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -64,14 +78,34 @@ pub fn daemon_bin() -> Result<PathBuf, HarnessError> {
                 what: "cargo build -p cotal-delivery".into(),
                 source,
             })?;
-    if status.success() && candidate.is_file() {
-        Ok(candidate)
-    } else {
-        Err(HarnessError::Usage(format!(
+    if !status.success() || !candidate.is_file() {
+        return Err(HarnessError::Usage(format!(
             "the cotal-delivery binary is not at {} and could not be built; set COTAL_DELIVERY_BIN",
             candidate.display()
-        )))
+        )));
     }
+    same_build(&candidate, cotal_delivery::BUILD_ID)?;
+    Ok(candidate)
+}
+
+/// Refuses `bin` unless `cotal-delivery build-id` prints `expected`, naming both ids.
+pub fn same_build(bin: &Path, expected: &str) -> Result<(), HarnessError> {
+    let out = std::process::Command::new(bin)
+        .arg("build-id")
+        .output()
+        .map_err(|source| HarnessError::Io {
+            what: format!("run {} build-id", bin.display()),
+            source,
+        })?;
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && id == expected {
+        return Ok(());
+    }
+    Err(HarnessError::Usage(format!(
+        "{} was built from other sources (build id {:?}, this harness was compiled against {expected}): run `cargo build -p cotal-delivery --bins`",
+        bin.display(),
+        if id.is_empty() { "none" } else { id.as_str() }
+    )))
 }
 
 /// How to start a daemon.
@@ -326,4 +360,31 @@ pub fn is_component_line(line: &str) -> bool {
     body.starts_with("timer writer")
         || body.starts_with("membership feed")
         || body.starts_with("membership:")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A daemon binary built from other sources is refused, naming the rebuild; the workspace's
+    /// own binary (located, and rebuilt if stale, by `daemon_bin`) passes.
+    /// Mutation seen failing: `same_build` accepting any id (the impostor passes).
+    #[test]
+    fn a_binary_built_from_other_sources_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let impostor = dir.path().join("cotal-delivery");
+        std::fs::write(&impostor, "#!/bin/sh\necho 0123456789abcdef\n").expect("script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&impostor, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let e = same_build(&impostor, cotal_delivery::BUILD_ID).expect_err("refused");
+        let text = e.to_string();
+        assert!(text.contains("build id \"0123456789abcdef\""), "{text}");
+        assert!(text.contains(cotal_delivery::BUILD_ID), "{text}");
+        assert!(
+            text.contains("cargo build -p cotal-delivery --bins"),
+            "{text}"
+        );
+        let real = daemon_bin().expect("the workspace's daemon binary");
+        same_build(&real, cotal_delivery::BUILD_ID).expect("built from these sources");
+    }
 }
