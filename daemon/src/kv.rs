@@ -65,6 +65,10 @@ impl RowError {
     pub fn from_detail(detail: impl Into<String>) -> Self {
         RowError::new(RowErrorKind::Refused, detail)
     }
+    /// An answer that did not come within a caller's own bound.
+    pub fn timed_out(detail: impl Into<String>) -> Self {
+        RowError::new(RowErrorKind::TimedOut, detail)
+    }
     pub fn kind(&self) -> RowErrorKind {
         self.kind
     }

@@ -486,6 +486,7 @@ impl SpaceDaemon {
             resident,
             health: health.clone(),
             redial_wait: cfg.redial_wait,
+            ttl,
         };
         // From the claim on, every refusal releases it (the keeper's way out).
         if let Some(verdict) = health.verdict_now() {

@@ -42,6 +42,8 @@ pub(crate) struct Keeper {
     pub(crate) health: HealthHandle,
     /// How long a release waits for a dropped connection to come back, from the drop.
     pub(crate) redial_wait: Duration,
+    /// The lease bucket's TTL: a renew not answered within it of our last write is given up.
+    pub(crate) ttl: Duration,
 }
 
 impl Keeper {
@@ -59,7 +61,8 @@ impl Keeper {
 
     pub(crate) async fn quiesce(&mut self) {
         self.plane.quiesce().await;
-        let _ = self.lease.mark_not_ready().await;
+        // Said once the plane is unbound, before the not-ready write: that write waits for the
+        // broker, which may be what is not answering.
         if !self.quiesced {
             self.quiesced = true;
             self.journal.line(format!(
@@ -67,6 +70,7 @@ impl Keeper {
                 self.space
             ));
         }
+        let _ = self.lease.mark_not_ready().await;
     }
 
     pub(crate) async fn resume(&mut self, why: &str) {
@@ -90,9 +94,11 @@ impl Keeper {
         }
     }
 
-    /// Renew at TTL/2; on failure quiesce first, then arbitrate on a re-read.
+    /// Renew at TTL/2; on failure quiesce first, then arbitrate on a re-read. A renew still
+    /// unanswered when the row may have expired counts as failed there and then: a standby may
+    /// take the row from that moment on, and this daemon must not be serving beside it.
     pub(crate) async fn on_renew_tick(&mut self) -> Option<Closed> {
-        match self.lease.renew().await {
+        match self.lease.renew_within(self.ttl).await {
             Ok(_) => {
                 self.plane.metrics().lease_renewed();
                 if self.quiesced {

@@ -88,6 +88,11 @@ pub struct Lease {
     ready: bool,
     /// The revision of our last successful write, `None` when we hold nothing (or gave it up).
     revision: Option<u64>,
+    /// When our last write known to have landed was sent: the broker stamped it later, so the
+    /// row cannot expire before this plus the TTL.
+    written_at: Option<Instant>,
+    /// When the first write since then that may or may not have landed was sent.
+    unconfirmed_since: Option<Instant>,
     violations: Violations,
 }
 
@@ -99,6 +104,8 @@ impl Lease {
             since: crate::journal::epoch_ms(),
             ready: false,
             revision: None,
+            written_at: None,
+            unconfirmed_since: None,
             violations,
         }
     }
@@ -166,6 +173,8 @@ impl Lease {
         match result {
             Ok(rev) => {
                 self.revision = Some(rev);
+                self.written_at = Some(started);
+                self.unconfirmed_since = None;
                 Ok(rev)
             }
             Err(e) => {
@@ -196,6 +205,8 @@ impl Lease {
         };
         let was = self.ready;
         self.ready = ready;
+        let started = Instant::now();
+        self.unconfirmed_since.get_or_insert(started);
         match self
             .rows
             .put_expecting(LEASE_KEY, self.body(), expected)
@@ -203,6 +214,8 @@ impl Lease {
         {
             Ok(rev) => {
                 self.revision = Some(rev);
+                self.written_at = Some(started);
+                self.unconfirmed_since = None;
                 Ok(rev)
             }
             Err(e) => {
@@ -222,6 +235,33 @@ impl Lease {
     pub async fn renew(&mut self) -> Result<u64, RowError> {
         let ready = self.ready;
         self.rewrite(ready).await
+    }
+
+    /// How long the row stays ours for certain under a bucket TTL of `ttl`: the TTL counted
+    /// from the sending of our last write known to have landed (zero when we hold nothing).
+    pub fn valid_for(&self, ttl: Duration) -> Duration {
+        self.written_at
+            .map(|at| ttl.saturating_sub(at.elapsed()))
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// [`Lease::renew`], given up once the row may have expired: past that moment a standby
+    /// may hold the lease, so the caller must stop serving rather than wait for the write's
+    /// own bound (longer than half a short TTL). The write may still land; a re-read decides.
+    pub async fn renew_within(&mut self, ttl: Duration) -> Result<u64, RowError> {
+        let left = self.valid_for(ttl);
+        if left.is_zero() {
+            // Nothing left to guard (the daemon already stopped serving, or cannot tell when
+            // the row was written): a renew that gives up at once would never renew again.
+            return self.renew().await;
+        }
+        match tokio::time::timeout(left, self.renew()).await {
+            Ok(result) => result,
+            Err(_) => Err(RowError::timed_out(format!(
+                "no answer before its row's TTL ({} ms) ran out since its last write",
+                ttl.as_millis()
+            ))),
+        }
     }
 
     /// Re-reads the key from the leader.
@@ -245,12 +285,22 @@ impl Lease {
 
     /// Adopts the broker's revision after a re-read proved the row is still ours.
     pub fn adopt_revision(&mut self, revision: u64) {
+        // A revision we did not see answered was written by one of our unconfirmed writes: the
+        // row is at least as fresh as the first of them.
+        if self.revision != Some(revision) {
+            if let Some(at) = self.unconfirmed_since {
+                self.written_at = Some(at);
+            }
+        }
+        self.unconfirmed_since = None;
         self.revision = Some(revision);
     }
 
     /// Forgets our revision (the lease was lost): nothing will be released on the way out.
     pub fn forget(&mut self) {
         self.revision = None;
+        self.written_at = None;
+        self.unconfirmed_since = None;
     }
 
     /// Re-creates the row after it was found gone.

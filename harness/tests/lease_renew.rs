@@ -1,0 +1,84 @@
+//! A holder whose renew goes unanswered stops serving once its row may have expired, not when
+//! the renew's own 5 s bound runs out.
+//!
+//! With a lease TTL shorter than twice that bound, a renew sent at TTL/2 and never answered used
+//! to keep the daemon serving past its row's expiry, while a standby could already take the row:
+//! two holders serving one space. The smoke suite's cluster run once saw exactly that shape (a
+//! standby answering `ctl.delivery` 21 ms after the row's named holder was killed, TTL 3 s).
+
+mod data_path_support;
+
+use std::time::Duration;
+
+use cotal_delivery::wire::LEASE_KEY;
+use delivery_harness::daemon::DaemonSpec;
+use delivery_harness::mesh::Mesh;
+
+use data_path_support::{wait_lease_watch_bound, UP_BOUND};
+
+/// The lease TTL of this test: under twice the daemon's 5 s write bound.
+const TTL: Duration = Duration::from_secs(4);
+/// The daemon's bound on a lease write (`PlaneConfig::request_bound`).
+const WRITE_BOUND: Duration = Duration::from_secs(5);
+
+/// The daemon dials through a proxy; the test holds its outgoing bytes from its next lease write
+/// on (a renew, sent TTL/2 after the last write), so the renew is never answered. The daemon must
+/// say it stopped serving within TTL/2 of that renew (its row's TTL counted from the last write
+/// it saw answered), well before the renew's own bound: asserted under `TTL`, while the old
+/// behaviour says it after `WRITE_BOUND`.
+///
+/// Mutation seen failing: `on_renew_tick` calling `renew()` instead of `renew_within(ttl)` (the
+/// line comes 5 s after the held renew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_renew_stops_serving_when_the_row_may_have_expired() {
+    let mesh = Mesh::builder()
+        .space("demo")
+        .expect("space")
+        .lease_ttl(TTL)
+        .start()
+        .await
+        .expect("mesh");
+    let insp = mesh.inspector(mesh.space()).await.expect("inspector");
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .expect("proxy");
+    let mut daemon = DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+        .server(&proxy.url())
+        .spawn()
+        .expect("spawn daemon");
+    daemon
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("daemon up");
+    wait_lease_watch_bound(&insp).await;
+
+    let lease_subject = format!("$KV.{}.{LEASE_KEY}", insp.names.delivery_bucket());
+    proxy.hold_from(lease_subject.as_bytes());
+    proxy
+        .wait_held(&lease_subject, TTL)
+        .await
+        .expect("the next renew left the daemon and is held");
+    let held = tokio::time::Instant::now();
+    daemon
+        .wait_for_line("stopped serving shard 0", WRITE_BOUND + TTL)
+        .await
+        .expect("the daemon stops serving");
+    let took = held.elapsed();
+    eprintln!(
+        "MEASURED stopped serving {} ms after the unanswered renew (TTL {} ms, write bound {} ms)",
+        took.as_millis(),
+        TTL.as_millis(),
+        WRITE_BOUND.as_millis()
+    );
+    assert!(
+        took < TTL,
+        "stopped serving {} ms after the held renew: past the row's TTL, a standby could serve beside it",
+        took.as_millis()
+    );
+    proxy.release();
+    daemon.terminate().expect("SIGTERM");
+    daemon
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("exit");
+}
