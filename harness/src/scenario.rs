@@ -746,6 +746,11 @@ pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
         (r"\b\d+ ms\b", "[N] ms"),
         (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
     ];
+    replace_all(out, rules)
+}
+
+/// Applies each `(pattern, replacement)` of `rules` in order.
+fn replace_all(mut out: String, rules: &[(&str, &str)]) -> String {
     for (pattern, replacement) in rules {
         if let Ok(re) = regex::Regex::new(pattern) {
             out = re.replace_all(&out, *replacement).into_owned();
@@ -757,18 +762,12 @@ pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
 /// [`normalise`], plus the volatile parts of a `status` report: lease ages, incarnations and
 /// credential expiry times.
 pub fn normalise_status(text: &str, root: &Path) -> String {
-    let mut out = normalise(text, root, root);
     let rules: &[(&str, &str)] = &[
         (r"age \d+ s", "age [N] s"),
         (r"incarnation [0-9a-f]{32}", "incarnation [INCARNATION]"),
         (r"expires \S+ \((in \d+ s|expired)\)", "expires [EXP]"),
     ];
-    for (pattern, replacement) in rules {
-        if let Ok(re) = regex::Regex::new(pattern) {
-            out = re.replace_all(&out, *replacement).into_owned();
-        }
-    }
-    out
+    replace_all(normalise(text, root, root), rules)
 }
 
 #[cfg(test)]

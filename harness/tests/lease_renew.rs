@@ -11,10 +11,9 @@ mod data_path_support;
 use std::time::Duration;
 
 use cotal_delivery::wire::LEASE_KEY;
-use delivery_harness::daemon::DaemonSpec;
 use delivery_harness::mesh::Mesh;
 
-use data_path_support::{wait_lease_watch_bound, UP_BOUND};
+use data_path_support::start_daemon_via_proxy;
 
 /// The lease TTL of this test: under twice the daemon's 5 s write bound.
 const TTL: Duration = Duration::from_secs(4);
@@ -39,18 +38,8 @@ async fn an_unanswered_renew_stops_serving_when_the_row_may_have_expired() {
         .await
         .expect("mesh");
     let insp = mesh.inspector(mesh.space()).await.expect("inspector");
-    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
-        .await
-        .expect("proxy");
-    let mut daemon = DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
-        .server(&proxy.url())
-        .spawn()
-        .expect("spawn daemon");
-    daemon
-        .wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("daemon up");
-    wait_lease_watch_bound(&insp).await;
+    // Up, and its lease watch bound, before the hold (see `start_daemon_via_proxy`).
+    let (proxy, mut daemon) = start_daemon_via_proxy(&mesh).await;
 
     let lease_subject = format!("$KV.{}.{LEASE_KEY}", insp.names.delivery_bucket());
     proxy.hold_from(lease_subject.as_bytes());
