@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use cotal_delivery::wire::LEASE_KEY;
 use delivery_harness::mesh::Mesh;
+use delivery_harness::scenario::normalise;
 
 use data_path_support::start_daemon_via_proxy;
 
@@ -25,6 +26,10 @@ const WRITE_BOUND: Duration = Duration::from_secs(5);
 /// say it stopped serving within TTL/2 of that renew (its row's TTL counted from the last write
 /// it saw answered), well before the renew's own bound: asserted under `TTL`, while the old
 /// behaviour says it after `WRITE_BOUND`.
+///
+/// Then the row expires on the broker, the hold is released, and the daemon re-creates its row
+/// (same holder and incarnation, a later revision) and serves again; its lines from the quiesce
+/// on are snapshotted.
 ///
 /// Mutation seen failing: `on_renew_tick` calling `renew()` instead of `renew_within(ttl)` (the
 /// line comes 5 s after the held renew).
@@ -64,7 +69,50 @@ async fn an_unanswered_renew_stops_serving_when_the_row_may_have_expired() {
         "stopped serving {} ms after the held renew: past the row's TTL, a standby could serve beside it",
         took.as_millis()
     );
+    let before = insp
+        .lease()
+        .await
+        .expect("read")
+        .expect("the row, not yet expired");
+
+    // The row expires on the broker (nothing renews it); then the held bytes go out. The late
+    // renew and not-ready write fail on the gone row, the re-read finds it gone, and the daemon
+    // re-creates it and serves again, once.
+    let expired = tokio::time::Instant::now() + TTL + Duration::from_secs(2);
+    while insp.lease().await.expect("read").is_some() {
+        assert!(
+            tokio::time::Instant::now() < expired,
+            "the row never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     proxy.release();
+    daemon
+        .wait_for_line("serving shard 0 again", WRITE_BOUND + TTL)
+        .await
+        .expect("serves again");
+    let after = insp
+        .lease()
+        .await
+        .expect("read")
+        .expect("the re-created row");
+    assert_eq!(after.info.holder, before.info.holder);
+    assert_eq!(after.info.incarnation, before.info.incarnation);
+    assert!(after.revision > before.revision);
+    let lines = daemon.lines();
+    let from = lines
+        .iter()
+        .position(|l| l.contains("stopped serving shard 0"))
+        .expect("the quiesce line");
+    let transcript: Vec<&str> = lines[from..]
+        .iter()
+        .filter(|l| l.contains("delivery:"))
+        .map(String::as_str)
+        .collect();
+    insta::assert_snapshot!(
+        "lease_renew_unanswered",
+        normalise(&transcript.join("\n"), mesh.root(), mesh.root())
+    );
     daemon.terminate().expect("SIGTERM");
     daemon
         .wait_exit(Duration::from_secs(20))
