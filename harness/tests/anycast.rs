@@ -520,7 +520,7 @@ async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
 /// request stayed queued).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
-    use cotal_delivery::plane::anycast::{AnycastRow, RowState};
+    use cotal_delivery::plane::anycast::AnycastRow;
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, bob, _carol) = three(&mesh, &insp).await;
@@ -528,24 +528,13 @@ async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
     let seq = send(&alice).await;
     let q = bob.role_queue(ROLE).await.unwrap();
     let buffered = next_copy(&q).await;
-    let now = cotal_delivery::journal::epoch_ms();
-    let cut_short = AnycastRow {
-        v: 1,
+    let cut_short = AnycastRow::cancelled(
         seq,
-        stream_created: created.clone(),
-        role: ROLE.into(),
-        sender: "local.alice".into(),
-        state: RowState::Cancelled,
-        holder: None,
-        previous_holder: None,
-        delivered: 0,
-        moves: 0,
-        notice_sent: true,
-        taken_at: None,
-        cancelled_at: Some(now),
-        left_queue_at: None,
-        updated_at: now,
-    };
+        created.clone(),
+        ROLE.into(),
+        "local.alice".into(),
+        cotal_delivery::journal::epoch_ms(),
+    );
     Rows::open(&insp.js, &insp.names.anycast_bucket(), BOUND)
         .await
         .unwrap()

@@ -85,14 +85,7 @@ async fn a_malformed_manifest_refuses_the_whole_start_before_any_dial() {
 /// stands by); no `r.remove()` of the host record (the record-removed assertion).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
-    let mesh = Mesh::builder()
-        .space("alpha")
-        .expect("space")
-        .space("beta")
-        .expect("space")
-        .start()
-        .await
-        .expect("mesh");
+    let mesh = Mesh::alpha_beta().await.expect("mesh");
     let (alpha, beta) = (mesh.spaces()[0].clone(), mesh.spaces()[1].clone());
     let ins_a = mesh.inspector(&alpha).await.expect("inspector");
     let ins_b = mesh.inspector(&beta).await.expect("inspector");

@@ -30,14 +30,7 @@ const WINDOW_MS: u64 = 1_500;
 const BACKSTOP_MS: u64 = 4_000;
 
 async fn two_space_mesh() -> Mesh {
-    Mesh::builder()
-        .space("alpha")
-        .expect("space")
-        .space("beta")
-        .expect("space")
-        .start()
-        .await
-        .expect("mesh")
+    Mesh::alpha_beta().await.expect("mesh")
 }
 
 fn space(name: &str) -> Space {

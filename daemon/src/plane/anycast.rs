@@ -78,6 +78,36 @@ pub struct AnycastRow {
     pub updated_at: u64,
 }
 
+impl AnycastRow {
+    /// The row of a request its sender cancelled before any take, at `now` (unix ms): nothing
+    /// to notify (`notice_sent`), no holder.
+    pub fn cancelled(
+        seq: u64,
+        stream_created: String,
+        role: String,
+        sender: String,
+        now: u64,
+    ) -> AnycastRow {
+        AnycastRow {
+            v: 1,
+            seq,
+            stream_created,
+            role,
+            sender,
+            state: RowState::Cancelled,
+            holder: None,
+            previous_holder: None,
+            delivered: 0,
+            moves: 0,
+            notice_sent: true,
+            taken_at: None,
+            cancelled_at: Some(now),
+            left_queue_at: None,
+            updated_at: now,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RowState {
@@ -689,24 +719,13 @@ impl Anycast {
                         .await?
                         .ok_or_else(|| self.no_request(op, seq))?;
                     self.own(op, caller, seq, &req.sender.dot_form())?;
-                    let now = epoch_ms();
-                    let row = AnycastRow {
-                        v: 1,
+                    let row = AnycastRow::cancelled(
                         seq,
-                        stream_created: current.clone(),
-                        role: req.role,
-                        sender: req.sender.dot_form(),
-                        state: RowState::Cancelled,
-                        holder: None,
-                        previous_holder: None,
-                        delivered: 0,
-                        moves: 0,
-                        notice_sent: true,
-                        taken_at: None,
-                        cancelled_at: Some(now),
-                        left_queue_at: None,
-                        updated_at: now,
-                    };
+                        current.clone(),
+                        req.role,
+                        req.sender.dot_form(),
+                        epoch_ms(),
+                    );
                     match self.rows.create(&key, encode(&row)).await {
                         Ok(_) => {
                             let deleted = self.delete_request(seq).await?;
