@@ -102,7 +102,7 @@ pub fn same_build(bin: &Path, expected: &str) -> Result<(), HarnessError> {
         return Ok(());
     }
     Err(HarnessError::Usage(format!(
-        "{} was built from other sources (build id {:?}, this harness was compiled against {expected}): run `cargo build -p cotal-delivery --bins`",
+        "{} was built from other sources than this program (its build id {:?}, this program's {expected}): build both from one checkout (`cargo build --workspace --bins`)",
         bin.display(),
         if id.is_empty() { "none" } else { id.as_str() }
     )))
@@ -380,10 +380,7 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("build id \"0123456789abcdef\""), "{text}");
         assert!(text.contains(cotal_delivery::BUILD_ID), "{text}");
-        assert!(
-            text.contains("cargo build -p cotal-delivery --bins"),
-            "{text}"
-        );
+        assert!(text.contains("cargo build --workspace --bins"), "{text}");
         let real = daemon_bin().expect("the workspace's daemon binary");
         same_build(&real, cotal_delivery::BUILD_ID).expect("built from these sources");
     }
