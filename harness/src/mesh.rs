@@ -174,6 +174,7 @@ impl Mesh {
         .write(&cotal_delivery::files::mesh_state_path(self.root()))
         .map_err(|e| HarnessError::Usage(e.to_string()))
     }
+
     /// The first space.
     pub fn space(&self) -> &Space {
         &self.spaces[0]

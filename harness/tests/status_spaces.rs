@@ -66,8 +66,8 @@ fn scrub(mut v: Value, root: &Path) -> String {
 /// or foreign record.
 /// Mutations seen failing: `running()` made always true (the stopped host's exit is 0, not 1);
 /// the role's holder comparison inverted in `host/status.rs` (alpha reads `standby`, beta
-/// `holder`); the per-space block keeping the single-space pid record and verdict lines
-/// (`status_spaces_stale_and_foreign` differs).
+/// `holder`); the per-space block built from every single-space line instead of
+/// `check_lines()` (pid record and verdict appear: `status_spaces_stale_and_foreign` differs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
     let mesh = Mesh::builder()

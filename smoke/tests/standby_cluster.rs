@@ -76,8 +76,8 @@ fn cluster_round_takes_over_or_rides_the_failover_and_loses_nothing() {
             // a lane that rode the failover and then lost its lease to the standby (a message
             // admitted and then caught by a quiesce is left to its ack_wait, by design); it then
             // comes back one ack_wait (15 s here) after that first delivery, which itself may
-            // come as late as the node case's answer (seen: 15016 ms; and 21131 ms with the first
-            // delivery about 6 s after the kill and the standby serving at 11.8 s).
+            // come as late as the node case's answer (seen: 15016 ms; and 21131 ms with the
+            // standby serving at 11.8 s, consistent with a first delivery about 6 s after the kill).
             assert!(post <= NODE_RAIL_BOUND_MS + ACK_WAIT_MS, "{c}\n{rounds}");
         } else {
             assert!(rail <= n("bound_ms") + 3_000, "{c}\n{rounds}");

@@ -73,14 +73,7 @@ impl LaneStatus {
             self.role.as_str(),
             self.role.meaning()
         )];
-        out.extend(
-            self.report
-                .lines()
-                .into_iter()
-                .skip(1)
-                .filter(|l| !l.starts_with("pid record:") && !l.starts_with("status:"))
-                .map(|l| format!("  {l}")),
-        );
+        out.extend(self.report.check_lines().map(|l| format!("  {l}")));
         out
     }
 

@@ -91,8 +91,6 @@ pub struct Lease {
     /// When our last write known to have landed was sent: the broker stamped it later, so the
     /// row cannot expire before this plus the TTL.
     written_at: Option<Instant>,
-    /// When the first write since then that may or may not have landed was sent.
-    unconfirmed_since: Option<Instant>,
     violations: Violations,
 }
 
@@ -105,7 +103,6 @@ impl Lease {
             ready: false,
             revision: None,
             written_at: None,
-            unconfirmed_since: None,
             violations,
         }
     }
@@ -174,7 +171,6 @@ impl Lease {
             Ok(rev) => {
                 self.revision = Some(rev);
                 self.written_at = Some(started);
-                self.unconfirmed_since = None;
                 Ok(rev)
             }
             Err(e) => {
@@ -206,7 +202,6 @@ impl Lease {
         let was = self.ready;
         self.ready = ready;
         let started = Instant::now();
-        self.unconfirmed_since.get_or_insert(started);
         match self
             .rows
             .put_expecting(LEASE_KEY, self.body(), expected)
@@ -215,7 +210,6 @@ impl Lease {
             Ok(rev) => {
                 self.revision = Some(rev);
                 self.written_at = Some(started);
-                self.unconfirmed_since = None;
                 Ok(rev)
             }
             Err(e) => {
@@ -239,7 +233,7 @@ impl Lease {
 
     /// How long the row stays ours for certain under a bucket TTL of `ttl`: the TTL counted
     /// from the sending of our last write known to have landed (zero when we hold nothing).
-    pub fn valid_for(&self, ttl: Duration) -> Duration {
+    fn valid_for(&self, ttl: Duration) -> Duration {
         self.written_at
             .map(|at| ttl.saturating_sub(at.elapsed()))
             .unwrap_or(Duration::ZERO)
@@ -283,16 +277,10 @@ impl Lease {
         }
     }
 
-    /// Adopts the broker's revision after a re-read proved the row is still ours.
+    /// Adopts the broker's revision after a re-read proved the row is still ours. `written_at`
+    /// stays that of the last answered write: a timed-out write that landed made the row
+    /// fresher, never older, and the resume that follows the re-read writes it again.
     pub fn adopt_revision(&mut self, revision: u64) {
-        // A revision we did not see answered was written by one of our unconfirmed writes: the
-        // row is at least as fresh as the first of them.
-        if self.revision != Some(revision) {
-            if let Some(at) = self.unconfirmed_since {
-                self.written_at = Some(at);
-            }
-        }
-        self.unconfirmed_since = None;
         self.revision = Some(revision);
     }
 
@@ -300,7 +288,6 @@ impl Lease {
     pub fn forget(&mut self) {
         self.revision = None;
         self.written_at = None;
-        self.unconfirmed_since = None;
     }
 
     /// Re-creates the row after it was found gone.

@@ -85,6 +85,28 @@ impl StatusReport {
 
     /// The human lines.
     pub fn lines(&self) -> Vec<String> {
+        let [broker, lease, cred, ctl] = self.check_lines();
+        vec![
+            format!("space {} at {}", self.space, self.root.display()),
+            broker,
+            lease,
+            self.pid_line(),
+            cred,
+            ctl,
+            format!(
+                "status: {}",
+                if self.healthy() {
+                    "healthy"
+                } else {
+                    "not healthy"
+                }
+            ),
+        ]
+    }
+
+    /// The human lines of what was checked beside the pid record: broker, lease row, delivery
+    /// credential, `ctl.delivery` (also a multi-space host's block per space).
+    pub fn check_lines(&self) -> [String; 4] {
         let broker = match &self.broker {
             Ok(()) => format!("broker:       reachable at {}", self.server),
             Err(e) => format!("broker:       not reachable at {} ({e})", self.server),
@@ -106,22 +128,6 @@ impl StatusReport {
                 "lease:        not checked (the broker was not reached)".to_string()
             }
             None => "lease:        no row".to_string(),
-        };
-        // Each verdict also says, in words scripts have matched since the first `status`,
-        // whether a delivery daemon is running.
-        let pid = match &self.pid {
-            PidLiveness::Alive(p) => format!("pid record:   alive (pid {p}) - delivery daemon running"),
-            PidLiveness::Unverified(p) => format!(
-                "pid record:   alive-unverified (pid {p}) - running; its command line could not be read, trusted"
-            ),
-            PidLiveness::Stale(p) => {
-                format!("pid record:   stale (pid {p}) - stale record, pid {p} is not running")
-            }
-            PidLiveness::Foreign(p) => format!(
-                "pid record:   foreign (pid {p}) - stale record, pid {p} is now another program"
-            ),
-            PidLiveness::Absent => "pid record:   absent - not running".to_string(),
-            PidLiveness::Unreadable => "pid record:   unreadable - not running".to_string(),
         };
         let cred = match &self.credential_exp {
             Ok(Some(exp)) => {
@@ -146,22 +152,27 @@ impl StatusReport {
                 "no answer"
             }
         );
-        vec![
-            format!("space {} at {}", self.space, self.root.display()),
-            broker,
-            lease,
-            pid,
-            cred,
-            ctl,
-            format!(
-                "status: {}",
-                if self.healthy() {
-                    "healthy"
-                } else {
-                    "not healthy"
-                }
+        [broker, lease, cred, ctl]
+    }
+
+    /// The pid record's line.
+    fn pid_line(&self) -> String {
+        // Each verdict also says, in words scripts have matched since the first `status`,
+        // whether a delivery daemon is running.
+        match &self.pid {
+            PidLiveness::Alive(p) => format!("pid record:   alive (pid {p}) - delivery daemon running"),
+            PidLiveness::Unverified(p) => format!(
+                "pid record:   alive-unverified (pid {p}) - running; its command line could not be read, trusted"
             ),
-        ]
+            PidLiveness::Stale(p) => {
+                format!("pid record:   stale (pid {p}) - stale record, pid {p} is not running")
+            }
+            PidLiveness::Foreign(p) => format!(
+                "pid record:   foreign (pid {p}) - stale record, pid {p} is now another program"
+            ),
+            PidLiveness::Absent => "pid record:   absent - not running".to_string(),
+            PidLiveness::Unreadable => "pid record:   unreadable - not running".to_string(),
+        }
     }
 }
 
