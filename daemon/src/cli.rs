@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::files;
-use crate::space::health::Verdict;
-use crate::space::{self as deliver, Closed, DeliverConfig, Ended, StartErrorKind};
+use crate::host::{DeliverConfig, Ended};
+use crate::space::Verdict;
+use crate::space::{Closed, StartErrorKind};
 use crate::wire::Space;
 
 /// Exit codes a supervisor can act on: the table of `docs/operations.md`.
@@ -386,7 +387,7 @@ enum Query {
 /// `pending` / `members`: one report on stdout, or one line on stderr and the exit code of
 /// `INSPECT_HELP`. Read-only: nothing is written.
 fn run_inspect(at: &InspectArgs, query: Query) -> i32 {
-    use crate::inspect::{members, pending, InspectErrorKind};
+    use crate::inspect::{members, parse_channel, parse_member, pending, InspectErrorKind};
     let (space, root) = match space_and_root("inspect", &at.space, at.root.as_deref()) {
         Ok(v) => v,
         Err(code) => return code,
@@ -409,17 +410,13 @@ fn run_inspect(at: &InspectArgs, query: Query) -> i32 {
             Channel(String),
         }
         let checked = match &query {
-            Query::Pending(m) => Checked::Member(pending::parse_member(m)?),
-            Query::Members(c) => Checked::Channel(members::parse_channel(c)?),
+            Query::Pending(m) => Checked::Member(parse_member(m)?),
+            Query::Members(c) => Checked::Channel(parse_channel(c)?),
         };
         let insp = crate::inspect::Inspector::open(&cfg).await?;
         let report = match &checked {
-            Checked::Member(m) => pending::pending(&insp, m)
-                .await
-                .map(|p| (p.lines(), p.to_json())),
-            Checked::Channel(c) => members::members(&insp, c)
-                .await
-                .map(|m| (m.lines(), m.to_json())),
+            Checked::Member(m) => pending(&insp, m).await.map(|p| (p.lines(), p.to_json())),
+            Checked::Channel(c) => members(&insp, c).await.map(|m| (m.lines(), m.to_json())),
         };
         insp.close().await;
         report
@@ -492,14 +489,14 @@ fn run_deliver(args: DeliverArgs) -> i32 {
     cfg.store = args.store;
     cfg.ping_interval = crate::env::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
     cfg.plane = crate::plane::PlaneConfig::from_env();
-    cfg.health = crate::space::health::HealthConfig::from_env();
+    cfg.health = crate::space::HealthConfig::from_env();
     let registry = crate::metrics::MetricsRegistry::new();
     cfg.metrics = registry.for_space(&cfg.space.to_string());
     match runtime("delivery") {
         Ok(rt) => {
             let code = rt.block_on(async {
                 let _endpoint = metrics_endpoint(args.metrics_addr.as_deref(), registry).await?;
-                Ok::<_, i32>(Exit::of_ended(&deliver::process::run(cfg).await).code())
+                Ok::<_, i32>(Exit::of_ended(&crate::host::deliver_space(cfg).await).code())
             });
             // A task still blocked on the broker must not hold the exit.
             rt.shutdown_background();
@@ -516,11 +513,11 @@ fn run_host(args: DeliverArgs) -> i32 {
     let cfg = crate::host::HostConfig {
         root: args.root.unwrap_or_else(|| PathBuf::from(".")),
         cwd: current_dir(),
-        lanes: crate::host::lane::LaneInputs {
+        lanes: crate::host::LaneInputs {
             root: PathBuf::new(),
             server: args
                 .server
-                .unwrap_or_else(|| deliver::process::DEFAULT_SERVER.to_string()),
+                .unwrap_or_else(|| crate::files::DEFAULT_SERVER.to_string()),
             tls: args.tls,
             tls_ca: args.tls_ca,
             ping_interval: crate::env::env_ms(
@@ -528,8 +525,8 @@ fn run_host(args: DeliverArgs) -> i32 {
                 std::time::Duration::from_millis(crate::conn::DEFAULT_PING_INTERVAL_MS),
             ),
             plane: crate::plane::PlaneConfig::from_env(),
-            health: crate::space::health::HealthConfig::from_env(),
-            timing: crate::host::lane::LaneTiming::from_env(),
+            health: crate::space::HealthConfig::from_env(),
+            timing: crate::host::LaneTiming::from_env(),
             metrics: registry.clone(),
         },
     };
@@ -537,7 +534,7 @@ fn run_host(args: DeliverArgs) -> i32 {
         Ok(rt) => {
             let code = rt.block_on(async {
                 let _endpoint = metrics_endpoint(args.metrics_addr.as_deref(), registry).await?;
-                Ok::<_, i32>(Exit::of_host(&crate::host::run(cfg).await).code())
+                Ok::<_, i32>(Exit::of_host(&crate::host::deliver_spaces(cfg).await).code())
             });
             rt.shutdown_background();
             code.unwrap_or_else(|c| c)
@@ -596,7 +593,7 @@ fn registry_dial(
         args.tls_ca.as_deref(),
         &record.0,
         record.1.as_ref(),
-        deliver::process::DEFAULT_SERVER,
+        crate::files::DEFAULT_SERVER,
     )?;
     if let Some(banner) = &dial.banner {
         eprintln!("{banner}");
@@ -634,7 +631,7 @@ fn run_status(args: StatusArgs) -> i32 {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let report = rt.block_on(crate::supervise::status::status(&root, &space));
+    let report = rt.block_on(crate::supervise::status(&root, &space));
     if args.json {
         println!("{}", report.to_json());
     } else {
@@ -659,8 +656,8 @@ fn run_down(args: DownArgs) -> i32 {
         Err(code) => return code,
     };
     let journal = crate::journal::Journal::stderr_only();
-    let grace = crate::supervise::stop::stop_grace();
-    match rt.block_on(crate::supervise::down::down(&root, &space, grace, &journal)) {
+    let grace = crate::supervise::stop_grace();
+    match rt.block_on(crate::supervise::down(&root, &space, grace, &journal)) {
         Ok(()) => 0,
         Err(e) => {
             journal.line(e.to_string());
@@ -677,7 +674,7 @@ fn run_host_status(root: Option<PathBuf>, as_json: bool) -> i32 {
         Err(code) => return code,
     };
     let cwd = current_dir();
-    match rt.block_on(crate::host::status::host_status(root.as_deref(), &cwd)) {
+    match rt.block_on(crate::host::host_status(root.as_deref(), &cwd)) {
         Ok(report) => {
             if as_json {
                 println!("{}", report.to_json());
@@ -730,7 +727,7 @@ fn run_up(args: UpArgs) -> i32 {
         creds_lifetime: args
             .creds_lifetime_secs
             .map(|s| std::time::Duration::from_secs(s.max(1))),
-        stop_grace: crate::supervise::stop::stop_grace(),
+        stop_grace: crate::supervise::stop_grace(),
     };
     let runtime = match runtime("up") {
         Ok(rt) => rt,
@@ -739,7 +736,7 @@ fn run_up(args: UpArgs) -> i32 {
     let demo = args.demo;
     let result = runtime.block_on(crate::supervise::up(cfg, move |mesh| async move {
         if demo {
-            crate::supervise::demo::offline_member_receives(&mesh).await
+            crate::supervise::offline_member_receives(&mesh).await
         } else {
             Ok(())
         }
@@ -756,8 +753,8 @@ fn run_up(args: UpArgs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::space::lease::{ReleaseError, ReleaseErrorKind, Released};
     use crate::space::StartError;
+    use crate::space::{ReleaseError, ReleaseErrorKind, Released};
 
     /// The exit-code table of `docs/operations.md`, row by row: `(code, meaning)`.
     fn documented_codes() -> Vec<(i32, String)> {

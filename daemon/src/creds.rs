@@ -444,7 +444,7 @@ pub fn write_file_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Cre
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::jwt::{encode_user, UserClaimsSpec};
+    use crate::provision::{encode_user, UserClaimsSpec};
 
     fn sample() -> (KeyPair, Credential) {
         let account = KeyPair::new_account();

@@ -256,6 +256,9 @@ pub struct Dial {
     pub banner: Option<String>,
 }
 
+/// The local mesh default: the broker a command dials with no `--server` and no registry record.
+pub const DEFAULT_SERVER: &str = "nats://127.0.0.1:4222";
+
 /// Chooses the broker of a workstation daemon from the registry record of its space: the
 /// recorded broker (and its transport) when there is a record for this root; a refusal naming
 /// both when `--server` differs from it or the record belongs to another root; otherwise

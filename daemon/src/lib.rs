@@ -3,19 +3,26 @@
 //!
 //! # Layout
 //!
-//! Folders by ring, top to bottom; each uses only the rings listed below it.
+//! Folders by ring, top to bottom; each uses only the rings listed below it (a unit test holds
+//! every file to the order of `docs/architecture.md`). Inside a ring folder the files are
+//! private; its `mod.rs` lists the surface other rings and crates may use.
 //!
 //! - [`cli`]: the command line, the only place a way out becomes an exit code.
-//! - [`host`]: processes serving several spaces (lanes, standby).
-//! - [`supervise`] (`up`, the main-job demo) and [`agent`] (the agent client).
-//! - [`inspect`]: `pending` and `members`, read-only over the broker (above `plane`).
-//! - [`space`]: one space's daemon: start-up, lease and keeper, lease watch, health, renewal,
-//!   admission, arming the plane and the rails under the lease.
+//! - [`host`]: the processes a space daemon runs in: `deliver --space`, the embeddable
+//!   `start_delivery_service`, `deliver --spaces` (lanes, standby), and their signals.
+//! - [`supervise`]: `up`, `down`, `status` and the main-job demo.
+//! - [`agent`]: the agent client.
+//! - [`inspect`]: `pending` and `members`, read-only over the broker.
+//! - [`space`]: one space's daemon as a value: start-up, lease and keeper, lease watch, health,
+//!   renewal, admission, the membership feed, the timer writer, arming the plane and the rails
+//!   under the lease.
 //! - [`rails`]: `ctl.delivery` and `ctl.delivery-admin` (serving, verbs).
 //! - [`plane`]: the data plane: fan-out writer, trusted reader, membership registry, row reads.
-//! - [`provision`]: credentials, `server.conf`, streams and buckets (one code path for all).
-//! - base files: [`wire`] (names and shapes), [`creds`], [`conn`], [`kv`], [`store`],
-//!   [`files`], [`journal`], [`repeats`], [`metrics`], [`env`].
+//! - [`provision`]: credentials, `server.conf`, streams and buckets (one code path for all), and
+//!   the renewal owner's re-sign.
+//! - base files: [`client`], [`creds`], [`conn`], [`kv`], [`sys`], [`store`], [`files`], [`journal`],
+//!   [`repeats`], [`metrics`], [`env`].
+//! - [`wire`]: names, token grammar, rows, entries and frames, the control rails' envelope.
 
 /// A hash of this crate's sources at build time (`build.rs`): the binary prints it with
 /// `cotal-delivery build-id`, so a test can tell a daemon binary built from other sources.
@@ -31,6 +38,7 @@ pub mod rails;
 pub mod space;
 pub mod supervise;
 
+pub mod client;
 pub mod conn;
 pub mod creds;
 pub mod env;
@@ -40,6 +48,11 @@ pub mod kv;
 pub mod metrics;
 pub mod repeats;
 pub mod store;
+pub mod sys;
+
 pub mod wire;
 
-pub use space::{start_delivery_service, DeliveryService, HostedContextInputs};
+pub use host::{start_delivery_service, DeliveryService, HostedContextInputs};
+
+#[cfg(test)]
+mod rings;

@@ -25,13 +25,21 @@ pub const STORE_ID_FILE: &str = "store.id";
 /// The coordinate an injected store declares when it declares no identity of its own.
 pub const ENV_SECRET_STORE: &str = "COTAL_SECRET_STORE";
 
+/// File names of a space's credentials, in its `.cotal/space.<key>/` directory and as the last
+/// part of their store keys.
+pub const DELIVERY_CREDS_FILE: &str = "delivery.creds";
+pub const MEMBERSHIP_RW_CREDS_FILE: &str = "membership-rw.creds";
+pub const MEMBERSHIP_OBSERVER_CREDS_FILE: &str = "membership-observer.creds";
+pub const CONNECTION_EVICTOR_CREDS_FILE: &str = "connection-evictor.creds";
+pub const INSPECT_CREDS_FILE: &str = "inspect.creds";
+
 /// `space.<key>/delivery.creds`
 pub fn delivery_creds_key(space: &Space) -> String {
-    format!("{}/delivery.creds", space.segment())
+    format!("{}/{DELIVERY_CREDS_FILE}", space.segment())
 }
 /// `space.<key>/membership-rw.creds`
 pub fn membership_rw_creds_key(space: &Space) -> String {
-    format!("{}/membership-rw.creds", space.segment())
+    format!("{}/{MEMBERSHIP_RW_CREDS_FILE}", space.segment())
 }
 /// The signer's operator and system account: `auth/broker.json`.
 pub const BROKER_SIGNER_KEY: &str = "auth/broker.json";

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use cotal_delivery::agent::{Agent, AgentSpec, Delivery, Frame};
-use cotal_delivery::provision::agent::{provision_agent, AgentMaterial};
+use cotal_delivery::provision::{provision_agent, AgentMaterial};
 use cotal_delivery::provision::{MintOptions, ReadChannels, Roles};
 use cotal_delivery::wire::{Principal, Space};
 

@@ -328,9 +328,6 @@ impl Broker {
     pub async fn varz(&self) -> Result<serde_json::Value, HarnessError> {
         self.monitor("/varz").await
     }
-    pub async fn connz(&self) -> Result<serde_json::Value, HarnessError> {
-        self.monitor("/connz").await
-    }
     pub async fn jsz(&self) -> Result<serde_json::Value, HarnessError> {
         self.monitor("/jsz").await
     }

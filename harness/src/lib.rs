@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod broker;
 pub mod cluster;
+pub mod connz;
 pub mod daemon;
 pub mod error;
 pub mod events;
@@ -20,6 +21,7 @@ pub mod wait;
 
 pub use broker::{Broker, BrokerBuilder};
 pub use cluster::Cluster;
+pub use connz::{BrokerConn, ConnState};
 pub use error::{ErrorKind, HarnessError};
 pub use events::ClientEvents;
 pub use proxy::TcpProxy;

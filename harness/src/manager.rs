@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use cotal_delivery::creds::Credential;
 use cotal_delivery::provision::{MintOptions, Profile};
-use cotal_delivery::rails::ControlReply;
+use cotal_delivery::wire::ControlReply;
 use cotal_delivery::wire::{CtlService, Principal, Space, SpaceNames};
 use futures::StreamExt;
 use serde_json::{json, Value};

@@ -10,10 +10,9 @@ use std::time::Duration;
 use async_nats::jetstream;
 use cotal_delivery::creds::Credential;
 use cotal_delivery::provision::{
-    self, layout::SpaceMaterial, layout::Workspace, MeshAuthority, MintOptions, Profile,
-    ProvisionOptions,
+    self, MeshAuthority, MintOptions, Profile, ProvisionOptions, SpaceMaterial, Workspace,
 };
-use cotal_delivery::space::lease::LeaseInfo;
+use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::{Space, SpaceNames, LEASE_KEY};
 
 use crate::broker::{Broker, BrokerBuilder};
@@ -134,6 +133,17 @@ impl Mesh {
     /// A mesh of the two spaces `alpha` and `beta` (the shape of the multi-space tests).
     pub async fn alpha_beta() -> Result<Mesh, HarnessError> {
         Mesh::builder().space("alpha")?.space("beta")?.start().await
+    }
+
+    /// A mesh of the one space `demo` with the default lease TTL (the shape most tests start
+    /// from).
+    pub async fn demo() -> Result<Mesh, HarnessError> {
+        Mesh::demo_builder()?.start().await
+    }
+
+    /// The builder of [`Mesh::demo`], for a test that changes one thing (the lease TTL, …).
+    pub fn demo_builder() -> Result<MeshBuilder, HarnessError> {
+        Mesh::builder().space("demo")
     }
 
     pub fn builder() -> MeshBuilder {
@@ -257,7 +267,7 @@ impl Mesh {
         credential: &Credential,
         name: &str,
     ) -> Result<async_nats::Client, HarnessError> {
-        provision::connect_with_credential(
+        cotal_delivery::client::connect_with_credential(
             &self.url(),
             self.tls_ca().as_deref(),
             credential,
@@ -279,7 +289,7 @@ impl Mesh {
         let nkey = credential
             .public_key()
             .map_err(|e| HarnessError::Usage(e.to_string()))?;
-        let options = provision::credential_options(
+        let options = cotal_delivery::client::credential_options(
             credential,
             self.tls_ca().as_deref(),
             name,
@@ -288,7 +298,7 @@ impl Mesh {
         )
         .map_err(|e| HarnessError::Usage(e.to_string()))?;
         let (options, events) = crate::events::ClientEvents::capture(options);
-        let client = provision::connect_options(options, &self.url(), name, bound)
+        let client = cotal_delivery::client::connect_options(options, &self.url(), name, bound)
             .await
             .map_err(|e| HarnessError::Usage(e.to_string()))?;
         Ok((client, events))

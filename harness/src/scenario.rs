@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use cotal_delivery::creds::write_creds_file_atomic;
 use cotal_delivery::files;
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile, SystemProfile};
-use cotal_delivery::space::lease::LeaseInfo;
+use cotal_delivery::wire::LeaseInfo;
 use serde::Deserialize;
 
 use crate::daemon::{Daemon, DaemonSpec};

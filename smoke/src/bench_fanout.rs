@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::HeaderMap;
-use cotal_delivery::plane::entry::{dedup_id, Plane3DeliveryFrame, Plane3Entry, Reason};
-use cotal_delivery::provision::agent::AgentMaterial;
+use cotal_delivery::provision::AgentMaterial;
 use cotal_delivery::wire::DELIVERY_FRAME_HEADER;
+use cotal_delivery::wire::{dedup_id, Plane3DeliveryFrame, Plane3Entry, Reason};
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
@@ -582,7 +582,7 @@ impl Baseline {
                 // Bounded by copies, like the daemon's writer (`MAX_COPIES_IN_FLIGHT`): 512
                 // posts of 100 members each would put 51,200 publishes on one client, whose
                 // acks then time out and the baseline stalls instead of measuring anything.
-                let posts_in_flight = (cotal_delivery::plane::fanout::MAX_COPIES_IN_FLIGHT
+                let posts_in_flight = (cotal_delivery::plane::MAX_COPIES_IN_FLIGHT
                     / members.len().max(1))
                 .clamp(1, BASELINE_IN_FLIGHT);
                 messages
@@ -641,7 +641,7 @@ impl Baseline {
                         };
                         let prefix = names.space().prefix();
                         let Some((member, uid)) =
-                            cotal_delivery::plane::entry::parse_dinbox_subject(&m.subject, &prefix)
+                            cotal_delivery::wire::parse_dinbox_subject(&m.subject, &prefix)
                         else {
                             return;
                         };

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use cotal_delivery::agent::Agent;
 use cotal_delivery::creds::read_creds_file;
-use cotal_delivery::host::lane::ENV_STANDBY_RETRY_MS;
+use cotal_delivery::host::ENV_STANDBY_RETRY_MS;
 use cotal_delivery::plane::ACK_WAIT_ENV;
-use cotal_delivery::provision::layout::Workspace;
-use cotal_delivery::provision::manifest::manifest_path;
-use cotal_delivery::provision::standby::{prepare_standby_hosts, renew_host_delivery, StandbyPlan};
-use cotal_delivery::provision::streams::DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT;
+use cotal_delivery::provision::manifest_path;
+use cotal_delivery::provision::Workspace;
+use cotal_delivery::provision::DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT;
+use cotal_delivery::provision::{prepare_standby_hosts, renew_host_delivery, StandbyPlan};
 use cotal_delivery::wire::{Principal, Space};
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
@@ -45,7 +45,7 @@ pub struct Args {
     /// `ack_wait` of the hosts' fan-out and reader durables, in milliseconds, passed to both
     /// hosts as `COTAL_DELIVERY_ACK_WAIT_MS` (unset: the daemon's 5 s). A longer one makes a
     /// post held behind a daemon's closed gate (redelivered only after `ack_wait`) stand out
-    /// from the takeover bound; `smoke/tests/standby.rs` uses it so.
+    /// from the takeover bound; `smoke/tests/it/standby.rs` uses it so.
     #[arg(long)]
     pub ack_wait_ms: Option<u64>,
     /// Interval of the durable sender, in milliseconds. The sender stops at the offline

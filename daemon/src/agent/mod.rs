@@ -14,8 +14,11 @@
 //! A control request whose connection closes before the answer is rejected at once and never
 //! re-sent: the client opens no reconnect for it.
 
-pub mod anycast;
-pub mod liveness;
+mod anycast;
+mod liveness;
+
+pub use anycast::{TakeVerdict, NO_DAEMON, PREDATES_FIX};
+pub use liveness::{Probe, ProbeWhy};
 
 use std::fmt;
 use std::path::PathBuf;
@@ -31,8 +34,8 @@ use tokio::sync::watch;
 use crate::creds::Credential;
 use crate::journal::epoch_ms;
 use crate::kv::{Read, Rows};
-use crate::rails::ControlReply;
-use crate::space::lease::LeaseInfo;
+use crate::wire::ControlReply;
+use crate::wire::LeaseInfo;
 use crate::wire::{
     inbox_prefix, CtlService, LifecycleUid, Principal, Space, SpaceNames, DELIVERY_FRAME_HEADER,
     LEASE_KEY,
@@ -160,7 +163,7 @@ impl Agent {
             .public_key()
             .map_err(|e| AgentError::new(AgentErrorKind::Connect, e.to_string()))?;
         let client_name = format!("agent {}", spec.principal);
-        let options = crate::provision::standing_credential_options(
+        let options = crate::client::standing_credential_options(
             &spec.credential,
             spec.tls_ca.as_deref(),
             &client_name,
@@ -188,14 +191,10 @@ impl Agent {
                 }
             }
         });
-        let client = crate::provision::connect_options(
-            options,
-            &spec.server_url,
-            &client_name,
-            BROKER_BOUND,
-        )
-        .await
-        .map_err(|e| AgentError::new(AgentErrorKind::Connect, e.to_string()))?;
+        let client =
+            crate::client::connect_options(options, &spec.server_url, &client_name, BROKER_BOUND)
+                .await
+                .map_err(|e| AgentError::new(AgentErrorKind::Connect, e.to_string()))?;
         let js = jetstream::context::ContextBuilder::new()
             .timeout(BROKER_BOUND)
             .build(client.clone());
@@ -245,7 +244,7 @@ impl Agent {
     pub async fn post(&self, channel: &str, msg: &Value) -> Result<u64, AgentError> {
         let subject = self.names.chat_subject(&self.spec.principal, channel);
         let mut headers = HeaderMap::new();
-        let id = crate::plane::entry::message_id(msg);
+        let id = crate::wire::message_id(msg);
         if !id.is_empty() {
             headers.insert("Nats-Msg-Id", id);
         }
@@ -666,8 +665,7 @@ impl Delivery {
                 .map(|v| v.as_str() == "1")
                 .unwrap_or(false);
             let frame = if has_header {
-                serde_json::from_slice::<crate::plane::entry::Plane3DeliveryFrame>(&next.payload)
-                    .ok()
+                serde_json::from_slice::<crate::wire::Plane3DeliveryFrame>(&next.payload).ok()
             } else {
                 None
             };

@@ -22,12 +22,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::creds::Credential;
-use crate::provision::layout::Workspace;
-use crate::provision::retained::{
+use crate::provision::Workspace;
+use crate::provision::{
     system_seed_path, RetainedSystemKey, HOST_KICK_INBOX_PREFIX, SYSTEM_SEED_FILE,
 };
-use crate::rails::evict::{kick_all, Kicker};
-use crate::rails::sweep::{sweep, ConnRow, SweepLimits};
+use crate::rails::{kick_all, Kicker};
+use crate::sys::{sweep, ConnRow, SweepLimits};
 use crate::wire::{Space, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 
 /// The census connection's name as the broker shows it.
@@ -145,7 +145,7 @@ impl HostKicker {
         inbox_prefix: &str,
         name: &str,
     ) -> Result<async_nats::Client, String> {
-        crate::provision::connect_with_inbox(
+        crate::client::connect_with_inbox(
             &self.server_url,
             self.tls_ca.as_deref(),
             credential,

@@ -18,10 +18,10 @@ use crate::files;
 use crate::host::kicker::HostKicker;
 use crate::journal::{epoch_ms, Journal};
 use crate::plane::PlaneConfig;
-use crate::provision::layout::Workspace;
-use crate::space::daemon::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
-use crate::space::health::{HealthConfig, HARD_EXIT_GRACE};
-use crate::space::keeper::RELEASE_REDIAL_BOUND;
+use crate::provision::Workspace;
+use crate::space::RELEASE_REDIAL_BOUND;
+use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
+use crate::space::{HealthConfig, HARD_EXIT_GRACE};
 use crate::store::{FsStore, SecretStore};
 use crate::wire::{Principal, Space};
 

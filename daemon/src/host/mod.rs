@@ -1,185 +1,29 @@
-//! The host ring: `deliver --spaces`, one process serving every space its manifest names, one
-//! lane per space ([`lane`]).
+//! The host ring: the processes a space daemon runs in, and their process concerns.
 //!
-//! Why a ring of its own: a lane is a [`crate::space::SpaceDaemon`] and must close alone, so
-//! the process concerns (the manifest, the host's pid record and log, the signals, the exit)
-//! live here, above `space/`, and reach `cli.rs` as a typed [`HostEnded`]. A malformed manifest
-//! refuses the whole start before any dial; after that no lane's fault ends the host, only
-//! SIGTERM/SIGINT does (every lane then releases its own row). See `docs/host.md`.
+//! Owns the three ways a [`crate::space::SpaceDaemon`] is hosted: `deliver --space` (`process`:
+//! workspace root or `--store`, credential, log file, pid record, signals, the hard-exit grace),
+//! the embeddable `start_delivery_service` (`service`: injected store and identity, never exits),
+//! and `deliver --spaces` (`spaces`, `lane`, `kicker`, `status`: one lane per manifest space,
+//! standby retries, the host as the only kicker). Installing the stop signals (`signal`) is a
+//! host's job, never the daemon's. Invariant: a host writes the records and makes the way out a
+//! typed value (`Ended`, `HostEnded`); only `cli.rs` turns it into an exit code, and one lane's
+//! fault never ends another. Imports every ring below it; never `cli.rs`. See `docs/host.md`.
 
-pub mod kicker;
-pub mod lane;
-pub mod status;
+mod kicker;
+mod lane;
+mod process;
+mod service;
+mod signal;
+mod spaces;
+mod status;
 
-use std::fmt;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
-
-use crate::files::{self, PidLiveness, PidRecord};
-use crate::journal::Journal;
-use crate::provision::manifest::{manifest_path, Manifest, ManifestError};
-use lane::LaneInputs;
-
-/// `.cotal/delivery-host.pid`: the host's own record (lanes write none).
-pub const HOST_PID_FILE: &str = "delivery-host.pid";
-/// `.cotal/delivery-host.log`: the host's own lines (each lane also writes its space's log).
-pub const HOST_LOG_FILE: &str = "delivery-host.log";
-/// How long the host waits for its lanes to close after a signal. Each lane's close is bounded
-/// on its own (the release, the redial wait); this only keeps a wedged lane from holding the
-/// exit forever.
-pub const HOST_CLOSE_BOUND: Duration = Duration::from_secs(30);
-
-pub fn host_pid_path(root: &Path) -> PathBuf {
-    root.join(files::COTAL_DIR).join(HOST_PID_FILE)
-}
-
-pub fn host_log_path(root: &Path) -> PathBuf {
-    root.join(files::COTAL_DIR).join(HOST_LOG_FILE)
-}
-
-/// A host's argv carries the `deliver` verb and the `--spaces` flag.
-pub fn argv_names_host(argv: &[String]) -> bool {
-    argv.iter().skip(1).any(|a| a == "deliver") && argv.iter().any(|a| a == "--spaces")
-}
-
-/// What the host's record proves (the same rules as a space daemon's record).
-pub fn host_liveness(root: &Path) -> PidLiveness {
-    files::pid_liveness_of(&host_pid_path(root), argv_names_host)
-}
-
-/// Everything `deliver --spaces` is started with.
-#[derive(Clone)]
-pub struct HostConfig {
-    pub root: PathBuf,
-    pub cwd: PathBuf,
-    pub lanes: LaneInputs,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostErrorKind {
-    /// `--root` holds no `.cotal/`.
-    Root,
-    /// The manifest is missing or malformed.
-    Manifest,
-    /// The signal handlers could not be installed.
-    Fault,
-}
-
-/// Why the host refused to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostError {
-    kind: HostErrorKind,
-    detail: String,
-}
-
-impl HostError {
-    pub fn kind(&self) -> HostErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for HostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.detail)
-    }
-}
-
-impl std::error::Error for HostError {}
-
-/// How the host ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HostEnded {
-    /// Refused before any lane opened (nothing dialed).
-    Refused(HostError),
-    /// Stopped by a signal; `closed_all` says whether every lane closed within the bound.
-    Stopped { by: &'static str, closed_all: bool },
-}
-
-fn refused(journal: &Journal, kind: HostErrorKind, detail: String) -> HostEnded {
-    journal.line(format!("✗ {detail}"));
-    HostEnded::Refused(HostError { kind, detail })
-}
-
-/// Runs the host: the manifest, then one lane per space until SIGTERM/SIGINT.
-pub async fn run(cfg: HostConfig) -> HostEnded {
-    let journal = Journal::stderr_only();
-    let mut stop = match crate::space::signal::install() {
-        Ok(s) => s,
-        Err(e) => {
-            let text = format!("delivery host: could not install signal handlers ({e})");
-            return refused(&journal, HostErrorKind::Fault, text);
-        }
-    };
-    let root = match files::resolve_root(Some(&cfg.root), &cfg.cwd) {
-        Ok(r) => r,
-        Err(e) => return refused(&journal, HostErrorKind::Root, e.to_string()),
-    };
-    // The whole start is refused on a malformed manifest, before any lane dials.
-    let path = manifest_path(&root);
-    let manifest = match Manifest::read(&path) {
-        Ok(m) => m,
-        Err(e) => return refused(&journal, HostErrorKind::Manifest, manifest_line(&e)),
-    };
-    match files::open_log(&host_log_path(&root)) {
-        Ok(Some(f)) => journal.attach_file(f),
-        Ok(None) => {}
-        Err(e) => journal.line(format!("! {e}")),
-    }
-    let record = match PidRecord::write(host_pid_path(&root), std::process::id()) {
-        Ok(r) => Some(r),
-        Err(e) => {
-            journal.line(format!("! {e}"));
-            None
-        }
-    };
-    let names: Vec<&str> = manifest.spaces.iter().map(|s| s.as_str()).collect();
-    journal.line(format!(
-        "• delivery host: {} lane(s) from {}: {}",
-        names.len(),
-        path.display(),
-        names.join(", ")
-    ));
-    let mut inputs = cfg.lanes.clone();
-    inputs.root = root.clone();
-    // The host is the only kicker of its lanes (docs/host.md, "Kicks").
-    let kicker = kicker::HostKicker::new(
-        root.clone(),
-        manifest.spaces.clone(),
-        inputs.server.clone(),
-        inputs.tls_ca.clone(),
-    );
-    let inputs = Arc::new(inputs);
-    let lanes: Vec<_> = manifest
-        .spaces
-        .iter()
-        .map(|space| {
-            let lane = lane::run(space.clone(), inputs.clone(), stop.clone(), kicker.clone());
-            tokio::spawn(lane)
-        })
-        .collect();
-    let by = stop.stopped().await;
-    journal.line(format!(
-        "• delivery host: received {by}, closing {} lane(s)",
-        lanes.len()
-    ));
-    let closed_all = tokio::time::timeout(HOST_CLOSE_BOUND, futures::future::join_all(lanes))
-        .await
-        .is_ok();
-    if closed_all {
-        journal.line("• delivery host: every lane closed, exiting");
-    } else {
-        journal.line(format!(
-            "! delivery host: a lane did not close within {} ms; exiting anyway",
-            HOST_CLOSE_BOUND.as_millis()
-        ));
-    }
-    if let Some(r) = record {
-        r.remove();
-    }
-    HostEnded::Stopped { by, closed_all }
-}
-
-fn manifest_line(e: &ManifestError) -> String {
-    format!("delivery host: {e}. No lane started.")
-}
+pub use kicker::{HostKicker, HOST_CENSUS_CONNECTION, HOST_KICKER_CONNECTION};
+pub use lane::{LaneInputs, LaneTiming, ENV_STANDBY_RETRY_MS};
+pub use process::{run as deliver_space, DeliverConfig, Ended};
+pub use service::{start_delivery_service, DeliveryService, HostedContextInputs};
+pub use spaces::{
+    argv_names_host, host_liveness, host_log_path, host_pid_path, run as deliver_spaces,
+    HostConfig, HostEnded, HostError, HostErrorKind, HOST_CLOSE_BOUND, HOST_LOG_FILE,
+    HOST_PID_FILE,
+};
+pub use status::{host_status, HostStatus, HostStatusError, HostStatusErrorKind, LaneStatus, Role};

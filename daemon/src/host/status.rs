@@ -15,9 +15,9 @@ use serde_json::{json, Value};
 
 use crate::creds::read_creds_file;
 use crate::files::{self, PidLiveness};
-use crate::provision::manifest::{manifest_path, Manifest, ManifestError};
 use crate::provision::Workspace;
-use crate::supervise::status::{status, StatusReport};
+use crate::provision::{manifest_path, Manifest, ManifestError};
+use crate::supervise::{status, StatusReport};
 use crate::wire::{Principal, Space};
 
 /// Whose the space's lease row is, seen from this host.

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::{InspectError, InspectErrorKind, Inspector};
 use crate::kv::{Read, Rows};
-use crate::plane::membership::{MembershipRecord, PriorInterval};
+use crate::plane::{MembershipRecord, PriorInterval};
 use crate::wire::{validate_channel, LifecycleUid, Principal, SpaceNames};
 
 /// One row of the channel.
@@ -118,7 +118,7 @@ pub async fn members(insp: &Inspector, channel: &str) -> Result<Members, Inspect
     let n = &insp.names;
     let broker =
         |e: crate::kv::RowError| InspectError::new(InspectErrorKind::Broker, e.to_string());
-    let keys = crate::plane::scan::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
+    let keys = crate::kv::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
         .await
         .map_err(broker)?;
     let rows = Rows::open(&insp.js, &n.members_bucket(), super::REQUEST_BOUND)
@@ -150,9 +150,7 @@ pub async fn members(insp: &Inspector, channel: &str) -> Result<Members, Inspect
         {
             Read::Present(p) => serde_json::from_slice::<Value>(&p.value)
                 .ok()
-                .and_then(|v| {
-                    crate::plane::presence::live_entry(&SpaceNames::presence_key(&member), &v, now)
-                })
+                .and_then(|v| crate::plane::live_entry(&SpaceNames::presence_key(&member), &v, now))
                 .is_some(),
             Read::Absent { .. } => false,
         };

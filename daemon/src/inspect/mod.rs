@@ -14,21 +14,22 @@ use async_nats::jetstream;
 use futures::TryStreamExt;
 
 use crate::creds::read_creds_file;
-use crate::files;
+use crate::files::{self, DEFAULT_SERVER};
 use crate::kv::broker_words;
-use crate::provision::layout::Workspace;
+use crate::provision::Workspace;
 use crate::wire::{Space, SpaceNames};
 
-pub mod members;
-pub mod pending;
+mod members;
+mod pending;
+
+pub use members::{members, parse_channel};
+pub use pending::{parse_member, pending};
 
 /// Bound on connecting, and on each broker request.
 pub const REQUEST_BOUND: Duration = Duration::from_secs(5);
 /// At most this many owed messages are read per store and lifecycle (each is one leader-served
 /// get); past it the report says it stopped counting.
 pub const MAX_SCANNED: usize = 10_000;
-/// The broker dialed when neither `--server` nor the mesh registry names one.
-pub const DEFAULT_SERVER: &str = "nats://127.0.0.1:4222";
 
 /// What kind of inspection failure: each is one exit code of `docs/operations.md`
 /// ("Inspection").
@@ -117,7 +118,7 @@ impl Inspector {
             .tls_ca
             .clone()
             .or_else(|| record.as_ref().and_then(|r| r.tls_ca.clone()));
-        let client = crate::provision::connect_with_credential(
+        let client = crate::client::connect_with_credential(
             &server,
             tls_ca.as_deref(),
             &credential,

@@ -222,7 +222,7 @@ async fn lifecycles(
     let mut out = BTreeSet::new();
     let listed =
         |e: crate::kv::RowError| InspectError::new(InspectErrorKind::Broker, e.to_string());
-    let acl = crate::plane::scan::keys(
+    let acl = crate::kv::keys(
         &insp.js,
         &n.acl_bucket(),
         &format!("{who}.*"),
@@ -235,7 +235,7 @@ async fn lifecycles(
             out.extend(LifecycleUid::parse(uid).ok());
         }
     }
-    let rows = crate::plane::scan::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
+    let rows = crate::kv::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
         .await
         .map_err(listed)?;
     for key in rows {

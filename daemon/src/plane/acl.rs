@@ -121,7 +121,7 @@ impl Acls {
         member: &Principal,
     ) -> Result<(LifecycleUid, AclRecord), AliasError> {
         let filter = format!("{}.*", member.dot_form());
-        let keys = crate::plane::scan::keys(
+        let keys = crate::kv::keys(
             &self.ctx.js,
             self.rows.bucket(),
             &filter,

@@ -136,8 +136,6 @@ pub enum AnycastErrorKind {
     NotYours,
     /// The holder asking to take does not serve the role the request is addressed to.
     NotHolder,
-    /// Malformed arguments.
-    Invalid,
     /// The broker did not answer or refused.
     Unavailable,
 }
@@ -782,7 +780,7 @@ impl Anycast {
     /// One sweep: resends notices a crash left unsent, finishes cancels whose delete did not
     /// land, marks rows whose request left the queue, and removes rows `row_age` after that.
     pub async fn sweep(&self, row_age: Duration) -> Result<SweepReport, AnycastError> {
-        let keys = crate::plane::scan::keys(&self.js, self.rows.bucket(), ">", self.bound)
+        let keys = crate::kv::keys(&self.js, self.rows.bucket(), ">", self.bound)
             .await
             .map_err(|e| unavailable("listing the rows", e))?;
         let current = self.task_created().await?;

@@ -15,10 +15,10 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use crate::plane::channels::{Channels, DeliveryClass};
-use crate::plane::entry::{parse_chat_subject, sender_id, Reason};
 use crate::plane::fanout::{store_copies, Target};
 use crate::plane::membership::chat_frontier;
 use crate::plane::PlaneCtx;
+use crate::wire::{parse_chat_subject, sender_id, Reason};
 use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
 /// Most posts one catch-up copies; the window is the few milliseconds of a join's row write.

@@ -29,10 +29,10 @@ use crate::metrics::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::cache::View;
 use crate::plane::channels::{Channels, DeliveryClass};
-use crate::plane::entry::{dedup_id, mentions, parse_chat_subject, sender_id, Reason};
 use crate::plane::membership::Members;
 use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{PlaneCtx, PlaneError, StopRx};
+use crate::wire::{dedup_id, mentions, parse_chat_subject, sender_id, Reason};
 use crate::wire::{LifecycleUid, Principal, FANOUT_DURABLE};
 
 /// Lanes of the writer (by CHAT subject: one sender's posts on one channel stay in order).
@@ -409,7 +409,7 @@ impl EntryBytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plane::entry::Plane3Entry;
+    use crate::wire::Plane3Entry;
 
     /// Mutation: spelling a reason differently from its serde name (e.g. `durable_channel`)
     /// fails the round trip.

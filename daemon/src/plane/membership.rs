@@ -363,7 +363,7 @@ impl Members {
         filter: &str,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Vec<MemberRow>, RowError> {
-        let keys = crate::plane::scan::keys(
+        let keys = crate::kv::keys(
             &self.ctx.js,
             self.rows.bucket(),
             filter,

@@ -16,19 +16,35 @@ use tokio::sync::watch;
 use crate::journal::Journal;
 use crate::wire::{Principal, SpaceNames};
 
-pub mod acl;
-pub mod anycast;
-pub mod boundary;
-pub mod cache;
-pub mod catchup;
-pub mod channels;
-pub mod entry;
-pub mod fanout;
-pub mod membership;
-pub mod presence;
-pub mod pump;
-pub mod reader;
-pub mod scan;
+mod acl;
+mod anycast;
+mod boundary;
+mod cache;
+mod catchup;
+mod channels;
+mod fanout;
+mod membership;
+mod presence;
+mod pump;
+mod reader;
+
+pub(crate) use acl::{AclRow, Acls};
+pub use anycast::{
+    row_key, AnycastError, AnycastErrorKind, AnycastRow, FAULT_HOLD_ENV, FAULT_HOLD_LINE,
+};
+pub(crate) use anycast::{Anycast, SweepConfig};
+pub(crate) use cache::Caches;
+pub(crate) use catchup::activate;
+pub(crate) use fanout::bind as bind_fanout;
+pub use fanout::MAX_COPIES_IN_FLIGHT;
+pub(crate) use membership::{
+    chat_frontier, progress, prune_prior, split_member_key, MemberRead, MemberRow, Members,
+    MembershipRecord, PriorInterval, MAX_PRIOR_INTERVALS, STATE_DURABLE_ACTIVE,
+    STATE_LIVE_CONFIRMED,
+};
+pub(crate) use presence::live_entry;
+pub use reader::READER_LANES;
+pub(crate) use reader::{bind as bind_reader, delete_inbox_entry};
 
 /// Refusal for a request that was admitted before a quiesce.
 pub const STOPPED_SERVING: &str =

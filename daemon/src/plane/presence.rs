@@ -32,7 +32,7 @@ pub async fn live_roster(
 ) -> Result<Vec<(Principal, String)>, RowError> {
     let bucket = ctx.names.presence_bucket();
     let rows = Rows::open(&ctx.js, &bucket, ctx.config.request_bound).await?;
-    let keys = crate::plane::scan::keys(&ctx.js, &bucket, ">", ctx.config.request_bound).await?;
+    let keys = crate::kv::keys(&ctx.js, &bucket, ">", ctx.config.request_bound).await?;
     let reads = futures::future::join_all(keys.iter().map(|k| rows.read(k))).await;
     let mut out = Vec::new();
     for (key, read) in keys.iter().zip(reads) {

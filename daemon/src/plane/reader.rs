@@ -36,12 +36,10 @@ use tokio::task::JoinHandle;
 use crate::metrics::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::cache::View;
-use crate::plane::entry::{
-    dedup_id, parse_dinbox_subject, Plane3DeliveryFrame, Plane3Entry, Reason,
-};
 use crate::plane::membership::{MemberRead, Members};
 use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{PlaneCtx, PlaneError, StopRx};
+use crate::wire::{dedup_id, parse_dinbox_subject, Plane3DeliveryFrame, Plane3Entry, Reason};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
 /// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order).

@@ -23,17 +23,16 @@ use super::authority::{create_private_dir, AuthorityError, MeshAuthority, MintOp
 use super::profiles::{Profile, SystemProfile};
 use super::server_conf::ServerConf;
 use crate::creds::{write_creds_file_atomic, write_file_atomic, Credential};
+pub use crate::store::{
+    CONNECTION_EVICTOR_CREDS_FILE, DELIVERY_CREDS_FILE, INSPECT_CREDS_FILE,
+    MEMBERSHIP_OBSERVER_CREDS_FILE, MEMBERSHIP_RW_CREDS_FILE,
+};
 use crate::wire::Space;
 
 pub const COTAL_DIR: &str = ".cotal";
 pub const AUTH_DIR: &str = "auth";
 pub const SERVER_CONF_FILE: &str = "server.conf";
-pub const DELIVERY_CREDS_FILE: &str = "delivery.creds";
-pub const MEMBERSHIP_RW_CREDS_FILE: &str = "membership-rw.creds";
-pub const MEMBERSHIP_OBSERVER_CREDS_FILE: &str = "membership-observer.creds";
-pub const CONNECTION_EVICTOR_CREDS_FILE: &str = "connection-evictor.creds";
 pub const MEMBERSHIP_JSON_FILE: &str = "membership.json";
-pub const INSPECT_CREDS_FILE: &str = "inspect.creds";
 
 /// A workspace root and the paths under its `.cotal/`.
 #[derive(Debug, Clone, PartialEq, Eq)]

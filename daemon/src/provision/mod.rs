@@ -1,21 +1,38 @@
 //! Provisioning: the one code path that mints credentials, renders `server.conf` and creates a
 //! space's streams, buckets and consumers. `up`, the harness and the smoke suites all call it.
 
-pub mod agent;
-pub mod authority;
-pub mod jwt;
-pub mod layout;
-pub mod manifest;
-pub mod profiles;
-pub mod retained;
-pub mod server_conf;
-pub mod standby;
-pub mod streams;
+mod agent;
+mod authority;
+mod jwt;
+mod layout;
+mod manifest;
+mod profiles;
+mod remint;
+mod retained;
+mod server_conf;
+mod standby;
+mod streams;
+
+pub use agent::{provision_agent, remove_acl, retire, set_read_acl, AgentMaterial};
+pub use jwt::{encode_user, UserClaimsSpec};
+pub(crate) use manifest::ManifestError;
+pub use manifest::{manifest_path, Manifest};
+pub use remint::{
+    remint_daemon_creds, remint_daemon_creds_for, BrokerAccepted, Preflight, RemintOutcome,
+    PREFLIGHT_BOUND,
+};
+pub use retained::{retain_system_seed, system_seed_path};
+pub(crate) use retained::{RetainedSystemKey, HOST_KICK_INBOX_PREFIX, SYSTEM_SEED_FILE};
+pub use standby::{prepare_standby_hosts, renew_host_delivery, StandbyPlan};
+pub use streams::{
+    agent_consumer_config, space_stream_configs, DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT,
+};
 
 use std::path::Path;
-use std::sync::Arc;
 
-pub use authority::{AuthorityError, AuthorityErrorKind, Expiry, MeshAuthority, MintOptions};
+pub use authority::{
+    AuthorityError, AuthorityErrorKind, Expiry, MeshAuthority, MintOptions, STANDING_TTL,
+};
 pub use layout::{SpaceMaterial, Workspace};
 pub use profiles::{Permissions, Profile, ReadChannels, Roles, SystemProfile};
 pub use server_conf::{ClusterConf, OperatorAuth, ServerConf, TlsFiles};
@@ -24,189 +41,8 @@ pub use streams::{
     ProvisionError, ProvisionErrorKind, ProvisionOptions, ProvisionReport,
 };
 
-use crate::creds::Credential;
-use crate::wire::{inbox_prefix, Space, SpaceNames};
-
-/// Connects with `credential`, using the inbox prefix its grants allow (`_INBOX_<user nkey>`,
-/// DESIGN §6.1). With `tls_ca` the connection requires TLS and trusts that CA. The connect is
-/// bounded by `connect_timeout`, and fails at once instead of retrying in the background.
-pub async fn connect_with_credential(
-    server_url: &str,
-    tls_ca: Option<&Path>,
-    credential: &Credential,
-    client_name: &str,
-    connect_timeout: std::time::Duration,
-) -> Result<async_nats::Client, ProvisionError> {
-    let nkey = credential
-        .public_key()
-        .map_err(|e| ProvisionError::new(ProvisionErrorKind::Credential, e.to_string()))?;
-    connect_with_inbox(
-        server_url,
-        tls_ca,
-        credential,
-        client_name,
-        &inbox_prefix(&nkey),
-        connect_timeout,
-    )
-    .await
-}
-
-/// [`connect_with_credential`] with an explicit inbox prefix, for the `$SYS` profiles whose
-/// reply grants are not `_INBOX_<nkey>` (the observer uses
-/// [`crate::wire::MEMBERSHIP_OBSERVER_INBOX_PREFIX`], the evictor `_INBOX`).
-pub async fn connect_with_inbox(
-    server_url: &str,
-    tls_ca: Option<&Path>,
-    credential: &Credential,
-    client_name: &str,
-    inbox_prefix: &str,
-    connect_timeout: std::time::Duration,
-) -> Result<async_nats::Client, ProvisionError> {
-    let options = credential_options(
-        credential,
-        tls_ca,
-        client_name,
-        inbox_prefix,
-        connect_timeout,
-    )?;
-    connect_options(options, server_url, client_name, connect_timeout).await
-}
-
-/// Connect options presenting `credential`: JWT + nonce signature, the given inbox prefix, TLS
-/// required with `tls_ca` trusted when one is given, and no reconnect (one-shot clients: a kicked
-/// or dropped one stays gone, like the reference's `maxReconnectAttempts: 0`).
-///
-/// async-nats 0.51 reads `max_reconnects(Some(0))` as "unlimited" and allows one attempt at
-/// `Some(1)`, so "no reconnect" is built from two parts: the limit of one attempt, and a nonce
-/// signer that signs exactly one handshake. The one reconnect attempt then fails its handshake
-/// and the client gives up (`MaxReconnects`) without ever presenting the credential again.
-pub fn credential_options(
-    credential: &Credential,
-    tls_ca: Option<&Path>,
-    client_name: &str,
-    inbox_prefix: &str,
-    connect_timeout: std::time::Duration,
-) -> Result<async_nats::ConnectOptions, ProvisionError> {
-    presenting(
-        credential,
-        tls_ca,
-        client_name,
-        inbox_prefix,
-        connect_timeout,
-        Redial::Never,
-    )
-}
-
-/// [`credential_options`] for a standing client that reconnects without limit (the agent, `up`'s
-/// lease watch, the membership feed's observer).
-pub fn standing_credential_options(
-    credential: &Credential,
-    tls_ca: Option<&Path>,
-    client_name: &str,
-    inbox_prefix: &str,
-    connect_timeout: std::time::Duration,
-) -> Result<async_nats::ConnectOptions, ProvisionError> {
-    presenting(
-        credential,
-        tls_ca,
-        client_name,
-        inbox_prefix,
-        connect_timeout,
-        Redial::Always,
-    )
-}
-
-/// Whether a credential client reconnects after losing its connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Redial {
-    Never,
-    Always,
-}
-
-/// The text a one-shot client's refused second handshake carries.
-pub const ONE_SHOT_REFUSAL: &str = "one-shot client: its connection is not redialed";
-
-fn presenting(
-    credential: &Credential,
-    tls_ca: Option<&Path>,
-    client_name: &str,
-    inbox_prefix: &str,
-    connect_timeout: std::time::Duration,
-    redial: Redial,
-) -> Result<async_nats::ConnectOptions, ProvisionError> {
-    let key_pair = credential
-        .key_pair()
-        .map_err(|e| ProvisionError::new(ProvisionErrorKind::Credential, e.to_string()))?;
-    let key_pair = Arc::new(key_pair);
-    let signed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut options = async_nats::ConnectOptions::new()
-        .jwt(credential.jwt.clone(), move |nonce| {
-            let key_pair = key_pair.clone();
-            let spent = signed.swap(true, std::sync::atomic::Ordering::SeqCst);
-            async move {
-                if spent && redial == Redial::Never {
-                    return Err(async_nats::AuthError::new(ONE_SHOT_REFUSAL));
-                }
-                key_pair.sign(&nonce).map_err(async_nats::AuthError::new)
-            }
-        })
-        .custom_inbox_prefix(inbox_prefix.to_string())
-        .name(client_name)
-        .connection_timeout(connect_timeout)
-        .max_reconnects(match redial {
-            Redial::Never => Some(1),
-            Redial::Always => None,
-        });
-    if let Some(ca) = tls_ca {
-        options = options
-            .add_root_certificates(ca.to_path_buf())
-            .require_tls(true);
-    }
-    Ok(options)
-}
-
-/// [`connect_with_inbox`] for a standing client (reconnects without limit).
-pub async fn connect_standing_with_inbox(
-    server_url: &str,
-    tls_ca: Option<&Path>,
-    credential: &Credential,
-    client_name: &str,
-    inbox_prefix: &str,
-    connect_timeout: std::time::Duration,
-) -> Result<async_nats::Client, ProvisionError> {
-    let options = standing_credential_options(
-        credential,
-        tls_ca,
-        client_name,
-        inbox_prefix,
-        connect_timeout,
-    )?;
-    connect_options(options, server_url, client_name, connect_timeout).await
-}
-
-/// Connects with prepared options, bounded by `connect_timeout`.
-pub async fn connect_options(
-    options: async_nats::ConnectOptions,
-    server_url: &str,
-    client_name: &str,
-    connect_timeout: std::time::Duration,
-) -> Result<async_nats::Client, ProvisionError> {
-    let connect = options.connect(server_url);
-    match tokio::time::timeout(connect_timeout, connect).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(ProvisionError::new(
-            ProvisionErrorKind::Connect,
-            format!("cannot connect to {server_url} as {client_name}: {e}"),
-        )),
-        Err(_) => Err(ProvisionError::new(
-            ProvisionErrorKind::Connect,
-            format!(
-                "cannot connect to {server_url} as {client_name}: no answer within {} ms",
-                connect_timeout.as_millis()
-            ),
-        )),
-    }
-}
+use crate::client::connect_with_credential;
+use crate::wire::{Space, SpaceNames};
 
 /// Mints a fresh one-shot `provisioner` credential for `space` and connects with it. Returns the
 /// client (keep it alive while using the context) and a JetStream context whose requests are

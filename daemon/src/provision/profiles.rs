@@ -524,7 +524,7 @@ fn supervisor(n: &SpaceNames, user_nkey: &str, principal: &Principal) -> Permiss
 /// `inspector`: what `pending` and `members` read, nothing else. `INBOX_<s>` and `DLV_<s>`:
 /// stream info, leader-served message gets (an owed entry's channel and age), the `reader`
 /// durable's info and the `dlv_` durables' info (their ack floors). The members, ACL and presence
-/// buckets: stream info (key listing, [`crate::plane::scan`]) and message gets (rows). No
+/// buckets: stream info (key listing, [`crate::kv`]) and message gets (rows). No
 /// `$JS.API.INFO`, no consumer create, no publish to any data subject or `$KV` key.
 fn inspector(n: &SpaceNames, user_nkey: &str) -> Permissions {
     let inbox = n.inbox_stream();

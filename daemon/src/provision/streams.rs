@@ -150,6 +150,16 @@ impl ProvisionError {
     }
 }
 
+impl From<crate::client::ClientError> for ProvisionError {
+    fn from(e: crate::client::ClientError) -> ProvisionError {
+        let kind = match e.kind() {
+            crate::client::ClientErrorKind::Credential => ProvisionErrorKind::Credential,
+            crate::client::ClientErrorKind::Connect => ProvisionErrorKind::Connect,
+        };
+        ProvisionError::new(kind, e.detail())
+    }
+}
+
 impl fmt::Display for ProvisionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "provisioning: {}", self.detail)

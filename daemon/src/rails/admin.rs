@@ -20,9 +20,9 @@ use serde_json::{json, Value};
 
 use crate::plane::PlaneCtx;
 use crate::rails::evict::{self, Kicker};
-use crate::rails::sweep::SysAuthority;
 use crate::rails::{inventory, liveness, AdminParts};
 use crate::store::{check_same_store, StoreIdentity};
+use crate::sys::SysAuthority;
 use crate::wire::Principal;
 
 /// Bound on waiting for a reconnect onto an adopted credential before an admin request is

@@ -6,8 +6,8 @@
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
-use crate::plane::anycast::{Anycast, SweepConfig};
 use crate::plane::{stopped, PlaneCtx, StopRx};
+use crate::plane::{Anycast, SweepConfig};
 use crate::wire::{LifecycleUid, Principal};
 
 /// The `seq` argument: a positive integer.

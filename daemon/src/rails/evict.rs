@@ -17,7 +17,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::rails::sweep::{ConnRow, SysAuthority};
+use crate::sys::{ConnRow, SysAuthority};
 use crate::wire::Principal;
 
 /// Most principals one `evictPrincipals` request may name (the reference

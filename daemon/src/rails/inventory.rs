@@ -16,9 +16,9 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::plane::acl::{AclRow, Acls};
-use crate::plane::membership::{split_member_key, MemberRead, MemberRow, Members};
 use crate::plane::PlaneCtx;
+use crate::plane::{split_member_key, MemberRead, MemberRow, Members};
+use crate::plane::{AclRow, Acls};
 use crate::rails::fence::{FenceError, Fences};
 use crate::wire::{LifecycleUid, Principal};
 
@@ -122,7 +122,7 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
         format!("lifecycleMemberships: could not read the members registry: {e}")
     };
     let members = Members::open(ctx).await.map_err(|e| fail(&e))?;
-    let keys = crate::plane::scan::keys(
+    let keys = crate::kv::keys(
         &ctx.js,
         members.rows().bucket(),
         ">",

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use crate::kv::{Read, Rows};
 use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx};
 use crate::rails::evict::principal_arg;
-use crate::rails::sweep::{Sweep, SysAuthority};
+use crate::sys::{Sweep, SysAuthority};
 use crate::wire::LEASE_KEY;
 
 const UNDER_REPORTED: &str = "CONNZ sweep under-reported (no responder, truncation, an API error, or a malformed reply) - liveness UNKNOWN";

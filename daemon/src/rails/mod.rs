@@ -10,27 +10,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
 use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx, NOT_SERVING, STOPPED_SERVING};
-use crate::wire::{CtlService, Principal};
+use crate::wire::{ControlReply, ControlRequest, CtlService, Principal};
 
-pub mod admin;
-pub mod anycast;
-pub mod evict;
-pub mod fence;
-pub mod inventory;
-pub mod liveness;
-pub mod ops;
-pub mod sweep;
+mod admin;
+mod anycast;
+mod evict;
+mod fence;
+mod inventory;
+mod liveness;
+mod ops;
 
-use admin::CredentialAdmin;
-use evict::Kicker;
+pub(crate) use admin::{CredentialAdmin, RECONNECT_WAIT_BOUND};
+pub(crate) use anycast::bind_sweeper;
+pub(crate) use evict::{kick_all, EvictorKicker, Kicker};
+pub(crate) use liveness::{bind as bind_liveness, LeaseSelf};
+
+use crate::sys::SysAuthority;
 use fence::Fences;
 use inventory::Inventories;
-use sweep::SysAuthority;
 
 /// What the rails serve beside the plane context, wired by the space ring. One value per daemon
 /// process, shared by both rails (the fence registry in particular).
@@ -60,43 +62,6 @@ fn is_inventory(payload: &[u8]) -> bool {
         op: std::borrow::Cow<'a, str>,
     }
     serde_json::from_slice::<Op>(payload).is_ok_and(|o| o.op == "lifecycleMemberships")
-}
-
-/// `ControlRequest` of the reference.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct ControlRequest {
-    pub op: String,
-    #[serde(default)]
-    pub args: Value,
-    #[serde(default)]
-    pub from: Value,
-}
-
-/// `ControlReply` of the reference.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-pub struct ControlReply {
-    pub ok: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-impl ControlReply {
-    pub fn ok(data: Value) -> ControlReply {
-        ControlReply {
-            ok: true,
-            data: Some(data),
-            error: None,
-        }
-    }
-    pub fn refuse(error: impl Into<String>) -> ControlReply {
-        ControlReply {
-            ok: false,
-            data: None,
-            error: Some(error.into()),
-        }
-    }
 }
 
 /// The caller of a request subject `cotal.<s>.ctl.<service>.<o>.<a>`, if it parses.

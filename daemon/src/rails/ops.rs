@@ -10,11 +10,11 @@
 use serde_json::{json, Value};
 
 use crate::journal::epoch_ms;
-use crate::plane::acl::{AclRow, Acls};
-use crate::plane::membership::{
+use crate::plane::{
     chat_frontier, progress, prune_prior, MemberRead, Members, MembershipRecord,
     MAX_PRIOR_INTERVALS, STATE_DURABLE_ACTIVE, STATE_LIVE_CONFIRMED,
 };
+use crate::plane::{AclRow, Acls};
 use crate::plane::{PlaneCtx, NOT_SERVING, STOPPED_SERVING};
 use crate::rails::fence::Fences;
 use crate::wire::{validate_channel, LifecycleUid, Principal};
@@ -215,42 +215,36 @@ async fn durable_join(
     }
     // Posts captured between the cursor read and the row write may have been routed without
     // this row: copy them now. A failure leaves the row standing and says so.
-    let copies = match crate::plane::catchup::activate(
-        ctx,
-        &channel,
-        caller,
-        &uid,
-        record.generation,
-        join_cursor,
-    )
-    .await
-    {
-        Ok(copies) => copies,
-        Err(e) => {
-            ctx.journal.line(format!(
-                "! delivery: activation catch-up of {caller} on \"{channel}\" failed: {e}"
-            ));
-            if !ctx.gate.still(epoch) {
-                undo_join(
-                    ctx,
-                    &members,
-                    caller,
-                    &uid,
-                    &record,
-                    revision,
-                    previous,
-                    &[],
-                )
-                .await;
-                return Err(STOPPED_SERVING.to_string());
+    let copies =
+        match crate::plane::activate(ctx, &channel, caller, &uid, record.generation, join_cursor)
+            .await
+        {
+            Ok(copies) => copies,
+            Err(e) => {
+                ctx.journal.line(format!(
+                    "! delivery: activation catch-up of {caller} on \"{channel}\" failed: {e}"
+                ));
+                if !ctx.gate.still(epoch) {
+                    undo_join(
+                        ctx,
+                        &members,
+                        caller,
+                        &uid,
+                        &record,
+                        revision,
+                        previous,
+                        &[],
+                    )
+                    .await;
+                    return Err(STOPPED_SERVING.to_string());
+                }
+                return Ok(json!({
+                    "durable": false,
+                    "reason": format!("activation catch-up failed: {e}"),
+                    "generation": record.generation,
+                }));
             }
-            return Ok(json!({
-                "durable": false,
-                "reason": format!("activation catch-up failed: {e}"),
-                "generation": record.generation,
-            }));
-        }
-    };
+        };
     // Stopped serving while the join ran: it is refused, so it must leave nothing behind.
     if !ctx.gate.still(epoch) {
         undo_join(
@@ -268,7 +262,7 @@ async fn prune_and_say(
     ctx: &PlaneCtx,
     caller: &Principal,
     channel: &str,
-    prior: &mut Vec<crate::plane::membership::PriorInterval>,
+    prior: &mut Vec<crate::plane::PriorInterval>,
 ) {
     if prior.is_empty() {
         return;
@@ -298,7 +292,7 @@ async fn undo_join(
 ) {
     let channel = &record.channel;
     for seq in copies {
-        if let Err(e) = crate::plane::reader::delete_inbox_entry(ctx, *seq).await {
+        if let Err(e) = crate::plane::delete_inbox_entry(ctx, *seq).await {
             ctx.journal.line(format!(
                 "! delivery: a refused durableJoin of {caller} to \"{channel}\" could not delete its catch-up copy (INBOX sequence {seq}): {e}"
             ));

@@ -7,8 +7,8 @@
 
 // The pair's store read lives with the sweeps that re-read it on every eviction and liveness
 // call; admission checks the same read once, before the lease.
-use crate::rails::sweep::connz_accounts;
-pub use crate::rails::sweep::{evictor_key, observer_key, Held, SysPair};
+use crate::sys::connz_accounts;
+pub use crate::sys::{evictor_key, observer_key, SysPair};
 
 /// The admitted sweep authority.
 #[derive(Debug, Clone, PartialEq, Eq)]

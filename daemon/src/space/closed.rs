@@ -7,8 +7,9 @@
 use std::fmt;
 
 use crate::space::health::Verdict;
-use crate::space::lease::{ReleaseError, Released, SHARD};
+use crate::space::{lease::ReleaseError, lease::Released};
 use crate::wire::Space;
+use crate::wire::SHARD;
 
 /// The cause a `SpaceDaemon::close()` stops with.
 pub const CLOSE_CAUSE: &str = "close()";

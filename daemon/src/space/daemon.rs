@@ -7,7 +7,7 @@
 //! reader and both rails bound, lease watch bound) or refuses with a [`StartError`] after
 //! closing what it opened; a running daemon ends in a [`Closed`] reason that every waiter sees.
 //! Nothing here reads a workspace root, writes a pid record or exits the process: those are
-//! the host's (`space/process.rs` for `deliver --space`, `cli.rs` for the exit codes).
+//! the host's (`host/process.rs` for `deliver --space`, `cli.rs` for the exit codes).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -24,22 +24,26 @@ use crate::creds::Credential;
 use crate::journal::Journal;
 use crate::kv::Rows;
 use crate::plane::{PlaneConfig, PlaneCtx, ServingGate};
-use crate::rails::evict::{EvictorKicker, Kicker};
-use crate::rails::liveness::LeaseSelf;
-use crate::rails::sweep::{SweepLimits, SysAuthority};
+use crate::provision::Preflight;
 use crate::rails::AdminParts;
+use crate::rails::LeaseSelf;
+use crate::rails::{EvictorKicker, Kicker};
 use crate::space::admission::{self, SysPair};
 use crate::space::closed::stop_line;
 pub use crate::space::closed::{Closed, CLOSE_CAUSE};
 use crate::space::feed::{FeedParts, MembershipFeed};
 use crate::space::health::{HealthConfig, HealthHandle, Verdict, Watchdog};
 use crate::space::keeper::{Keeper, RELEASE_REDIAL_BOUND};
-use crate::space::lease::{self, ClaimError, Identity, Lease, ReleaseErrorKind, SHARD};
 use crate::space::lease_watch::{LeaseWatch, WatchEvent};
-use crate::space::renew::{Preflight, Renewal, RenewalParts};
 use crate::space::serving::Plane;
 use crate::space::timer::{TimerWriter, TimerWriterParts};
+use crate::space::{
+    lease, lease::ClaimError, lease::Identity, lease::Lease, lease::ReleaseErrorKind,
+};
+use crate::space::{renew::Renewal, renew::RenewalParts};
 use crate::store::SecretStore;
+use crate::sys::{SweepLimits, SysAuthority};
+use crate::wire::SHARD;
 use crate::wire::{Principal, Space, SpaceNames};
 
 /// Lease TTL when the bucket declares no `max_age` (the reference `LEASE_TTL_MS`).
@@ -446,7 +450,7 @@ impl SpaceDaemon {
             gate: ServingGate::default(),
             config: cfg.plane.clone(),
             startup_complete: startup_complete.clone(),
-            caches: crate::plane::cache::Caches::new(&names),
+            caches: crate::plane::Caches::new(&names),
             handoffs: Arc::default(),
             metrics: cfg.metrics.clone(),
         };

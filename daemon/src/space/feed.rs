@@ -398,7 +398,7 @@ impl Sweeper {
             self.written.insert(p.clone(), (l, d));
         }
         // Prune rows of principals no longer live or durable (complete sweeps only).
-        let existing = crate::plane::scan::keys(&self.js, &bucket, ">", BOUND)
+        let existing = crate::kv::keys(&self.js, &bucket, ">", BOUND)
             .await
             .map_err(|e| format!("listing {bucket}: {e}"))?;
         let rows = Rows::open(&self.js, &bucket, BOUND)
@@ -449,7 +449,7 @@ impl Sweeper {
     /// Durable channels per principal from the members registry (rows in a `durable-*` state).
     async fn durable(&self) -> Result<BTreeMap<String, BTreeSet<String>>, String> {
         let bucket = self.names.members_bucket();
-        let keys = crate::plane::scan::keys(&self.js, &bucket, ">", BOUND)
+        let keys = crate::kv::keys(&self.js, &bucket, ">", BOUND)
             .await
             .map_err(|e| format!("listing {bucket}: {e}"))?;
         let rows = Rows::open(&self.js, &bucket, BOUND)

@@ -278,15 +278,9 @@ impl TransportHealth {
         }
     }
 
-    pub fn config(&self) -> HealthConfig {
-        self.cfg
-    }
     /// Whether the evaluation tick must run (disconnected or expired).
     pub fn armed(&self) -> bool {
         self.disconnected_at_ms.is_some()
-    }
-    pub fn is_expired(&self) -> bool {
-        self.expired
     }
 
     fn start_clock(&mut self, now_ms: u64) -> bool {
@@ -425,17 +419,6 @@ impl HealthHandle {
             if self.verdict.changed().await.is_err() {
                 std::future::pending::<()>().await;
             }
-        }
-    }
-
-    /// A handle fed by nothing (embedding tests of other parts).
-    pub fn detached() -> HealthHandle {
-        let (adopted, _) = mpsc::unbounded_channel();
-        let (_, verdict) = watch::channel(None);
-        HealthHandle {
-            adopted,
-            verdict,
-            retired: Arc::default(),
         }
     }
 }

@@ -12,11 +12,13 @@ use crate::conn::{ConnEvent, Resident};
 use crate::journal::Journal;
 use crate::space::closed::{stop_line, Closed};
 use crate::space::health::{HealthHandle, Verdict};
-use crate::space::lease::{
-    ClaimError, Lease, Reading, ReleaseError, ReleaseErrorKind, Released, SHARD,
-};
 use crate::space::serving::Plane;
+use crate::space::{
+    lease::ClaimError, lease::Lease, lease::Reading, lease::ReleaseError, lease::ReleaseErrorKind,
+    lease::Released,
+};
 use crate::wire::Space;
+use crate::wire::SHARD;
 
 /// How long a signalled release waits for a redialing connection, counted from the drop
 /// (seeds: five seconds).

@@ -10,24 +10,10 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use crate::conn::Violations;
 use crate::kv::{Read, RowError, RowErrorKind, Rows};
-use crate::wire::LEASE_KEY;
-
-/// The only shard (N=1).
-pub const SHARD: u32 = 0;
-
-/// The lease row, wire-compatible with the reference `DeliveryLeaseInfo`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseInfo {
-    pub holder: String,
-    pub since: u64,
-    pub ready: bool,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub incarnation: String,
-}
+use crate::wire::{LeaseInfo, LEASE_KEY};
 
 /// Who this process is, for ownership checks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,9 +93,6 @@ impl Lease {
         }
     }
 
-    pub fn identity(&self) -> &Identity {
-        &self.me
-    }
     pub fn revision(&self) -> Option<u64> {
         self.revision
     }

@@ -9,7 +9,8 @@ use async_nats::jetstream;
 use futures::StreamExt;
 
 use crate::journal::Journal;
-use crate::space::lease::{Identity, LeaseInfo};
+use crate::space::lease::Identity;
+use crate::wire::LeaseInfo;
 use crate::wire::{SpaceNames, LEASE_KEY};
 
 /// A change of the lease key seen by the watch.

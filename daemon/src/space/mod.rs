@@ -9,21 +9,27 @@
 //! quiesced before any doubt about it is arbitrated. Imports the rails, the data plane,
 //! provisioning and the base files; never the host, the supervisor or the command line.
 
-pub mod admission;
-pub mod closed;
-pub mod daemon;
-pub mod feed;
-pub mod health;
-pub(crate) mod keeper;
-pub mod lease;
-pub(crate) mod lease_watch;
-pub mod process;
-pub mod renew;
-pub mod service;
-pub mod serving;
-pub mod signal;
-pub mod timer;
+mod admission;
+mod closed;
+mod daemon;
+mod feed;
+mod health;
+mod keeper;
+mod lease;
+mod lease_watch;
+mod renew;
+mod serving;
+mod timer;
+
+pub use admission::{evictor_key, observer_key};
+pub use feed::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
+pub(crate) use health::HARD_EXIT_GRACE;
+pub use health::{HealthConfig, Verdict};
+pub(crate) use keeper::RELEASE_REDIAL_BOUND;
+pub use lease::{ReleaseError, ReleaseErrorKind, Released};
+pub use timer::{
+    status_key, Armed, ScheduleRequest, TimerStatus, TimerWriter, TimerWriterParts, WriterState,
+    CONNECTION_NAME as TIMER_CONNECTION_NAME,
+};
 
 pub use daemon::{CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
-pub use process::{DeliverConfig, Ended};
-pub use service::{start_delivery_service, DeliveryService, HostedContextInputs};

@@ -11,8 +11,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::plane::{PlaneCtx, PlaneError};
-use crate::rails::liveness::LeaseSelf;
 use crate::rails::AdminParts;
+use crate::rails::LeaseSelf;
 
 /// The bound components of one arming.
 struct Bound {
@@ -49,7 +49,7 @@ impl Plane {
     }
 
     /// The fenced row caches (their totals are sampled as metrics).
-    pub fn caches(&self) -> crate::plane::cache::Caches {
+    pub fn caches(&self) -> crate::plane::Caches {
         self.ctx.caches.clone()
     }
 
@@ -69,8 +69,8 @@ impl Plane {
         let result = async {
             // The caches start empty (not proved: per-key reads) and fill while serving.
             tasks.push(self.ctx.caches.start(&self.ctx, stop_rx.clone()));
-            tasks.push(crate::plane::fanout::bind(&self.ctx, stop_rx.clone()).await?);
-            tasks.push(crate::plane::reader::bind(&self.ctx, stop_rx.clone()).await?);
+            tasks.push(crate::plane::bind_fanout(&self.ctx, stop_rx.clone()).await?);
+            tasks.push(crate::plane::bind_reader(&self.ctx, stop_rx.clone()).await?);
             // Open before the rails: a request a rail takes between its binding and the end of
             // `arm` must be admitted, not refused as "not serving" by a gate about to open.
             self.ctx.gate.open();
@@ -98,11 +98,11 @@ impl Plane {
                     "! anycast records: the take rail did not bind ({e}); takes go unrecorded until the next re-arm, delivery is unaffected"
                 )),
             }
-            tasks.push(crate::rails::anycast::bind_sweeper(&self.ctx, stop_rx.clone()));
+            tasks.push(crate::rails::bind_sweeper(&self.ctx, stop_rx.clone()));
             // A fresh opaque instance token per bind (re-minted on every re-arm).
             let instance = uuid::Uuid::new_v4().simple().to_string();
             tasks.push(
-                crate::rails::liveness::bind(
+                crate::rails::bind_liveness(
                     &self.ctx,
                     self.lease_self.clone(),
                     instance,

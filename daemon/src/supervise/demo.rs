@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_nats::jetstream;
 
 use crate::agent::{Agent, AgentSpec, Backstop};
-use crate::provision::agent::{provision_agent, AgentMaterial};
-use crate::provision::{self, MeshAuthority, MintOptions, Profile, ReadChannels, Roles};
+use crate::provision::{provision_agent, AgentMaterial};
+use crate::provision::{MeshAuthority, MintOptions, Profile, ReadChannels, Roles};
 use crate::supervise::RunningMesh;
 use crate::wire::{Principal, SpaceNames};
 
@@ -59,7 +59,7 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
     let operator = authority
         .mint(&mesh.space, &Profile::Operator, MintOptions::new())
         .map_err(|e| format!("demo: {e}"))?;
-    let client = provision::connect_with_credential(
+    let client = crate::client::connect_with_credential(
         &mesh.url,
         mesh.tls_ca.as_deref(),
         &operator,

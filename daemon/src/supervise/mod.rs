@@ -13,12 +13,17 @@
 //! the mesh's transport. `up` records the mesh in `.cotal/mesh.json` and in the machine's mesh
 //! registry (`$COTAL_HOME/meshes/space.<key>.json`).
 
-pub mod demo;
-pub mod down;
+mod demo;
+mod down;
 mod foreground;
-pub mod renewal;
-pub mod status;
-pub mod stop;
+mod renewal;
+mod status;
+mod stop;
+
+pub(crate) use demo::offline_member_receives;
+pub(crate) use down::down;
+pub(crate) use status::{status, StatusReport};
+pub(crate) use stop::stop_grace;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -34,7 +39,7 @@ use crate::provision::{
     self, MeshAuthority, MintOptions, Profile, ProvisionOptions, ServerConf, SpaceMaterial,
     TlsFiles, Workspace,
 };
-use crate::space::lease::LeaseInfo;
+use crate::wire::LeaseInfo;
 use crate::wire::{Principal, Space, SpaceNames, LEASE_KEY};
 
 /// How long `up` waits for the broker's ports file.
@@ -583,7 +588,7 @@ impl LeaseWatch {
             )
             .map_err(|e| UpError(format!("✗ up: {e}")))?;
         // Kept across a broker restart of the same URL; up watches the broker process itself.
-        let options = provision::standing_credential_options(
+        let options = crate::client::standing_credential_options(
             &operator,
             tls_ca,
             "cotal-up",
@@ -595,9 +600,10 @@ impl LeaseWatch {
             Duration::from_secs(5),
         )
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
-        let client = provision::connect_options(options, url, "cotal-up", Duration::from_secs(5))
-            .await
-            .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        let client =
+            crate::client::connect_options(options, url, "cotal-up", Duration::from_secs(5))
+                .await
+                .map_err(|e| UpError(format!("✗ up: {e}")))?;
         let js = async_nats::jetstream::new(client.clone());
         let rows = Rows::open(
             &js,

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use crate::creds::read_creds_file;
 use crate::journal::Journal;
 use crate::provision::{self, MeshAuthority, MintOptions, Profile, Workspace};
-use crate::space::renew::{remint_daemon_creds_for, Preflight, RemintOutcome};
+use crate::provision::{remint_daemon_creds_for, Preflight, RemintOutcome};
 use crate::wire::{CtlService, Principal, Space, SpaceNames};
 
 /// Share of the lifetime after which `up` re-signs: ahead of the daemon's own 75 % re-read.
@@ -62,7 +62,7 @@ impl RenewalOwner {
             space: space.clone(),
             url: url.to_string(),
             tls_ca,
-            lifetime: lifetime.unwrap_or(provision::authority::STANDING_TTL),
+            lifetime: lifetime.unwrap_or(provision::STANDING_TTL),
         }
     }
 
@@ -151,7 +151,7 @@ impl RenewalOwner {
                 MintOptions::new().expires_in(Duration::from_secs(300)),
             )
             .map_err(|e| e.to_string())?;
-        let client = provision::connect_with_credential(
+        let client = crate::client::connect_with_credential(
             &self.url,
             self.tls_ca.as_deref(),
             &cred,

@@ -13,8 +13,8 @@ use crate::creds::read_creds_file;
 use crate::files::{self, MeshRecord, PidLiveness};
 use crate::journal::{epoch_ms, utc_timestamp};
 use crate::kv::{Read, Rows};
-use crate::provision::{self, MeshAuthority, MintOptions, Profile, Workspace};
-use crate::space::lease::LeaseInfo;
+use crate::provision::{MeshAuthority, MintOptions, Profile, Workspace};
+use crate::wire::LeaseInfo;
 use crate::wire::{CtlService, Principal, Space, SpaceNames, LEASE_KEY};
 
 /// Bound on each broker check (connect, row read, rail request).
@@ -189,7 +189,7 @@ fn mesh_of(root: &Path, space: &Space) -> (String, Option<PathBuf>) {
         });
     match record {
         Some(r) => (r.server, r.tls_ca),
-        None => (crate::space::process::DEFAULT_SERVER.to_string(), None),
+        None => (crate::files::DEFAULT_SERVER.to_string(), None),
     }
 }
 
@@ -258,7 +258,7 @@ async fn connect(
             MintOptions::new().expires_in(Duration::from_secs(60)),
         )
         .map_err(|e| e.to_string())?;
-    provision::connect_with_credential(server, tls_ca, &cred, "cotal-status", CHECK_BOUND)
+    crate::client::connect_with_credential(server, tls_ca, &cred, "cotal-status", CHECK_BOUND)
         .await
         .map_err(|e| e.to_string())
 }

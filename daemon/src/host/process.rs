@@ -1,0 +1,264 @@
+//! The `deliver --space` host: one space's daemon as its own process.
+//!
+//! Why apart from [`SpaceDaemon`]: the workspace root, the log file, the pid record, the
+//! process's signals and the hard-exit grace are concerns of a process that serves one space.
+//! A multi-space host's lanes and an embedded `start_delivery_service` have none of them, so
+//! they live here, around the value, and the way out is handed to `cli.rs` as a typed
+//! [`Ended`] (the exit code is chosen there).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::conn;
+use crate::creds::{read_creds_file, Credential, CredsErrorKind};
+use crate::files::{self, PidRecord, DEFAULT_SERVER};
+use crate::journal::Journal;
+use crate::plane::PlaneConfig;
+use crate::space::RELEASE_REDIAL_BOUND;
+use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind};
+use crate::space::{HealthConfig, Verdict, HARD_EXIT_GRACE};
+use crate::store::{delivery_creds_key, CredsFileStore, FsStore, SecretStore};
+use crate::wire::Space;
+
+/// Everything `deliver` is started with.
+#[derive(Debug, Clone)]
+pub struct DeliverConfig {
+    pub space: Space,
+    pub server: String,
+    pub root: Option<PathBuf>,
+    pub creds: Option<PathBuf>,
+    /// An injected directory store (`--store`): the credential, its renewals and the `$SYS`
+    /// pair are read from it, and no workspace root is resolved.
+    pub store: Option<PathBuf>,
+    pub tls: bool,
+    pub tls_ca: Option<PathBuf>,
+    pub cwd: PathBuf,
+    pub ping_interval: Duration,
+    pub plane: PlaneConfig,
+    pub health: HealthConfig,
+    /// This space's metrics handle (served when `--metrics-addr` is given).
+    pub metrics: crate::metrics::Metrics,
+}
+
+impl DeliverConfig {
+    pub fn new(space: Space, cwd: PathBuf) -> DeliverConfig {
+        DeliverConfig {
+            space,
+            server: DEFAULT_SERVER.into(),
+            root: None,
+            creds: None,
+            store: None,
+            tls: false,
+            tls_ca: None,
+            cwd,
+            ping_interval: Duration::from_millis(conn::DEFAULT_PING_INTERVAL_MS),
+            plane: PlaneConfig::default(),
+            health: HealthConfig::from_values(None, None),
+            metrics: crate::metrics::Metrics::default(),
+        }
+    }
+}
+
+/// How a `deliver` process ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// The start refused (what it opened is closed, a won claim released).
+    Refused(StartError),
+    /// The daemon ran and closed.
+    Closed(Closed),
+    /// A transport verdict was reached and the daemon did not close within
+    /// [`HARD_EXIT_GRACE`]: the process ends anyway.
+    Abandoned(Verdict),
+}
+
+/// Where the credential comes from, and the store its renewals are re-read from.
+struct Source {
+    credential: Credential,
+    store: Arc<dyn SecretStore>,
+    sys_store: Arc<dyn SecretStore>,
+    sweeps_bound_to: String,
+    /// `.cotal/` of the workspace served, when there is one (pid record, log file).
+    root: Option<PathBuf>,
+}
+
+fn refused(journal: &Journal, text: String) -> Ended {
+    journal.line(format!("✗ {text}"));
+    Ended::Refused(StartError::new(StartErrorKind::Config, text))
+}
+
+/// The injected directory store of `--store`: no workspace root, no `.cotal/`.
+fn injected_source(journal: &Journal, dir: &Path, cfg: &DeliverConfig) -> Result<Source, Ended> {
+    let dir = files::absolute(dir, &cfg.cwd);
+    let store: Arc<dyn SecretStore> = Arc::new(FsStore::at_dir(&dir));
+    let identity = store
+        .identity()
+        .map_err(|e| refused(journal, format!("delivery: --store {}: {e}", dir.display())))?;
+    let key = delivery_creds_key(&cfg.space);
+    let credential = match store.get(&key) {
+        Ok(Some(text)) => Credential::parse(&text).map_err(|e| {
+            refused(
+                journal,
+                format!("delivery: {} does not hold a usable credential ({})", store.locate(&key), e.detail()),
+            )
+        })?,
+        Ok(None) => {
+            return Err(refused(
+                journal,
+                format!(
+                    "delivery: no scoped creds at {}. Put the space's delivery credential into the store or pass --creds <file>",
+                    store.locate(&key)
+                ),
+            ))
+        }
+        Err(e) => return Err(refused(journal, format!("delivery: {e}"))),
+    };
+    Ok(Source {
+        credential,
+        sys_store: store.clone(),
+        store,
+        sweeps_bound_to: identity.to_string(),
+        root: None,
+    })
+}
+
+/// The workspace (root, `--creds` or the canonical file), as `deliver` always resolved it.
+fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, Ended> {
+    let space = &cfg.space;
+    // The workspace root, before any credential is read or any broker dialed.
+    let root = files::resolve_root(cfg.root.as_deref(), &cfg.cwd).map_err(|e| {
+        journal.line(format!("✗ {e}"));
+        Ended::Refused(StartError::new(StartErrorKind::Config, e.to_string()))
+    })?;
+    match files::open_log(&files::log_path(&root, space)) {
+        Ok(Some(f)) => journal.attach_file(f),
+        Ok(None) => {}
+        Err(e) => journal.line(format!("! {e}")),
+    }
+    if let Some(creds) = &cfg.creds {
+        if let Err(e) = files::check_creds_root(creds, &root, &cfg.cwd) {
+            journal.line(format!("✗ {e}"));
+            return Err(Ended::Refused(StartError::new(
+                StartErrorKind::Config,
+                e.to_string(),
+            )));
+        }
+    }
+    let creds_path = cfg
+        .creds
+        .as_ref()
+        .map(|p| files::absolute(p, &cfg.cwd))
+        .unwrap_or_else(|| {
+            root.join(files::COTAL_DIR)
+                .join(space.segment())
+                .join("delivery.creds")
+        });
+    // The source renewals are re-read from: the workspace store, or the --creds file (checked
+    // before it is read: a store identity file under any name is refused as such).
+    let workspace: Arc<dyn SecretStore> = Arc::new(FsStore::new(root.clone()));
+    let store: Arc<dyn SecretStore> = match &cfg.creds {
+        None => workspace.clone(),
+        Some(_) => match CredsFileStore::new(creds_path.clone(), space.clone()) {
+            Ok(s) => Arc::new(s),
+            Err(e) => return Err(refused(journal, format!("delivery: {e}"))),
+        },
+    };
+    let credential = match read_creds_file(&creds_path) {
+        Ok(c) => c,
+        Err(e) if e.kind() == CredsErrorKind::Io && !creds_path.exists() => {
+            return Err(refused(journal, format!(
+                "delivery: no scoped creds at {}. Provision the space (cotal-delivery up) or pass --creds <file>",
+                creds_path.display()
+            )))
+        }
+        Err(e) => return Err(refused(journal, format!("delivery: {e}"))),
+    };
+    Ok(Source {
+        credential,
+        store,
+        sys_store: workspace,
+        sweeps_bound_to: format!("{}/{}", root.display(), files::COTAL_DIR),
+        root: Some(root),
+    })
+}
+
+/// Runs one space's daemon as this process: resolve the inputs, start, record the pid while
+/// serving, and wait for the end (giving a transport verdict [`HARD_EXIT_GRACE`] to close).
+pub async fn run(cfg: DeliverConfig) -> Ended {
+    let journal = Journal::stderr_only();
+    let stop = match crate::host::signal::install() {
+        Ok(s) => s,
+        Err(e) => {
+            let text = format!("delivery: could not install signal handlers ({e})");
+            journal.line(format!("✗ {text}"));
+            return Ended::Refused(StartError::new(StartErrorKind::Fault, text));
+        }
+    };
+    let source = match &cfg.store {
+        Some(dir) => injected_source(&journal, dir, &cfg),
+        None => workspace_source(&journal, &cfg),
+    };
+    let source = match source {
+        Ok(s) => s,
+        Err(ended) => return ended,
+    };
+    let mut space_cfg = SpaceConfig::new(
+        cfg.space.clone(),
+        cfg.server.clone(),
+        source.credential,
+        source.store,
+    );
+    space_cfg.sys_store = source.sys_store;
+    space_cfg.sweeps_bound_to = source.sweeps_bound_to;
+    space_cfg.tls = cfg.tls;
+    space_cfg.tls_ca = cfg.tls_ca.clone();
+    space_cfg.ping_interval = cfg.ping_interval;
+    space_cfg.plane = cfg.plane.clone();
+    space_cfg.health = cfg.health;
+    space_cfg.redial_wait = RELEASE_REDIAL_BOUND;
+    space_cfg.journal = journal.clone();
+    space_cfg.metrics = cfg.metrics.clone();
+
+    // It is the space's daemon once its claim won: record it (a workspace process only).
+    let pid_record = Arc::new(Mutex::new(None::<PidRecord>));
+    if let Some(root) = source.root.clone() {
+        let (slot, journal, space) = (pid_record.clone(), journal.clone(), cfg.space.clone());
+        space_cfg.on_lease_won = Some(Arc::new(move || {
+            match PidRecord::write(files::pid_path(&root, &space), std::process::id()) {
+                Ok(r) => *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r),
+                Err(e) => journal.line(format!("! {e}")),
+            }
+        }));
+    }
+    let remove_record = || {
+        if let Some(p) = pid_record.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            p.remove();
+        }
+    };
+    let daemon = match SpaceDaemon::start(space_cfg, stop).await {
+        Ok(d) => d,
+        Err(e) => {
+            remove_record();
+            return Ended::Refused(e);
+        }
+    };
+    let ended = tokio::select! {
+        closed = daemon.closed() => Ended::Closed(closed),
+        verdict = daemon.verdict() => {
+            match tokio::time::timeout(HARD_EXIT_GRACE, daemon.closed()).await {
+                Ok(closed) => Ended::Closed(closed),
+                Err(_) => {
+                    journal.line(format!(
+                        "! delivery: the run loop did not exit within {} ms of the verdict; exiting now",
+                        HARD_EXIT_GRACE.as_millis()
+                    ));
+                    Ended::Abandoned(verdict)
+                }
+            }
+        }
+    };
+    // Counts still held are said, also when the daemon was abandoned without closing.
+    journal.flush_repeats();
+    remove_record();
+    ended
+}

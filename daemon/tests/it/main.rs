@@ -1,0 +1,3 @@
+//! The daemon crate's integration tests: provisioning against a real `nats-server`.
+
+mod provision;

@@ -1,0 +1,299 @@
+//! Fenced row caches on a real broker: the writer and the reader decide from in-memory copies of
+//! the KV buckets, and each decision is proved current by a leader-served fence
+//! (`STREAM.MSG.GET` past the applied sequence). To show that the *fence*, not the watch, carries
+//! the freshness, each test pauses the daemon's watch consumer on the bucket it changes
+//! (`$JS.API.CONSUMER.PAUSE`), so the cache cannot have applied the change when it decides.
+//! Everything is checked on the broker (INBOX/DLV contents, consumer state) and in the daemon's
+//! own log (the cache's `row cache loaded` / `row cache reset` lines, enabled with `RUST_LOG`).
+
+use std::time::Duration;
+
+use cotal_delivery::provision::set_read_acl;
+use delivery_harness::agent::{surface_for, texts};
+use delivery_harness::daemon::Daemon;
+use delivery_harness::mesh::{Inspector, Mesh};
+use futures::TryStreamExt;
+
+use crate::support::data_path::*;
+
+/// The daemon with the cache's info lines on stderr.
+async fn start_traced(mesh: &Mesh) -> Daemon {
+    let mut d = daemon_spec(mesh)
+        .env("RUST_LOG", "cotal_delivery::plane::cache=info")
+        .spawn()
+        .expect("spawn daemon");
+    d.wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("daemon up");
+    d
+}
+
+/// How many `row cache <what>` lines name `bucket`.
+fn cache_lines(d: &Daemon, what: &str, bucket: &str) -> usize {
+    let needle = format!("row cache {what}");
+    d.lines()
+        .iter()
+        .filter(|l| l.contains(&needle) && l.contains(bucket))
+        .count()
+}
+
+/// Waits until the cache of `bucket` has loaded `n` times.
+async fn loaded(d: &Daemon, bucket: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + UP_BOUND;
+    while cache_lines(d, "loaded", bucket) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the {bucket} cache did not load: {:#?}",
+            d.lines()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Pauses every row-cache watch consumer of `bucket` on the broker, so changes reach the cache
+/// only through its fence. Returns how many were paused (at least one).
+async fn pause_watch(insp: &Inspector, bucket: &str) -> usize {
+    let stream = insp
+        .js
+        .get_stream_no_info(format!("KV_{bucket}"))
+        .await
+        .unwrap();
+    let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
+    let watches: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("rowcache_"))
+        .collect();
+    assert!(
+        !watches.is_empty(),
+        "no row-cache watch on {bucket}: {names:?}"
+    );
+    for name in &watches {
+        let reply = insp
+            .client
+            .request(
+                format!("$JS.API.CONSUMER.PAUSE.KV_{bucket}.{name}"),
+                r#"{"pause_until":"2099-01-01T00:00:00Z"}"#.into(),
+            )
+            .await
+            .unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(answer["paused"], true, "{name} not paused: {answer}");
+    }
+    watches.len()
+}
+
+/// Mutation seen failing this test: `RowCache::fence` answering "proved" without sending the
+/// fence (the ACL cache still holds the wide row; the post is surfaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_narrowed_while_a_post_is_in_flight_is_not_surfaced() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    let mut daemon = start_traced(&mesh).await;
+    let acl = insp.names.acl_bucket();
+    loaded(&daemon, &acl, 1).await;
+    loaded(&daemon, &insp.names.members_bucket(), 1).await;
+    bob.durable_join("general").await.unwrap();
+
+    // The post is captured while the daemon is frozen; the ACL is narrowed while it is in
+    // flight, and the watch cannot tell the cache.
+    daemon.freeze().unwrap();
+    let pid = daemon.pid();
+    eventually("the daemon is stopped", SURFACE_BOUND, || async move {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("State:") && l.contains("T (stopped)"))
+        })
+    })
+    .await;
+    let m = alice.message("general", "secret", None);
+    alice.post("general", &m).await.unwrap();
+    // Captured for the writer and not routed: delivered into the frozen daemon's pull, or
+    // waiting for its next pull request (either way it is routed only after the thaw, so after
+    // the narrowing).
+    eventually(
+        "the post waits for the frozen writer",
+        SURFACE_BOUND,
+        || async {
+            let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+            f.num_ack_pending as u64 + f.num_pending == 1
+        },
+    )
+    .await;
+    pause_watch(&insp, &acl).await;
+    set_read_acl(&insp.js, &insp.names, &p, &u, vec!["ops".into()])
+        .await
+        .unwrap();
+    daemon.thaw().unwrap();
+
+    eventually("the copy is in INBOX", SURFACE_BOUND, || async {
+        inbox_count(&insp, &p, &u).await == 1
+    })
+    .await;
+    drained(&insp, SURFACE_BOUND).await;
+    assert_eq!(
+        dlv_count(&insp, &p, &u).await,
+        0,
+        "surfaced past a narrowing: {:#?}",
+        daemon.lines()
+    );
+    let mut delivery = bob.bind_delivery().await.unwrap();
+    assert!(surface_for(&mut delivery, QUIET).await.is_empty());
+    assert_eq!(
+        cache_lines(&daemon, "reset", &acl),
+        0,
+        "decided from the cache"
+    );
+    stop_daemon(&mut daemon).await;
+}
+
+/// Mutation seen failing this test: `RowCache::fence` answering "proved" without sending the
+/// fence (the channel cache still says durable; the plain post is copied to bob).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_write_the_cache_has_not_applied_is_seen_through_the_fence() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    let mut daemon = start_traced(&mesh).await;
+    let channels = insp.names.channels_bucket();
+    loaded(&daemon, &channels, 1).await;
+    loaded(&daemon, &insp.names.members_bucket(), 1).await;
+    bob.durable_join("general").await.unwrap();
+    let m = alice.message("general", "durable-1", None);
+    alice.post("general", &m).await.unwrap();
+    eventually("the durable post is copied", SURFACE_BOUND, || async {
+        inbox_count(&insp, &p, &u).await == 1
+    })
+    .await;
+
+    pause_watch(&insp, &channels).await;
+    set_channel(
+        &insp,
+        "general",
+        serde_json::json!({"deliveryClass": "live"}),
+    )
+    .await;
+    let m = alice.message("general", "live-plain", None);
+    alice.post("general", &m).await.unwrap();
+    drained(&insp, SURFACE_BOUND).await;
+    assert_eq!(
+        inbox_count(&insp, &p, &u).await,
+        1,
+        "a plain post on a channel made live was copied to a durable member"
+    );
+    assert_eq!(cache_lines(&daemon, "reset", &channels), 0);
+    stop_daemon(&mut daemon).await;
+}
+
+/// Mutation seen failing this test: `RowCache::fence` answering "proved" without sending the
+/// fence (the member cache, its watch paused and the leave not applicable locally, still holds
+/// the open interval; the post after the leave is surfaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_leave_is_answered_no_later_post_surfaces_even_with_the_cache_behind() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    let mut daemon = start_traced(&mesh).await;
+    let members = insp.names.members_bucket();
+    loaded(&daemon, &members, 1).await;
+    loaded(&daemon, &insp.names.acl_bucket(), 1).await;
+    let joined = bob.durable_join("general").await.unwrap();
+    let m = alice.message("general", "before", None);
+    alice.post("general", &m).await.unwrap();
+    eventually(
+        "the post before the leave is handed off",
+        SURFACE_BOUND,
+        || async { dlv_count(&insp, &p, &u).await == 1 },
+    )
+    .await;
+
+    // The watch is paused and an unrelated row lands first, so the daemon's own leave write is
+    // not the next message its cache expects: only the fence can show the leave.
+    pause_watch(&insp, &members).await;
+    insp.js
+        .publish(format!("$KV.{members}.elsewhere/local.zed.x"), "{}".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let cotal_delivery::agent::Backstop::Durable { generation } = joined.backstop else {
+        panic!("bob's join is durable");
+    };
+    bob.durable_leave("general", generation).await.unwrap();
+    for i in 0..5 {
+        let m = alice.message("general", &format!("after-{i}"), None);
+        alice.post("general", &m).await.unwrap();
+    }
+    drained(&insp, SURFACE_BOUND).await;
+    assert_eq!(
+        dlv_count(&insp, &p, &u).await,
+        1,
+        "a post after the leave surfaced"
+    );
+    let mut delivery = bob.bind_delivery().await.unwrap();
+    assert_eq!(
+        texts(&surface_for(&mut delivery, QUIET).await),
+        vec!["before"]
+    );
+    assert_eq!(cache_lines(&daemon, "reset", &members), 0);
+    stop_daemon(&mut daemon).await;
+}
+
+/// Mutation seen failing this test: `audit_verdict` never asking for a reset (the purged
+/// channel row stays "live" in the cache, proved by fences that find nothing newer, and no post
+/// is ever copied again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_bucket_resets_the_cache_and_decisions_stay_correct() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    set_channel(
+        &insp,
+        "general",
+        serde_json::json!({"deliveryClass": "live"}),
+    )
+    .await;
+    let mut daemon = start_traced(&mesh).await;
+    let channels = insp.names.channels_bucket();
+    loaded(&daemon, &channels, 1).await;
+    bob.durable_join("general").await.unwrap();
+    let m = alice.message("general", "while-live", None);
+    alice.post("general", &m).await.unwrap();
+    drained(&insp, SURFACE_BOUND).await;
+    assert_eq!(inbox_count(&insp, &p, &u).await, 0, "live: no durable copy");
+
+    // An operator purges the bucket's stream: no marker reaches the watch or the fence.
+    insp.js
+        .get_stream_no_info(format!("KV_{channels}"))
+        .await
+        .unwrap()
+        .purge()
+        .await
+        .unwrap();
+    let mut n = 0;
+    eventually(
+        "a post after the purge is copied (class falls back to durable)",
+        Duration::from_secs(15),
+        || {
+            n += 1;
+            let m = alice.message("general", &format!("after-purge-{n}"), None);
+            let (alice, insp, p, u) = (&alice, &insp, &p, &u);
+            async move {
+                alice.post("general", &m).await.unwrap();
+                drained(insp, SURFACE_BOUND).await;
+                inbox_count(insp, p, u).await > 0
+            }
+        },
+    )
+    .await;
+    assert!(
+        cache_lines(&daemon, "reset", &channels) >= 1,
+        "the audit reset the cache: {:?}",
+        daemon.lines()
+    );
+    stop_daemon(&mut daemon).await;
+}

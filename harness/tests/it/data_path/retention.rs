@@ -1,0 +1,68 @@
+//! The edge of the guarantee is visible: durable delivery is at-least-once *within retention*.
+//! A sender that outruns the fan-out writer by more than `CHAT_<s>`'s per-subject retention
+//! (1000 messages, discard old) loses posts before they are copied; the daemon must say how many
+//! instead of leaving a silent gap. Checked on the broker: every post is either copied into the
+//! member's backstop or counted by the daemon as discarded, and nothing is counted twice.
+
+use cotal_delivery::agent::Backstop;
+use delivery_harness::agent;
+
+use crate::support::data_path::*;
+
+/// Posts in the burst: well past the 1000-per-subject retention of `CHAT_<s>`.
+const POSTS: u64 = 3000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_discarded_by_retention_before_fan_out_are_reported_and_counted() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut daemon = start_daemon(&mesh).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    let (bob, _) = agent::spawn(&mesh, &insp, "bob", &["general"])
+        .await
+        .unwrap();
+    let joined = bob.durable_join("general").await.unwrap();
+    assert!(matches!(joined.backstop, Backstop::Durable { .. }));
+    drop(joined);
+    drop(bob);
+
+    burst(&insp, &alice, "general", POSTS).await;
+    eventually("the fan-out writer drained", SURFACE_BOUND * 6, || async {
+        let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+        f.num_pending == 0 && f.num_ack_pending == 0
+    })
+    .await;
+
+    // What the daemon said it lost.
+    let reported: Vec<u64> = daemon
+        .lines()
+        .iter()
+        .filter(|l| l.contains("gone before it read them"))
+        .map(|l| {
+            let n = l
+                .split("found ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse().ok());
+            n.unwrap_or_else(|| panic!("unparsable line: {l}"))
+        })
+        .collect();
+    let discarded: u64 = reported.iter().sum();
+    assert!(
+        discarded > 0,
+        "the burst outran retention, and the daemon said so"
+    );
+    // Every post was either copied (bob is INBOX's only writer target, so its last sequence is
+    // the number of copies ever stored) or reported discarded.
+    let mut inbox = insp.js.get_stream(insp.names.inbox_stream()).await.unwrap();
+    let copies = inbox.info().await.unwrap().state.last_sequence;
+    assert_eq!(
+        copies + discarded,
+        POSTS,
+        "copies {copies} + reported {discarded} (lines {reported:?})"
+    );
+    eprintln!("{POSTS} posts: {copies} copied, {discarded} reported discarded by retention");
+    stop_daemon(&mut daemon).await;
+}

@@ -1,0 +1,527 @@
+//! The membership feed against a real broker (issue 12, "Must show"): its rows and heartbeat
+//! appear in `cotal_membership_<s>` from the broker's own CONNZ and the members registry, a
+//! feed fault (a missing credential, its bucket deleted under it) leaves delivery serving,
+//! `reloadCreds` moves its rw connection onto the renewed credential (`/connz`), `close()`
+//! closes both connections for good even when their drains fail, and the `membership-rw`
+//! grants are confined.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::BOUND;
+use cotal_delivery::conn::{self, CredentialCell, DialSpec};
+use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
+use cotal_delivery::journal::Journal;
+use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
+use cotal_delivery::provision::{MintOptions, Profile};
+use cotal_delivery::space::TIMER_CONNECTION_NAME as TIMER_WRITER;
+use cotal_delivery::space::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
+use cotal_delivery::store::{FsStore, SecretStore};
+use delivery_harness::daemon::Daemon;
+use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::ConnState;
+use delivery_harness::TcpProxy;
+use serde_json::json;
+
+use crate::support::data_path::{alice_and_bob, dlv_count, eventually, row};
+use crate::support::health::Supervisor;
+
+const FEED_UP: &str = "✓ membership feed up (broker-sourced channel membership) — space demo";
+
+async fn start(mesh: &Mesh) -> Daemon {
+    let mut d = crate::support::data_path::daemon_spec(mesh)
+        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "300")
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line("delivery daemon up", BOUND)
+        .await
+        .expect("daemon up");
+    d
+}
+
+async fn feed_row(insp: &Inspector, key: &str) -> Option<FeedRow> {
+    row(insp, &insp.names.membership_bucket(), key)
+        .await
+        .and_then(|v| serde_json::from_value(v).ok())
+}
+
+/// The connection named `name` in `/connz?auth=true`: its JWT.
+async fn jwt_of(mesh: &Mesh, name: &str) -> Option<String> {
+    let open = mesh.broker.connz_named(ConnState::Open, name).await.ok()?;
+    open.into_iter().next()?.jwt
+}
+
+/// The renewal owner re-mints the space's standing credentials into the workspace; the
+/// `membership-rw` credential it wrote, checked to be a new generation of `live`.
+async fn remint_rw(mesh: &Mesh, live: &Credential) -> Credential {
+    let report = remint_daemon_creds_for(
+        mesh.root(),
+        mesh.space(),
+        None,
+        Some(&Preflight::new(mesh.url(), None)),
+        Duration::from_secs(600),
+    )
+    .await;
+    assert!(report.all_written(), "{report:?}");
+    let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
+    let renewed = read_creds_file(&rw_path).unwrap();
+    assert_ne!(renewed.jwt, live.jwt);
+    renewed
+}
+
+/// Rows appear: one per principal, `live` from the broker's CONNZ (the agents' live chat
+/// subscriptions, attributed by their `principal:` JWT tag), `durable` from the members
+/// registry, and the `=feed` heartbeat; a principal that disconnects and holds no durable row
+/// is pruned. Mutations seen failing: ignoring the `principal:` tag in `Sweeper::conn` (no
+/// rows), and skipping the prune loop (alice's row stayed).
+#[tokio::test]
+async fn rows_and_heartbeat_appear_and_a_gone_principal_is_pruned() {
+    let mesh = crate::support::data_path::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = start(&mesh).await;
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let (alice, (bob, _bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let _joined = bob.durable_join("general").await.unwrap();
+    // alice joins live only: a broker-enforced subscription, no registry row.
+    let live = alice
+        .client()
+        .subscribe(insp.names.chat_read_subject("general"))
+        .await
+        .unwrap();
+    alice.client().flush().await.unwrap();
+    eventually("alice and bob rows", BOUND, || async {
+        let a = feed_row(&insp, "local.alice").await;
+        let b = feed_row(&insp, "local.bob").await;
+        matches!((a, b), (Some(a), Some(b))
+            if a.live == ["general"] && a.durable.is_empty()
+            && b.live == ["general"] && b.durable == ["general"])
+    })
+    .await;
+    let beat = row(&insp, &insp.names.membership_bucket(), "=feed")
+        .await
+        .expect("heartbeat");
+    assert!(beat["observedAt"].as_u64().unwrap_or(0) > 0, "{beat}");
+    // alice goes away: her row is pruned; bob's durable membership keeps his.
+    drop(live);
+    drop(alice);
+    eventually("alice's row pruned", BOUND, || async {
+        feed_row(&insp, "local.alice").await.is_none()
+    })
+    .await;
+    assert!(feed_row(&insp, "local.bob").await.is_some());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// A feed fault does not disturb delivery. Without its `membership-rw` credential the feed
+/// says it is down (the reference line) and the daemon serves; with its bucket deleted under
+/// it, the feed reports the degradation once and a durable post is still handed off, on the
+/// daemon still running. Mutation seen failing: refusing the start when the feed is down
+/// (`SpaceDaemon::start` returning an error): the post was never handed off.
+#[tokio::test]
+async fn a_feed_fault_does_not_disturb_delivery() {
+    let mesh = crate::support::data_path::mesh().await;
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.unwrap();
+    let rw_path = mesh.workspace().membership_rw_creds_path(&space);
+    let saved = std::fs::read(&rw_path).unwrap();
+    std::fs::remove_file(&rw_path).unwrap();
+    let mut d = start(&mesh).await;
+    d.wait_for_line("• membership: no membership-rw credential at ", BOUND)
+        .await
+        .expect("down line");
+    assert!(d.has_line(". The graph falls back to traffic-only; delivery is unaffected."));
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let _joined = bob.durable_join("general").await.unwrap();
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    alice
+        .post("general", &alice.message("general", "feed-down", None))
+        .await
+        .unwrap();
+    eventually("handed off with the feed down", BOUND, || async {
+        dlv_count(&insp, &p, &u).await == 1
+    })
+    .await;
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+
+    // A runtime fault: the feed's bucket is deleted under a running feed.
+    std::fs::write(&rw_path, saved).unwrap();
+    let mut d = start(&mesh).await;
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    insp.js
+        .delete_stream(cotal_delivery::wire::SpaceNames::kv_stream(
+            &insp.names.membership_bucket(),
+        ))
+        .await
+        .unwrap();
+    d.wait_for_line("; graph membership degraded, delivery unaffected", BOUND)
+        .await
+        .expect("degraded line");
+    alice
+        .post("general", &alice.message("general", "feed-faulted", None))
+        .await
+        .unwrap();
+    eventually("handed off with the feed faulted", BOUND, || async {
+        dlv_count(&insp, &p, &u).await == 2
+    })
+    .await;
+    assert!(d.is_running());
+    let degraded = d
+        .lines()
+        .iter()
+        .filter(|l| l.contains("graph membership degraded"))
+        .count();
+    assert_eq!(degraded, 1, "reported once per episode: {}", d.transcript());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// `reloadCreds` moves the feed's rw connection onto the renewed `membership-rw` credential:
+/// the reply's membership component says `residentSwap: "best-effort"` and `/connz` shows the
+/// renewed JWT on `cotal-membership-rw`; the delivery component adopted the re-signed delivery
+/// credential and the timer writer's connection presents it too. Mutations seen failing: not
+/// setting the feed's cell in `Renewal::reload_membership` (the old JWT stayed in `/connz`);
+/// the writer's forced reconnect on `renewals.changed()` removed (the writer kept the old JWT).
+#[tokio::test]
+async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
+    let mesh = crate::support::data_path::mesh().await;
+    mesh.authority
+        .save(&mesh.workspace().auth_dir())
+        .expect("save signer");
+    let mut d = start(&mesh).await;
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
+    let before = read_creds_file(&rw_path).unwrap();
+    assert_eq!(jwt_of(&mesh, RW_NAME).await, Some(before.jwt.clone()));
+    let renewed = remint_rw(&mesh, &before).await;
+    let boss = Supervisor::connect(&mesh, mesh.space()).await;
+    let reply = boss
+        .request("reloadCreds", json!({}), Duration::from_secs(15))
+        .await
+        .expect("answered");
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(
+        reply["data"]["membership"]["residentSwap"], "best-effort",
+        "{reply}"
+    );
+    eventually(
+        "the rw connection presents the renewed JWT",
+        BOUND,
+        || async { jwt_of(&mesh, RW_NAME).await == Some(renewed.jwt.clone()) },
+    )
+    .await;
+    // The same reload adopted the re-signed delivery credential (its own component), and the
+    // timer writer's connection moved onto it as well.
+    assert!(
+        reply["data"]["delivery"]["brokerAccepted"].is_object(),
+        "{reply}"
+    );
+    let delivery = read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space()))
+        .unwrap()
+        .jwt;
+    eventually(
+        "the timer writer presents the renewed delivery JWT",
+        BOUND,
+        || async { jwt_of(&mesh, TIMER_WRITER).await == Some(delivery.clone()) },
+    )
+    .await;
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// `close()` with the broker gone: the broker is SIGKILLed by pid under a daemon whose feed is
+/// up, the daemon sees the connection drop, and SIGTERM then ends it within [`CLOSE_WITHIN`]
+/// with exit 0 and its signalled close line: the lease release, the timer writer's stop and
+/// both membership connections' failing drains are each bounded, and the process (so every
+/// connection of the feed) is gone (measured ~5 s: the lease release's 5 s reconnect wait).
+/// Mutation seen failing: `feed::close_both` never returning after its drains (a hung close:
+/// no exit within 20 s). That the closed connections never come back is proved in process,
+/// where the process outlives the close: `close_retires_both_feed_connections_even_when_their_drains_fail`.
+#[tokio::test]
+async fn close_with_the_broker_gone_closes_both_feed_connections_within_a_bound() {
+    const CLOSE_WITHIN: Duration = Duration::from_secs(8);
+    let mut mesh = crate::support::data_path::mesh().await;
+    let mut d = start(&mesh).await;
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let rw_jwt = jwt_of(&mesh, RW_NAME).await;
+    assert!(rw_jwt.is_some(), "the rw connection is up before the kill");
+    mesh.broker.kill().expect("kill broker");
+    mesh.broker.wait_exit(BOUND).await.expect("broker reaped");
+    d.wait_for_line("broker connection unavailable, reconnecting", BOUND)
+        .await
+        .expect("the daemon saw the broker go");
+    let asked = std::time::Instant::now();
+    d.terminate().unwrap();
+    let status = d.wait_exit(BOUND).await.expect("daemon exits");
+    let took = asked.elapsed();
+    println!(
+        "MEASURED SIGTERM with the broker gone -> exit: {} ms",
+        took.as_millis()
+    );
+    assert_eq!(status.code(), Some(0), "{}", d.transcript());
+    assert!(
+        d.has_line("• delivery: received SIGTERM, exiting (space demo, shard 0)"),
+        "{}",
+        d.transcript()
+    );
+    assert!(took < CLOSE_WITHIN, "{took:?}: {}", d.transcript());
+}
+
+/// The feed uses its own renewed writer key: with a short-lived `membership-rw` credential (and
+/// a long-lived delivery one, so the daemon's own renewal never runs), the feed's own timer
+/// re-reads the store at 75 % of that credential's lifetime and moves its rw connection onto
+/// the renewal there, so `/connz` shows the renewed JWT on `cotal-membership-rw` before the old
+/// one expires, with no `reloadCreds`. Mutation seen failing: the daemon loop's
+/// `renewal.membership_due()` branch removed (the rw connection kept the old JWT until the
+/// broker closed it at the expiry).
+#[tokio::test]
+async fn the_feed_renews_its_own_writer_key_at_three_quarters_of_its_lifetime() {
+    let mesh = crate::support::data_path::mesh().await;
+    mesh.authority
+        .save(&mesh.workspace().auth_dir())
+        .expect("save signer");
+    let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
+    let current = read_creds_file(&rw_path).unwrap();
+    let short = mesh
+        .mint(
+            mesh.space(),
+            &Profile::MembershipRw,
+            MintOptions::new()
+                .renewal_of(&current)
+                .expires_in(Duration::from_secs(8)),
+        )
+        .unwrap();
+    write_creds_file_atomic(&rw_path, &short).unwrap();
+    let exp_ms = short.claims().unwrap().exp.unwrap() * 1000;
+    let mut d = crate::support::data_path::daemon_spec(&mesh)
+        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "300")
+        // A remint that lands after the 75 % point is picked up on the next retry.
+        .env("COTAL_DELIVERY_REMINT_RETRY_MS", "500")
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    assert_eq!(jwt_of(&mesh, RW_NAME).await, Some(short.jwt.clone()));
+    let renewed = remint_rw(&mesh, &short).await;
+    let until = std::time::Instant::now() + BOUND;
+    while jwt_of(&mesh, RW_NAME).await != Some(renewed.jwt.clone()) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the rw connection never presented the renewed JWT: {}",
+            d.transcript()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let moved_at = now_ms();
+    println!(
+        "MEASURED feed rw on the renewed JWT {} ms before the old exp",
+        exp_ms - moved_at
+    );
+    assert!(
+        moved_at < exp_ms,
+        "moved {} ms after expiry: {}",
+        moved_at - exp_ms,
+        d.transcript()
+    );
+    assert!(
+        d.has_line("✓ membership: adopted the renewed membership-rw credential from "),
+        "{}",
+        d.transcript()
+    );
+    assert!(!d.has_line("reloadCreds"), "{}", d.transcript());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Which of `names` `/connz` lists (every account's connections, the `$SYS` observer's too).
+async fn listed(mesh: &Mesh, names: &[&str]) -> Vec<String> {
+    let open = mesh.broker.connz(ConnState::Open).await.expect("/connz");
+    let mut out: Vec<String> = open
+        .into_iter()
+        .map(|c| c.name)
+        .filter(|n| names.contains(&n.as_str()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// How many connections named `name` the broker has seen, open or closed (`/connz?state=all`).
+async fn sessions(mesh: &Mesh, name: &str) -> usize {
+    let all = mesh.broker.connz_named(ConnState::All, name).await;
+    all.expect("/connz").len()
+}
+
+/// `close()` closes both membership connections even when a disconnected drain fails, so they
+/// cannot reconnect after closure. The feed runs in process (as every lane and embedded
+/// service runs it) through a proxy, beside a control connection dialed the same way. The
+/// proxy cuts all three and parks their redials (accepted, no bytes); `close()` then meets two
+/// connections that are down, so both drains fail, and it says so. The proxy heals: the
+/// parked redials reach the broker; the control reconnects (`/connz`), while the feed's two
+/// are refused before CONNECT and dropped, so the proxy carries the control alone, `/connz`
+/// lists neither feed connection, and `/connz?state=all` shows each feed connection's one
+/// session (a reconnect that closed again at once would be a second). Mutations seen failing: `close_both` draining only
+/// (no retirement first: both feed connections back in `/connz`); the rw connection closed
+/// only when the observer's drain succeeded (rw back); `close()` returning as soon as the
+/// observer's drain failed, before closing rw (rw back).
+#[tokio::test]
+async fn close_retires_both_feed_connections_even_when_their_drains_fail() {
+    const CONTROL: &str = "test-control";
+    let mesh = crate::support::data_path::mesh().await;
+    let space = mesh.space().clone();
+    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
+    let store: Arc<dyn SecretStore> = Arc::new(FsStore::new(mesh.root()));
+    let account = mesh.authority.account_public_key(&space).unwrap();
+    let mut parts = FeedParts::new(
+        DialSpec::new(proxy.url()),
+        store,
+        space.clone(),
+        account,
+        Journal::stderr_only(),
+    );
+    parts.interval = Duration::from_millis(300);
+    let feed = MembershipFeed::start(parts).await.expect("feed up");
+    // The daemon's renewal keeps a handle on the rw connection past the close; so does the test.
+    let (_rw_cell, _rw_handle) = feed.rw();
+    let delivery = read_creds_file(&mesh.workspace().delivery_creds_path(&space)).unwrap();
+    let control = conn::dial(
+        &DialSpec::new(proxy.url()).name(CONTROL),
+        CredentialCell::new(delivery),
+    )
+    .await
+    .expect("control up");
+    let all = [OBSERVER_NAME, RW_NAME, CONTROL];
+    eventually("all three listed", BOUND, || async {
+        listed(&mesh, &all).await.len() == 3
+    })
+    .await;
+    assert_eq!(proxy.active_count(), 3);
+    // Each feed connection presents its own credential.
+    let observer_jwt = read_creds_file(&mesh.workspace().membership_observer_creds_path(&space))
+        .unwrap()
+        .jwt;
+    let rw_jwt = read_creds_file(&mesh.workspace().membership_rw_creds_path(&space))
+        .unwrap()
+        .jwt;
+    assert_eq!(jwt_of(&mesh, OBSERVER_NAME).await, Some(observer_jwt));
+    assert_eq!(jwt_of(&mesh, RW_NAME).await, Some(rw_jwt));
+
+    // The path goes away: the three are cut and each redial is parked in the proxy.
+    proxy.blackhole_new();
+    proxy.cut_established();
+    eventually("three redials parked, none listed", BOUND, || async {
+        proxy.accepted_count() >= 6
+            && proxy.active_count() == 3
+            && listed(&mesh, &all).await.is_empty()
+    })
+    .await;
+    let closed = feed.close().await;
+    for (name, r) in [("observer", &closed.observer), ("rw", &closed.rw)] {
+        let e = r.as_ref().expect_err(name);
+        assert!(e.contains("the connection is down"), "{name}: {e}");
+    }
+
+    proxy.heal();
+    eventually(
+        "the control back and the proxy carrying it alone",
+        BOUND,
+        || async {
+            listed(&mesh, &all).await == [CONTROL.to_string()] && proxy.active_count() == 1
+        },
+    )
+    .await;
+    assert_eq!(listed(&mesh, &all).await, [CONTROL.to_string()]);
+    // Never back even for a moment: the broker saw each feed connection once (the session the
+    // cut closed), the control twice.
+    assert_eq!(
+        (
+            sessions(&mesh, OBSERVER_NAME).await,
+            sessions(&mesh, RW_NAME).await,
+            sessions(&mesh, CONTROL).await
+        ),
+        (1, 1, 2)
+    );
+    control.close(Duration::from_secs(1)).await;
+}
+
+/// The feed's `membership-rw` grants are confined, checked against the broker with the
+/// workspace's own `membership-rw` credential: it may write rows of `cotal_membership_<s>`
+/// (stored) and read the members registry; it may not write the members registry or the lease
+/// bucket, post or subscribe on chat, or publish on the `ctl.delivery` rail, and the broker
+/// stored none of those. Mutation seen failing: `kv_key(members_bucket, ">")` added to the
+/// `membership-rw` profile (the registry write was stored, no violation).
+#[tokio::test]
+async fn the_membership_rw_grants_are_confined() {
+    let mesh = crate::support::data_path::mesh().await;
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.unwrap();
+    let names = insp.names.clone();
+    let cred = read_creds_file(&mesh.workspace().membership_rw_creds_path(&space)).unwrap();
+    let (client, mut events) = mesh.connect_watched(&cred, "confined-rw").await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+
+    // Allowed: a row of the feed's bucket, and a read of the members registry.
+    let row_subject = format!("$KV.{}.local.confined", names.membership_bucket());
+    js.publish(row_subject, "{}".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("feed row stored");
+    assert!(row(&insp, &names.membership_bucket(), "local.confined")
+        .await
+        .is_some());
+    let members = js
+        .get_stream_no_info(cotal_delivery::wire::SpaceNames::kv_stream(
+            &names.members_bucket(),
+        ))
+        .await
+        .unwrap();
+    let registry_row = format!("$KV.{}.general/local.bob.u1", names.members_bucket());
+    insp.js
+        .publish(registry_row.clone(), "{\"state\":\"durable\"}".into())
+        .await
+        .expect("sent")
+        .await
+        .expect("registry row stored by the inspector");
+    let read = members
+        .get_last_raw_message_by_subject(&registry_row)
+        .await
+        .expect("the registry read is allowed");
+    assert_eq!(&read.payload[..], b"{\"state\":\"durable\"}");
+
+    // Denied: a registry write, a lease write, a chat post, a chat subscription, the rail.
+    let member_write = format!("$KV.{}.general/local.x.y", names.members_bucket());
+    let lease_write = format!("$KV.{}.lease.0", names.delivery_bucket());
+    let post = format!("{}.chat.local.alice.general", space.prefix());
+    let rail = format!("{}.ctl.delivery.local.alice", space.prefix());
+    for subject in [&member_write, &lease_write, &post, &rail] {
+        client
+            .publish(subject.to_string(), "{}".into())
+            .await
+            .expect("sent");
+        events
+            .expect_denied(BOUND, "Publish", subject)
+            .await
+            .unwrap_or_else(|e| panic!("{subject}: {e}"));
+    }
+    let chat = names.chat_all();
+    let _sub = client.subscribe(chat.clone()).await.expect("sub sent");
+    events
+        .expect_denied(BOUND, "Subscription", &chat)
+        .await
+        .unwrap_or_else(|e| panic!("{chat}: {e}"));
+    assert!(row(&insp, &names.members_bucket(), "general/local.x.y")
+        .await
+        .is_none());
+    assert!(row(&insp, &names.delivery_bucket(), "lease.0")
+        .await
+        .is_none());
+    let mut chat_stream = insp.js.get_stream(names.chat_stream()).await.unwrap();
+    assert_eq!(chat_stream.info().await.unwrap().state.messages, 0);
+}

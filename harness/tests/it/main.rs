@@ -1,0 +1,23 @@
+//! The harness's integration tests: one binary, a module per area, each test against real
+//! `nats-server` brokers and the real daemon binary. Shared fixtures are in [`support`] and in
+//! the harness library; snapshots are in `harness/tests/snapshots/` (scenario transcripts in
+//! `scenarios/snapshots/`).
+
+#[macro_use]
+mod support;
+
+mod admin;
+mod anycast;
+mod brokers;
+mod data_path;
+mod feed;
+mod health;
+mod host;
+mod inspect;
+mod lease;
+mod metrics;
+mod provisioning;
+mod renewal;
+mod scenarios;
+mod supervisor;
+mod timer;

@@ -1,0 +1,4 @@
+//! Credential renewal: the 75 % re-read, `reloadCreds` adoption, the renewal owner's re-sign.
+
+mod creds;
+mod remint;

@@ -1,0 +1,328 @@
+//! `cotal-delivery down` and detached `up`, on real processes: `up --detach` returns while the
+//! daemon keeps serving and `down` stops it (daemon first, then the broker); a frozen daemon is
+//! SIGKILLed after the (shortened) grace and its credential removed only after its death, while
+//! a concurrent `down` is refused; a record whose pid now belongs to another program is cleared
+//! without a signal; a bare `up` relaunches a missing daemon with the mesh's TLS, and reports a
+//! lease refusal non-zero naming why; the registry decides the broker of a daemon typed by hand.
+
+use crate::support::up::*;
+use cotal_delivery::files::{self, MeshRecord};
+use cotal_delivery::provision::MeshAuthority;
+use cotal_delivery::provision::SpaceMaterial;
+use cotal_delivery::space::observer_key;
+use cotal_delivery::store::{delivery_creds_key, FsStore, SecretStore};
+use delivery_harness::tls::TestPki;
+use nix::sys::signal::Signal;
+
+/// Detached up then down: up exits 0 with the daemon serving (status healthy, exit 0); down
+/// stops the daemon (it logs its SIGTERM line), then the broker, and removes the credential;
+/// status then says the broker is unreachable (exit 1).
+/// Mutation seen failing: the detached tie replaced by the foreground one in `tie_to_up` (the
+/// daemon dies with up: "both outlive up" fails).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
+    let root = tempfile::tempdir().expect("root");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let mut up = spawn_up(root.path(), &["--detach"], &[]);
+    let st = up.wait_exit(BOUND).await.expect("detached up returns");
+    assert_eq!(st.code(), Some(0), "{}", up.transcript());
+    up_snapshot!("up_detached", up.transcript());
+    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    let broker = broker_pid(root.path());
+    assert!(alive(daemon) && alive(broker), "both outlive up");
+    let (code, json) = status_json(root.path()).await;
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(json["lease"]["ready"], true);
+    assert_eq!(json["pidRecord"]["verdict"], "alive");
+    let (_, human) = status(root.path(), false).await;
+    up_snapshot!("status_healthy", human);
+    // The registry record up wrote, in the reference's shape.
+    let rec = MeshRecord::read(&files::registry_path(&root.path().join("home"), &demo()))
+        .expect("readable")
+        .expect("up registers the mesh");
+    assert_eq!(rec.root, root.path());
+    assert!(!rec.tls_required);
+
+    let (st, t) = down(root.path(), &[]).await;
+    assert_eq!(st.code(), Some(0), "{t}");
+    assert!(!alive(daemon) && !alive(broker), "{t}");
+    let d = t.find("delivery daemon (pid").expect("daemon stop");
+    let b = t.find("nats-server (pid").expect("broker stop");
+    assert!(d < b, "daemon first, then the broker:\n{t}");
+    assert!(!creds_path(root.path()).exists());
+    assert!(!pid_path(root.path()).exists());
+    let log = std::fs::read_to_string(files::log_path(root.path(), &demo())).expect("log");
+    assert!(log.contains("received SIGTERM, exiting"), "{log}");
+    up_snapshot!("down_detached", t);
+    let (code, json) = status_json(root.path()).await;
+    assert_eq!(code, 1, "{json}");
+    assert_eq!(json["broker"]["reachable"], false);
+    let (_, human) = status(root.path(), false).await;
+    up_snapshot!("status_after_down", human);
+}
+
+/// A frozen daemon (SIGSTOP): down sends SIGKILL after the shortened grace, and removes the
+/// credential only after the death; a second down meanwhile is refused by the reservation.
+/// Mutations seen failing, one at a time: the reservation check removed from
+/// `Reservation::take` (the concurrent down is not refused: it exits 0); the SIGKILL removed from
+/// the stop (the frozen daemon outlives the kill confirmation: down exits non-zero).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refused() {
+    let root = tempfile::tempdir().expect("root");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let mut up = spawn_up(root.path(), &["--detach"], &[]);
+    assert_eq!(up.wait_exit(BOUND).await.expect("returns").code(), Some(0));
+    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    signal(daemon, Signal::SIGSTOP);
+    let env = [("COTAL_DELIVERY_STOP_GRACE_MS", "3000")];
+    let r = root.path().to_str().expect("utf-8").to_string();
+    let mut first = spawn(
+        root.path(),
+        &["down", "--space", "demo", "--root", &r],
+        &env,
+    );
+    let reservation = files::stop_reservation_path(root.path(), &demo());
+    until("the first down holds the reservation", BOUND, || {
+        reservation.exists()
+    })
+    .await;
+    let (st2, second) = down(root.path(), &env).await;
+    assert_eq!(st2.code(), Some(1), "{second}");
+    assert!(
+        second.contains("another stop of the delivery daemon for space demo is running"),
+        "{second}"
+    );
+    assert!(
+        alive(daemon) || files::is_zombie(daemon),
+        "the refused down signalled nothing fatal"
+    );
+    assert!(
+        creds_path(root.path()).exists(),
+        "credential kept while the daemon lives"
+    );
+    let st = first.wait_exit(BOUND).await.expect("down exits");
+    let t = first.transcript();
+    assert_eq!(st.code(), Some(0), "{t}");
+    assert!(
+        t.contains("did not exit 3000 ms after SIGTERM - sent SIGKILL"),
+        "{t}"
+    );
+    let killed = t.find("killed").expect("killed line");
+    let removed = t.find("confirmed dead - credential").expect("removal line");
+    assert!(killed < removed, "removal after the death:\n{t}");
+    assert!(!alive(daemon));
+    assert!(!creds_path(root.path()).exists());
+    let log = std::fs::read_to_string(files::log_path(root.path(), &demo())).expect("log");
+    assert!(
+        !log.contains("received SIGTERM"),
+        "a frozen daemon wrote nothing:\n{log}"
+    );
+    up_snapshot!(
+        "down_frozen_daemon",
+        format!("{t}\n--- concurrent down ---\n{second}")
+    );
+}
+
+/// A record whose pid now belongs to another program (a `sleep`): status says `foreign`, down
+/// clears it (and a reused broker pid) without a signal, and the program lives on.
+/// Mutation seen failing: `PidLiveness::Foreign` handled like `Alive` in `stop_daemon` (the
+/// sleep is SIGTERMed: it is dead after down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_record_with_a_reused_pid_is_cleared_and_nothing_is_signalled() {
+    let root = tempfile::tempdir().expect("root");
+    std::fs::create_dir_all(root.path().join(".cotal")).expect("cotal");
+    let mut other = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep");
+    let pid = other.id();
+    std::fs::write(pid_path(root.path()), format!("{pid}\n")).expect("record");
+    std::fs::write(files::broker_pid_path(root.path()), format!("{pid}\n")).expect("nats.pid");
+    let (code, json) = status_json(root.path()).await;
+    assert_eq!(code, 1, "{json}");
+    assert_eq!(json["pidRecord"]["verdict"], "foreign", "{json}");
+    let (st, t) = down(root.path(), &[]).await;
+    assert_eq!(st.code(), Some(0), "{t}");
+    assert_eq!(
+        count(
+            &t,
+            "now another program - record cleared, nothing signalled"
+        ),
+        2,
+        "{t}"
+    );
+    assert!(alive(pid), "the other program was not signalled");
+    assert!(!pid_path(root.path()).exists());
+    let (_, human) = status(root.path(), false).await;
+    up_snapshot!("down_foreign_record", t);
+    up_snapshot!("status_no_mesh", human);
+    let _ = other.kill();
+    let _ = other.wait();
+}
+
+/// A TLS mesh, detached; its daemon SIGTERMed stays stopped; a bare `up` (no TLS flags)
+/// relaunches it with TLS demanded. Then the relaunched daemon is SIGKILLed: its lease row
+/// lives on, so the next bare `up` exits non-zero naming the lease refusal. A daemon typed by
+/// hand dials the recorded broker (banner); one with a mismatching --server is refused before
+/// any dial.
+/// A daemon with an injected store never consults the registry: a record naming another broker
+/// and root for the space neither refuses nor redirects it.
+/// Mutations seen failing: `tls: mesh.tls_required` replaced by `false` in `relaunch` (the
+/// relaunch line no longer says TLS required); the injected-store arm removed from
+/// `cli::registry_dial` (the injected daemon is refused, exit 3, naming the recorded broker).
+/// Not applied here: the `--server` comparison in `resolve_dial` removed (its unit test
+/// `files::registry_mismatching_server_is_refused_naming_both` catches it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
+    let root = tempfile::tempdir().expect("root");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let pki = TestPki::generate(root.path()).expect("pki");
+    let (cert, key, ca) = (
+        pki.server_cert.display().to_string(),
+        pki.server_key.display().to_string(),
+        pki.ca_cert.display().to_string(),
+    );
+    let tls = [
+        "--detach",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-ca",
+        &ca,
+    ];
+    let mut up = spawn_up(root.path(), &tls, &[]);
+    assert_eq!(
+        up.wait_exit(BOUND).await.expect("returns").code(),
+        Some(0),
+        "{}",
+        up.transcript()
+    );
+    let first = files::read_pid(&pid_path(root.path())).expect("record");
+    signal(first, Signal::SIGTERM);
+    until("the daemon stopped", BOUND, || !alive(first)).await;
+
+    let mut bare = spawn_up(root.path(), &[], &[]);
+    let st = bare.wait_exit(BOUND).await.expect("bare up returns");
+    let t = bare.transcript();
+    assert_eq!(st.code(), Some(0), "{t}");
+    assert!(
+        t.contains("relaunching the missing delivery daemon for space demo with TLS required"),
+        "{t}"
+    );
+    let second = files::read_pid(&pid_path(root.path())).expect("relaunched record");
+    let argv = files::process_argv(second).expect("argv");
+    assert!(argv.iter().any(|a| a == "--tls"), "TLS demanded: {argv:?}");
+    let (code, json) = status_json(root.path()).await;
+    assert_eq!(code, 0, "{json}");
+    up_snapshot!("up_bare_relaunch_tls", t);
+
+    // Typed by hand: the registry's broker, with TLS; the lease is held, so it exits 6.
+    let (st, hand) = run(root.path(), &["deliver", "--space", "demo"], &[]).await;
+    assert!(
+        hand.contains("(meshes entry) - dialing it with TLS required"),
+        "{hand}"
+    );
+    assert!(
+        hand.contains("a live lease already exists"),
+        "it reached the recorded broker: {hand}"
+    );
+    assert_eq!(st.code(), Some(6), "{hand}");
+    // A mismatching --server is refused before any dial: the listener it names sees nothing.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let other = format!(
+        "tls://127.0.0.1:{}",
+        listener.local_addr().expect("addr").port()
+    );
+    let (st, refused) = run(
+        root.path(),
+        &["deliver", "--space", "demo", "--server", &other],
+        &[],
+    )
+    .await;
+    assert_eq!(st.code(), Some(3), "{refused}");
+    assert!(
+        refused.contains(&format!(
+            "--server {other} does not match registered space \"demo\" at"
+        )),
+        "{refused}"
+    );
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nothing dialed the mismatching server"
+    );
+    up_snapshot!(
+        "deliver_registry_refusals",
+        format!("{hand}\n---\n{refused}")
+    );
+
+    // With an injected store the registry is never consulted: a record naming another broker
+    // and another root neither refuses the daemon nor redirects it; it dials the --server it was
+    // given (it reaches the mesh, whose lease is held: exit 6) and the recorded listener sees
+    // nothing.
+    let home = root.path().join("other-home");
+    MeshRecord {
+        space: "demo".into(),
+        server: other.clone(),
+        root: root.path().join("elsewhere"),
+        tls_required: true,
+        tls_ca: None,
+    }
+    .write(&files::registry_path(&home, &demo()))
+    .expect("record");
+    let store_dir = root.path().join("injected");
+    let store = FsStore::at_dir(&store_dir);
+    let authority =
+        MeshAuthority::load(&cotal_delivery::provision::Workspace::new(root.path()).auth_dir())
+            .expect("signer");
+    let m = SpaceMaterial::mint(&authority, &demo()).expect("material");
+    store
+        .put(&delivery_creds_key(&demo()), &m.delivery.to_creds_text())
+        .expect("put");
+    store
+        .put(
+            &observer_key(&demo()),
+            &m.membership_observer.to_creds_text(),
+        )
+        .expect("put");
+    let mesh_url = MeshRecord::read(&files::mesh_state_path(root.path()))
+        .expect("readable")
+        .expect("mesh.json")
+        .server;
+    let store_arg = store_dir.display().to_string();
+    let (st, injected) = run(
+        root.path(),
+        &[
+            "deliver", "--space", "demo", "--store", &store_arg, "--server", &mesh_url, "--tls",
+            "--tls-ca", &ca,
+        ],
+        &[("COTAL_HOME", home.to_str().expect("utf-8"))],
+    )
+    .await;
+    assert!(!injected.contains("meshes entry"), "{injected}");
+    assert!(
+        injected.contains("a live lease already exists"),
+        "it reached the --server it was given: {injected}"
+    );
+    assert_eq!(st.code(), Some(6), "{injected}");
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nothing dialed the recorded server"
+    );
+
+    // SIGKILL leaves the lease row: a bare up's relaunch is refused and says why.
+    signal(second, Signal::SIGKILL);
+    until("the daemon died", BOUND, || !alive(second)).await;
+    let mut again = spawn_up(root.path(), &[], &[]);
+    let st = again.wait_exit(BOUND).await.expect("returns");
+    let t = again.transcript();
+    assert_ne!(st.code(), Some(0), "{t}");
+    assert!(
+        t.contains("without serving space demo: ✗ delivery: a live lease already exists"),
+        "{t}"
+    );
+    up_snapshot!("up_relaunch_lease_refused", t);
+    let (st, t) = down(root.path(), &[]).await;
+    assert_eq!(st.code(), Some(0), "{t}");
+}

@@ -1,0 +1,4 @@
+//! `up` and `down`: the supervisor, foreground and detached.
+
+mod down;
+mod up;

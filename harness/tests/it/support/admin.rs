@@ -1,0 +1,109 @@
+//! Shared fixture of the admin-rail tests: a mesh, the real daemon with the documented short
+//! windows (and a short `$SYS` page settle), a manager, and test-side reads.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames};
+use delivery_harness::daemon::Daemon;
+use delivery_harness::manager::{Manager, Outcome};
+use delivery_harness::mesh::{Inspector, Mesh};
+use serde_json::Value;
+
+use crate::support::data_path as s;
+
+/// `COTAL_DELIVERY_SWEEP_SETTLE_MS` the tests run the daemon with.
+pub const SWEEP_SETTLE_MS: &str = "50";
+
+pub async fn start_daemon(mesh: &Mesh) -> Daemon {
+    let mut d = s::daemon_spec(mesh)
+        .env("COTAL_DELIVERY_SWEEP_SETTLE_MS", SWEEP_SETTLE_MS)
+        .spawn()
+        .expect("spawn daemon");
+    d.wait_for_line("delivery daemon up", s::UP_BOUND)
+        .await
+        .expect("daemon up");
+    d
+}
+
+pub async fn manager(mesh: &Mesh) -> Manager {
+    Manager::connect(
+        mesh,
+        mesh.space(),
+        &Principal::parse("local.manager").expect("principal"),
+    )
+    .await
+    .expect("manager")
+}
+
+/// The data of an answered request; panics on anything else.
+pub fn answered(o: Outcome) -> Value {
+    match o {
+        Outcome::Answered(v) => v,
+        other => panic!("expected an answer, got {other:?}"),
+    }
+}
+
+/// The refusal text; panics on anything else.
+pub fn refused(o: Outcome) -> String {
+    match o {
+        Outcome::Refused(e) => e,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// Every live member row of one lifecycle, as the broker holds it: `(channel, generation)`.
+pub async fn rows_of(insp: &Inspector, p: &Principal, uid: &LifecycleUid) -> Vec<(String, u64)> {
+    let keys = cotal_delivery::kv::keys(
+        &insp.js,
+        &insp.names.members_bucket(),
+        ">",
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("keys");
+    let suffix = format!("/{}.{uid}", p.dot_form());
+    let mut out = Vec::new();
+    for k in keys.iter().filter(|k| k.ends_with(&suffix)) {
+        if let Some(v) = s::row(insp, &insp.names.members_bucket(), k).await {
+            out.push((
+                v["channel"].as_str().unwrap_or_default().to_string(),
+                v["generation"].as_u64().unwrap_or(0),
+            ));
+        }
+    }
+    out
+}
+
+/// `(channel, generation)` of an inventory's memberships.
+pub fn listed(inventory: &Value) -> Vec<(String, u64)> {
+    inventory["memberships"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|m| {
+                    (
+                        m["channel"].as_str().unwrap_or_default().to_string(),
+                        m["generation"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn names(mesh: &Mesh) -> SpaceNames {
+    SpaceNames::new(mesh.space())
+}
+
+/// A one-shot connection presenting `material`'s agent credential (tagged `principal:<o>.<a>`):
+/// once kicked it stays gone (`cotal_delivery::client::credential_options` never redials), like a retired
+/// agent whose credential the manager's deny-new has revoked.
+pub async fn victim(
+    mesh: &Mesh,
+    material: &cotal_delivery::provision::AgentMaterial,
+) -> async_nats::Client {
+    mesh.connect(&material.credential, "victim")
+        .await
+        .expect("victim connects")
+}

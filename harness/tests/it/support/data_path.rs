@@ -1,0 +1,319 @@
+//! Shared fixture of the data-path tests: a mesh, the real daemon with the documented short
+//! windows, and test-side reads of broker state (stream subjects, consumer state, rows).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::pull;
+use cotal_delivery::kv::{Read, Rows};
+use cotal_delivery::wire::{LifecycleUid, Principal, Space, SpaceNames};
+use delivery_harness::daemon::{Daemon, DaemonSpec};
+use delivery_harness::mesh::{Inspector, Mesh};
+use futures::TryStreamExt;
+
+/// Nak delay the tests run the daemon with (`COTAL_DELIVERY_NAK_DELAY_MS`).
+pub const NAK_DELAY_MS: &str = "100";
+/// Ack wait of the daemon's durables in tests (`COTAL_DELIVERY_ACK_WAIT_MS`).
+pub const ACK_WAIT_MS: &str = "2000";
+pub const UP_BOUND: Duration = super::BOUND;
+pub const SURFACE_BOUND: Duration = Duration::from_secs(10);
+/// How long "nothing arrives" is watched.
+pub const QUIET: Duration = Duration::from_millis(1500);
+
+pub fn daemon_spec(mesh: &Mesh) -> DaemonSpec {
+    mesh.deliver(mesh.space())
+        .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+        .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
+}
+
+pub async fn start_daemon(mesh: &Mesh) -> Daemon {
+    let mut d = daemon_spec(mesh).spawn().expect("spawn daemon");
+    d.wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("daemon up");
+    d
+}
+
+/// A proxy in front of the mesh's broker and the daemon (test windows) dialing through it, up.
+pub async fn start_daemon_via_proxy(mesh: &Mesh) -> (delivery_harness::TcpProxy, Daemon) {
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .expect("proxy");
+    let mut daemon = DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+        .server(&proxy.url())
+        .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+        .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
+        .spawn()
+        .expect("spawn daemon");
+    daemon
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("daemon up");
+    // A test that holds the proxy must not hold the lease watch's own subscription with it.
+    wait_lease_watch_bound(&mesh.inspector(mesh.space()).await.expect("inspector")).await;
+    (proxy, daemon)
+}
+
+/// Waits until the daemon's start-up is complete as the broker sees it: its lease watch
+/// consumer exists and the broker knows its subscription (`push_bound`). The watch binds after
+/// "delivery daemon up" (the seeds' order), so a proxy hold armed before this may keep the
+/// watch's subscription from the broker, and the watch would then never see a lease change.
+pub async fn wait_lease_watch_bound(insp: &delivery_harness::mesh::Inspector) {
+    let lease_stream = cotal_delivery::wire::SpaceNames::kv_stream(&insp.names.delivery_bucket());
+    eventually("the lease watch bound", UP_BOUND, || async {
+        let Ok(stream) = insp.js.get_stream(&lease_stream).await else {
+            return false;
+        };
+        let mut infos = stream.consumers();
+        while let Some(Ok(info)) = futures::StreamExt::next(&mut infos).await {
+            if info.name.starts_with("leasewatch_") && info.push_bound {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+}
+
+pub async fn stop_daemon(d: &mut Daemon) {
+    d.terminate().expect("sigterm");
+    d.wait_exit(Duration::from_secs(15)).await.expect("exit");
+}
+
+pub async fn mesh() -> Mesh {
+    Mesh::demo().await.expect("mesh")
+}
+
+/// How many messages `stream` holds on exactly `subject` (leader-served stream info).
+pub async fn count_on(insp: &Inspector, stream: &str, subject: &str) -> u64 {
+    let s = insp.js.get_stream_no_info(stream).await.expect("stream");
+    let mut info = s.info_with_subjects(subject).await.expect("info");
+    let mut n = 0;
+    while let Some((subj, count)) = info.try_next().await.expect("page") {
+        if subj == subject {
+            n += count as u64;
+        }
+    }
+    n
+}
+
+pub async fn inbox_count(insp: &Inspector, p: &Principal, uid: &LifecycleUid) -> u64 {
+    count_on(
+        insp,
+        &insp.names.inbox_stream(),
+        &insp.names.dinbox_subject(p, uid),
+    )
+    .await
+}
+
+pub async fn dlv_count(insp: &Inspector, p: &Principal, uid: &LifecycleUid) -> u64 {
+    count_on(
+        insp,
+        &insp.names.dlv_stream(),
+        &insp.names.dlv_subject(p, uid),
+    )
+    .await
+}
+
+/// Consumer state from the broker.
+pub async fn consumer(
+    insp: &Inspector,
+    stream: &str,
+    name: &str,
+) -> async_nats::jetstream::consumer::Info {
+    let s = insp.js.get_stream_no_info(stream).await.expect("stream");
+    let c: async_nats::jetstream::consumer::Consumer<pull::Config> =
+        s.get_consumer(name).await.expect("consumer");
+    c.cached_info().clone()
+}
+
+/// Waits (bounded) until `f` holds, polling the broker.
+pub async fn eventually<F, Fut>(what: &str, bound: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + bound;
+    loop {
+        if f().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "timed out after {} ms waiting for: {what}",
+                bound.as_millis()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A row of a bucket as the broker holds it.
+pub async fn row(insp: &Inspector, bucket: &str, key: &str) -> Option<serde_json::Value> {
+    let rows = Rows::open(&insp.js, bucket, Duration::from_secs(5))
+        .await
+        .expect("bucket");
+    match rows.read(key).await.expect("read") {
+        Read::Present(r) => serde_json::from_slice(&r.value).ok(),
+        Read::Absent { .. } => None,
+    }
+}
+
+pub async fn member_row(
+    insp: &Inspector,
+    channel: &str,
+    p: &Principal,
+    uid: &LifecycleUid,
+) -> Option<serde_json::Value> {
+    row(
+        insp,
+        &insp.names.members_bucket(),
+        &SpaceNames::member_key(channel, p, uid),
+    )
+    .await
+}
+
+/// Writes a channel config row (e.g. `{"deliveryClass":"live"}`).
+pub async fn set_channel(insp: &Inspector, channel: &str, config: serde_json::Value) {
+    let subject = format!("$KV.{}.{channel}", insp.names.channels_bucket());
+    insp.js
+        .publish(subject, config.to_string().into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+}
+
+/// Snapshot settings normalising nkeys, lifecycle uids, ports, paths and revisions.
+pub fn snapshot_settings() -> insta::Settings {
+    let mut settings = crate::support::snapshot_base();
+    settings.add_filter(r"[A-Z0-9]{56}", "[NKEY]");
+    settings.add_filter(r"\b[a-z0-9]{32}\b", "[UID]");
+    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]");
+    settings.add_filter(r"/tmp/[^\s]+", "[PATH]");
+    settings.add_filter(r"revision \d+", "revision [REV]");
+    settings
+}
+
+/// alice and bob, fresh lifecycles both reading `general`, connected (bob with his material).
+pub async fn alice_and_bob(
+    mesh: &Mesh,
+    insp: &Inspector,
+) -> (
+    cotal_delivery::agent::Agent,
+    (
+        cotal_delivery::agent::Agent,
+        cotal_delivery::provision::AgentMaterial,
+    ),
+) {
+    let (alice, _) = delivery_harness::agent::spawn(mesh, insp, "alice", &["general"])
+        .await
+        .expect("alice");
+    let bob = delivery_harness::agent::spawn(mesh, insp, "bob", &["general"])
+        .await
+        .expect("bob");
+    (alice, bob)
+}
+
+pub fn space(mesh: &Mesh) -> Space {
+    mesh.space().clone()
+}
+
+/// Every message `stream` holds on exactly `subject`, as JSON, read back on the test side with
+/// an ephemeral AckNone consumer (bounded per message).
+pub async fn stored_on(insp: &Inspector, stream: &str, subject: &str) -> Vec<serde_json::Value> {
+    use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy};
+    use futures::StreamExt;
+    let expected = count_on(insp, stream, subject).await as usize;
+    if expected == 0 {
+        return Vec::new();
+    }
+    let s = insp.js.get_stream_no_info(stream).await.expect("stream");
+    let reader = s
+        .create_consumer(pull::Config {
+            filter_subject: subject.to_string(),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::None,
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+        .expect("test-side consumer");
+    let mut messages = reader.messages().await.expect("pull");
+    let mut out = Vec::with_capacity(expected);
+    for _ in 0..expected {
+        let m = tokio::time::timeout(Duration::from_secs(5), messages.next())
+            .await
+            .expect("every stored message is read back")
+            .expect("stream open")
+            .expect("message");
+        out.push(serde_json::from_slice(&m.payload).expect("JSON"));
+    }
+    out
+}
+
+/// Waits (bounded) until the fan-out writer and the trusted reader have nothing pending or
+/// unacknowledged, as the broker sees their durables.
+pub async fn drained(insp: &Inspector, bound: Duration) {
+    eventually("the fan-out writer and reader drained", bound, || async {
+        let f = consumer(insp, &insp.names.chat_stream(), "fanout").await;
+        let r = consumer(insp, &insp.names.inbox_stream(), "reader").await;
+        f.num_pending == 0 && f.num_ack_pending == 0 && r.num_pending == 0 && r.num_ack_pending == 0
+    })
+    .await;
+}
+
+/// `n` posts of `from` on `channel` (`burst-<i>`, each with its id as `Nats-Msg-Id`) published
+/// pipelined from the test side, then every broker ack collected: a sender outrunning the
+/// fan-out writer.
+pub async fn burst(insp: &Inspector, from: &cotal_delivery::agent::Agent, channel: &str, n: u64) {
+    let subject = insp.names.chat_subject(from.principal(), channel);
+    let mut acks = Vec::new();
+    for i in 0..n {
+        let m = from.message(channel, &format!("burst-{i}"), None);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", m["id"].as_str().unwrap());
+        acks.push(
+            insp.js
+                .publish_with_headers(subject.clone(), headers, m.to_string().into())
+                .await
+                .unwrap(),
+        );
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+}
+
+/// Pauses (`until` = an RFC 3339 time) or resumes (`None`) the daemon's `fanout` durable.
+pub async fn pause_fanout(insp: &delivery_harness::mesh::Inspector, until: Option<&str>) {
+    pause_durable(insp, &insp.names.chat_stream(), "fanout", until).await;
+}
+
+/// Pauses (`until` = an RFC 3339 time) or resumes (`None`) one of the daemon's durables on the
+/// broker (`CONSUMER.PAUSE`): while paused the broker hands it nothing, whoever pulls.
+pub async fn pause_durable(
+    insp: &delivery_harness::mesh::Inspector,
+    stream: &str,
+    durable: &str,
+    until: Option<&str>,
+) {
+    let body = match until {
+        Some(t) => format!(r#"{{"pause_until":"{t}"}}"#),
+        None => "{}".to_string(),
+    };
+    let reply = insp
+        .client
+        .request(
+            format!("$JS.API.CONSUMER.PAUSE.{stream}.{durable}"),
+            body.into(),
+        )
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(
+        answer["paused"],
+        until.is_some(),
+        "pause/resume of {durable} answered {answer}"
+    );
+}

@@ -1,0 +1,225 @@
+//! Shared pieces of the `up*`/`down*` scenarios: `cotal-delivery` command lines run as an
+//! operator types them (each test with its own `COTAL_HOME`), bounded waits on observable
+//! conditions, and the snapshot filters for the supervisor's lines.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use cotal_delivery::files;
+use cotal_delivery::wire::Space;
+use delivery_harness::daemon::{Daemon, DaemonSpec};
+use delivery_harness::nats_server_bin;
+
+pub const BOUND: Duration = Duration::from_secs(60);
+
+/// Kills (SIGKILL) what a detached mesh left at `root` when a test ends early: the recorded
+/// broker and daemon, only while their command lines prove what they are.
+pub struct MeshGuard(pub PathBuf);
+
+impl Drop for MeshGuard {
+    fn drop(&mut self) {
+        use cotal_delivery::files::PidLiveness;
+        let root = &self.0;
+        let space = demo();
+        let daemons = [
+            files::pid_path(root, &space),
+            files::launched_path(root, &space),
+        ];
+        for path in daemons {
+            if let Some(pid) = files::read_pid(&path) {
+                if let PidLiveness::Alive(p) =
+                    files::process_liveness(pid, files::argv_names_delivery_daemon)
+                {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(p as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+        if let Some(pid) = files::read_pid(&files::broker_pid_path(root)) {
+            if let PidLiveness::Alive(p) =
+                files::process_liveness(pid, files::argv_names_nats_server)
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+pub fn demo() -> Space {
+    Space::parse("demo").expect("space")
+}
+
+/// `cotal-delivery <args…>` run from `root`, with `COTAL_HOME=<root>/home` and `env`.
+pub fn spawn(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+    let bin = nats_server_bin().expect("nats-server");
+    let mut spec = DaemonSpec::command(args, root)
+        .env("NATS_SERVER_BIN", bin.display().to_string())
+        .env("COTAL_HOME", root.join("home").display().to_string());
+    for (k, v) in env {
+        spec = spec.env(k, *v);
+    }
+    spec.spawn().expect("spawn cotal-delivery")
+}
+
+/// `cotal-delivery up --space demo --root <root> --port 0 <extra…>`.
+pub fn spawn_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+    let root_arg = root.to_str().expect("utf-8 path");
+    let mut args = vec!["up", "--space", "demo", "--root", root_arg, "--port", "0"];
+    args.extend_from_slice(extra);
+    spawn(root, &args, env)
+}
+
+/// `up` in the foreground (see [`spawn_up`]), waited (bounded) until it reports the daemon
+/// serving; with the pid the daemon recorded.
+pub async fn serving_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Daemon, u32) {
+    let mut up = spawn_up(root, extra, env);
+    up.wait_for_line("delivery daemon serving space demo", BOUND)
+        .await
+        .expect("serving");
+    let pid = files::read_pid(&pid_path(root)).expect("the daemon recorded itself");
+    (up, pid)
+}
+
+/// The state letter of `pid` in `/proc/<pid>/stat` (`T` stopped, `Z` zombie, …).
+pub fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S …`: the state follows the last `)`.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Freezes (SIGSTOP) the replacement `up` launches after `first` died, as soon as the launch
+/// record names it; one that exited before it could be frozen (refused by the lease its
+/// predecessor left) is passed over for the next launch. Returns the frozen pid, proved stopped.
+pub async fn freeze_the_replacement(root: &Path, first: u32) -> u32 {
+    let launched = files::launched_path(root, &demo());
+    let mut passed = vec![first];
+    let deadline = Instant::now() + BOUND;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no replacement frozen within {BOUND:?}"
+        );
+        if let Some(pid) = files::read_pid(&launched).filter(|p| !passed.contains(p)) {
+            let frozen = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGSTOP,
+            )
+            .is_ok();
+            if frozen {
+                // SIGSTOP is delivered asynchronously: wait (bounded) for the stopped state.
+                let until = Instant::now() + Duration::from_secs(2);
+                while Instant::now() < until {
+                    match proc_state(pid) {
+                        Some('T') => return pid,
+                        Some('Z') | None => break,
+                        _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                    }
+                }
+            }
+            passed.push(pid);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Runs a command to its exit (bounded); returns the status and the transcript.
+pub async fn run(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let mut p = spawn(root, args, env);
+    let status = p.wait_exit(BOUND).await.expect("exits");
+    (status, p.transcript())
+}
+
+/// `down --space demo --root <root>`.
+pub async fn down(root: &Path, env: &[(&str, &str)]) -> (ExitStatus, String) {
+    let r = root.to_str().expect("utf-8").to_string();
+    run(root, &["down", "--space", "demo", "--root", &r], env).await
+}
+
+/// `status --space demo --root <root> [--json]`.
+pub async fn status(root: &Path, json: bool) -> (ExitStatus, String) {
+    let r = root.to_str().expect("utf-8").to_string();
+    let mut args = vec!["status", "--space", "demo", "--root", &r];
+    if json {
+        args.push("--json");
+    }
+    run(root, &args, &[]).await
+}
+
+/// `status --json` parsed.
+pub async fn status_json(root: &Path) -> (i32, serde_json::Value) {
+    let (st, out) = status(root, true).await;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON in:\n{out}"));
+    (
+        st.code().unwrap_or(-1),
+        serde_json::from_str(line).expect("status JSON"),
+    )
+}
+
+/// Waits (bounded) until `cond` holds.
+pub async fn until(what: &str, bound: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {bound:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn pid_path(root: &Path) -> PathBuf {
+    files::pid_path(root, &demo())
+}
+
+pub fn creds_path(root: &Path) -> PathBuf {
+    cotal_delivery::provision::Workspace::new(root).delivery_creds_path(&demo())
+}
+
+pub fn broker_pid(root: &Path) -> u32 {
+    files::read_pid(&files::broker_pid_path(root)).expect("nats.pid")
+}
+
+/// Alive and not a zombie.
+pub fn alive(pid: u32) -> bool {
+    files::process_alive(pid) && !files::is_zombie(pid)
+}
+
+pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).expect("signal");
+}
+
+/// How many lines contain `needle`.
+pub fn count(transcript: &str, needle: &str) -> usize {
+    transcript.lines().filter(|l| l.contains(needle)).count()
+}
+
+/// insta filters for the supervisor's lines and `status`.
+pub fn filters() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (r"\b[A-Z0-9]{56}\b", "[NKEY]"),
+        (r"\b[0-9a-f]{32}\b", "[INCARNATION]"),
+        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
+        (r"(nats|tls)://127\.0\.0\.1:\d+", "$1://[HOST]:[PORT]"),
+        (r"(/[A-Za-z0-9._-]+)+", "[PATH]"),
+        (r"pid \d+", "pid [PID]"),
+        (r"\d+ (ms|s)\b", "[N] $1"),
+    ]
+}
+
+#[macro_export]
+macro_rules! up_snapshot {
+    ($name:expr, $transcript:expr) => {{
+        let mut settings = $crate::support::snapshot_base();
+        for (re, with) in $crate::support::up::filters() {
+            settings.add_filter(re, with);
+        }
+        settings.bind(|| insta::assert_snapshot!($name, $transcript));
+    }};
+}
