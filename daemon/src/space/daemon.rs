@@ -802,24 +802,35 @@ impl Serving {
         let mut renew = tokio::time::interval(renew_every);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         renew.tick().await;
-        let closed = loop {
+        // Every handler below may wait on the broker (a renew, a re-read, a credential proof),
+        // so each one is raced against the verdict: once the broker is judged gone nothing more
+        // is asked of it, and the daemon leaves at the window instead of after the handler's
+        // own bounds (a re-check of the lease against a broker that is gone, then the host's
+        // hard-exit fallback).
+        let way = loop {
             tokio::select! {
-                by = stops.stopped() => {
-                    watch.retire().await;
-                    let closed = keeper.stop_signalled(by).await;
-                    timer.stop().await;
-                    if let Some(feed) = feed {
-                        feed.close().await;
-                    }
-                    return closed;
-                }
+                biased;
+                verdict = health.verdict() => break Way::Verdict(verdict),
+                by = stops.stopped() => break Way::Stopped(by),
                 _ = renew.tick() => {
-                    if let Some(closed) = keeper.on_renew_tick().await { break closed; }
+                    tokio::select! {
+                        biased;
+                        verdict = health.verdict() => break Way::Verdict(verdict),
+                        closed = keeper.on_renew_tick() => {
+                            if let Some(closed) = closed { break Way::Closed(closed); }
+                        }
+                    }
                 }
                 event = watch.next() => {
                     match event {
                         Some(WatchEvent::Foreign) => {
-                            if let Some(closed) = keeper.on_watch_event().await { break closed; }
+                            tokio::select! {
+                                biased;
+                                verdict = health.verdict() => break Way::Verdict(verdict),
+                                closed = keeper.on_watch_event() => {
+                                    if let Some(closed) = closed { break Way::Closed(closed); }
+                                }
+                            }
                         }
                         Some(WatchEvent::Own) => {}
                         None => {
@@ -829,34 +840,57 @@ impl Serving {
                     }
                 }
                 ev = keeper.events.recv() => keeper.on_conn_event(ev),
-                // the 75% re-read, and the transport-health verdict that ends the daemon.
+                // the 75% re-read.
                 _ = renewal.due() => {
-                    renewal.on_due().await;
+                    tokio::select! {
+                        biased;
+                        verdict = health.verdict() => break Way::Verdict(verdict),
+                        _ = renewal.on_due() => {}
+                    }
                 }
                 // the membership feed's own 75 % re-read of its rw credential.
                 _ = renewal.membership_due() => {
-                    renewal.on_membership_due().await;
-                }
-                verdict = health.verdict() => {
-                    // Coupled to the broker: no drain to wait for; dropping the writer stops it
-                    // (its connection retired). The feed's two are retired by its close, which
-                    // does not wait on a connection that is down.
-                    let closed = keeper.abandon(verdict).await;
-                    if let Some(feed) = feed {
-                        feed.close().await;
+                    tokio::select! {
+                        biased;
+                        verdict = health.verdict() => break Way::Verdict(verdict),
+                        _ = renewal.on_membership_due() => {}
                     }
-                    return closed;
                 }
             }
         };
-        watch.retire().await;
-        let closed = keeper.leave(closed).await;
-        timer.stop().await;
+        let closed = match way {
+            Way::Stopped(by) => {
+                watch.retire().await;
+                let closed = keeper.stop_signalled(by).await;
+                timer.stop().await;
+                closed
+            }
+            Way::Verdict(verdict) => {
+                // Coupled to the broker: no drain to wait for and no row to release; dropping
+                // the writer stops it (its connection retired). The feed's two are retired by
+                // its close, which does not wait on a connection that is down.
+                drop(timer);
+                keeper.abandon(verdict).await
+            }
+            Way::Closed(closed) => {
+                watch.retire().await;
+                let closed = keeper.leave(closed).await;
+                timer.stop().await;
+                closed
+            }
+        };
         if let Some(feed) = feed {
             feed.close().await;
         }
         closed
     }
+}
+
+/// How the serve loop was left.
+enum Way {
+    Stopped(&'static str),
+    Verdict(Verdict),
+    Closed(Closed),
 }
 
 /// The lease TTL: the bucket's `max_age` (set at provisioning), or the reference default.

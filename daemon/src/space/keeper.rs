@@ -225,7 +225,9 @@ impl Keeper {
     /// for a redial.
     pub(crate) async fn abandon(mut self, verdict: Verdict) -> Closed {
         self.lease.forget();
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.plane.quiesce()).await;
+        // Nothing is flushed to a broker that is gone: the gate closes (nothing admitted before
+        // acts after) and the plane's tasks are ended where they wait, not waited for.
+        self.plane.abort();
         // An expired credential can flush nothing: the broker is closing this connection, and
         // a drain would wait out its bound past a host's grace (the lane would be reopened
         // while its daemon is still closing).

@@ -136,6 +136,20 @@ impl Plane {
     }
 }
 
+impl Plane {
+    /// Closes the gate and ends the bound tasks where they are, without waiting for them to
+    /// wind down: for a daemon leaving on a transport verdict, whose broker can take nothing.
+    pub fn abort(&mut self) {
+        self.ctx.gate.close();
+        if let Some(bound) = self.bound.take() {
+            let _ = bound.stop.send(true);
+            for task in bound.tasks {
+                task.abort();
+            }
+        }
+    }
+}
+
 async fn unbind(bound: Bound) {
     let _ = bound.stop.send(true);
     for task in bound.tasks {

@@ -257,3 +257,58 @@ async fn blackhole_without_stall_exits_at_the_window() {
     );
     snapshot!("health_blackhole_window", own_lines(&d.transcript()));
 }
+
+/// The window this test configures: long enough that a renew at the short lease TTL's half
+/// fails inside it (the renew tick lands while the broker is gone).
+const RENEWING_WINDOW: Duration = Duration::from_millis(3_000);
+/// The seeds' bound on the exit after the window (the "window + 0.5 s").
+const AT_THE_WINDOW: Duration = Duration::from_millis(500);
+
+/// The broker SIGKILLed while the daemon renews its lease every second (2 s TTL): at the window
+/// it logs the seeds' line and exits 9, with no lease re-check or release against the broker
+/// that is gone after the verdict and without the host's hard-exit fallback; the exit is within
+/// the window plus 0.5 s of the kill.
+/// Mutation seen failing: the serve loop's handlers not raced against the verdict (the renew
+/// tick's arbitration runs on: `stopped serving … re-checks who owns the lease` after the
+/// verdict, then `the run loop did not exit within 2000 ms of the verdict`, exit 5.3 s after the
+/// kill).
+#[tokio::test]
+async fn broker_sigkill_during_renewals_exits_at_the_window_without_rechecking_the_lease() {
+    let mut mesh = Mesh::demo_builder()
+        .expect("builder")
+        .lease_ttl(Duration::from_secs(2))
+        .start()
+        .await
+        .expect("mesh");
+    let space = mesh.space().clone();
+    let mut d = mesh
+        .deliver(&space)
+        .env("COTAL_DELIVERY_BROKER_GONE_MS", ms(RENEWING_WINDOW))
+        .env("COTAL_DELIVERY_PING_INTERVAL_MS", ms(PING))
+        .spawn()
+        .expect("spawn");
+    up(&mesh, &mut d).await;
+    let killed = Instant::now();
+    mesh.broker.kill().expect("kill broker");
+    let status = d.wait_exit(BOUND).await.expect("daemon exits");
+    let delay = killed.elapsed();
+    measured(
+        "broker SIGKILL -> daemon exit (window 3000 ms, TTL 2 s)",
+        delay,
+    );
+    let t = d.transcript();
+    assert_eq!(exit_code(status), Some(9), "{t}");
+    let verdict = t
+        .find(GONE)
+        .unwrap_or_else(|| panic!("no verdict line:\n{t}"));
+    let after = &t[verdict..];
+    for never in [
+        "re-checks who owns the lease",
+        "release",
+        "run loop did not exit",
+    ] {
+        assert!(!after.contains(never), "{never:?} after the verdict:\n{t}");
+    }
+    assert!(delay >= RENEWING_WINDOW, "{delay:?}");
+    assert!(delay < RENEWING_WINDOW + AT_THE_WINDOW, "{delay:?}\n{t}");
+}
