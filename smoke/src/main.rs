@@ -1,9 +1,11 @@
 //! `smoke`: long-running suites against real brokers. `smoke bench-fanout` measures the Plane-3
-//! data path (post -> fan-out -> trusted reader -> member's `dlv_` durable -> surfaced) next to a
-//! raw JetStream baseline on the same broker in the same run. `smoke delivery-standby` runs two
-//! standby hosts through takeover (docs/host.md).
+//! data path (post -> fan-out -> trusted reader -> member's `dlv_` durable) next to the raw
+//! JetStream pipeline it wraps, on the same broker (or cluster) in the same run
+//! (docs/performance.md). `smoke delivery-standby` runs two standby hosts through takeover
+//! (docs/host.md).
 
 mod bench_fanout;
+mod cluster;
 mod standby;
 
 use clap::{Parser, Subcommand};
@@ -20,9 +22,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Fan-out throughput and post-to-surface latency for 1, 10 and 100 members, with a raw
-    /// JetStream baseline (the same copies published straight into INBOX and DLV).
+    /// Fan-out throughput, CPU per frame and post-to-frame latency for 10 and 100 members,
+    /// next to the raw JetStream pipeline (the same messages, no checks) on the same broker.
     BenchFanout(bench_fanout::Args),
+    /// The raw pipeline of `bench-fanout`, which starts it as a process of its own.
+    #[command(hide = true)]
+    BenchFanoutRaw(bench_fanout::raw::Args),
     /// Two `deliver --spaces` hosts for one space on one broker: takeover after the holder is
     /// SIGKILLed, returns, or is stopped (SIGTERM), with observed takeover times, a durable
     /// sender whose every post must reach an offline member, credentials replaced through each
@@ -46,6 +51,7 @@ fn main() {
     let code = runtime.block_on(async {
         match cli.command {
             Command::BenchFanout(args) => bench_fanout::run(args).await,
+            Command::BenchFanoutRaw(args) => bench_fanout::raw::run(args).await,
             Command::DeliveryStandby(args) => standby::run(args).await,
         }
     });

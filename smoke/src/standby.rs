@@ -25,6 +25,8 @@ use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
 
+use crate::cluster::CLUSTER_NODES;
+
 #[derive(clap::Args, Clone)]
 pub struct Args {
     /// Rounds of each case.
@@ -74,8 +76,6 @@ const CASES: [&str; 3] = ["kill", "return", "stop"];
 const DLV_BUDGET: usize = DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT as usize - 100;
 /// The cluster-only case: the broker node the holder is connected to is SIGKILLed.
 const NODE_CASE: &str = "node";
-/// Nodes of the `--cluster` mesh (and replicas of its streams and buckets).
-const CLUSTER_NODES: usize = 3;
 
 pub async fn run(args: Args) -> i32 {
     match suite(args).await {
@@ -269,31 +269,6 @@ async fn wait_seen(seen: &Seen, id: &str, bound: Duration) -> Result<Instant, St
     }
 }
 
-/// Checks on the broker that every stream of the space (buckets included) has `want`
-/// replicas, and says so.
-async fn replicas(insp: &Inspector, want: usize) -> Result<String, String> {
-    use futures::TryStreamExt;
-    let streams: Vec<async_nats::jetstream::stream::Info> =
-        insp.js.streams().try_collect().await.map_err(err)?;
-    let wrong: Vec<String> = streams
-        .iter()
-        .filter(|i| i.config.num_replicas.max(1) != want)
-        .map(|i| format!("{} R{}", i.config.name, i.config.num_replicas))
-        .collect();
-    if streams.is_empty() || !wrong.is_empty() {
-        return Err(format!(
-            "the space's streams are not all at R{want}: {} of {} differ ({})",
-            wrong.len(),
-            streams.len(),
-            wrong.join(", ")
-        ));
-    }
-    Ok(format!(
-        "every stream and bucket of the space at R{want} ({} streams, read from the broker)",
-        streams.len()
-    ))
-}
-
 /// Posts a round's marker, retried (bounded) while a cluster connection fails over.
 async fn post_mark(sender: &Agent, channel: &str, mark: &str) -> Result<(), String> {
     let deadline = Instant::now() + BOUND;
@@ -343,7 +318,7 @@ async fn suite(args: Args) -> Result<(), String> {
             .ack_wait_ms
             .map(|ms| Duration::from_millis(ms.max(100))),
     };
-    let nodes = if args.cluster { CLUSTER_NODES } else { 1 };
+    let nodes = crate::cluster::nodes(args.cluster);
     let mut mesh = Mesh::builder()
         .space("standby")
         .map_err(err)?
@@ -354,7 +329,7 @@ async fn suite(args: Args) -> Result<(), String> {
         .map_err(err)?;
     let space = mesh.space().clone();
     let insp = mesh.inspector(&space).await.map_err(err)?;
-    let replicas_line = replicas(&insp, nodes).await?;
+    let replicas_line = crate::cluster::replicas(&insp, nodes).await?;
     let roots = [
         tempfile::tempdir().map_err(err)?,
         tempfile::tempdir().map_err(err)?,
