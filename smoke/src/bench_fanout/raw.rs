@@ -214,9 +214,22 @@ async fn serve(args: Args) -> Result<(), String> {
     .await?;
     println!("{READY_LINE}");
     let faults = Arc::new(Faults::default());
-    let copy = tokio::spawn(copy_stage(copy_js, posts, plan.clone(), faults.clone()));
-    let frame = tokio::spawn(frame_stage(frame_js, entries, plan, faults));
-    let _ = tokio::join!(copy, frame);
+    let copies = {
+        let (plan, faults) = (plan.clone(), faults.clone());
+        tokio::spawn(async move {
+            stage("copy", posts, faults.clone(), |m| {
+                copy(&copy_js, &plan, &faults, m)
+            })
+            .await
+        })
+    };
+    let frames = tokio::spawn(async move {
+        stage("frame", entries, faults.clone(), |m| {
+            frame(&frame_js, &plan, &faults, m)
+        })
+        .await
+    });
+    let _ = tokio::join!(copies, frames);
     Err("a pull stream ended".into())
 }
 
@@ -254,16 +267,16 @@ fn header<'a>(m: &'a Message, name: &str) -> Option<&'a str> {
     m.headers.as_ref()?.get(name).map(|v| v.as_str())
 }
 
+/// A pulled message and the acks of the publishes it was turned into.
+type Sent = (Message, Vec<PublishAckFuture>);
+
 /// Acks each message once all its publishes are acknowledged (a failed one leaves it to
 /// redeliver after `ack_wait`, and the run is incomplete).
 fn settler(
     stage: &'static str,
     faults: Arc<Faults>,
-) -> (
-    tokio::sync::mpsc::Sender<(Message, Vec<PublishAckFuture>)>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(Message, Vec<PublishAckFuture>)>(SETTLE_QUEUE);
+) -> (tokio::sync::mpsc::Sender<Sent>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Sent>(SETTLE_QUEUE);
     let task = tokio::spawn(async move {
         while let Some((m, acks)) = rx.recv().await {
             let mut stored = true;
@@ -283,42 +296,30 @@ fn settler(
     (tx, task)
 }
 
-async fn copy_stage(
-    js: jetstream::Context,
-    mut posts: pull::Stream,
-    plan: Arc<Plan>,
+/// A stage: pulls until its pull stream ends, hands each message to `publish` (which sends its
+/// publishes without waiting) and queues it to be acked once they are stored.
+async fn stage<F, Fut>(
+    name: &'static str,
+    mut pulled: pull::Stream,
     faults: Arc<Faults>,
-) {
-    let (settle, settling) = settler("copy", faults.clone());
-    while let Some(next) = posts.next().await {
-        let post = match next {
+    publish: F,
+) where
+    F: Fn(Message) -> Fut,
+    Fut: std::future::Future<Output = Option<Sent>>,
+{
+    let (settle, settling) = settler(name, faults.clone());
+    while let Some(next) = pulled.next().await {
+        let m = match next {
             Ok(m) => m,
             Err(e) => {
-                faults.report("copy", format!("pull: {e}"));
+                faults.report(name, format!("pull: {e}"));
                 continue;
             }
         };
-        let Some(id) = header(&post, NATS_MSG_ID).map(str::to_string) else {
-            faults.report("copy", "a post without Nats-Msg-Id");
+        let Some(sent) = publish(m).await else {
             continue;
         };
-        let seq = post.info().map(|i| i.stream_sequence).unwrap_or(0);
-        // One body for every copy (the members share reason and generation), converted once:
-        // its type (`bytes::Bytes`, which this crate does not name) is the publish's payload's.
-        let body = Into::into(entry_bytes(&post.payload, &plan.channel_json, seq));
-        let mut acks = Vec::with_capacity(plan.members.len());
-        for m in &plan.members {
-            let mut h = HeaderMap::new();
-            h.insert(NATS_MSG_ID, format!("{id}{}", m.dedup_suffix));
-            match js
-                .publish_with_headers(m.inbox.clone(), h, Clone::clone(&body))
-                .await
-            {
-                Ok(a) => acks.push(a),
-                Err(e) => faults.report("copy", format!("publish: {e}")),
-            }
-        }
-        if settle.send((post, acks)).await.is_err() {
+        if settle.send(sent).await.is_err() {
             break;
         }
     }
@@ -326,52 +327,70 @@ async fn copy_stage(
     let _ = settling.await;
 }
 
-async fn frame_stage(
-    js: jetstream::Context,
-    mut entries: pull::Stream,
-    plan: Arc<Plan>,
-    faults: Arc<Faults>,
-) {
-    let (settle, settling) = settler("frame", faults.clone());
-    while let Some(next) = entries.next().await {
-        let entry = match next {
-            Ok(m) => m,
-            Err(e) => {
-                faults.report("frame", format!("pull: {e}"));
-                continue;
-            }
-        };
-        // The copy's dedup id is the frame's: same message, member, lifecycle and generation.
-        let (Some(id), Some(member), Some(msg)) = (
-            header(&entry, NATS_MSG_ID),
-            entry.subject.strip_prefix(plan.inbox_prefix.as_str()),
-            entry_message(&entry.payload),
-        ) else {
-            faults.report(
-                "frame",
-                format!(
-                    "an entry not of the raw copy stage's shape on {}",
-                    entry.subject
-                ),
-            );
-            continue;
-        };
+/// A post's M copies, sent.
+async fn copy(
+    js: &jetstream::Context,
+    plan: &Plan,
+    faults: &Faults,
+    post: Message,
+) -> Option<Sent> {
+    let Some(id) = header(&post, NATS_MSG_ID).map(str::to_string) else {
+        faults.report("copy", "a post without Nats-Msg-Id");
+        return None;
+    };
+    let seq = post.info().map(|i| i.stream_sequence).unwrap_or(0);
+    // One body for every copy (the members share reason and generation), converted once: its
+    // type (`bytes::Bytes`, which this crate does not name) is the publish's payload's.
+    let body = Into::into(entry_bytes(&post.payload, &plan.channel_json, seq));
+    let mut acks = Vec::with_capacity(plan.members.len());
+    for m in &plan.members {
         let mut h = HeaderMap::new();
-        h.insert(DELIVERY_FRAME_HEADER, "1");
-        h.insert(NATS_MSG_ID, id);
-        let subject = format!("{}{member}", plan.dlv_prefix);
-        let body = frame_bytes(&plan.channel_json, msg);
-        match js.publish_with_headers(subject, h, body.into()).await {
-            Ok(a) => {
-                if settle.send((entry, vec![a])).await.is_err() {
-                    break;
-                }
-            }
-            Err(e) => faults.report("frame", format!("publish: {e}")),
+        h.insert(NATS_MSG_ID, format!("{id}{}", m.dedup_suffix));
+        match js
+            .publish_with_headers(m.inbox.clone(), h, Clone::clone(&body))
+            .await
+        {
+            Ok(a) => acks.push(a),
+            Err(e) => faults.report("copy", format!("publish: {e}")),
         }
     }
-    drop(settle);
-    let _ = settling.await;
+    Some((post, acks))
+}
+
+/// An entry's frame, sent.
+async fn frame(
+    js: &jetstream::Context,
+    plan: &Plan,
+    faults: &Faults,
+    entry: Message,
+) -> Option<Sent> {
+    // The copy's dedup id is the frame's: same message, member, lifecycle and generation.
+    let (Some(id), Some(member), Some(msg)) = (
+        header(&entry, NATS_MSG_ID),
+        entry.subject.strip_prefix(plan.inbox_prefix.as_str()),
+        entry_message(&entry.payload),
+    ) else {
+        faults.report(
+            "frame",
+            format!(
+                "an entry not of the raw copy stage's shape on {}",
+                entry.subject
+            ),
+        );
+        return None;
+    };
+    let mut h = HeaderMap::new();
+    h.insert(DELIVERY_FRAME_HEADER, "1");
+    h.insert(NATS_MSG_ID, id);
+    let subject = format!("{}{member}", plan.dlv_prefix);
+    let body = frame_bytes(&plan.channel_json, msg);
+    match js.publish_with_headers(subject, h, body.into()).await {
+        Ok(a) => Some((entry, vec![a])),
+        Err(e) => {
+            faults.report("frame", format!("publish: {e}"));
+            None
+        }
+    }
 }
 
 /// The raw client as the benchmark runs it: its own credential (so its API requests are not
