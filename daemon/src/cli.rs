@@ -472,6 +472,19 @@ fn run_deliver(args: DeliverArgs) -> i32 {
             return Exit::Config.code();
         }
     };
+    // Under `up` stderr is the space's log: from here on every line written there is stamped.
+    let stamped = crate::host::stamp_stderr(
+        &space,
+        args.root.as_deref().filter(|_| args.store.is_none()),
+        &current_dir(),
+    );
+    let code = deliver_one(space, args);
+    drop(stamped);
+    code
+}
+
+/// `deliver --space`: the registry's dial, the daemon, its exit code (its run's last line).
+fn deliver_one(space: Space, args: DeliverArgs) -> i32 {
     let mut cfg = DeliverConfig::new(space, current_dir());
     // The mesh registry decides the broker of a workstation daemon, before any dial.
     let dial = match registry_dial(&cfg.space, &args, &cfg.cwd) {
@@ -482,6 +495,7 @@ fn run_deliver(args: DeliverArgs) -> i32 {
         }
     };
     cfg.server = dial.server;
+    cfg.banner = dial.banner;
     cfg.tls = dial.tls;
     cfg.tls_ca = dial.tls_ca;
     cfg.root = args.root;
@@ -496,7 +510,10 @@ fn run_deliver(args: DeliverArgs) -> i32 {
         Ok(rt) => {
             let code = rt.block_on(async {
                 let _endpoint = metrics_endpoint(args.metrics_addr.as_deref(), registry).await?;
-                Ok::<_, i32>(Exit::of_ended(&crate::host::deliver_space(cfg).await).code())
+                let run = crate::host::deliver_space(cfg).await;
+                let code = Exit::of_ended(&run.ended).code();
+                run.close(code);
+                Ok::<_, i32>(code)
             });
             // A task still blocked on the broker must not hold the exit.
             rt.shutdown_background();
@@ -534,7 +551,10 @@ fn run_host(args: DeliverArgs) -> i32 {
         Ok(rt) => {
             let code = rt.block_on(async {
                 let _endpoint = metrics_endpoint(args.metrics_addr.as_deref(), registry).await?;
-                Ok::<_, i32>(Exit::of_host(&crate::host::deliver_spaces(cfg).await).code())
+                let run = crate::host::deliver_spaces(cfg).await;
+                let code = Exit::of_host(&run.ended).code();
+                run.close(code);
+                Ok::<_, i32>(code)
             });
             rt.shutdown_background();
             code.unwrap_or_else(|c| c)
@@ -568,7 +588,8 @@ async fn metrics_endpoint(
     }
 }
 
-/// The broker a `deliver` typed by hand dials (`files::resolve_dial`), with its banner printed.
+/// The broker a `deliver` typed by hand dials (`files::resolve_dial`), with the banner the run
+/// writes once its log is open.
 /// A root that cannot be resolved is left for the daemon to refuse with its own line.
 fn registry_dial(
     space: &Space,
@@ -595,9 +616,6 @@ fn registry_dial(
         record.1.as_ref(),
         crate::files::DEFAULT_SERVER,
     )?;
-    if let Some(banner) = &dial.banner {
-        eprintln!("{banner}");
-    }
     Ok(dial)
 }
 

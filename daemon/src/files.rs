@@ -521,6 +521,11 @@ pub fn open_log(path: &Path) -> Result<Option<File>, FilesError> {
     Ok(Some(file))
 }
 
+/// Whether this process's stderr is the file at `path` (a launcher redirected it there).
+pub fn stderr_is_path(path: &Path) -> bool {
+    File::open(path).is_ok_and(|f| stderr_is(&f))
+}
+
 fn stderr_is(file: &File) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(ours) = file.metadata() else {

@@ -3,14 +3,101 @@
 //! These lines are an interface (operators grep them, tests snapshot them), so they are written
 //! verbatim, one per call, to stderr and appended with a UTC timestamp to the space's
 //! `.cotal/delivery.<key>.log`. Structured `tracing` output is for everything else.
+//!
+//! When stderr already is that log (`up` redirects its daemon's stdout and stderr onto it),
+//! [`StampedStderr`] puts a pipe in between whose reader stamps every line, so a line written
+//! there by anything but the journal (a `RUST_LOG` diagnostic, a panic message) also begins
+//! with its timestamp, and the journal writes each of its own lines once, through stderr.
 
 use std::fs::File;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::repeats::{Repeats, MAX_KEYS};
+
+/// Set while [`StampedStderr`] stands: stderr is the stamped log, so a line meant only for the
+/// log file goes to stderr.
+static STDERR_STAMPED: AtomicBool = AtomicBool::new(false);
+
+/// Bound on waiting for the stamping reader to drain the pipe when the redirect is undone.
+const STAMP_DRAIN_BOUND: Duration = Duration::from_secs(2);
+
+/// This process's stdout and stderr redirected through a pipe whose reader appends each line to
+/// the log file as `<UTC timestamp> <line>`. Dropping it puts the file back on both descriptors,
+/// which closes the pipe, and waits (bounded) for the reader to write what it still holds.
+pub struct StampedStderr {
+    file: File,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StampedStderr {
+    /// Installs the redirect onto `file` (opened for appending).
+    pub fn install(file: File) -> std::io::Result<StampedStderr> {
+        let (read, write) = nix::unistd::pipe().map_err(std::io::Error::from)?;
+        let mut sink = file.try_clone()?;
+        let reader = std::thread::Builder::new()
+            .name("log-stamper".into())
+            .spawn(move || stamp_lines(File::from(read), &mut sink))?;
+        let _ = std::io::stdout().flush();
+        nix::unistd::dup2_stdout(&write).map_err(std::io::Error::from)?;
+        nix::unistd::dup2_stderr(&write).map_err(std::io::Error::from)?;
+        drop(write);
+        STDERR_STAMPED.store(true, Ordering::SeqCst);
+        Ok(StampedStderr {
+            file,
+            reader: Some(reader),
+        })
+    }
+}
+
+impl Drop for StampedStderr {
+    fn drop(&mut self) {
+        let _ = std::io::stdout().flush();
+        STDERR_STAMPED.store(false, Ordering::SeqCst);
+        // The file again on both: the last write end of the pipe closes, the reader sees EOF.
+        let _ = nix::unistd::dup2_stdout(&self.file);
+        let _ = nix::unistd::dup2_stderr(&self.file);
+        if let Some(reader) = self.reader.take() {
+            let deadline = Instant::now() + STAMP_DRAIN_BOUND;
+            while !reader.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if reader.is_finished() {
+                let _ = reader.join();
+            }
+        }
+    }
+}
+
+/// Copies `from` line by line into `to`, each line after its UTC timestamp, until EOF.
+fn stamp_lines(from: File, to: &mut File) {
+    use std::io::BufRead;
+    let mut from = std::io::BufReader::new(from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match from.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let stamped = format!(
+            "{} {}\n",
+            utc_timestamp(SystemTime::now()),
+            text.trim_end_matches(['\n', '\r'])
+        );
+        // One write per line: another process appending to the same log never splits it.
+        let _ = to.write_all(stamped.as_bytes());
+    }
+}
+
+/// Whether stderr is the stamped log ([`StampedStderr`] stands): a journal then attaches no file,
+/// its lines reach the log through stderr.
+pub fn stderr_is_stamped() -> bool {
+    STDERR_STAMPED.load(Ordering::SeqCst)
+}
 
 /// A cheap, clonable handle on the daemon's human log.
 #[derive(Clone, Default)]
@@ -115,6 +202,24 @@ impl Journal {
         self.write(text);
     }
 
+    /// Writes a line to the log file only (a run's first and last lines): appended when a file
+    /// is attached, through stderr when stderr is the stamped log, else nowhere.
+    pub fn file_line(&self, text: impl AsRef<str>) {
+        let text = text.as_ref();
+        if let Ok(mut slot) = self.file.lock() {
+            if let Some(f) = slot.as_mut() {
+                let _ = f
+                    .write_all(format!("{} {text}\n", utc_timestamp(SystemTime::now())).as_bytes());
+                return;
+            }
+        }
+        if STDERR_STAMPED.load(Ordering::SeqCst) {
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "{text}");
+            let _ = err.flush();
+        }
+    }
+
     /// Writes a line that may repeat under `key` (give-up reason, reconnect, missed remint;
     /// keys name their space): the first occurrence in a window at once, later ones counted and
     /// summarised as `… (repeated N times in the last 60 s)` when the window ends
@@ -189,8 +294,9 @@ impl Journal {
         }
         if let Ok(mut slot) = self.file.lock() {
             if let Some(f) = slot.as_mut() {
-                let _ = writeln!(f, "{} {text}", utc_timestamp(SystemTime::now()));
-                let _ = f.flush();
+                // One write per line: another process appending to the same log never splits it.
+                let _ = f
+                    .write_all(format!("{} {text}\n", utc_timestamp(SystemTime::now())).as_bytes());
             }
         }
     }
@@ -237,7 +343,6 @@ pub fn epoch_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn timestamps_are_utc_rfc3339() {

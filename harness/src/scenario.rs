@@ -732,7 +732,8 @@ pub fn number_nkeys(text: &str) -> String {
     .into_owned()
 }
 
-/// Replaces volatile parts (paths, nkeys, revisions, pids, durations) with stable tokens.
+/// Replaces volatile parts (paths, nkeys, revisions, pids, timestamps, durations) with stable
+/// tokens.
 pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
     let mut out = text.replace(&root.display().to_string(), "[ROOT]");
     out = out.replace(&outside.display().to_string(), "[OUTSIDE]");
@@ -743,6 +744,7 @@ pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
         (r"revision \d+", "revision [REV]"),
         (r"wrong last sequence: \d+", "wrong last sequence: [SEQ]"),
         (r"\bpid \d+", "pid [PID]"),
+        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
         (r"\b\d+ ms\b", "[N] ms"),
         (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
     ];

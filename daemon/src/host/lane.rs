@@ -75,13 +75,40 @@ struct Refusal {
 }
 
 /// Runs the lane of `space` until `stop` fires (then its daemon releases its own row).
-pub async fn run(space: Space, inputs: Arc<LaneInputs>, mut stop: Stop, kicker: Arc<HostKicker>) {
+pub async fn run(space: Space, inputs: Arc<LaneInputs>, stop: Stop, kicker: Arc<HostKicker>) {
     let journal = Journal::stderr_only();
     match files::open_log(&files::log_path(&inputs.root, &space)) {
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! {e}")),
     }
+    // The lane's run in its space's log, framed like a `deliver` run's.
+    journal.file_line(format!(
+        "• delivery: lane run started — cotal-delivery {} (build {}), host pid {}, space {space}, root {}, broker {}",
+        env!("CARGO_PKG_VERSION"),
+        crate::BUILD_ID,
+        std::process::id(),
+        inputs.root.display(),
+        inputs.server
+    ));
+    serve(&space, &inputs, stop.clone(), &kicker, &journal).await;
+    journal.file_line(format!(
+        "• delivery: lane run ended — stopped by {} with its host (pid {}; the host's exit code is in {})",
+        stop.cause().unwrap_or("its host"),
+        std::process::id(),
+        super::spaces::HOST_LOG_FILE
+    ));
+}
+
+async fn serve(
+    space: &Space,
+    inputs: &Arc<LaneInputs>,
+    mut stop: Stop,
+    kicker: &Arc<HostKicker>,
+    journal: &Journal,
+) {
+    let space = space.clone();
+    let kicker = kicker.clone();
     let journal = journal.prefixed(format!("lane {space}: "));
     let mut last: Option<Refusal> = None;
     let mut backoff = LANE_BACKOFF_MIN;

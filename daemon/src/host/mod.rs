@@ -19,11 +19,11 @@ mod status;
 
 pub use kicker::{HostKicker, HOST_CENSUS_CONNECTION, HOST_KICKER_CONNECTION};
 pub use lane::{LaneInputs, LaneTiming, ENV_STANDBY_RETRY_MS};
-pub use process::{run as deliver_space, DeliverConfig, Ended};
+pub use process::{run as deliver_space, stamp_stderr, DeliverConfig, Ended, Run};
 pub use service::{start_delivery_service, DeliveryService, HostedContextInputs};
 pub use spaces::{
     argv_names_host, host_liveness, host_log_path, host_pid_path, run as deliver_spaces,
-    HostConfig, HostEnded, HostError, HostErrorKind, HOST_CLOSE_BOUND, HOST_LOG_FILE,
+    HostConfig, HostEnded, HostError, HostErrorKind, HostRun, HOST_CLOSE_BOUND, HOST_LOG_FILE,
     HOST_PID_FILE,
 };
 pub use status::{host_status, HostStatus, HostStatusError, HostStatusErrorKind, LaneStatus, Role};

@@ -39,6 +39,9 @@ pub struct DeliverConfig {
     pub health: HealthConfig,
     /// This space's metrics handle (served when `--metrics-addr` is given).
     pub metrics: crate::metrics::Metrics,
+    /// The line that says which broker the registry decided on (`files::resolve_dial`),
+    /// written once the log is open, after the run's first line.
+    pub banner: Option<String>,
 }
 
 impl DeliverConfig {
@@ -56,6 +59,13 @@ impl DeliverConfig {
             plane: PlaneConfig::default(),
             health: HealthConfig::from_values(None, None),
             metrics: crate::metrics::Metrics::default(),
+            banner: None,
+        }
+    }
+
+    fn say_banner(&self, journal: &Journal) {
+        if let Some(b) = &self.banner {
+            journal.line(b);
         }
     }
 }
@@ -70,6 +80,69 @@ pub enum Ended {
     /// A transport verdict was reached and the daemon did not close within
     /// [`HARD_EXIT_GRACE`]: the process ends anyway.
     Abandoned(Verdict),
+}
+
+impl Ended {
+    /// What ended the run, in the words of its last log line.
+    pub fn reason(&self) -> String {
+        match self {
+            Ended::Refused(e) => format!("refused at start: {e}"),
+            Ended::Closed(c) => c.to_string(),
+            Ended::Abandoned(v) => format!(
+                "{} (the daemon did not close within {} ms of the verdict)",
+                v.line().trim_start_matches("✗ "),
+                HARD_EXIT_GRACE.as_millis()
+            ),
+        }
+    }
+}
+
+/// A finished `deliver` run: how it ended, and the log its last line goes to once the exit
+/// code is chosen (by `cli.rs`).
+pub struct Run {
+    pub ended: Ended,
+    journal: Journal,
+}
+
+impl Run {
+    /// Writes the run's last line: the exit code and its reason.
+    pub fn close(&self, code: i32) {
+        self.journal.file_line(format!(
+            "• delivery: run ended — exit code {code}: {} (pid {})",
+            self.ended.reason(),
+            std::process::id()
+        ));
+    }
+}
+
+/// When this process's stderr is the space's log (`up` redirected it there), stamps every line
+/// written to it, the journal's and any other (a `RUST_LOG` diagnostic, a panic): the redirect
+/// stands until the returned value is dropped. Installed before anything is written.
+pub fn stamp_stderr(
+    space: &Space,
+    root_flag: Option<&Path>,
+    cwd: &Path,
+) -> Option<crate::journal::StampedStderr> {
+    let root = files::resolve_root(root_flag, cwd).ok()?;
+    let path = files::log_path(&root, space);
+    if !files::stderr_is_path(&path) {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new().append(true).open(&path).ok()?;
+    crate::journal::StampedStderr::install(file).ok()
+}
+
+/// The run's first log line: what runs, as which process, for which space, root and broker.
+fn run_started(cfg: &DeliverConfig, root: &Path) -> String {
+    format!(
+        "• delivery: run started — cotal-delivery {} (build {}), pid {}, space {}, root {}, broker {}",
+        env!("CARGO_PKG_VERSION"),
+        crate::BUILD_ID,
+        std::process::id(),
+        cfg.space,
+        root.display(),
+        cfg.server
+    )
 }
 
 /// Where the credential comes from, and the store its renewals are re-read from.
@@ -89,6 +162,7 @@ fn refused(journal: &Journal, text: String) -> Ended {
 
 /// The injected directory store of `--store`: no workspace root, no `.cotal/`.
 fn injected_source(journal: &Journal, dir: &Path, cfg: &DeliverConfig) -> Result<Source, Ended> {
+    cfg.say_banner(journal);
     let dir = files::absolute(dir, &cfg.cwd);
     let store: Arc<dyn SecretStore> = Arc::new(FsStore::at_dir(&dir));
     let identity = store
@@ -127,14 +201,19 @@ fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, En
     let space = &cfg.space;
     // The workspace root, before any credential is read or any broker dialed.
     let root = files::resolve_root(cfg.root.as_deref(), &cfg.cwd).map_err(|e| {
+        cfg.say_banner(journal);
         journal.line(format!("✗ {e}"));
         Ended::Refused(StartError::new(StartErrorKind::Config, e.to_string()))
     })?;
     match files::open_log(&files::log_path(&root, space)) {
+        // Stderr is the log: lines reach it through stderr, stamped (`stamp_stderr`).
+        Ok(_) if crate::journal::stderr_is_stamped() => {}
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! {e}")),
     }
+    journal.file_line(run_started(cfg, &root));
+    cfg.say_banner(journal);
     if let Some(creds) = &cfg.creds {
         if let Err(e) = files::check_creds_root(creds, &root, &cfg.cwd) {
             journal.line(format!("✗ {e}"));
@@ -184,8 +263,14 @@ fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, En
 
 /// Runs one space's daemon as this process: resolve the inputs, start, record the pid while
 /// serving, and wait for the end (giving a transport verdict [`HARD_EXIT_GRACE`] to close).
-pub async fn run(cfg: DeliverConfig) -> Ended {
+pub async fn run(cfg: DeliverConfig) -> Run {
     let journal = Journal::stderr_only();
+    let ended = serve(cfg, &journal).await;
+    Run { ended, journal }
+}
+
+async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
+    let journal = journal.clone();
     let stop = match crate::host::signal::install() {
         Ok(s) => s,
         Err(e) => {

@@ -92,14 +92,55 @@ pub enum HostEnded {
     Stopped { by: &'static str, closed_all: bool },
 }
 
+impl HostEnded {
+    /// What ended the host, in the words of its last log line.
+    pub fn reason(&self) -> String {
+        match self {
+            HostEnded::Refused(e) => format!("refused at start: {e}"),
+            HostEnded::Stopped {
+                by,
+                closed_all: true,
+            } => format!("stopped by {by}; every lane closed"),
+            HostEnded::Stopped {
+                by,
+                closed_all: false,
+            } => format!("stopped by {by}; a lane did not close in time"),
+        }
+    }
+}
+
+/// A finished host: how it ended, and the log its last line goes to once the exit code is
+/// chosen (by `cli.rs`).
+pub struct HostRun {
+    pub ended: HostEnded,
+    journal: Journal,
+}
+
+impl HostRun {
+    /// Writes the host's last line: the exit code and its reason.
+    pub fn close(&self, code: i32) {
+        self.journal.file_line(format!(
+            "• delivery host: run ended — exit code {code}: {} (pid {})",
+            self.ended.reason(),
+            std::process::id()
+        ));
+    }
+}
+
 fn refused(journal: &Journal, kind: HostErrorKind, detail: String) -> HostEnded {
     journal.line(format!("✗ {detail}"));
     HostEnded::Refused(HostError { kind, detail })
 }
 
 /// Runs the host: the manifest, then one lane per space until SIGTERM/SIGINT.
-pub async fn run(cfg: HostConfig) -> HostEnded {
+pub async fn run(cfg: HostConfig) -> HostRun {
     let journal = Journal::stderr_only();
+    let ended = serve(cfg, &journal).await;
+    HostRun { ended, journal }
+}
+
+async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
+    let journal = journal.clone();
     let mut stop = match crate::host::signal::install() {
         Ok(s) => s,
         Err(e) => {
@@ -122,6 +163,20 @@ pub async fn run(cfg: HostConfig) -> HostEnded {
         Ok(None) => {}
         Err(e) => journal.line(format!("! {e}")),
     }
+    journal.file_line(format!(
+        "• delivery host: run started — cotal-delivery {} (build {}), pid {}, root {}, broker {}, spaces {}",
+        env!("CARGO_PKG_VERSION"),
+        crate::BUILD_ID,
+        std::process::id(),
+        root.display(),
+        cfg.lanes.server,
+        manifest
+            .spaces
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     let record = match PidRecord::write(host_pid_path(&root), std::process::id()) {
         Ok(r) => Some(r),
         Err(e) => {

@@ -702,18 +702,25 @@ fn exit_cause(status: &std::process::ExitStatus) -> String {
     }
 }
 
+/// How the last line of a `deliver` run begins (`host/process.rs`).
+const RUN_ENDED: &str = "• delivery: run ended — ";
+
 fn last_line(path: &Path) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
-    text.lines().rev().find(|l| !l.trim().is_empty()).map(|l| {
-        // Strip the journal's timestamp; a line the daemon wrote straight onto its redirected
-        // stderr has none.
-        match l.split_once(' ') {
-            Some((first, rest))
-                if first.ends_with('Z') && first.starts_with(|c: char| c.is_ascii_digit()) =>
-            {
-                rest.to_string()
+    text.lines()
+        .rev()
+        .map(|l| {
+            // Without the timestamp every line of the log begins with.
+            match l.split_once(' ') {
+                Some((first, rest))
+                    if first.ends_with('Z') && first.starts_with(|c: char| c.is_ascii_digit()) =>
+                {
+                    rest
+                }
+                _ => l,
             }
-            _ => l.to_string(),
-        }
-    })
+        })
+        // The run's own last line says only how it ended; the reason is the line before it.
+        .find(|l| !l.trim().is_empty() && !l.starts_with(RUN_ENDED))
+        .map(str::to_string)
 }

@@ -1,4 +1,5 @@
 //! `up` and `down`: the supervisor, foreground and detached.
 
 mod down;
+mod log;
 mod up;

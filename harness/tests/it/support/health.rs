@@ -10,14 +10,16 @@ use cotal_delivery::wire::{CtlService, Principal, Space, SpaceNames};
 use delivery_harness::mesh::Mesh;
 use futures::StreamExt;
 
-/// insta filters: ports, paths, revisions, durations, uuids, timestamps (nkeys are numbered
-/// by [`delivery_harness::scenario::number_nkeys`] before these apply). The credited stall keeps
-/// whether the daemon was stalled: the meter charges every late 250 ms tick, so a daemon that
+/// insta filters: log timestamps, ports, paths, revisions, durations, uuids, timestamps (nkeys
+/// are numbered by [`delivery_harness::scenario::number_nkeys`] before these apply). The
+/// credited stall keeps whether the daemon was stalled: the meter charges every late 250 ms
+/// tick, so a daemon that
 /// was never stopped still credits scheduling jitter (100 ms seen on two busy cores); under
 /// 500 ms reads `[NOT STALLED]`, 500 ms or more `[STALLED]` (the stalled tests freeze the daemon
 /// for 1.5 s and more), and the snapshot tells them apart.
 pub fn filters() -> Vec<(&'static str, &'static str)> {
     vec![
+        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
         (
             r"\b([0-9]{1,2}|[0-4][0-9]{2}) ms of it credited",
             "[NOT STALLED] of it credited",
