@@ -281,6 +281,7 @@ const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps th
   COTAL_DELIVERY_ACK_WAIT_MS              ack wait of the fanout/reader durables (crash recovery) [5000]
   COTAL_DELIVERY_TIMER_RETRY_MS           first restart backoff of the timer writer, doubling to 300000 [5000]
   COTAL_DELIVERY_TIMER_POLL_MS            how long one timer-writer fetch waits for .schedule requests [1000]
+  COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS   sweep interval of the membership feed [15000]
   COTAL_DELIVERY_STANDBY_RETRY_MS         --spaces: a standby lane's retry of a held lease [5000]
   COTAL_DELIVERY_LANE_BACKOFF_MAX_MS      --spaces: cap of a refused or closed lane's backoff (from 500) [30000]
   COTAL_DELIVERY_SWEEP_SETTLE_MS          $SYS CONNZ page collection ends this long after the last answer [250]
@@ -501,9 +502,7 @@ fn deliver_one(space: Space, args: DeliverArgs) -> i32 {
     cfg.root = args.root;
     cfg.creds = args.creds;
     cfg.store = args.store;
-    cfg.ping_interval = crate::env::env_ms("COTAL_DELIVERY_PING_INTERVAL_MS", cfg.ping_interval);
-    cfg.plane = crate::plane::PlaneConfig::from_env();
-    cfg.health = crate::space::HealthConfig::from_env();
+    cfg.tuning = crate::tuning::Tuning::from_env();
     let registry = crate::metrics::MetricsRegistry::new();
     cfg.metrics = registry.for_space(&cfg.space.to_string());
     match runtime("delivery") {
@@ -537,13 +536,7 @@ fn run_host(args: DeliverArgs) -> i32 {
                 .unwrap_or_else(|| crate::files::DEFAULT_SERVER.to_string()),
             tls: args.tls,
             tls_ca: args.tls_ca,
-            ping_interval: crate::env::env_ms(
-                "COTAL_DELIVERY_PING_INTERVAL_MS",
-                std::time::Duration::from_millis(crate::conn::DEFAULT_PING_INTERVAL_MS),
-            ),
-            plane: crate::plane::PlaneConfig::from_env(),
-            health: crate::space::HealthConfig::from_env(),
-            timing: crate::host::LaneTiming::from_env(),
+            tuning: crate::tuning::Tuning::from_env(),
             metrics: registry.clone(),
         },
     };
@@ -674,7 +667,7 @@ fn run_down(args: DownArgs) -> i32 {
         Err(code) => return code,
     };
     let journal = crate::journal::Journal::stderr_only();
-    let grace = crate::supervise::stop_grace();
+    let grace = crate::tuning::Tuning::from_env().stop_grace;
     match rt.block_on(crate::supervise::down(&root, &space, grace, &journal)) {
         Ok(()) => 0,
         Err(e) => {
@@ -732,6 +725,7 @@ fn run_up(args: UpArgs) -> i32 {
         }),
         _ => None,
     };
+    let tuning = crate::tuning::Tuning::from_env();
     let cfg = crate::supervise::UpConfig {
         space,
         root: args.root,
@@ -745,7 +739,8 @@ fn run_up(args: UpArgs) -> i32 {
         creds_lifetime: args
             .creds_lifetime_secs
             .map(|s| std::time::Duration::from_secs(s.max(1))),
-        stop_grace: crate::supervise::stop_grace(),
+        stop_grace: tuning.stop_grace,
+        serving_bound: tuning.serving_bound,
     };
     let runtime = match runtime("up") {
         Ok(rt) => rt,
@@ -911,5 +906,21 @@ mod tests {
             reached, documented,
             "every documented code is some reason's"
         );
+    }
+
+    /// `deliver --help` names every variable the daemon's `Tuning` reads, and `up --help` the
+    /// supervisor's. Mutation seen failing: the membership-interval line removed from
+    /// `DELIVER_ENV_HELP`.
+    #[test]
+    fn the_help_names_every_tuning_variable() {
+        use crate::tuning::{ENV_SERVING_BOUND_MS, ENV_STOP_GRACE_MS, VARIABLES};
+        for name in VARIABLES {
+            let help = if [ENV_STOP_GRACE_MS, ENV_SERVING_BOUND_MS].contains(&name) {
+                UP_HELP
+            } else {
+                DELIVER_ENV_HELP
+            };
+            assert!(help.contains(&format!("  {name} ")), "{name} in the help");
+        }
     }
 }

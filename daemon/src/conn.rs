@@ -85,9 +85,6 @@ pub fn credential_expired(p: &Credential) -> bool {
     matches!(p.claims().ok().and_then(|c| c.exp), Some(exp) if exp <= now_secs)
 }
 
-/// Default client ping interval of the resident connection (`COTAL_DELIVERY_PING_INTERVAL_MS`).
-pub const DEFAULT_PING_INTERVAL_MS: u64 = 2_500;
-
 /// How to dial.
 #[derive(Debug, Clone)]
 pub struct DialSpec {
@@ -108,8 +105,8 @@ impl DialSpec {
             tls_required: false,
             tls_ca: None,
             name: "cotal:delivery".into(),
-            ping_interval: Duration::from_millis(DEFAULT_PING_INTERVAL_MS),
-            connect_bound: Duration::from_secs(5),
+            ping_interval: crate::tuning::DEFAULT_PING_INTERVAL,
+            connect_bound: crate::tuning::BROKER_BOUND,
             inbox_prefix: None,
         }
     }

@@ -120,22 +120,35 @@ struct RepeatState {
     flusher: Arc<AtomicBool>,
 }
 
-impl Default for RepeatState {
-    fn default() -> Self {
+impl RepeatState {
+    fn new(window: Duration) -> RepeatState {
         RepeatState {
-            map: Arc::new(Mutex::new(Repeats::new(
-                Repeats::window_from_env(),
-                MAX_KEYS,
-            ))),
+            map: Arc::new(Mutex::new(Repeats::new(window, MAX_KEYS))),
             flusher: Arc::new(AtomicBool::new(false)),
         }
     }
 }
 
+impl Default for RepeatState {
+    fn default() -> Self {
+        RepeatState::new(crate::tuning::DEFAULT_LOG_REPEAT_WINDOW)
+    }
+}
+
 impl Journal {
-    /// A journal that writes to stderr only (until `attach_file`).
+    /// A journal that writes to stderr only (until `attach_file`), counting repeated lines
+    /// over the default window.
     pub fn stderr_only() -> Journal {
         Journal::default()
+    }
+
+    /// A journal that writes to stderr only, counting repeated lines over `window`
+    /// ([`crate::tuning::Tuning::log_repeat_window`]).
+    pub fn with_repeat_window(window: Duration) -> Journal {
+        Journal {
+            repeats: RepeatState::new(window),
+            ..Journal::default()
+        }
     }
 
     /// From now on, also append every line to `file`.

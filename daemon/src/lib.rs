@@ -21,7 +21,7 @@
 //! - [`provision`]: credentials, `server.conf`, streams and buckets (one code path for all), and
 //!   the renewal owner's re-sign.
 //! - base files: [`client`], [`creds`], [`conn`], [`kv`], [`sys`], [`store`], [`files`], [`journal`],
-//!   [`repeats`], [`metrics`], [`env`].
+//!   [`repeats`], [`metrics`], [`tuning`].
 //! - [`wire`]: names, token grammar, rows, entries and frames, the control rails' envelope.
 
 /// A hash of this crate's sources at build time (`build.rs`): the binary prints it with
@@ -41,7 +41,6 @@ pub mod supervise;
 pub mod client;
 pub mod conn;
 pub mod creds;
-pub mod env;
 pub mod files;
 pub mod journal;
 pub mod kv;
@@ -49,6 +48,7 @@ pub mod metrics;
 pub mod repeats;
 pub mod store;
 pub mod sys;
+pub mod tuning;
 
 pub mod wire;
 

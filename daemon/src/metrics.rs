@@ -22,10 +22,6 @@ use prometheus_client::registry::Registry;
 use crate::conn::{ConnEvent, CredentialCell};
 use crate::wire::{SpaceNames, FANOUT_DURABLE, READER_DURABLE};
 
-/// Override of the sampling period of the lag and state gauges, in milliseconds (default 1000).
-pub const METRICS_SAMPLE_ENV: &str = "COTAL_DELIVERY_METRICS_SAMPLE_MS";
-/// Default sampling period of [`Sampler`].
-pub const DEFAULT_SAMPLE: Duration = Duration::from_millis(1000);
 /// Bound on one sample's broker requests (a slow broker skips a sample, never piles them up).
 const SAMPLE_BOUND: Duration = Duration::from_secs(2);
 /// Bound on reading one scrape request's head (a stuck client never holds a task for long).
@@ -616,11 +612,6 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// The sampling period with its documented override.
-    pub fn period_from_env() -> Duration {
-        crate::env::env_ms(METRICS_SAMPLE_ENV, DEFAULT_SAMPLE)
-    }
-
     /// Runs until the task is aborted (the daemon's close aborts it).
     pub fn spawn(mut self) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {

@@ -10,10 +10,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Override of the aggregation window in milliseconds (default 60000).
-pub const REPEAT_WINDOW_ENV: &str = "COTAL_DELIVERY_LOG_REPEAT_WINDOW_MS";
-/// The default window.
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// At most this many keys are tracked at once.
 pub const MAX_KEYS: usize = 256;
 
@@ -42,11 +38,6 @@ impl Repeats {
             max_keys: max_keys.max(1),
             slots: HashMap::new(),
         }
-    }
-
-    /// The window with its documented override.
-    pub fn window_from_env() -> Duration {
-        crate::env::env_ms(REPEAT_WINDOW_ENV, DEFAULT_WINDOW)
     }
 
     pub fn window(&self) -> Duration {

@@ -36,35 +36,34 @@ pub struct SweepLimits {
     pub connect_bound: Duration,
 }
 
-/// Override of [`SweepLimits::settle`] in milliseconds (default 250).
-pub const SWEEP_SETTLE_ENV: &str = "COTAL_DELIVERY_SWEEP_SETTLE_MS";
-/// Override of [`SweepLimits::page_limit`], connections per CONNZ page (default 1024).
-pub const SWEEP_PAGE_LIMIT_ENV: &str = "COTAL_DELIVERY_SWEEP_PAGE_LIMIT";
-/// Override of [`SweepLimits::max_pages`], pages one sweep may ask for (default 64).
-pub const SWEEP_MAX_PAGES_ENV: &str = "COTAL_DELIVERY_SWEEP_MAX_PAGES";
-
 impl SweepLimits {
-    /// The defaults with the documented overrides applied (`0` or garbage keeps the default).
-    /// The page size and count let a small account exercise paging and truncation.
-    pub fn from_env() -> SweepLimits {
-        let d = SweepLimits::default();
+    /// The defaults with `tuning`'s overrides. The page size and count let a small account
+    /// exercise paging and truncation.
+    pub fn of(tuning: &crate::tuning::Tuning) -> SweepLimits {
         SweepLimits {
-            settle: crate::env::env_ms(SWEEP_SETTLE_ENV, d.settle),
-            page_limit: crate::env::env_count(SWEEP_PAGE_LIMIT_ENV, d.page_limit),
-            max_pages: crate::env::env_count(SWEEP_MAX_PAGES_ENV, d.max_pages),
-            ..d
+            settle: tuning.sweep_settle,
+            page_limit: tuning.sweep_page_limit_connections,
+            max_pages: tuning.sweep_max_pages,
+            ..SweepLimits::default()
         }
     }
 }
 
+/// A page's collection is capped at this long after it was asked for.
+const SWEEP_PAGE_MAX_WAIT: Duration = Duration::from_millis(2000);
+// The settle after the last answer ends inside the page's cap.
+const _: () =
+    assert!(crate::tuning::DEFAULT_SWEEP_SETTLE.as_millis() < SWEEP_PAGE_MAX_WAIT.as_millis());
+
 impl Default for SweepLimits {
     fn default() -> Self {
+        use crate::tuning as t;
         SweepLimits {
-            settle: Duration::from_millis(250),
-            max_wait: Duration::from_millis(2000),
-            page_limit: 1024,
-            max_pages: 64,
-            connect_bound: Duration::from_secs(5),
+            settle: t::DEFAULT_SWEEP_SETTLE,
+            max_wait: SWEEP_PAGE_MAX_WAIT,
+            page_limit: t::DEFAULT_SWEEP_PAGE_LIMIT_CONNECTIONS,
+            max_pages: t::DEFAULT_SWEEP_MAX_PAGES,
+            connect_bound: t::BROKER_BOUND,
         }
     }
 }

@@ -14,12 +14,11 @@ use std::time::{Duration, Instant};
 
 use cotal_delivery::agent::Agent;
 use cotal_delivery::creds::read_creds_file;
-use cotal_delivery::host::ENV_STANDBY_RETRY_MS;
-use cotal_delivery::plane::ACK_WAIT_ENV;
 use cotal_delivery::provision::manifest_path;
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT;
 use cotal_delivery::provision::{prepare_standby_hosts, renew_host_delivery, StandbyPlan};
+use cotal_delivery::tuning::{ENV_ACK_WAIT_MS, ENV_STANDBY_RETRY_MS};
 use cotal_delivery::wire::{Principal, Space};
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
@@ -113,7 +112,7 @@ fn spawn(mesh: &Mesh, root: &Path, server: &str, timing: Timing) -> Result<Daemo
         .host_at(root, server)
         .env(ENV_STANDBY_RETRY_MS, timing.retry.as_millis().to_string());
     if let Some(ack_wait) = timing.ack_wait {
-        host = host.env(ACK_WAIT_ENV, ack_wait.as_millis().to_string());
+        host = host.env(ENV_ACK_WAIT_MS, ack_wait.as_millis().to_string());
     }
     host.spawn().map_err(err)
 }

@@ -43,10 +43,11 @@ use crate::wire::{
 
 /// Client timeout of `durableJoin` (activation may run first).
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Client timeout of the other verbs.
+/// Client timeout of the other verbs (the reference's 5 s list timeout). Its own bound, not
+/// [`BROKER_BOUND`]: it waits for the daemon's work, not only the broker's answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on a publish being acknowledged and on other single broker round trips.
-pub const BROKER_BOUND: Duration = Duration::from_secs(5);
+pub const BROKER_BOUND: Duration = crate::tuning::BROKER_BOUND;
 
 /// What went wrong on the agent side. `kind()` lets a caller decide.
 #[derive(Debug, Clone)]

@@ -35,7 +35,7 @@ pub const HOST_CENSUS_CONNECTION: &str = "cotal-delivery-host-census";
 /// The kick-only connection's name as the broker shows it.
 pub const HOST_KICKER_CONNECTION: &str = "cotal-delivery-host-kicker";
 /// Bound on dialing the census or kick-only user.
-const DIAL_BOUND: Duration = Duration::from_secs(5);
+const DIAL_BOUND: Duration = crate::tuning::BROKER_BOUND;
 
 /// The host side of eviction, shared by every lane of one host.
 pub struct HostKicker {
@@ -54,12 +54,23 @@ impl HostKicker {
         server_url: String,
         tls_ca: Option<PathBuf>,
     ) -> Arc<HostKicker> {
+        HostKicker::with_limits(root, spaces, server_url, tls_ca, SweepLimits::default())
+    }
+
+    /// [`HostKicker::new`] whose census sweeps with `limits` (the host's tuning).
+    pub fn with_limits(
+        root: PathBuf,
+        spaces: Vec<Space>,
+        server_url: String,
+        tls_ca: Option<PathBuf>,
+        limits: SweepLimits,
+    ) -> Arc<HostKicker> {
         Arc::new(HostKicker {
             root,
             spaces,
             server_url,
             tls_ca,
-            limits: SweepLimits::from_env(),
+            limits,
         })
     }
 

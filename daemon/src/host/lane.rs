@@ -4,7 +4,7 @@
 //! lane. Each attempt reads the space's credential from the host's root and checks it on its
 //! own (provisioned here, well-formed, the space's account, not expired) before any dial, so a
 //! lane that cannot be the space's daemon never reaches the lease. A held lease is a standby:
-//! reported once (holder named), retried every [`LaneTiming::standby_retry`]. Any other refusal
+//! reported once (holder named), retried every [`Tuning::standby_retry`]. Any other refusal
 //! or a close is retried with a bounded exponential backoff. An attempt's lines are written
 //! only when its outcome differs from the previous attempt's, so a retry every few seconds does
 //! not repeat the same lines.
@@ -17,39 +17,13 @@ use crate::creds::{read_creds_file, CredsErrorKind};
 use crate::files;
 use crate::host::kicker::HostKicker;
 use crate::journal::{epoch_ms, Journal};
-use crate::plane::PlaneConfig;
 use crate::provision::Workspace;
+use crate::space::HARD_EXIT_GRACE;
 use crate::space::RELEASE_REDIAL_BOUND;
 use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
-use crate::space::{HealthConfig, HARD_EXIT_GRACE};
 use crate::store::{FsStore, SecretStore};
+use crate::tuning::{Tuning, LANE_BACKOFF_MIN};
 use crate::wire::{Principal, Space};
-
-/// `COTAL_DELIVERY_STANDBY_RETRY_MS`: a standby's retry of a held lease (default 5 s, seeds).
-pub const ENV_STANDBY_RETRY_MS: &str = "COTAL_DELIVERY_STANDBY_RETRY_MS";
-pub const DEFAULT_STANDBY_RETRY: Duration = Duration::from_secs(5);
-/// `COTAL_DELIVERY_LANE_BACKOFF_MAX_MS`: the cap of a refused or closed lane's backoff.
-pub const ENV_LANE_BACKOFF_MAX_MS: &str = "COTAL_DELIVERY_LANE_BACKOFF_MAX_MS";
-pub const DEFAULT_LANE_BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// The first retry of a refused or closed lane; it doubles up to the cap.
-pub const LANE_BACKOFF_MIN: Duration = Duration::from_millis(500);
-
-/// A lane's retry timing.
-#[derive(Debug, Clone, Copy)]
-pub struct LaneTiming {
-    pub standby_retry: Duration,
-    pub backoff_max: Duration,
-}
-
-impl LaneTiming {
-    pub fn from_env() -> LaneTiming {
-        LaneTiming {
-            standby_retry: crate::env::env_ms(ENV_STANDBY_RETRY_MS, DEFAULT_STANDBY_RETRY),
-            backoff_max: crate::env::env_ms(ENV_LANE_BACKOFF_MAX_MS, DEFAULT_LANE_BACKOFF_MAX)
-                .max(LANE_BACKOFF_MIN),
-        }
-    }
-}
 
 /// What every lane of a host shares.
 #[derive(Clone)]
@@ -58,10 +32,8 @@ pub struct LaneInputs {
     pub server: String,
     pub tls: bool,
     pub tls_ca: Option<PathBuf>,
-    pub ping_interval: Duration,
-    pub plane: PlaneConfig,
-    pub health: HealthConfig,
-    pub timing: LaneTiming,
+    /// The host's timing (each lane's daemon, the standby retry, the backoff cap).
+    pub tuning: Tuning,
     /// The host's one registry; each lane counts under its own `space` label.
     pub metrics: crate::metrics::MetricsRegistry,
 }
@@ -76,7 +48,7 @@ struct Refusal {
 
 /// Runs the lane of `space` until `stop` fires (then its daemon releases its own row).
 pub async fn run(space: Space, inputs: Arc<LaneInputs>, stop: Stop, kicker: Arc<HostKicker>) {
-    let journal = Journal::stderr_only();
+    let journal = Journal::with_repeat_window(inputs.tuning.log_repeat_window);
     match files::open_log(&files::log_path(&inputs.root, &space)) {
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
@@ -118,7 +90,7 @@ async fn serve(
         }
         let attempt = journal.held();
         let mut own = None;
-        let started = match config(&space, &inputs, &kicker, &attempt) {
+        let started = match config(&space, inputs, &kicker, &attempt) {
             Ok(cfg) => {
                 own = own_holder(&cfg);
                 SpaceDaemon::start(cfg, stop.clone()).await
@@ -138,7 +110,7 @@ async fn serve(
                     "! delivery host: the lane closed ({closed}); reopening it in {} ms",
                     backoff.as_millis()
                 ));
-                next_backoff(&mut backoff, inputs.timing.backoff_max)
+                next_backoff(&mut backoff, inputs.tuning.lane_backoff_max)
             }
             Err(e) if e.kind() == StartErrorKind::Stopped => return,
             Err(e) => {
@@ -149,15 +121,15 @@ async fn serve(
                 };
                 let repeated = last.as_ref() == Some(&refusal);
                 let wait = if e.kind() == StartErrorKind::LeaseHeld {
-                    inputs.timing.standby_retry
+                    inputs.tuning.standby_retry
                 } else {
-                    next_backoff(&mut backoff, inputs.timing.backoff_max)
+                    next_backoff(&mut backoff, inputs.tuning.lane_backoff_max)
                 };
                 if repeated {
                     attempt.discard();
                 } else {
                     attempt.release();
-                    attempt.line(report(&e, own.as_deref(), &inputs.timing, wait));
+                    attempt.line(report(&e, own.as_deref(), &inputs.tuning, wait));
                 }
                 last = Some(refusal);
                 wait
@@ -186,7 +158,7 @@ fn own_holder(cfg: &SpaceConfig) -> Option<String> {
 /// The host's one line about a refused attempt. `own` is the holder this lane writes: a held
 /// row of its own is a previous daemon of this lane that could not release it (it closed on
 /// an expired credential or a gone broker), left to the bucket TTL.
-fn report(e: &StartError, own: Option<&str>, timing: &LaneTiming, wait: Duration) -> String {
+fn report(e: &StartError, own: Option<&str>, timing: &Tuning, wait: Duration) -> String {
     match e.kind() {
         StartErrorKind::LeaseHeld if e.holder().is_some() && e.holder() == own => format!(
             "• delivery host: the lease still holds this host's own row ({}), which a closed lane could not release; it expires with the bucket TTL. No lane opened, retrying every {} ms (reported once)",
@@ -201,7 +173,7 @@ fn report(e: &StartError, own: Option<&str>, timing: &LaneTiming, wait: Duration
         _ => format!(
             "✗ delivery host: the lane refused ({e}); retrying in {} ms, backoff up to {} ms",
             wait.as_millis(),
-            timing.backoff_max.as_millis()
+            timing.lane_backoff_max.as_millis()
         ),
     }
 }
@@ -329,11 +301,10 @@ fn config(
     cfg.sweeps_bound_to = format!("{}/{}", inputs.root.display(), files::COTAL_DIR);
     cfg.tls = inputs.tls;
     cfg.tls_ca = inputs.tls_ca.clone();
-    cfg.ping_interval = inputs.ping_interval;
-    cfg.plane = inputs.plane.clone();
+    cfg.tuning = inputs.tuning.clone();
     // A lane does not await a renewal on an expired credential: it closes, and the reopen
     // runs the checks above (docs/host.md, "A lane's credential expires").
-    cfg.health = inputs.health.closing_on_expiry();
+    cfg.tuning.health = inputs.tuning.health.closing_on_expiry();
     cfg.redial_wait = RELEASE_REDIAL_BOUND;
     cfg.journal = journal.clone();
     // The lane opens no kick credential: its evictions ask the host.

@@ -18,7 +18,7 @@ mod spaces;
 mod status;
 
 pub use kicker::{HostKicker, HOST_CENSUS_CONNECTION, HOST_KICKER_CONNECTION};
-pub use lane::{LaneInputs, LaneTiming, ENV_STANDBY_RETRY_MS};
+pub use lane::LaneInputs;
 pub use process::{run as deliver_space, stamp_stderr, DeliverConfig, Ended, Run};
 pub use service::{start_delivery_service, DeliveryService, HostedContextInputs};
 pub use spaces::{

@@ -8,17 +8,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use crate::conn;
 use crate::creds::{read_creds_file, Credential, CredsErrorKind};
 use crate::files::{self, PidRecord, DEFAULT_SERVER};
 use crate::journal::Journal;
-use crate::plane::PlaneConfig;
 use crate::space::RELEASE_REDIAL_BOUND;
 use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind};
-use crate::space::{HealthConfig, Verdict, HARD_EXIT_GRACE};
+use crate::space::{Verdict, HARD_EXIT_GRACE};
 use crate::store::{delivery_creds_key, CredsFileStore, FsStore, SecretStore};
+use crate::tuning::Tuning;
 use crate::wire::Space;
 
 /// Everything `deliver` is started with.
@@ -34,9 +32,8 @@ pub struct DeliverConfig {
     pub tls: bool,
     pub tls_ca: Option<PathBuf>,
     pub cwd: PathBuf,
-    pub ping_interval: Duration,
-    pub plane: PlaneConfig,
-    pub health: HealthConfig,
+    /// The process's timing, read from the environment once by the command line.
+    pub tuning: Tuning,
     /// This space's metrics handle (served when `--metrics-addr` is given).
     pub metrics: crate::metrics::Metrics,
     /// The line that says which broker the registry decided on (`files::resolve_dial`),
@@ -55,9 +52,7 @@ impl DeliverConfig {
             tls: false,
             tls_ca: None,
             cwd,
-            ping_interval: Duration::from_millis(conn::DEFAULT_PING_INTERVAL_MS),
-            plane: PlaneConfig::default(),
-            health: HealthConfig::from_values(None, None),
+            tuning: Tuning::default(),
             metrics: crate::metrics::Metrics::default(),
             banner: None,
         }
@@ -264,7 +259,7 @@ fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, En
 /// Runs one space's daemon as this process: resolve the inputs, start, record the pid while
 /// serving, and wait for the end (giving a transport verdict [`HARD_EXIT_GRACE`] to close).
 pub async fn run(cfg: DeliverConfig) -> Run {
-    let journal = Journal::stderr_only();
+    let journal = Journal::with_repeat_window(cfg.tuning.log_repeat_window);
     let ended = serve(cfg, &journal).await;
     Run { ended, journal }
 }
@@ -297,9 +292,7 @@ async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
     space_cfg.sweeps_bound_to = source.sweeps_bound_to;
     space_cfg.tls = cfg.tls;
     space_cfg.tls_ca = cfg.tls_ca.clone();
-    space_cfg.ping_interval = cfg.ping_interval;
-    space_cfg.plane = cfg.plane.clone();
-    space_cfg.health = cfg.health;
+    space_cfg.tuning = cfg.tuning.clone();
     space_cfg.redial_wait = RELEASE_REDIAL_BOUND;
     space_cfg.journal = journal.clone();
     space_cfg.metrics = cfg.metrics.clone();

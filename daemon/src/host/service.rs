@@ -17,12 +17,11 @@ use futures::future::{BoxFuture, Shared};
 
 use crate::creds::Credential;
 use crate::journal::Journal;
-use crate::plane::PlaneConfig;
-use crate::space::HealthConfig;
 use crate::space::{
     CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop,
 };
 use crate::store::{delivery_creds_key, SecretStore, StoreIdentity};
+use crate::tuning::Tuning;
 use crate::wire::{LifecycleUid, Space};
 
 /// What an embedding host assigns to one delivery service (the seeds' `HostedContextInputs`).
@@ -46,19 +45,16 @@ pub struct HostedContextInputs {
     pub state_dir: PathBuf,
     pub tls: bool,
     pub tls_ca: Option<PathBuf>,
-    /// Broker-gone window and backstop (default: `COTAL_DELIVERY_BROKER_GONE_MS` /
-    /// `COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS`). `close()` waits up to the window, from the
-    /// drop, for a dropped connection to come back before it decides its release.
-    pub health: HealthConfig,
-    /// Client ping interval of the service's connection (default
-    /// `COTAL_DELIVERY_PING_INTERVAL_MS`, 2500 ms).
-    pub ping_interval: Duration,
-    /// Data-path timing (default: the `COTAL_DELIVERY_*_MS` overrides).
-    pub plane: PlaneConfig,
+    /// The service's timing. [`HostedContextInputs::new`] reads it from the environment
+    /// once (the documented overrides, e.g. `COTAL_DELIVERY_BROKER_GONE_MS`); an embedder
+    /// may set its own. `close()` waits up to `tuning.health`'s window, from the drop, for a
+    /// dropped connection to come back before it decides its release.
+    pub tuning: Tuning,
 }
 
 impl HostedContextInputs {
-    /// The assigned inputs, with the documented timing defaults.
+    /// The assigned inputs, with the documented timing defaults and the environment's
+    /// overrides ([`Tuning::from_env`], read here once: the embedder's edge).
     pub fn new(
         account: impl Into<String>,
         lifecycle_uid: impl Into<String>,
@@ -78,12 +74,7 @@ impl HostedContextInputs {
             state_dir: state_dir.into(),
             tls: false,
             tls_ca: None,
-            health: HealthConfig::from_env(),
-            ping_interval: crate::env::env_ms(
-                "COTAL_DELIVERY_PING_INTERVAL_MS",
-                Duration::from_millis(crate::conn::DEFAULT_PING_INTERVAL_MS),
-            ),
-            plane: PlaneConfig::from_env(),
+            tuning: Tuning::from_env(),
         }
     }
 }
@@ -133,7 +124,7 @@ fn refuse(journal: &Journal, kind: StartErrorKind, text: String) -> StartError {
 pub async fn start_delivery_service(
     inputs: HostedContextInputs,
 ) -> Result<DeliveryService, StartError> {
-    let journal = Journal::stderr_only();
+    let journal = Journal::with_repeat_window(inputs.tuning.log_repeat_window);
     let space = inputs.space.clone();
     let lifecycle_uid = LifecycleUid::parse(&inputs.lifecycle_uid).map_err(|e| {
         refuse(
@@ -256,10 +247,8 @@ pub async fn start_delivery_service(
     cfg.sweeps_bound_to = declared.to_string();
     cfg.tls = inputs.tls;
     cfg.tls_ca = inputs.tls_ca.clone();
-    cfg.ping_interval = inputs.ping_interval;
-    cfg.plane = inputs.plane.clone();
-    cfg.health = inputs.health;
-    cfg.redial_wait = Duration::from_millis(inputs.health.window_ms());
+    cfg.redial_wait = Duration::from_millis(inputs.tuning.health.window_ms());
+    cfg.tuning = inputs.tuning;
     cfg.connection_name = format!("cotal:delivery:{lifecycle_uid}");
     cfg.journal = journal;
     let daemon = SpaceDaemon::start(cfg, Stop::never()).await?;

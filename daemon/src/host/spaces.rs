@@ -134,7 +134,7 @@ fn refused(journal: &Journal, kind: HostErrorKind, detail: String) -> HostEnded 
 
 /// Runs the host: the manifest, then one lane per space until SIGTERM/SIGINT.
 pub async fn run(cfg: HostConfig) -> HostRun {
-    let journal = Journal::stderr_only();
+    let journal = Journal::with_repeat_window(cfg.lanes.tuning.log_repeat_window);
     let ended = serve(cfg, &journal).await;
     HostRun { ended, journal }
 }
@@ -194,11 +194,12 @@ async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
     let mut inputs = cfg.lanes.clone();
     inputs.root = root.clone();
     // The host is the only kicker of its lanes (docs/host.md, "Kicks").
-    let kicker = super::kicker::HostKicker::new(
+    let kicker = super::kicker::HostKicker::with_limits(
         root.clone(),
         manifest.spaces.clone(),
         inputs.server.clone(),
         inputs.tls_ca.clone(),
+        crate::sys::SweepLimits::of(&inputs.tuning),
     );
     let inputs = Arc::new(inputs);
     let lanes: Vec<_> = manifest

@@ -26,7 +26,7 @@ pub use members::{members, parse_channel};
 pub use pending::{parse_member, pending};
 
 /// Bound on connecting, and on each broker request.
-pub const REQUEST_BOUND: Duration = Duration::from_secs(5);
+pub const REQUEST_BOUND: Duration = crate::tuning::BROKER_BOUND;
 /// At most this many owed messages are read per store and lifecycle (each is one leader-served
 /// get); past it the report says it stopped counting.
 pub const MAX_SCANNED: usize = 10_000;

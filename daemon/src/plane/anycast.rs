@@ -22,22 +22,12 @@ use crate::plane::acl::{AclRow, Acls};
 use crate::plane::PlaneCtx;
 use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
-/// Age of a row after its request left the queue before the sweep removes it.
-pub const ROW_AGE_ENV: &str = "COTAL_DELIVERY_ANYCAST_ROW_AGE_MS";
-/// Interval between two sweeps of the rows (the first runs when serving starts).
-pub const SWEEP_EVERY_ENV: &str = "COTAL_DELIVERY_ANYCAST_SWEEP_MS";
-/// Fault-injection knob (tests only, documented in docs/anycast.md): `1` makes a winning take
-/// hold for [`FAULT_HOLD`] right after its row is written and before its DM is sent, logging
-/// [`FAULT_HOLD_LINE`], so a test can SIGKILL the daemon inside the crash window the resend
-/// repairs.
-pub const FAULT_HOLD_ENV: &str = "COTAL_DELIVERY_FAULT_HOLD_AFTER_ANYCAST_ROW";
-/// Bound of the fault-injection hold: a forgotten knob delays a DM, it never wedges a take.
+/// Bound of the fault-injection hold ([`crate::tuning::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW`]), logging
+/// [`FAULT_HOLD_LINE`]: a forgotten knob delays a DM, it never wedges a take.
 pub const FAULT_HOLD: Duration = Duration::from_secs(60);
 /// Start of the line the hold logs (the row key follows).
 pub const FAULT_HOLD_LINE: &str = "! anycast: fault injection: holding before the DM of row";
 
-const DEFAULT_ROW_AGE: Duration = Duration::from_secs(24 * 60 * 60);
-const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(10 * 60);
 /// Compare-and-set rounds one verb may lose before it gives up (each loss means another
 /// writer changed the row; the next round decides on the new row).
 const CAS_ROUNDS: usize = 5;
@@ -208,11 +198,11 @@ pub struct SweepConfig {
 }
 
 impl SweepConfig {
-    /// The defaults (a day, ten minutes) with the documented overrides applied.
-    pub fn from_env() -> SweepConfig {
+    /// The sweep's timing out of the plane's configuration.
+    pub fn of(config: &crate::plane::PlaneConfig) -> SweepConfig {
         SweepConfig {
-            row_age: crate::env::env_ms(ROW_AGE_ENV, DEFAULT_ROW_AGE),
-            every: crate::env::env_ms(SWEEP_EVERY_ENV, DEFAULT_SWEEP_EVERY),
+            row_age: config.anycast_row_age,
+            every: config.anycast_sweep,
         }
     }
 }
@@ -258,7 +248,7 @@ impl Anycast {
             journal: ctx.journal.clone(),
             bound: ctx.config.request_bound,
             rows,
-            fault_hold: std::env::var(FAULT_HOLD_ENV).is_ok_and(|v| v == "1"),
+            fault_hold: ctx.config.anycast_fault_hold,
         })
     }
 
@@ -532,8 +522,9 @@ impl Anycast {
     async fn after_take(&self, key: &str, row: AnycastRow, rev: u64) -> AnycastRow {
         if self.fault_hold {
             self.journal.line(format!(
-                "{FAULT_HOLD_LINE} {key} for {} s ({FAULT_HOLD_ENV}=1)",
-                FAULT_HOLD.as_secs()
+                "{FAULT_HOLD_LINE} {key} for {} s ({}=1)",
+                FAULT_HOLD.as_secs(),
+                crate::tuning::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW
             ));
             tokio::time::sleep(FAULT_HOLD).await;
         }
@@ -848,14 +839,12 @@ fn encode(row: &AnycastRow) -> bytes::Bytes {
 mod tests {
     use super::*;
 
-    /// The seeds' timings when nothing overrides them: rows kept a day after leaving the
-    /// queue, checked every ten minutes. Mutation seen caught: `DEFAULT_SWEEP_EVERY` at 60 s.
+    /// The documented timings when nothing overrides them: rows kept a day after leaving the
+    /// queue, checked every ten minutes. Mutation seen caught: `DEFAULT_ANYCAST_SWEEP` at 60 s.
     #[test]
     fn the_sweep_defaults_are_a_day_and_ten_minutes() {
-        // No unit test sets these; the harness sets them only in daemon processes.
-        assert!(std::env::var(ROW_AGE_ENV).is_err() && std::env::var(SWEEP_EVERY_ENV).is_err());
         assert_eq!(
-            SweepConfig::from_env(),
+            SweepConfig::of(&crate::plane::PlaneConfig::default()),
             SweepConfig {
                 row_age: Duration::from_secs(86_400),
                 every: Duration::from_secs(600),

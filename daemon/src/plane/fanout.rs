@@ -38,8 +38,8 @@ use crate::wire::{LifecycleUid, Principal, FANOUT_DURABLE};
 /// Lanes of the writer (by CHAT subject: one sender's posts on one channel stay in order).
 pub const FANOUT_LANES: usize = 32;
 /// Copies published and not yet acknowledged by JetStream, over all lanes. With the reader's
-/// [`crate::plane::reader::MAX_HANDOFFS_IN_FLIGHT`] it stays below async-nats's 5000 pending
-/// publish acks per context.
+/// [`crate::plane::reader::MAX_HANDOFFS_IN_FLIGHT`] it stays below
+/// [`crate::plane::CONTEXT_PENDING_ACKS`] (asserted there).
 pub const MAX_COPIES_IN_FLIGHT: usize = 2048;
 /// `max_ack_pending` of `fanout`: posts pulled and not yet acked (the bound of the lane queues).
 pub const FANOUT_MAX_ACK_PENDING: i64 = 1000;

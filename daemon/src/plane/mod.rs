@@ -29,9 +29,7 @@ mod pump;
 mod reader;
 
 pub(crate) use acl::{AclRow, Acls};
-pub use anycast::{
-    row_key, AnycastError, AnycastErrorKind, AnycastRow, FAULT_HOLD_ENV, FAULT_HOLD_LINE,
-};
+pub use anycast::{row_key, AnycastError, AnycastErrorKind, AnycastRow, FAULT_HOLD_LINE};
 pub(crate) use anycast::{Anycast, SweepConfig};
 pub(crate) use cache::Caches;
 pub(crate) use catchup::activate;
@@ -45,6 +43,14 @@ pub(crate) use membership::{
 pub(crate) use presence::live_entry;
 pub use reader::READER_LANES;
 pub(crate) use reader::{bind as bind_reader, delete_inbox_entry};
+
+/// Publish acks one async-nats 0.51 JetStream context keeps pending before a publish waits for
+/// a slot (`ContextBuilder`'s default `max_ack_inflight`). The writer and the reader share the
+/// daemon's one context, so their in-flight bounds together stay below it: a full writer never
+/// makes a handoff wait on the client's semaphore instead of its own.
+pub const CONTEXT_PENDING_ACKS: usize = 5_000;
+const _: () =
+    assert!(fanout::MAX_COPIES_IN_FLIGHT + reader::MAX_HANDOFFS_IN_FLIGHT < CONTEXT_PENDING_ACKS);
 
 /// Refusal for a request that was admitted before a quiesce.
 pub const STOPPED_SERVING: &str =
@@ -113,45 +119,48 @@ impl ServingGate {
 pub struct PlaneConfig {
     /// Bound on every JetStream API request of the data path.
     pub request_bound: Duration,
-    /// `ack_wait` of the fan-out and reader durables.
+    /// `ack_wait` of the fan-out and reader durables ([`crate::tuning::ENV_ACK_WAIT_MS`]).
     pub ack_wait: Duration,
     /// Redeliveries after which the reader gives up an entry (`READER_MAX_REDELIVERIES`).
     pub reader_max_redeliveries: i64,
-    /// Delay of a nak for a retry (2000 ms in the reference).
+    /// Delay of a nak for a retry (2000 ms in the reference; [`crate::tuning::ENV_NAK_DELAY_MS`]).
     pub nak_delay: Duration,
     /// `max_ack_pending` of the reader.
     pub reader_max_ack_pending: i64,
+    /// Interval of the anycast records sweep.
+    pub anycast_sweep: Duration,
+    /// Age after which the sweep removes a row whose request left the queue.
+    pub anycast_row_age: Duration,
+    /// The anycast fault-injection hold (tests only, docs/anycast.md).
+    pub anycast_fault_hold: bool,
 }
 
-/// Override of [`PlaneConfig::nak_delay`] in milliseconds (default 2000).
-pub const NAK_DELAY_ENV: &str = "COTAL_DELIVERY_NAK_DELAY_MS";
-/// Override of [`PlaneConfig::ack_wait`] in milliseconds (default 5000). Binding the
-/// `fanout`/`reader` durables sets it on them, also on durables created with another value.
-/// Messages the daemon owns are kept alive with in-progress acks, so this bounds only how long
-/// a crashed (or quiesced) daemon's in-flight messages wait before they redeliver.
-pub const ACK_WAIT_ENV: &str = "COTAL_DELIVERY_ACK_WAIT_MS";
-
 impl PlaneConfig {
-    /// The defaults with the documented environment overrides applied (`0` or garbage keeps
-    /// the default).
-    pub fn from_env() -> PlaneConfig {
-        let d = PlaneConfig::default();
+    /// The defaults with `tuning`'s overrides.
+    pub fn of(tuning: &crate::tuning::Tuning) -> PlaneConfig {
         PlaneConfig {
-            nak_delay: crate::env::env_ms(NAK_DELAY_ENV, d.nak_delay),
-            ack_wait: crate::env::env_ms(ACK_WAIT_ENV, d.ack_wait),
-            ..d
+            nak_delay: tuning.nak_delay,
+            ack_wait: tuning.ack_wait,
+            anycast_sweep: tuning.anycast_sweep,
+            anycast_row_age: tuning.anycast_row_age,
+            anycast_fault_hold: tuning.anycast_fault_hold,
+            ..PlaneConfig::default()
         }
     }
 }
 
 impl Default for PlaneConfig {
     fn default() -> Self {
+        use crate::tuning as t;
         PlaneConfig {
-            request_bound: Duration::from_secs(5),
-            ack_wait: Duration::from_secs(5),
+            request_bound: t::BROKER_BOUND,
+            ack_wait: t::DEFAULT_ACK_WAIT,
             reader_max_redeliveries: 10,
-            nak_delay: Duration::from_millis(2000),
+            nak_delay: t::DEFAULT_NAK_DELAY,
             reader_max_ack_pending: 1000,
+            anycast_sweep: t::DEFAULT_ANYCAST_SWEEP,
+            anycast_row_age: t::DEFAULT_ANYCAST_ROW_AGE,
+            anycast_fault_hold: false,
         }
     }
 }

@@ -47,7 +47,7 @@ pub const READER_LANES: usize = 64;
 /// Handoffs published and not yet acknowledged by JetStream, over all lanes.
 pub const MAX_HANDOFFS_IN_FLIGHT: usize = 1024;
 /// Bound on one handoff publish (or one delete) being acknowledged.
-const HANDOFF_BOUND: Duration = Duration::from_secs(5);
+const HANDOFF_BOUND: Duration = crate::tuning::BROKER_BOUND;
 
 /// The reference warning for an entry given up because its owner has no ACL row.
 pub fn unknown_owner_warning(owner: &str, deliveries: i64) -> String {

@@ -21,7 +21,7 @@ use crate::wire::AclRecord;
 use crate::wire::{LifecycleUid, Principal, Space, SpaceNames};
 
 /// Bound on each ACL write.
-const ACL_WRITE_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+const ACL_WRITE_BOUND: std::time::Duration = crate::tuning::BROKER_BOUND;
 
 /// What an agent needs to connect, and what identifies its lifecycle.
 #[derive(Debug, Clone)]

@@ -22,7 +22,7 @@ use crate::store::{
 use crate::wire::{Space, SpaceNames};
 
 /// Bound on a disposable preflight connection.
-pub const PREFLIGHT_BOUND: Duration = Duration::from_secs(5);
+pub const PREFLIGHT_BOUND: Duration = crate::tuning::BROKER_BOUND;
 
 /// What the broker accepted: the user nkey and the JWT's expiry (unix seconds).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -64,7 +64,7 @@ impl Default for ProvisionOptions {
             chat_max_msgs_per_subject: DEFAULT_CHAT_MAX_MSGS_PER_SUBJECT,
             replicas: 1,
             request_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: crate::tuning::BROKER_BOUND,
         }
     }
 }

@@ -26,7 +26,8 @@ use crate::sys::SysAuthority;
 use crate::wire::Principal;
 
 /// Bound on waiting for a reconnect onto an adopted credential before an admin request is
-/// answered (seeds: "once that reconnect completes, or after 5s").
+/// answered ("once that reconnect completes, or after 5s", docs/operations.md). A wait for a
+/// reconnect, counted from the request, not one broker answer ([`crate::tuning::BROKER_BOUND`]).
 pub const RECONNECT_WAIT_BOUND: Duration = Duration::from_secs(5);
 /// Refusal of `reloadCreds` before start-up is complete (the seeds' wording).
 pub const NOT_STARTED: &str = "delivery: this daemon has not finished starting (its lease watch is not bound yet); nothing adopted - the next renewal pass or the daemon's own 75% re-read adopts the re-signed credential";

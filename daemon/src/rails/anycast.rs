@@ -75,7 +75,7 @@ pub async fn delivery(
 /// logged and retried at the next tick.
 pub fn bind_sweeper(ctx: &PlaneCtx, mut stop: StopRx) -> JoinHandle<()> {
     let ctx = ctx.clone();
-    let config = SweepConfig::from_env();
+    let config = SweepConfig::of(&ctx.config);
     tokio::spawn(async move {
         loop {
             let outcome = async { Anycast::open(&ctx).await?.sweep(config.row_age).await }.await;

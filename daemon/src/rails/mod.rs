@@ -95,7 +95,7 @@ pub fn encode_reply(reply: &ControlReply, max_payload_bytes: usize) -> Vec<u8> {
 }
 
 /// Bound on one reply publish.
-const REPLY_BOUND: Duration = Duration::from_secs(5);
+const REPLY_BOUND: Duration = crate::tuning::BROKER_BOUND;
 
 /// Subscribes the rail (queue-grouped) and serves it until `stop`.
 pub async fn bind(

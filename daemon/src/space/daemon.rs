@@ -32,7 +32,7 @@ use crate::space::admission::{self, SysPair};
 use crate::space::closed::stop_line;
 pub use crate::space::closed::{Closed, CLOSE_CAUSE};
 use crate::space::feed::{FeedParts, MembershipFeed};
-use crate::space::health::{HealthConfig, HealthHandle, Verdict, Watchdog};
+use crate::space::health::{HealthHandle, Verdict, Watchdog};
 use crate::space::keeper::{Keeper, RELEASE_REDIAL_BOUND};
 use crate::space::lease_watch::{LeaseWatch, WatchEvent};
 use crate::space::serving::Plane;
@@ -43,6 +43,7 @@ use crate::space::{
 use crate::space::{renew::Renewal, renew::RenewalParts};
 use crate::store::SecretStore;
 use crate::sys::{SweepLimits, SysAuthority};
+use crate::tuning::Tuning;
 use crate::wire::SHARD;
 use crate::wire::{Principal, Space, SpaceNames};
 
@@ -119,9 +120,9 @@ pub struct SpaceConfig {
     pub sys_store: Arc<dyn SecretStore>,
     /// What the admission line names as the place the `$SYS` sweeps are bound to.
     pub sweeps_bound_to: String,
-    pub ping_interval: Duration,
-    pub plane: PlaneConfig,
-    pub health: HealthConfig,
+    /// Every overridable timing (ping interval, broker-gone window, the plane's nak delay and
+    /// ack wait, the re-read retry, the feed, timer writer, metrics and `$SYS` sweep knobs).
+    pub tuning: Tuning,
     /// How long a release at the close waits for a dropped connection, counted from the drop.
     pub redial_wait: Duration,
     /// Where the daemon's human lines go.
@@ -157,9 +158,7 @@ impl SpaceConfig {
             sys_store: store.clone(),
             store,
             sweeps_bound_to,
-            ping_interval: Duration::from_millis(conn::DEFAULT_PING_INTERVAL_MS),
-            plane: PlaneConfig::default(),
-            health: HealthConfig::from_values(None, None),
+            tuning: Tuning::default(),
             redial_wait: RELEASE_REDIAL_BOUND,
             journal: Journal::stderr_only(),
             on_lease_won: None,
@@ -283,7 +282,7 @@ impl SpaceDaemon {
         // Reachability: the first dial of the resident connection.
         let spec = DialSpec::new(cfg.server.clone())
             .tls(cfg.tls, cfg.tls_ca.clone())
-            .ping_interval(cfg.ping_interval)
+            .ping_interval(cfg.tuning.ping_interval)
             .name(cfg.connection_name.clone());
         let dialed = tokio::select! {
             r = conn::dial(&spec, CredentialCell::new(cfg.credential.clone())) => r,
@@ -306,7 +305,7 @@ impl SpaceDaemon {
 
         // From here on the broker is watched through the resident connection only.
         let health = Watchdog::spawn(
-            cfg.health,
+            cfg.tuning.health,
             resident.events.subscribe(),
             resident.client.clone(),
             journal.clone(),
@@ -359,11 +358,13 @@ impl SpaceDaemon {
         }
 
         let names = SpaceNames::new(&space);
+        let plane_config = PlaneConfig::of(&cfg.tuning);
         let js = jetstream::context::ContextBuilder::new()
-            .timeout(cfg.plane.request_bound)
+            .timeout(plane_config.request_bound)
             .build(resident.client.clone());
         let ttl = lease_ttl(&js, &names).await;
-        let rows = match Rows::open(&js, &names.delivery_bucket(), cfg.plane.request_bound).await {
+        let rows = match Rows::open(&js, &names.delivery_bucket(), plane_config.request_bound).await
+        {
             Ok(r) => r,
             Err(e) => {
                 let err = refuse(
@@ -440,6 +441,7 @@ impl SpaceDaemon {
             events: resident.events.clone(),
             health: health.clone(),
             journal: journal.clone(),
+            retry: cfg.tuning.remint_retry,
         }));
         let ctx = PlaneCtx {
             client: resident.client.clone(),
@@ -448,7 +450,7 @@ impl SpaceDaemon {
             journal: journal.clone(),
             me: me.clone(),
             gate: ServingGate::default(),
-            config: cfg.plane.clone(),
+            config: plane_config,
             startup_complete: startup_complete.clone(),
             caches: crate::plane::Caches::new(&names),
             handoffs: Arc::default(),
@@ -462,7 +464,7 @@ impl SpaceDaemon {
             account: account.clone(),
             server_url: cfg.server.clone(),
             tls_ca: cfg.tls_ca.clone(),
-            limits: SweepLimits::from_env(),
+            limits: SweepLimits::of(&cfg.tuning),
         });
         let admin = AdminParts {
             credentials: Some(renewal.clone()),
@@ -580,24 +582,24 @@ impl SpaceDaemon {
         // The checkpoint timer writer: its own connection under the credential held now; its
         // faults restart it and never reach the serve loop.
         // The membership feed (fail-soft: a missing piece or a fault only logs).
-        let feed = MembershipFeed::start(FeedParts::new(
+        let mut feed_parts = FeedParts::new(
             spec.clone(),
             cfg.store.clone(),
             space.clone(),
             account.clone(),
             journal.clone(),
-        ))
-        .await;
+        );
+        feed_parts.interval = cfg.tuning.membership_interval;
+        let feed = MembershipFeed::start(feed_parts).await;
         if let Some(feed) = &feed {
             let (cell, client) = feed.rw();
             renewal.attach_membership(cell, client);
         }
-        let timer = TimerWriter::start(TimerWriterParts::new(
-            spec.clone(),
-            credential,
-            space.clone(),
-            journal.clone(),
-        ));
+        let mut timer_parts =
+            TimerWriterParts::new(spec.clone(), credential, space.clone(), journal.clone());
+        timer_parts.retry = cfg.tuning.timer_retry;
+        timer_parts.poll = cfg.tuning.timer_poll;
+        let timer = TimerWriter::start(timer_parts);
 
         // Lags and states for `--metrics-addr`, sampled off the hot path until the end.
         let gate = keeper.plane.gate();
@@ -609,7 +611,7 @@ impl SpaceDaemon {
             client: keeper.resident.client.clone(),
             events: keeper.resident.events.subscribe(),
             metrics: cfg.metrics.clone(),
-            period: crate::metrics::Sampler::period_from_env(),
+            period: cfg.tuning.metrics_sample,
             serving: Arc::new(move || gate.is_serving()),
             caches: Arc::new(move || {
                 [

@@ -33,21 +33,19 @@ use crate::wire::{Principal, Space, SpaceNames, MEMBERSHIP_OBSERVER_INBOX_PREFIX
 
 pub const OBSERVER_NAME: &str = "cotal-membership-observer";
 pub const RW_NAME: &str = "cotal-membership-rw";
-/// `COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS`: the sweep interval (default 15 s, the reference's).
-pub const ENV_MEMBERSHIP_INTERVAL_MS: &str = "COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS";
-pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(15_000);
 /// A connect/disconnect event re-sweeps after this quiet time.
 pub const DEBOUNCE: Duration = Duration::from_millis(400);
 /// Collection stops this long after the last CONNZ reply …
 pub const SETTLE: Duration = Duration::from_millis(250);
 /// … and never later than this after the request.
 pub const MAX_WAIT: Duration = Duration::from_millis(1_500);
+const _: () = assert!(SETTLE.as_millis() < MAX_WAIT.as_millis());
 pub const PAGE_LIMIT: usize = 1024;
 pub const MAX_PAGES: usize = 64;
 /// The freshness heartbeat key.
 pub const HEARTBEAT_KEY: &str = "=feed";
 /// Bound on dials, writes and each drain at close.
-pub const BOUND: Duration = Duration::from_secs(5);
+pub const BOUND: Duration = crate::tuning::BROKER_BOUND;
 pub const CLOSE_BOUND: Duration = Duration::from_millis(1_000);
 
 /// One principal's row (`cotal_membership_<s>`, key `<o>.<a>`).
@@ -86,7 +84,7 @@ impl FeedParts {
             space,
             account,
             journal,
-            interval: crate::env::env_ms(ENV_MEMBERSHIP_INTERVAL_MS, DEFAULT_INTERVAL),
+            interval: crate::tuning::DEFAULT_MEMBERSHIP_INTERVAL,
         }
     }
 }

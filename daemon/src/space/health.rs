@@ -13,7 +13,6 @@
 //! milliseconds; [`Watchdog`] drives it from the connection's event feed on its own task, so a
 //! busy run loop is never mistaken for a stalled process.
 
-use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,15 +21,8 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::conn::ConnEvent;
 use crate::journal::Journal;
+pub use crate::tuning::HealthConfig;
 
-/// `COTAL_DELIVERY_BROKER_GONE_MS`: the broker-gone window.
-pub const ENV_WINDOW_MS: &str = "COTAL_DELIVERY_BROKER_GONE_MS";
-/// `COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS`: the wall-time backstop.
-pub const ENV_BACKSTOP_MS: &str = "COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS";
-/// Default window (seeds: 15 seconds).
-pub const DEFAULT_WINDOW_MS: u64 = 15_000;
-/// Default backstop as a multiple of the window (seeds: four times, never less than it).
-pub const BACKSTOP_WINDOWS: u64 = 4;
 /// The evaluation tick, also the lag meter's interval (reference `LoopLagMeter(250)`).
 pub const EVAL_TICK_MS: u64 = 250;
 /// After a verdict a process host gives its daemon this long to close on its own before it
@@ -45,110 +37,6 @@ pub const LINE_EXPIRED: &str = "! delivery: credential expired, awaiting proved 
 pub const LINE_EXPIRED_EXIT: &str = "✗ delivery: credential expired without renewal";
 /// A host's lane does not await a renewal: it closes and its host reopens it (docs/host.md).
 pub const LINE_EXPIRED_CLOSE: &str = "✗ delivery: credential expired, closing without awaiting a renewal; the host reopens the lane once its store holds a valid credential";
-
-/// A refused health configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthError {
-    kind: HealthErrorKind,
-    detail: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HealthErrorKind {
-    /// The window is zero.
-    Window,
-    /// The backstop is shorter than the window.
-    Backstop,
-}
-
-impl HealthError {
-    pub fn kind(&self) -> HealthErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for HealthError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.detail)
-    }
-}
-
-impl std::error::Error for HealthError {}
-
-/// Window and backstop, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HealthConfig {
-    window_ms: u64,
-    backstop_ms: u64,
-    /// Close at once on a credential expiry instead of awaiting a proved renewal until the
-    /// backstop. Only a multi-space host's lane sets it: its host reopens the lane through the
-    /// lane's own credential checks, so nothing is gained by holding a dead connection.
-    expiry_closes: bool,
-}
-
-impl HealthConfig {
-    /// A window and an explicit backstop; refuses a zero window or a backstop below it.
-    pub fn new(window_ms: u64, backstop_ms: u64) -> Result<HealthConfig, HealthError> {
-        if window_ms == 0 {
-            return Err(HealthError {
-                kind: HealthErrorKind::Window,
-                detail: "the broker-gone window must be longer than 0 ms".into(),
-            });
-        }
-        if backstop_ms < window_ms {
-            return Err(HealthError {
-                kind: HealthErrorKind::Backstop,
-                detail: format!(
-                    "the broker-gone backstop ({backstop_ms} ms) is shorter than the window ({window_ms} ms)"
-                ),
-            });
-        }
-        Ok(HealthConfig {
-            window_ms,
-            backstop_ms,
-            expiry_closes: false,
-        })
-    }
-
-    /// The seeds' rule: window `W` (0 or garbage keeps 15000), backstop `max(W, B or 4W)`.
-    pub fn from_values(window: Option<u64>, backstop: Option<u64>) -> HealthConfig {
-        let window_ms = window.filter(|w| *w > 0).unwrap_or(DEFAULT_WINDOW_MS);
-        let backstop_ms = backstop
-            .filter(|b| *b > 0)
-            .unwrap_or(window_ms.saturating_mul(BACKSTOP_WINDOWS))
-            .max(window_ms);
-        HealthConfig {
-            window_ms,
-            backstop_ms,
-            expiry_closes: false,
-        }
-    }
-
-    /// From `COTAL_DELIVERY_BROKER_GONE_MS` and `COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS`.
-    pub fn from_env() -> HealthConfig {
-        let read = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        HealthConfig::from_values(read(ENV_WINDOW_MS), read(ENV_BACKSTOP_MS))
-    }
-
-    pub fn window_ms(&self) -> u64 {
-        self.window_ms
-    }
-    pub fn backstop_ms(&self) -> u64 {
-        self.backstop_ms
-    }
-    /// The same windows, closing at once on a credential expiry ([`Verdict::CredentialLapsed`]).
-    pub fn closing_on_expiry(mut self) -> HealthConfig {
-        self.expiry_closes = true;
-        self
-    }
-    pub fn expiry_closes(&self) -> bool {
-        self.expiry_closes
-    }
-}
 
 /// Event-loop stall measured by a periodic tick: a tick that comes later than its interval
 /// charges the excess as stall. Charges are unioned intervals, so overlapping charges count once.
@@ -349,14 +237,14 @@ impl TransportHealth {
     /// awaits only the backstop). `None` while the clock is not running.
     pub fn due_ms(&self) -> Option<u64> {
         let since = self.disconnected_at_ms?;
-        let backstop = since.saturating_add(self.cfg.backstop_ms);
+        let backstop = since.saturating_add(self.cfg.backstop_ms());
         if self.expired {
             return Some(backstop);
         }
         let credited = self.lag.starved_ms_within(u64::MAX);
         Some(
             since
-                .saturating_add(self.cfg.window_ms)
+                .saturating_add(self.cfg.window_ms())
                 .saturating_add(credited)
                 .min(backstop),
         )
@@ -380,11 +268,11 @@ impl TransportHealth {
     /// The verdict at `now_ms`, without ticking the meter.
     pub fn verdict(&self, now_ms: u64) -> Option<Verdict> {
         let since = self.disconnected_at_ms?;
-        if self.expired && self.cfg.expiry_closes {
+        if self.expired && self.cfg.expiry_closes() {
             return Some(Verdict::CredentialLapsed);
         }
         let elapsed = now_ms.saturating_sub(since);
-        if elapsed >= self.cfg.backstop_ms {
+        if elapsed >= self.cfg.backstop_ms() {
             return Some(if self.expired {
                 Verdict::CredentialExpired
             } else {
@@ -395,7 +283,7 @@ impl TransportHealth {
         if self.expired {
             return None;
         }
-        if elapsed - self.lag.starved_ms_within(elapsed) >= self.cfg.window_ms {
+        if elapsed - self.lag.starved_ms_within(elapsed) >= self.cfg.window_ms() {
             return Some(Verdict::BrokerGone);
         }
         None
@@ -598,27 +486,6 @@ mod tests {
         let mut e = TransportHealth::new(cfg(1_000, 4_000));
         e.credential_expired(0);
         assert_eq!(e.due_ms(), Some(4_000));
-    }
-
-    #[test]
-    fn config_follows_the_seed_rule() {
-        let d = HealthConfig::from_values(None, None);
-        assert_eq!((d.window_ms(), d.backstop_ms()), (15_000, 60_000));
-        let z = HealthConfig::from_values(Some(0), Some(0));
-        assert_eq!((z.window_ms(), z.backstop_ms()), (15_000, 60_000));
-        let w = HealthConfig::from_values(Some(1_500), None);
-        assert_eq!((w.window_ms(), w.backstop_ms()), (1_500, 6_000));
-        // Never less than the window.
-        let short = HealthConfig::from_values(Some(2_000), Some(500));
-        assert_eq!((short.window_ms(), short.backstop_ms()), (2_000, 2_000));
-        assert_eq!(
-            HealthConfig::new(0, 10).unwrap_err().kind(),
-            HealthErrorKind::Window
-        );
-        assert_eq!(
-            HealthConfig::new(10, 9).unwrap_err().kind(),
-            HealthErrorKind::Backstop
-        );
     }
 
     #[test]

@@ -20,13 +20,19 @@ use crate::space::{
 use crate::wire::Space;
 use crate::wire::SHARD;
 
-/// How long a signalled release waits for a redialing connection, counted from the drop
-/// (seeds: five seconds).
+/// How long a signalled release waits for a redialing connection, counted from the drop (five
+/// seconds, docs/operations.md). Not [`crate::tuning::BROKER_BOUND`]: it waits for a
+/// reconnect, and the release's own request is bounded by that after it.
 pub const RELEASE_REDIAL_BOUND: Duration = Duration::from_secs(5);
 /// Bound on the whole signalled shutdown; past it the daemon closes anyway.
 pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
 /// Bound on draining the resident connection at the close.
 const DRAIN_BOUND: Duration = Duration::from_secs(2);
+// The default redial wait and the release after it fit the shutdown bound.
+const _: () = assert!(
+    RELEASE_REDIAL_BOUND.as_millis() + crate::tuning::BROKER_BOUND.as_millis()
+        <= SHUTDOWN_BOUND.as_millis()
+);
 
 /// The lease, the plane it guards, and what has been said about them.
 pub(crate) struct Keeper {
@@ -261,7 +267,7 @@ impl Keeper {
     async fn shutdown(&mut self) -> Result<Released, ReleaseError> {
         // From here the connection's events are this daemon closing it, not the broker.
         self.health.stand_down();
-        let bound = SHUTDOWN_BOUND.max(self.redial_wait + Duration::from_secs(5));
+        let bound = SHUTDOWN_BOUND.max(self.redial_wait + crate::tuning::BROKER_BOUND);
         let work = async {
             self.plane.quiesce().await;
             let release = self.release().await;

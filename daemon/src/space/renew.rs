@@ -22,13 +22,12 @@ use crate::space::health::HealthHandle;
 use crate::store::{delivery_creds_key, membership_rw_creds_key, SecretStore};
 use crate::wire::Space;
 
-/// `COTAL_DELIVERY_REMINT_RETRY_MS`: the retry after a missed remint (default 60 s).
-pub const ENV_REMINT_RETRY_MS: &str = "COTAL_DELIVERY_REMINT_RETRY_MS";
-pub const DEFAULT_REMINT_RETRY: Duration = Duration::from_secs(60);
 /// The renewal point, as a share of the JWT's `iat → exp` lifetime.
 pub const RENEW_AT_SHARE: f64 = 0.75;
 /// The resident connection moves onto an adopted credential this long after the reply.
 pub const RECONNECT_AFTER_REPLY: Duration = Duration::from_millis(250);
+// An admin request waiting for that reconnect outlives its start.
+const _: () = assert!(RECONNECT_AFTER_REPLY.as_millis() < RECONNECT_WAIT_BOUND.as_millis());
 
 /// The unix second at which a credential with these claims is due for renewal (`None` when it
 /// never expires). `iat`/`exp` come from a JWT, so they may be anything: a lifetime or renewal
@@ -176,6 +175,8 @@ pub struct RenewalParts {
     pub events: broadcast::Sender<ConnEvent>,
     pub health: HealthHandle,
     pub journal: Journal,
+    /// The re-read's retry after a missed remint or a refused candidate.
+    pub retry: Duration,
 }
 
 impl Renewal {
@@ -191,7 +192,7 @@ impl Renewal {
             events: parts.events,
             health: parts.health,
             journal: parts.journal,
-            retry: crate::env::env_ms(ENV_REMINT_RETRY_MS, DEFAULT_REMINT_RETRY),
+            retry: parts.retry,
             last: Mutex::new(live),
             next_due_ms: Mutex::new(due),
             adopting: tokio::sync::Mutex::new(()),

@@ -27,23 +27,17 @@ use crate::wire::{Space, SpaceNames};
 
 /// Client name of the writer's own connection (what `/connz` shows).
 pub const CONNECTION_NAME: &str = "cotal-delivery-timer-writer";
-/// `COTAL_DELIVERY_TIMER_RETRY_MS`: the first restart backoff (default 5 s, the reference's).
-pub const ENV_TIMER_RETRY_MS: &str = "COTAL_DELIVERY_TIMER_RETRY_MS";
-pub const DEFAULT_RETRY: Duration = Duration::from_millis(5_000);
 /// The backoff doubles after each failed start up to this cap (the reference's 300 s).
 pub const RETRY_CAP: Duration = Duration::from_millis(300_000);
-/// `COTAL_DELIVERY_TIMER_POLL_MS`: how long one fetch waits for requests (default 1 s).
-pub const ENV_TIMER_POLL_MS: &str = "COTAL_DELIVERY_TIMER_POLL_MS";
-pub const DEFAULT_POLL: Duration = Duration::from_millis(1_000);
+const _: () = assert!(crate::tuning::DEFAULT_TIMER_RETRY.as_millis() <= RETRY_CAP.as_millis());
 /// `ack_wait` of `timerw_<s>` (spec-digest §1.4).
 pub const ACK_WAIT: Duration = Duration::from_secs(60);
 /// Requests pulled per fetch.
 pub const FETCH_BATCH: usize = 16;
 /// Fenced `.armed` publishes per request before it is handed back for redelivery.
 pub const ARM_ATTEMPTS: usize = 3;
-/// Bound on each JetStream request (status read, last-seq read, publish ack): the reference's
-/// 5 s status budget.
-pub const REQUEST_BOUND: Duration = Duration::from_secs(5);
+/// Bound on each JetStream request (status read, last-seq read, publish ack).
+pub const REQUEST_BOUND: Duration = crate::tuning::BROKER_BOUND;
 /// Redelivery delay of a request that could not be decided now (a read or publish failed).
 pub const RETRY_REQUEST_AFTER: Duration = Duration::from_secs(5);
 /// How long a connection that dropped (or was moved onto a renewed credential) may take to
@@ -259,8 +253,8 @@ impl TimerWriterParts {
             credential,
             space,
             journal,
-            retry: crate::env::env_ms(ENV_TIMER_RETRY_MS, DEFAULT_RETRY),
-            poll: crate::env::env_ms(ENV_TIMER_POLL_MS, DEFAULT_POLL),
+            retry: crate::tuning::DEFAULT_TIMER_RETRY,
+            poll: crate::tuning::DEFAULT_TIMER_POLL,
         }
     }
 }

@@ -64,7 +64,7 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
         mesh.tls_ca.as_deref(),
         &operator,
         "cotal-demo-operator",
-        Duration::from_secs(5),
+        crate::tuning::BROKER_BOUND,
     )
     .await
     .map_err(|e| format!("demo: {e}"))?;

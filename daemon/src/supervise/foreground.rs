@@ -156,9 +156,12 @@ pub(super) async fn run(
                         if ctx.watch.serving(space, ctx.workspace, d).await {
                             journal.line("delivery daemon running again");
                             phase = Phase::Serving;
-                        } else if !*warned && since.elapsed() > super::serving_bound() {
+                        } else if !*warned && since.elapsed() > cfg.serving_bound {
                             *warned = true;
-                            journal.line(format!("! up: {}", not_bound(space, ctx.workspace)));
+                            journal.line(format!(
+                                "! up: {}",
+                                not_bound(space, ctx.workspace, cfg.serving_bound)
+                            ));
                         }
                     }
                 }

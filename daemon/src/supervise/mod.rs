@@ -23,7 +23,6 @@ mod stop;
 pub(crate) use demo::offline_member_receives;
 pub(crate) use down::down;
 pub(crate) use status::{status, StatusReport};
-pub(crate) use stop::stop_grace;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -44,17 +43,6 @@ use crate::wire::{Principal, Space, SpaceNames, LEASE_KEY};
 
 /// How long `up` waits for the broker's ports file.
 const BROKER_READY_BOUND: Duration = Duration::from_secs(20);
-/// Environment override (milliseconds) of how long `up` waits for a daemon it started (at
-/// start-up or as a replacement) to serve before the not-bound warning.
-pub const SERVING_BOUND_ENV: &str = "COTAL_DELIVERY_SERVING_BOUND_MS";
-/// The reference's start-up wait for the daemon's responder.
-pub const DEFAULT_SERVING_BOUND: Duration = Duration::from_secs(30);
-
-/// How long `up` waits for the daemon to serve (its responder bound, its lease ready):
-/// `COTAL_DELIVERY_SERVING_BOUND_MS`, else 30 s.
-pub fn serving_bound() -> Duration {
-    crate::env::env_ms(SERVING_BOUND_ENV, DEFAULT_SERVING_BOUND)
-}
 /// Poll period of the bounded waits.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -78,6 +66,10 @@ pub struct UpConfig {
     pub creds_lifetime: Option<Duration>,
     /// SIGTERM grace of the stop (`COTAL_DELIVERY_STOP_GRACE_MS`, 15 s by default).
     pub stop_grace: Duration,
+    /// How long `up` waits for a daemon it started (at start-up or as a replacement) to serve,
+    /// its responder bound and its lease ready, before the not-bound warning
+    /// (`COTAL_DELIVERY_SERVING_BOUND_MS`, 30 s by default).
+    pub serving_bound: Duration,
 }
 
 /// A running broker started by `up`.
@@ -266,7 +258,7 @@ where
     };
     let mut daemon = start_daemon(space, workspace, &url, &transport, cfg.detach)?;
     let watch = LeaseWatch::open(authority, space, &url, cfg.tls_ca.as_deref()).await?;
-    if let Err(e) = wait_serving(&watch, space, workspace, &mut daemon).await {
+    if let Err(e) = wait_serving(&watch, space, workspace, &mut daemon, cfg.serving_bound).await {
         // A daemon still running without serving is stopped like any other before `up` gives up.
         if let Ok(None) = daemon.child.try_wait() {
             stop_own(cfg, workspace, &mut daemon, journal).await;
@@ -386,7 +378,7 @@ async fn relaunch(
     ));
     let mut daemon = start_daemon(space, workspace, &mesh.server, &transport, true)?;
     let watch = LeaseWatch::open(&authority, space, &mesh.server, mesh.tls_ca.as_deref()).await?;
-    let served = wait_serving(&watch, space, workspace, &mut daemon).await;
+    let served = wait_serving(&watch, space, workspace, &mut daemon, cfg.serving_bound).await;
     watch.close().await;
     served?;
     journal.line(format!(
@@ -597,11 +589,11 @@ impl LeaseWatch {
                     .public_key()
                     .map_err(|e| UpError(format!("✗ up: {e}")))?,
             ),
-            Duration::from_secs(5),
+            crate::tuning::BROKER_BOUND,
         )
         .map_err(|e| UpError(format!("✗ up: {e}")))?;
         let client =
-            crate::client::connect_options(options, url, "cotal-up", Duration::from_secs(5))
+            crate::client::connect_options(options, url, "cotal-up", crate::tuning::BROKER_BOUND)
                 .await
                 .map_err(|e| UpError(format!("✗ up: {e}")))?;
         let js = async_nats::jetstream::new(client.clone());
@@ -644,10 +636,10 @@ impl LeaseWatch {
 }
 
 /// The line for a daemon whose responder did not bind in time (start-up and restarts alike).
-fn not_bound(space: &Space, workspace: &Workspace) -> String {
+fn not_bound(space: &Space, workspace: &Workspace, bound: Duration) -> String {
     format!(
         "the delivery daemon did not serve space {space} within {} (its responder is not bound); see {}",
-        human_bound(serving_bound()),
+        human_bound(bound),
         workspace.log_path(space).display()
     )
 }
@@ -667,8 +659,9 @@ async fn wait_serving(
     space: &Space,
     workspace: &Workspace,
     daemon: &mut DaemonChild,
+    bound: Duration,
 ) -> Result<(), UpError> {
-    let deadline = Instant::now() + serving_bound();
+    let deadline = Instant::now() + bound;
     loop {
         if let Ok(Some(status)) = daemon.child.try_wait() {
             let last = last_line(&workspace.log_path(space)).unwrap_or_else(|| "no output".into());
@@ -681,7 +674,10 @@ async fn wait_serving(
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(UpError(format!("✗ up: {}", not_bound(space, workspace))));
+            return Err(UpError(format!(
+                "✗ up: {}",
+                not_bound(space, workspace, bound)
+            )));
         }
         tokio::time::sleep(POLL).await;
     }

@@ -156,7 +156,7 @@ impl RenewalOwner {
             self.tls_ca.as_deref(),
             &cred,
             "cotal-up-renewal",
-            Duration::from_secs(5),
+            crate::tuning::BROKER_BOUND,
         )
         .await
         .map_err(|e| e.to_string())?;

@@ -20,19 +20,10 @@ use crate::files::{self, PidLiveness};
 use crate::journal::Journal;
 use crate::wire::Space;
 
-/// Environment override of the SIGTERM grace (milliseconds); the seeds' 15 s by default.
-pub const STOP_GRACE_ENV: &str = "COTAL_DELIVERY_STOP_GRACE_MS";
-/// The seeds' grace between SIGTERM and SIGKILL.
-pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(15);
 /// How long a SIGKILLed process may take to be confirmed dead.
 const KILL_CONFIRM_BOUND: Duration = Duration::from_secs(5);
 /// Poll period while waiting for a death.
 const POLL: Duration = Duration::from_millis(50);
-
-/// The grace from the environment (`COTAL_DELIVERY_STOP_GRACE_MS`), else 15 s.
-pub fn stop_grace() -> Duration {
-    crate::env::env_ms(STOP_GRACE_ENV, DEFAULT_STOP_GRACE)
-}
 
 /// Why a stop did not complete. `Display` is the operator's line.
 #[derive(Debug)]

@@ -14,7 +14,8 @@ use async_nats::Event;
 use cotal_delivery::agent::{Agent, AgentErrorKind};
 use cotal_delivery::agent::{TakeVerdict, NO_DAEMON};
 use cotal_delivery::kv::{Read, Rows};
-use cotal_delivery::plane::{row_key, FAULT_HOLD_ENV, FAULT_HOLD_LINE};
+use cotal_delivery::plane::{row_key, FAULT_HOLD_LINE};
+use cotal_delivery::tuning::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW;
 use cotal_delivery::wire::{CtlService, Principal, SpaceNames};
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
@@ -399,7 +400,7 @@ async fn both_dms_reach_the_sender_from_the_daemon_principal() {
 async fn a_notice_a_sigkill_left_unsent_is_resent_at_start() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(&mesh, &[(FAULT_HOLD_ENV, "1")]).await;
+    let mut d = daemon_with(&mesh, &[(ENV_FAULT_HOLD_AFTER_ANYCAST_ROW, "1")]).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
     let seq = send(&alice).await;

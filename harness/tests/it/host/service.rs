@@ -100,8 +100,8 @@ fn inputs(
         },
         state.path().join(space.as_str()),
     );
-    i.health = HealthConfig::new(WINDOW_MS, BACKSTOP_MS).expect("health");
-    i.ping_interval = Duration::from_millis(500);
+    i.tuning.health = HealthConfig::new(WINDOW_MS, BACKSTOP_MS).expect("health");
+    i.tuning.ping_interval = Duration::from_millis(500);
     i
 }
 
@@ -260,7 +260,7 @@ async fn close_while_cut_and_healed_within_the_window_repeats_the_release_and_co
     let state = tempfile::tempdir().expect("state");
     let mut i = assigned(&mesh, &a, &proxy.url(), &state);
     // A window long enough to heal inside it.
-    i.health = HealthConfig::new(8_000, 16_000).expect("health");
+    i.tuning.health = HealthConfig::new(8_000, 16_000).expect("health");
     let alpha = start(i).await;
     assert!(lease(&ia).await.is_some());
 
