@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::PublishAckFuture;
-use async_nats::jetstream::Message;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use serde_json::Value;
@@ -123,10 +122,7 @@ impl Writer {
         );
         let mut live: Option<(View<'_>, View<'_>)> = None;
         for pulled in batch {
-            let routed = match self
-                .route(&pulled.msg, &channels, &members, &mut live)
-                .await
-            {
+            let routed = match self.route(&pulled, &channels, &members, &mut live).await {
                 Ok(r) => r,
                 Err(verdict) => {
                     pulled.settle(&self.ctx, verdict).await;
@@ -179,12 +175,12 @@ impl Writer {
 
     async fn route<'a>(
         &'a self,
-        msg: &Message,
+        pulled: &Pulled,
         channels: &View<'_>,
         members: &View<'_>,
         live: &mut Option<(View<'a>, View<'a>)>,
     ) -> Result<Routed, Settle> {
-        let seq = pump::stream_sequence(msg);
+        let (msg, seq) = (&pulled.msg, pulled.stream_sequence);
         let prefix = self.ctx.names.space().prefix();
         let Some((sender, channel)) = parse_chat_subject(&msg.subject, &prefix) else {
             tracing::warn!(subject = %msg.subject, "fan-out: malformed-subject; terminated");

@@ -12,21 +12,26 @@
 //! that ends or faults is reopened after a short pause until `stop`.
 //!
 //! Crash recovery rides on a short `ack_wait` (5 s by default): a message this daemon pulled and
-//! still owns (queued in a lane or being handled) is kept alive with an in-progress ack every
-//! third of `ack_wait` while the gate holds its epoch, so only a message whose owner died (or
-//! stopped serving) redelivers, and it does so one `ack_wait` after its last keep-alive instead
-//! of after a minute. A loop pulls only while the gate is open, and a message it pulled after
+//! still owns (queued in a lane or being handled) is kept alive with an in-progress ack once it
+//! has been held a third of `ack_wait` since it was pulled or last kept alive (one sweeper per
+//! loop looks every sixth, so none goes half an `ack_wait` without one) while the gate holds its
+//! epoch, so only a message whose owner died (or stopped serving) redelivers, and it does so one
+//! `ack_wait` after its last keep-alive instead of after a minute. Owning a message costs a
+//! registry entry, not a task and a timer of its own (docs/performance.md). A loop pulls only while the gate is open, and a message it pulled after
 //! the gate closed (never admitted, nothing done with it) is handed back with an immediate nak
 //! once the loop's own pull stream is dropped: a new holder's first posts are not held one
 //! `ack_wait` by pulls made before its `arm` opened the gate (docs/performance.md).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::{AckKind, Message};
+use async_nats::Subject;
 use futures::{FutureExt, StreamExt};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::metrics::Store;
 use crate::plane::{stopped, PlaneCtx, StopRx};
@@ -63,27 +68,95 @@ pub async fn settle(ctx: &PlaneCtx, msg: &Message, epoch: u64, settle: Settle) {
     }
 }
 
-/// Number of delivery attempts of `msg` (1 on first delivery; 0 if the ack subject is unreadable).
-pub fn deliveries(msg: &Message) -> i64 {
-    msg.info().map(|i| i.delivered).unwrap_or(0)
-}
-
-/// Stream sequence of `msg` (0 if the ack subject is unreadable).
-pub fn stream_sequence(msg: &Message) -> u64 {
-    msg.info().map(|i| i.stream_sequence).unwrap_or(0)
-}
-
 /// Most messages a lane hands to its handler at once (one fence per bucket serves them all).
 pub const LANE_BATCH_MAX: usize = 128;
 
-/// Stops a message's keep-alive when dropped (settled, or its lane or the loop went away).
-struct Owned(tokio::task::AbortHandle);
+/// The messages one pull loop owns (pulled, admitted, not yet settled), kept alive by one
+/// sweeper task per loop instead of a task and a timer per message.
+#[derive(Default)]
+struct Owners {
+    held: std::sync::Mutex<OwnersInner>,
+}
+
+#[derive(Default)]
+struct OwnersInner {
+    next: u64,
+    messages: std::collections::HashMap<u64, Held>,
+}
+
+/// One owned message: where its in-progress acks go, the epoch it was admitted at, and when it
+/// was last kept alive (or pulled).
+struct Held {
+    reply: Subject,
+    epoch: u64,
+    last: Instant,
+}
+
+impl Owners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OwnersInner> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a message admitted at `epoch` whose acks go to `reply` (one without a reply
+    /// subject cannot be acked, so there is nothing to keep alive).
+    fn own(self: &Arc<Self>, reply: Option<&Subject>, epoch: u64, now: Instant) -> Owned {
+        let mut inner = self.lock();
+        let id = inner.next;
+        inner.next += 1;
+        if let Some(reply) = reply {
+            inner.messages.insert(
+                id,
+                Held {
+                    reply: reply.clone(),
+                    epoch,
+                    last: now,
+                },
+            );
+        }
+        Owned {
+            owners: self.clone(),
+            id,
+        }
+    }
+
+    /// The reply subjects of the messages due an in-progress ack at `now`: held at least
+    /// `period` since they were pulled or last kept alive, and still under the epoch they were
+    /// admitted at (`still`); their clocks restart at `now`.
+    fn due(&self, now: Instant, period: Duration, still: impl Fn(u64) -> bool) -> Vec<Subject> {
+        let mut inner = self.lock();
+        inner
+            .messages
+            .values_mut()
+            .filter(|h| now.saturating_duration_since(h.last) >= period && still(h.epoch))
+            .map(|h| {
+                h.last = now;
+                h.reply.clone()
+            })
+            .collect()
+    }
+}
+
+/// Ends a message's keep-alive when dropped (settled, or its lane or the loop went away).
+struct Owned {
+    owners: Arc<Owners>,
+    id: u64,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.owners.lock().messages.remove(&self.id);
+    }
+}
 
 /// A pulled message, owned by this daemon until settled (kept alive meanwhile).
 pub struct Pulled {
     pub msg: Message,
     /// The serving epoch it was admitted at.
     pub epoch: u64,
+    /// Delivery attempts (1 on first delivery; 0 if the ack subject is unreadable).
+    pub deliveries: i64,
+    /// Its stream sequence (0 if the ack subject is unreadable).
+    pub stream_sequence: u64,
     _alive: Owned,
 }
 
@@ -94,24 +167,21 @@ impl Pulled {
     }
 }
 
-impl Drop for Owned {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Sends an in-progress ack for `msg` every third of `ack_wait` while the gate holds `epoch`;
-/// the lane aborts it once the message is settled.
-async fn keep_alive(ctx: PlaneCtx, msg: Message, epoch: u64) {
+/// Keeps every message `owners` holds alive: an in-progress ack for each once it has been held
+/// a third of `ack_wait` since it was pulled or last kept alive, while the gate holds the epoch
+/// it was admitted at. Looks twice per third, so no message goes more than half an `ack_wait`
+/// without one.
+async fn keep_alive(ctx: PlaneCtx, owners: Arc<Owners>) {
     let period = (ctx.config.ack_wait / 3).max(Duration::from_millis(50));
+    let mut sweep = tokio::time::interval(period / 2);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(period).await;
-        if !ctx.gate.still(epoch) {
-            // Not ours any more: let it redeliver to whoever serves next.
-            return;
-        }
-        if let Err(e) = msg.ack_with(AckKind::Progress).await {
-            tracing::debug!(subject = %msg.subject, error = %e, "in-progress ack failed");
+        sweep.tick().await;
+        // Not ours any more once the epoch moved: it redelivers to whoever serves next.
+        for reply in owners.due(Instant::now(), period, |epoch| ctx.gate.still(epoch)) {
+            if let Err(e) = ctx.client.publish(reply, AckKind::Progress.into()).await {
+                tracing::debug!(error = %e, "in-progress ack failed");
+            }
         }
     }
 }
@@ -140,8 +210,11 @@ pub async fn run<H, F>(
     H: Fn(Vec<Pulled>) -> F + Send + Sync + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
-    let handler = std::sync::Arc::new(handler);
+    let handler = Arc::new(handler);
     let mut tasks: JoinSet<()> = JoinSet::new();
+    let owners = Arc::new(Owners::default());
+    tasks.spawn(keep_alive(ctx.clone(), owners.clone()));
+    let store = Store::of(&ctx.names, &stream);
     let mut senders = Vec::with_capacity(lanes.max(1));
     for _ in 0..lanes.max(1) {
         // Unbounded here, bounded by the durable's max_ack_pending (see the module doc).
@@ -189,12 +262,14 @@ pub async fn run<H, F>(
             };
             match next {
                 Some(Ok(msg)) => {
-                    if deliveries(&msg) == 1 {
-                        retention
-                            .observe(&ctx, what, &stream, stream_sequence(&msg))
-                            .await;
+                    let (delivered, seq) = msg
+                        .info()
+                        .map(|i| (i.delivered, i.stream_sequence))
+                        .unwrap_or((0, 0));
+                    if delivered == 1 {
+                        retention.observe(&ctx, what, &stream, seq).await;
                     } else {
-                        ctx.metrics.redelivered(Store::of(&ctx.names, &stream));
+                        ctx.metrics.redelivered(store);
                     }
                     let Some(epoch) = ctx.gate.admit() else {
                         // Quiesced before admitting it: nothing was done with it, so hand it
@@ -213,12 +288,12 @@ pub async fn run<H, F>(
                         continue 'outer;
                     };
                     let lane = lane_of(&msg.subject, senders.len());
-                    let alive = Owned(
-                        tokio::spawn(keep_alive(ctx.clone(), msg.clone(), epoch)).abort_handle(),
-                    );
+                    let alive = owners.own(msg.reply.as_ref(), epoch, Instant::now());
                     let pulled = Pulled {
                         msg,
                         epoch,
+                        deliveries: delivered,
+                        stream_sequence: seq,
                         _alive: alive,
                     };
                     if senders[lane].send(pulled).is_err() {
@@ -398,6 +473,38 @@ fn lane_of(subject: &str, lanes: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Mutations seen failing: keeping alive every held message at each sweep (no `period`
+    /// condition) fails the first assertion, not restarting a message's clock when it is kept
+    /// alive the second, `Owned::drop` not removing its message the third.
+    #[test]
+    fn a_held_message_is_kept_alive_once_per_period_under_its_epoch_until_settled() {
+        let owners = Arc::new(Owners::default());
+        let period = Duration::from_millis(300);
+        let t0 = Instant::now();
+        let subject = |s: &str| Subject::from(s.to_string());
+        let m1 = owners.own(Some(&subject("r1")), 1, t0);
+        let _m2 = owners.own(Some(&subject("r2")), 1, t0 + period / 2);
+        let _m3 = owners.own(Some(&subject("r3")), 2, t0);
+        let _none = owners.own(None, 1, t0);
+        let still = |epoch| epoch == 1;
+        assert_eq!(
+            owners.due(t0 + period, period, still),
+            vec![subject("r1")],
+            "r2 held half a period, r3 admitted at another epoch"
+        );
+        assert_eq!(
+            owners.due(t0 + period * 3 / 2, period, still),
+            vec![subject("r2")],
+            "r1 was kept alive half a period ago"
+        );
+        drop(m1);
+        assert_eq!(
+            owners.due(t0 + period * 5 / 2, period, still),
+            vec![subject("r2")],
+            "r1 settled: no longer held"
+        );
+    }
 
     #[test]
     fn a_jump_in_first_deliveries_is_a_retention_gap() {

@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::PublishAckFuture;
-use async_nats::jetstream::Message;
 use async_nats::HeaderMap;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -100,8 +99,8 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
 }
 
 impl Reader {
-    fn given_up(&self, msg: &Message) -> bool {
-        pump::deliveries(msg) >= self.ctx.config.reader_max_redeliveries
+    fn given_up(&self, pulled: &Pulled) -> bool {
+        pulled.deliveries >= self.ctx.config.reader_max_redeliveries
     }
 
     /// Re-checks a lane batch against caches proved once for it and hands off the authorized
@@ -115,14 +114,13 @@ impl Reader {
         let (acls, members) =
             tokio::join!(caches.acl.prove(&self.ctx), caches.members.prove(&self.ctx));
         for pulled in batch {
-            let (member, uid, entry) =
-                match self.check(&pulled.msg, pulled.epoch, &acls, &members).await {
-                    Ok(surface) => surface,
-                    Err(verdict) => {
-                        pulled.settle(&self.ctx, verdict).await;
-                        continue;
-                    }
-                };
+            let (member, uid, entry) = match self.check(&pulled, &acls, &members).await {
+                Ok(surface) => surface,
+                Err(verdict) => {
+                    pulled.settle(&self.ctx, verdict).await;
+                    continue;
+                }
+            };
             let Ok(permit) = self.handoffs.clone().acquire_owned().await else {
                 return;
             };
@@ -145,7 +143,7 @@ impl Reader {
                     }
                     Err(e) => {
                         tracing::warn!(subject = %pulled.msg.subject, error = %e, "reader: handoff failed");
-                        if reader.given_up(&pulled.msg) {
+                        if reader.given_up(&pulled) {
                             reader.ctx.metrics.gave_up(GiveUp::Handoff);
                             Settle::Term
                         } else {
@@ -162,11 +160,11 @@ impl Reader {
     /// The re-check of one entry: `Ok` to surface it, or how to settle it.
     async fn check(
         &self,
-        msg: &Message,
-        epoch: u64,
+        pulled: &Pulled,
         acls: &View<'_>,
         members: &View<'_>,
     ) -> Result<(Principal, LifecycleUid, Plane3Entry), Settle> {
+        let (msg, epoch) = (&pulled.msg, pulled.epoch);
         let prefix = self.ctx.names.space().prefix();
         let Some((member, uid)) = parse_dinbox_subject(&msg.subject, &prefix) else {
             tracing::warn!(subject = %msg.subject, "reader: unparseable subject; terminated");
@@ -187,13 +185,13 @@ impl Reader {
                 return Err(Settle::Nak);
             }
             Ok(AclRow::Absent) | Ok(AclRow::Garbled(_)) => {
-                if self.given_up(msg) {
+                if self.given_up(pulled) {
                     if self.ctx.gate.still(epoch) {
                         // One line per owner and window, however many entries it owes.
                         let owner = SpaceNames::acl_key(&member, &uid);
                         self.ctx.journal.repeated(
                             &format!("give-up:unknown-owner:{}:{owner}", self.ctx.names.space()),
-                            format!("! {}", unknown_owner_warning(&owner, pump::deliveries(msg))),
+                            format!("! {}", unknown_owner_warning(&owner, pulled.deliveries)),
                         );
                     }
                     self.ctx.metrics.gave_up(GiveUp::UnknownOwner);
@@ -204,7 +202,7 @@ impl Reader {
             Ok(AclRow::Present { record, .. }) => record,
         };
         if record.is_retired() {
-            return Err(self.drop_retired(msg, epoch, &member, &uid, &entry).await);
+            return Err(self.drop_retired(pulled, &member, &uid, &entry).await);
         }
         if !record.covers(&entry.channel) {
             return Err(Settle::Ack);
@@ -261,21 +259,20 @@ impl Reader {
 
     async fn drop_retired(
         &self,
-        msg: &Message,
-        epoch: u64,
+        pulled: &Pulled,
         member: &Principal,
         uid: &LifecycleUid,
         entry: &Plane3Entry,
     ) -> Settle {
-        let seq = pump::stream_sequence(msg);
+        let seq = pulled.stream_sequence;
         let deleted = delete_inbox_entry(&self.ctx, seq).await;
-        if !self.ctx.gate.still(epoch) {
+        if !self.ctx.gate.still(pulled.epoch) {
             // Stopped serving while the delete was in flight: the next daemon retries it.
             return Settle::Leave;
         }
         if let Err(e) = deleted {
             tracing::warn!(seq, error = %e, "reader: deleting a retired lifecycle's entry failed");
-            return if self.given_up(msg) {
+            return if self.given_up(pulled) {
                 self.ctx.metrics.gave_up(GiveUp::RetiredDelete);
                 Settle::Term
             } else {
