@@ -14,9 +14,63 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use futures::TryStreamExt;
 
-/// Header carrying the KV operation of a marker (`DEL` / `PURGE`).
+/// Header carrying the KV operation of a client's marker (`DEL` / `PURGE`).
 const KV_OPERATION: &str = "KV-Operation";
+/// Header of a marker the broker placed itself (`MaxAge` when a row ran out its bucket's
+/// `max_age` on a stream with `subject_delete_marker_ttl`; `Purge`, `Remove`). It carries no
+/// `KV-Operation`, so a reader that looks only at that header takes it for a live, empty row.
+const NATS_MARKER_REASON: &str = "Nats-Marker-Reason";
 const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+
+/// What one message of a bucket did to its key. Every reader of a bucket classifies with
+/// [`row_op`], so a marker reads as absent everywhere, as async-nats (`Operation::Purge` /
+/// `Delete`) and nats.js (`"PURGE"`) present it to the reference's readers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOp {
+    /// A live row.
+    Put,
+    /// A `KV-Operation: DEL` marker (a delete, a release) or the broker's `Remove` marker.
+    Deleted,
+    /// A `KV-Operation: PURGE` marker or the broker's `Purge` marker.
+    Purged,
+    /// The broker's `MaxAge` marker: the row ran out its bucket's `max_age` (the lease TTL).
+    Expired,
+}
+
+impl RowOp {
+    /// Whether the message is a live row (anything else reads as absent).
+    pub fn is_row(self) -> bool {
+        self == RowOp::Put
+    }
+    /// The words a log line uses for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowOp::Put => "written",
+            RowOp::Deleted => "deleted",
+            RowOp::Purged => "purged",
+            RowOp::Expired => "expired",
+        }
+    }
+}
+
+/// Classifies a KV message by its headers. A broker marker of a reason this build does not know
+/// still carries no value, so it reads as a delete rather than as an empty row.
+pub fn row_op(headers: Option<&HeaderMap>) -> RowOp {
+    let Some(headers) = headers else {
+        return RowOp::Put;
+    };
+    match headers.get(KV_OPERATION).map(|v| v.as_str()) {
+        Some("DEL") => return RowOp::Deleted,
+        Some("PURGE") => return RowOp::Purged,
+        _ => {}
+    }
+    match headers.get(NATS_MARKER_REASON).map(|v| v.as_str()) {
+        None => RowOp::Put,
+        Some("MaxAge") => RowOp::Expired,
+        Some("Purge") => RowOp::Purged,
+        Some(_) => RowOp::Deleted,
+    }
+}
 
 /// One live row: its value and the stream sequence that wrote it (the KV revision).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,8 +83,8 @@ pub struct Row {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Read {
     Present(Row),
-    /// No live row. `marker_revision` is the sequence of a delete/purge marker, which a create
-    /// must name as the expected last sequence.
+    /// No live row. `marker_revision` is the sequence of a marker (a delete, a purge, or the
+    /// broker's expiry marker), which a create must name as the expected last sequence.
     Absent {
         marker_revision: Option<u64>,
     },
@@ -146,21 +200,13 @@ impl Rows {
             .get_last_raw_message_by_subject(&self.subject(key))
             .await
         {
-            Ok(msg) => {
-                let op = msg
-                    .headers
-                    .get(KV_OPERATION)
-                    .map(|v| v.as_str().to_string());
-                match op.as_deref() {
-                    Some("DEL") | Some("PURGE") => Ok(Read::Absent {
-                        marker_revision: Some(msg.sequence),
-                    }),
-                    _ => Ok(Read::Present(Row {
-                        value: msg.payload,
-                        revision: msg.sequence,
-                    })),
-                }
-            }
+            Ok(msg) if row_op(Some(&msg.headers)).is_row() => Ok(Read::Present(Row {
+                value: msg.payload,
+                revision: msg.sequence,
+            })),
+            Ok(msg) => Ok(Read::Absent {
+                marker_revision: Some(msg.sequence),
+            }),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Read::Absent {
                 marker_revision: None,
             }),
@@ -295,5 +341,61 @@ pub async fn keys(
             "listing keys of {bucket}: no answer within {} ms",
             bound.as_millis()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, *v);
+        }
+        h
+    }
+
+    /// The headers the broker and the clients put on a bucket's messages, each read as
+    /// async-nats reads it (`Operation::Put` / `Delete` / `Purge`). The MaxAge marker's headers
+    /// are the ones nats-server 2.15.1 stores (docs/host.md, "Standby hosts").
+    /// Mutation seen failing: the `Nats-Marker-Reason` match removed (a marker reads `Put`).
+    #[test]
+    fn every_marker_reads_as_absent_and_a_plain_message_as_a_row() {
+        assert_eq!(row_op(None), RowOp::Put);
+        assert_eq!(
+            row_op(Some(&headers(&[(EXPECTED_LAST_SUBJECT_SEQUENCE, "0")]))),
+            RowOp::Put
+        );
+        assert_eq!(
+            row_op(Some(&headers(&[(KV_OPERATION, "DEL")]))),
+            RowOp::Deleted
+        );
+        assert_eq!(
+            row_op(Some(&headers(&[
+                (KV_OPERATION, "PURGE"),
+                ("Nats-Rollup", "sub")
+            ]))),
+            RowOp::Purged
+        );
+        let max_age = headers(&[
+            (NATS_MARKER_REASON, "MaxAge"),
+            ("Nats-Rollup", "sub"),
+            ("Nats-TTL", "30s"),
+        ]);
+        assert_eq!(row_op(Some(&max_age)), RowOp::Expired);
+        assert_eq!(
+            row_op(Some(&headers(&[(NATS_MARKER_REASON, "Purge")]))),
+            RowOp::Purged
+        );
+        assert_eq!(
+            row_op(Some(&headers(&[(NATS_MARKER_REASON, "Remove")]))),
+            RowOp::Deleted
+        );
+        assert_eq!(
+            row_op(Some(&headers(&[(NATS_MARKER_REASON, "Later")]))),
+            RowOp::Deleted
+        );
+        assert!(!RowOp::Expired.is_row() && RowOp::Put.is_row());
     }
 }

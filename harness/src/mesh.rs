@@ -398,4 +398,37 @@ impl Inspector {
     pub fn names(&self) -> &SpaceNames {
         &self.names
     }
+
+    /// The lease bucket's stream config, as the broker holds it.
+    pub async fn lease_bucket_config(&self) -> Result<jetstream::stream::Config, HarnessError> {
+        let mut stream = self
+            .js
+            .get_stream(SpaceNames::kv_stream(&self.names.delivery_bucket()))
+            .await
+            .map_err(|e| HarnessError::Usage(format!("lease stream: {e}")))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| HarnessError::Usage(format!("lease stream info: {e}")))?;
+        Ok(info.config.clone())
+    }
+
+    /// Replaces the lease bucket with the one provisioning made before it left expiry markers:
+    /// the same config without `allow_msg_ttl` and `subject_delete_marker_ttl` (the broker
+    /// cannot turn per-message TTLs off in place). Its rows are gone.
+    pub async fn lease_bucket_without_markers(&self) -> Result<(), HarnessError> {
+        let mut config = self.lease_bucket_config().await?;
+        self.js
+            .delete_stream(&config.name)
+            .await
+            .map_err(|e| HarnessError::Usage(format!("delete the lease stream: {e}")))?;
+        config.allow_message_ttl = false;
+        config.subject_delete_marker_ttl = None;
+        config.metadata.clear();
+        self.js
+            .create_stream(config)
+            .await
+            .map_err(|e| HarnessError::Usage(format!("create the old lease stream: {e}")))?;
+        Ok(())
+    }
 }

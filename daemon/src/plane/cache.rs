@@ -479,13 +479,7 @@ fn apply(
     let Some(key) = subject.strip_prefix(prefix) else {
         return;
     };
-    let op = headers
-        .and_then(|h| h.get("KV-Operation"))
-        .map(|v| v.as_str().to_string());
-    let value = match op.as_deref() {
-        Some("DEL") | Some("PURGE") => None,
-        _ => Some(payload),
-    };
+    let value = crate::kv::row_op(headers).is_row().then_some(payload);
     if st.rows.get(key).is_none_or(|r| r.revision < seq) {
         st.rows.insert(
             key.to_string(),

@@ -4,7 +4,7 @@
 //! operation is idempotent so that a half-finished run leaves nothing a second run trips over:
 //! a missing stream is created; an existing one with the same managed fields is accepted; one
 //! that differs only in fields the broker can change in place (limits, ages, windows, direct
-//! get, replicas, subjects) is updated; one that differs in a field that cannot change safely
+//! get, replicas, subjects, the lease bucket's expiry markers) is updated; one that differs in a field that cannot change safely
 //! (retention, storage, deny-delete/purge, turning schedules off) is refused, naming the stream,
 //! the field and both values. KV buckets are created as their backing streams with the exact
 //! config async-nats's `create_key_value` would produce, so one comparison path covers both.
@@ -193,6 +193,20 @@ impl ProvisionReport {
     pub fn all_unchanged(&self) -> bool {
         self.streams.iter().all(|(_, e)| *e == Ensured::Unchanged)
     }
+    /// What `up` says it did: `N created, the rest already in place`, and each stream updated in
+    /// place with its fields (an existing lease bucket migrated to expiry markers, for one).
+    pub fn summary(&self) -> String {
+        let mut out = format!("{} created, the rest already in place", self.created());
+        for (name, outcome) in &self.streams {
+            if let Ensured::Updated(fields) = outcome {
+                out.push_str(&format!(
+                    "; {name} updated in place ({})",
+                    fields.join(", ")
+                ));
+            }
+        }
+        out
+    }
 }
 
 /// The broker's effective duplicate window for a stream with `max_age`.
@@ -290,7 +304,14 @@ pub fn space_stream_configs(n: &SpaceNames, opts: &ProvisionOptions) -> Vec<Conf
     for bucket in [n.channels_bucket(), n.members_bucket(), n.acl_bucket()] {
         out.push(kv_stream(&bucket, 1, Duration::ZERO, opts));
     }
-    out.push(kv_stream(&n.delivery_bucket(), 1, opts.lease_ttl, opts));
+    // The lease bucket leaves a marker when a row runs out its TTL (a holder that died), so a
+    // standby's watch sees the expiry as it happens, not on its next retry (docs/host.md,
+    // "Standby hosts"). The marker lives one lease TTL: long enough for a watch whose consumer
+    // was lost (noticed after two missed 5 s heartbeats) to find it when it is recreated.
+    let mut lease = kv_stream(&n.delivery_bucket(), 1, opts.lease_ttl, opts);
+    lease.allow_message_ttl = true;
+    lease.subject_delete_marker_ttl = Some(opts.lease_ttl);
+    out.push(lease);
     let mut membership = kv_stream(&n.membership_bucket(), 1, Duration::ZERO, opts);
     membership.max_bytes = MEMBERSHIP_MAX_BYTES;
     out.push(membership);
@@ -396,6 +417,14 @@ fn diff(desired: &Config, existing: &Config) -> Vec<Diff> {
     if desired.num_replicas.max(1) != existing.num_replicas.max(1) {
         out.push(Diff::Safe("num_replicas"));
     }
+    // Per-message TTLs cannot be turned off once on (the broker refuses), and on they change
+    // nothing for a stream whose writers set no `Nats-TTL`: only turning them on is a diff.
+    if desired.allow_message_ttl && !existing.allow_message_ttl {
+        out.push(Diff::Safe("allow_msg_ttl"));
+    }
+    if desired.subject_delete_marker_ttl != existing.subject_delete_marker_ttl {
+        out.push(Diff::Safe("subject_delete_marker_ttl"));
+    }
     out
 }
 
@@ -413,6 +442,8 @@ fn merged(desired: &Config, existing: &Config) -> Config {
     c.allow_direct = desired.allow_direct;
     c.allow_rollup = desired.allow_rollup;
     c.allow_message_schedules = desired.allow_message_schedules || existing.allow_message_schedules;
+    c.allow_message_ttl = desired.allow_message_ttl || existing.allow_message_ttl;
+    c.subject_delete_marker_ttl = desired.subject_delete_marker_ttl;
     c.num_replicas = desired.num_replicas;
     c
 }
@@ -663,6 +694,18 @@ mod tests {
         assert_eq!(lease.max_age, Duration::from_secs(30));
         assert_eq!(lease.duplicate_window, Duration::from_secs(30));
         assert_eq!(lease.subjects, vec!["$KV.cotal_delivery_demo.>"]);
+        assert!(lease.allow_message_ttl);
+        assert_eq!(
+            lease.subject_delete_marker_ttl,
+            Some(Duration::from_secs(30))
+        );
+        // Only the lease bucket leaves expiry markers.
+        let with_markers: Vec<&str> = all
+            .iter()
+            .filter(|c| c.subject_delete_marker_ttl.is_some() || c.allow_message_ttl)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(with_markers, vec!["KV_cotal_delivery_demo"]);
         assert_eq!(
             by_name(&all, "KV_cotal_presence_demo").max_age,
             Duration::from_secs(6)
@@ -691,10 +734,42 @@ mod tests {
             &names(),
             &ProvisionOptions::new().lease_ttl(Duration::from_secs(5)),
         );
+        let lease = by_name(&all, "KV_cotal_delivery_demo");
+        assert_eq!(lease.max_age, Duration::from_secs(5));
         assert_eq!(
-            by_name(&all, "KV_cotal_delivery_demo").max_age,
-            Duration::from_secs(5)
+            lease.subject_delete_marker_ttl,
+            Some(Duration::from_secs(5))
         );
+        assert!(lease.allow_message_ttl);
+    }
+
+    /// A lease bucket provisioned before expiry markers is updated in place with both fields;
+    /// a bucket whose markers are on already is unchanged, and a stream that has per-message
+    /// TTLs on (which the broker cannot turn off) is never asked to turn them off.
+    /// Mutation seen failing: the two marker entries of `diff` removed (no update).
+    #[test]
+    fn an_old_lease_bucket_differs_only_in_its_markers() {
+        let all = space_stream_configs(&names(), &ProvisionOptions::new());
+        let want = by_name(&all, "KV_cotal_delivery_demo");
+        let mut old = want.clone();
+        old.allow_message_ttl = false;
+        old.subject_delete_marker_ttl = None;
+        assert_eq!(
+            diff(&want, &old),
+            vec![
+                Diff::Safe("allow_msg_ttl"),
+                Diff::Safe("subject_delete_marker_ttl")
+            ]
+        );
+        let m = merged(&want, &old);
+        assert!(m.allow_message_ttl);
+        assert_eq!(m.subject_delete_marker_ttl, Some(Duration::from_secs(30)));
+        assert!(diff(&want, &m).is_empty());
+        let acl = by_name(&all, "KV_cotal_acl_demo");
+        let mut ttl_on = acl.clone();
+        ttl_on.allow_message_ttl = true;
+        assert!(diff(&acl, &ttl_on).is_empty());
+        assert!(merged(&acl, &ttl_on).allow_message_ttl);
     }
 
     #[test]
@@ -718,6 +793,25 @@ mod tests {
             m.retention,
             RetentionPolicy::Limits,
             "merge never touches unsafe fields"
+        );
+    }
+
+    /// Mutation seen failing: `summary` without the updated streams (the migration unsaid).
+    #[test]
+    fn the_summary_names_each_stream_updated_in_place() {
+        let report = ProvisionReport {
+            streams: vec![
+                ("CHAT_demo".into(), Ensured::Unchanged),
+                ("KV_cotal_acl_demo".into(), Ensured::Created),
+                (
+                    "KV_cotal_delivery_demo".into(),
+                    Ensured::Updated(vec!["allow_msg_ttl", "subject_delete_marker_ttl"]),
+                ),
+            ],
+        };
+        assert_eq!(
+            report.summary(),
+            "1 created, the rest already in place; KV_cotal_delivery_demo updated in place (allow_msg_ttl, subject_delete_marker_ttl)"
         );
     }
 

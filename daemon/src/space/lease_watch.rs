@@ -9,6 +9,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 
 use crate::journal::Journal;
+use crate::kv::RowOp;
 use crate::space::lease::Identity;
 use crate::wire::LeaseInfo;
 use crate::wire::{SpaceNames, LEASE_KEY};
@@ -17,7 +18,8 @@ use crate::wire::{SpaceNames, LEASE_KEY};
 pub(crate) enum WatchEvent {
     /// A row this process wrote.
     Own,
-    /// Anything else: another holder's row, another incarnation's, a delete or a purge.
+    /// Anything else: another holder's row, another incarnation's, a delete or a purge (not
+    /// the broker's expiry marker: see [`LeaseWatch::next`]).
     Foreign,
 }
 
@@ -82,13 +84,15 @@ impl LeaseWatch {
                 None => return None,
                 Some(Err(_)) => continue,
                 Some(Ok(msg)) => {
-                    let op = msg
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get("KV-Operation"))
-                        .map(|v| v.as_str().to_string());
-                    if op.is_some() {
-                        return Some(WatchEvent::Foreign);
+                    match crate::kv::row_op(msg.headers.as_ref()) {
+                        // The broker's expiry marker: the row ran out its TTL. The keeper's
+                        // renew counts as failed once the row may have expired (docs/
+                        // architecture.md, "Start-up and the lease"), never later than this
+                        // marker, so the marker is no news; taken as news it would stop a
+                        // daemon that has just re-created its row.
+                        RowOp::Expired => continue,
+                        RowOp::Deleted | RowOp::Purged => return Some(WatchEvent::Foreign),
+                        RowOp::Put => {}
                     }
                     return match serde_json::from_slice::<LeaseInfo>(&msg.payload) {
                         Ok(info) if self.me.owns(&info) => Some(WatchEvent::Own),

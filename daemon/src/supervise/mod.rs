@@ -239,8 +239,8 @@ where
             .await
             .map_err(|e| UpError(format!("✗ up: provisioning space {space} failed: {e}")))?;
     journal.line(format!(
-        "✓ space {space} provisioned ({} created, the rest already in place)",
-        report.created()
+        "✓ space {space} provisioned ({})",
+        report.summary()
     ));
     let material = SpaceMaterial::mint_standing(authority, space, cfg.creds_lifetime)
         .map_err(|e| UpError(format!("✗ up: {e}")))?;

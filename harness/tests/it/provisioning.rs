@@ -16,9 +16,13 @@ use futures::StreamExt;
 const BOUND: Duration = Duration::from_secs(5);
 
 async fn mesh() -> Mesh {
+    mesh_with_lease_ttl(Duration::from_secs(7)).await
+}
+
+async fn mesh_with_lease_ttl(ttl: Duration) -> Mesh {
     Mesh::demo_builder()
         .expect("valid space")
-        .lease_ttl(Duration::from_secs(7))
+        .lease_ttl(ttl)
         .start()
         .await
         .expect("mesh starts")
@@ -264,4 +268,216 @@ async fn malformed_names_are_refused_at_the_provisioning_boundary() {
     assert!(err.to_string().contains("eng..alerts"), "{err}");
     let err = Principal::parse("local.al-ice").expect_err("refused");
     assert!(err.to_string().contains("al-ice") && err.to_string().contains("[A-Za-z0-9_]"));
+}
+
+/// The next two entries of a KV watch: the row written at `revision`, then its expiry, which
+/// async-nats reads as a `Purge` stamped no earlier than `ttl` after the row; returns the latter.
+async fn row_then_expiry(
+    watch: &mut async_nats::jetstream::kv::Watch,
+    revision: u64,
+    ttl: Duration,
+) -> async_nats::jetstream::kv::Entry {
+    use async_nats::jetstream::kv::Operation;
+    let mut next = async |bound: Duration, what: &str| {
+        tokio::time::timeout(bound, watch.next())
+            .await
+            .unwrap_or_else(|_| panic!("the watch sees {what}"))
+            .expect("open")
+            .expect("entry")
+    };
+    let put = next(BOUND, "the row").await;
+    assert_eq!((put.operation, put.revision), (Operation::Put, revision));
+    let marker = next(ttl + BOUND, "the row's expiry").await;
+    assert_eq!(marker.operation, Operation::Purge, "{marker:?}");
+    assert!(marker.revision > revision);
+    let lived = (marker.created - put.created).unsigned_abs();
+    assert!(lived >= ttl, "the marker came {lived:?} after the row");
+    marker
+}
+
+/// The lease bucket's raw last message for the key: (sequence, headers, payload length).
+async fn last_lease_message(insp: &delivery_harness::mesh::Inspector) -> (u64, Vec<String>, usize) {
+    let stream = insp
+        .js
+        .get_stream_no_info(SpaceNames::kv_stream(&insp.names().delivery_bucket()))
+        .await
+        .expect("lease stream");
+    let subject = format!("$KV.{}.{LEASE_KEY}", insp.names().delivery_bucket());
+    let msg = stream
+        .get_last_raw_message_by_subject(&subject)
+        .await
+        .expect("last message");
+    let mut headers: Vec<String> = msg
+        .headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {}", v[0].as_str()))
+        .collect();
+    headers.sort();
+    (msg.sequence, headers, msg.payload.len())
+}
+
+/// A lease row that runs out its TTL leaves the broker's own marker (the lease bucket is
+/// provisioned with `allow_msg_ttl` and `subject_delete_marker_ttl`: a new message on the key,
+/// `Nats-Marker-Reason: MaxAge`, no `KV-Operation`, no value), stamped no earlier than the TTL
+/// after the row. Every reader sees the row gone: the daemon's leader-served read reads it absent
+/// at the marker's revision, the `delivery` credential's create lands over the marker, and
+/// async-nats reads it as the reference's TypeScript client reads it (a plain KV read gives no
+/// value, the entry is a `Purge` at the marker's revision, a KV watch delivers a `Purge`): nats.js
+/// reports the same marker as `PURGE`, which the reference's `readEntry` maps to no row.
+/// Mutation seen failing: `Rows::read` taking the marker for a row (the `Nats-Marker-Reason` arm
+/// of `kv::row_op` removed): `Inspector::lease` fails on the empty value ("lease row is not a
+/// LeaseInfo: EOF …").
+#[tokio::test]
+async fn an_expired_lease_row_leaves_a_marker_every_reader_reads_as_absent() {
+    use async_nats::jetstream::kv::Operation;
+    use cotal_delivery::kv::Read;
+    let ttl = Duration::from_secs(2);
+    let mesh = mesh_with_lease_ttl(ttl).await;
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.expect("inspector");
+    let config = insp.lease_bucket_config().await.expect("config");
+    assert!(config.allow_message_ttl, "{config:?}");
+    assert_eq!(
+        config.subject_delete_marker_ttl,
+        Some(ttl),
+        "marker TTL = lease TTL"
+    );
+
+    let kv = insp
+        .js
+        .get_key_value(insp.names().delivery_bucket())
+        .await
+        .expect("kv");
+    let mut watch = kv.watch(LEASE_KEY).await.expect("watch");
+    let row = crate::support::host::foreign_row();
+    let revision = insp.put_lease(&row).await.expect("row");
+    let marker = row_then_expiry(&mut watch, revision, ttl).await;
+
+    let (seq, headers, len) = last_lease_message(&insp).await;
+    assert_eq!(seq, marker.revision);
+    assert_eq!(
+        headers,
+        vec![
+            "Nats-Marker-Reason: MaxAge",
+            "Nats-Rollup: sub",
+            "Nats-TTL: 2s"
+        ],
+        "the broker's own marker, with no KV-Operation"
+    );
+    assert_eq!(len, 0);
+
+    // async-nats, as the reference's client reads the bucket.
+    assert_eq!(
+        kv.get(LEASE_KEY).await.expect("get"),
+        None,
+        "a plain KV read"
+    );
+    let entry = kv.entry(LEASE_KEY).await.expect("entry").expect("an entry");
+    assert_eq!((entry.operation, entry.revision), (Operation::Purge, seq));
+    // The daemon's own reads and create, under the delivery credential.
+    assert!(insp.lease().await.expect("read").is_none());
+    let cred =
+        cotal_delivery::creds::read_creds_file(&mesh.workspace().delivery_creds_path(&space))
+            .expect("delivery creds");
+    let client = mesh.connect(&cred, "delivery").await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let rows = Rows::open(&js, &insp.names().delivery_bucket(), BOUND)
+        .await
+        .expect("rows");
+    assert_eq!(
+        rows.read(LEASE_KEY).await.expect("read"),
+        Read::Absent {
+            marker_revision: Some(seq)
+        }
+    );
+    let body = serde_json::to_vec(&row).expect("json");
+    let created = rows.create(LEASE_KEY, body.into()).await.expect("create");
+    assert_eq!(created, seq + 1, "the create names the marker's revision");
+}
+
+/// A lease bucket made before expiry markers (the same config without them), holding a live
+/// row, is migrated in place when the space is provisioned again: the report says the stream was
+/// updated with exactly `allow_msg_ttl` and `subject_delete_marker_ttl` (and `up`'s line names
+/// both), the broker's config has both, the row is still there at its revision, and its expiry
+/// leaves the broker's marker, seen by a watch bound before the migration. A third run changes
+/// nothing.
+/// Mutation seen failing: the two marker entries of `provision::streams::diff` removed: the
+/// stream reads `Unchanged` (no update is sent, so no marker could follow).
+#[tokio::test]
+async fn an_existing_lease_bucket_is_migrated_to_expiry_markers_in_place() {
+    use cotal_delivery::provision::{self, Ensured, ProvisionOptions};
+    let ttl = Duration::from_secs(3);
+    let mesh = mesh_with_lease_ttl(ttl).await;
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.expect("inspector");
+    insp.lease_bucket_without_markers()
+        .await
+        .expect("old bucket");
+    let old = insp.lease_bucket_config().await.expect("config");
+    assert!(!old.allow_message_ttl && old.subject_delete_marker_ttl.is_none());
+    let kv = insp
+        .js
+        .get_key_value(insp.names().delivery_bucket())
+        .await
+        .expect("kv");
+    let mut watch = kv.watch(LEASE_KEY).await.expect("watch");
+    let revision = insp
+        .put_lease(&crate::support::host::foreign_row())
+        .await
+        .expect("a live row");
+
+    let options = ProvisionOptions::new().lease_ttl(ttl);
+    let ca = mesh.broker.ca_pem_path();
+    let report = provision::provision_space(
+        &mesh.authority,
+        &mesh.url(),
+        ca.as_deref(),
+        &space,
+        &options,
+    )
+    .await
+    .expect("provision again");
+    let lease_stream = SpaceNames::kv_stream(&insp.names().delivery_bucket());
+    let changed: Vec<&(String, Ensured)> = report
+        .streams
+        .iter()
+        .filter(|(_, e)| *e != Ensured::Unchanged)
+        .collect();
+    assert_eq!(
+        changed,
+        vec![&(
+            lease_stream.clone(),
+            Ensured::Updated(vec!["allow_msg_ttl", "subject_delete_marker_ttl"])
+        )]
+    );
+    assert_eq!(
+        report.summary(),
+        format!("0 created, the rest already in place; {lease_stream} updated in place (allow_msg_ttl, subject_delete_marker_ttl)")
+    );
+    let now = insp.lease_bucket_config().await.expect("config");
+    assert!(now.allow_message_ttl);
+    assert_eq!(now.subject_delete_marker_ttl, Some(ttl));
+    assert_eq!(
+        insp.lease().await.expect("read").map(|r| r.revision),
+        Some(revision),
+        "the row lives through the migration"
+    );
+
+    let marker = row_then_expiry(&mut watch, revision, ttl).await;
+    let (seq, headers, _) = last_lease_message(&insp).await;
+    assert_eq!(seq, marker.revision);
+    assert!(
+        headers.contains(&"Nats-Marker-Reason: MaxAge".to_string()),
+        "{headers:?}"
+    );
+    let again = provision::provision_space(
+        &mesh.authority,
+        &mesh.url(),
+        ca.as_deref(),
+        &space,
+        &options,
+    )
+    .await
+    .expect("provision a third time");
+    assert!(again.all_unchanged(), "{:?}", again.streams);
 }

@@ -211,7 +211,8 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
     .await
     .expect("the reopen is refused by the lane's own check");
     assert!(!answers(&beta_probe).await, "beta answers while expired");
-    // The row is left to the bucket TTL, then gone; nothing wrote the key meanwhile.
+    // The row is left to the bucket TTL, then gone (the broker's expiry marker); nothing else
+    // wrote the key meanwhile.
     wait_row(&ins_b, "beta's row expires with the TTL", |r| r.is_none()).await;
     // Several more refused reopens (the backoff is capped at 2 s).
     tokio::time::sleep(Duration::from_millis(2 * BACKOFF_MAX_MS + 500)).await;
@@ -222,12 +223,14 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
         host.transcript()
     );
     let meanwhile = drain(&mut history).await;
+    let (expiry, renewals) = meanwhile.split_last().expect("writes");
     assert!(
-        meanwhile.iter().all(|(op, info)| *op == Operation::Put
+        renewals.iter().all(|(op, info)| *op == Operation::Put
             && info
                 .as_ref()
-                .is_some_and(|i| i.incarnation == first.incarnation)),
-        "only the closed lane's own renewals before its expiry: {meanwhile:?}"
+                .is_some_and(|i| i.incarnation == first.incarnation))
+            && expiry.0 == Operation::Purge,
+        "only the closed lane's own renewals, then its row's expiry: {meanwhile:?}"
     );
 
     let renewed = mesh

@@ -29,9 +29,16 @@ const WRITE_BOUND: Duration = Duration::from_secs(5);
 /// (same holder and incarnation, a later revision) and serves again; its lines from the quiesce
 /// on are snapshotted.
 ///
+/// The row's expiry leaves the broker's marker (the lease bucket is provisioned with expiry
+/// markers), which the daemon's own lease watch delivers while the renew is held: the renew's
+/// failure already covers it, so it must not stop serving a second time once the daemon has
+/// re-created its row (one quiesce line in the whole run).
+///
 /// Mutations seen failing: `on_renew_tick` calling `renew()` instead of `renew_within(ttl)` (the
 /// line comes 5 s after the held renew); the quiesce line written after the not-ready write
-/// again (that write is held too: the line comes 6.9 s after the renew).
+/// again (that write is held too: the line comes 6.9 s after the renew); the lease watch taking
+/// the expiry marker for news (`RowOp::Expired` returned as `Foreign` in `space/lease_watch.rs`:
+/// the daemon quiesces again after its re-create, two quiesce lines).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_renew_stops_serving_when_the_row_may_have_expired() {
     let mesh = Mesh::demo_builder()
@@ -114,4 +121,12 @@ async fn an_unanswered_renew_stops_serving_when_the_row_may_have_expired() {
         .wait_exit(Duration::from_secs(20))
         .await
         .expect("exit");
+    // The row's expiry marker reached the daemon's own lease watch while the renew was held;
+    // the renew already told the daemon, so the marker stops nothing again.
+    let quiesces = daemon
+        .lines()
+        .iter()
+        .filter(|l| l.contains("stopped serving shard 0"))
+        .count();
+    assert_eq!(quiesces, 1, "{}", daemon.transcript());
 }
