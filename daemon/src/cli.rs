@@ -47,9 +47,10 @@ impl Exit {
         match kind {
             StartErrorKind::Stopped => Exit::Signalled,
             StartErrorKind::Fault => Exit::Fault,
-            StartErrorKind::Config | StartErrorKind::StoreIdentity | StartErrorKind::Account => {
-                Exit::Config
-            }
+            StartErrorKind::Config
+            | StartErrorKind::StoreIdentity
+            | StartErrorKind::Account
+            | StartErrorKind::OpenMode => Exit::Config,
             StartErrorKind::Unreachable => Exit::Unreachable,
             StartErrorKind::Admission => Exit::Admission,
             StartErrorKind::LeaseHeld => Exit::LeaseHeld,
@@ -872,6 +873,7 @@ mod tests {
             (StartErrorKind::Config, "refused before dialing"),
             (StartErrorKind::StoreIdentity, "refused before dialing"),
             (StartErrorKind::Account, "refused before dialing"),
+            (StartErrorKind::OpenMode, "requires no authentication"),
             (StartErrorKind::Unreachable, "reachability"),
             (StartErrorKind::Admission, "admission refused"),
             (StartErrorKind::LeaseHeld, "another daemon holds the lease"),

@@ -145,8 +145,9 @@ impl StoreIdentity {
         }
     }
 
-    /// Whether two identities name the same store. Filesystem roots must be equal and, when
-    /// both sides recorded a `store.id`, so must those.
+    /// Whether two identities name the same store. Filesystem roots must be equal and so must
+    /// their `store.id`s, which both sides must carry: two hosts may use the same root path, so
+    /// a path alone (a challenge without `storeId`) never proves one store.
     pub fn same_store(&self, other: &StoreIdentity) -> bool {
         match (self, other) {
             (
@@ -158,7 +159,7 @@ impl StoreIdentity {
                     root: b,
                     store_id: ib,
                 },
-            ) => a == b && (ia.is_none() || ib.is_none() || ia == ib),
+            ) => a == b && ia.is_some() && ia == ib,
             (
                 StoreIdentity::Injected { coordinate: a },
                 StoreIdentity::Injected { coordinate: b },
@@ -628,6 +629,33 @@ mod tests {
         );
         assert_eq!(s.get("space.64656d6f/none").unwrap(), None);
         assert!(s.put("store.id", "x").is_err());
+    }
+
+    /// The same root path is one store only when both sides name the same `store.id`: a
+    /// challenge that carries none is refused (another host may use that path). Mutation seen
+    /// failing: `same_store` accepting a side without a `store.id` on the root alone (the lenient
+    /// `ia.is_none() || ib.is_none() || ia == ib` it had).
+    #[test]
+    fn a_root_path_without_a_store_id_is_not_the_same_store() {
+        let id = "0b1c2d3e-4f50-4617-8899-aabbccddeeff".to_string();
+        let ours = StoreIdentity::Fs {
+            root: PathBuf::from("/w"),
+            store_id: Some(id.clone()),
+        };
+        let bare = StoreIdentity::Fs {
+            root: PathBuf::from("/w"),
+            store_id: None,
+        };
+        assert!(ours.same_store(&ours.clone()));
+        assert!(!ours.same_store(&bare), "a bare path is not proof");
+        assert!(!bare.same_store(&ours), "either way round");
+        assert!(
+            !bare.same_store(&bare.clone()),
+            "two bare paths prove nothing"
+        );
+        let e = check_same_store(&ours, &bare).unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Divergent);
+        assert!(e.to_string().contains(&id), "{e}");
     }
 
     #[test]

@@ -146,6 +146,14 @@ pub fn connz_accounts(claims: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Whether an observer's CONNZ grants (`accounts`, from [`connz_accounts`]) pin it to exactly
+/// `expected`: one scan grant, naming that account. An observer that may also scan another
+/// account is refused like one of another account, because nothing then binds its sweeps to
+/// the account the daemon serves.
+pub fn pinned_to(accounts: &[String], expected: &str) -> bool {
+    matches!(accounts, [only] if only == expected)
+}
+
 /// The re-checked pair of one call: the observer, and the evictor when one is present.
 pub struct Checked {
     pub observer: Credential,
@@ -181,7 +189,7 @@ impl SysAuthority {
             .claims()
             .map_err(|e| format!("{verb}: the $SYS membership-observer JWT is malformed ({e})"))?;
         let accounts = connz_accounts(&claims.nats);
-        if !accounts.iter().any(|a| a == &self.account) {
+        if !pinned_to(&accounts, &self.account) {
             return Err(format!(
                 "{verb}: the $SYS membership-observer scans account {} but this daemon serves account {} - refusing to attribute another account's connections",
                 if accounts.is_empty() { "(none)".to_string() } else { accounts.join(", ") },
@@ -448,6 +456,24 @@ pub async fn sweep(observer: &async_nats::Client, account: &str, limits: &SweepL
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Mutation seen failing: `pinned_to` accepting any grant list that names the account
+    /// (`accounts.iter().any(..)`, the check it replaced).
+    #[test]
+    fn an_observer_is_pinned_only_to_exactly_its_one_account() {
+        let grants = |accs: &[&str]| {
+            let allow: Vec<String> = accs
+                .iter()
+                .map(|a| format!("$SYS.REQ.ACCOUNT.{a}.CONNZ"))
+                .collect();
+            connz_accounts(&json!({"pub": {"allow": allow}}))
+        };
+        assert!(pinned_to(&grants(&["AOURS"]), "AOURS"));
+        assert!(!pinned_to(&grants(&["AOURS", "AOTHER"]), "AOURS"));
+        assert!(!pinned_to(&grants(&["AOTHER", "AOURS"]), "AOURS"));
+        assert!(!pinned_to(&grants(&["AOTHER"]), "AOURS"));
+        assert!(!pinned_to(&grants(&[]), "AOURS"));
+    }
 
     /// Mutation: preferring `authorized_user` over the tag (or taking the last tag) fails this.
     #[test]

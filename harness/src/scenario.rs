@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use cotal_delivery::creds::write_creds_file_atomic;
 use cotal_delivery::files;
+use cotal_delivery::provision::{encode_user, UserClaimsSpec};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile, SystemProfile};
 use cotal_delivery::wire::LeaseInfo;
 use serde::Deserialize;
@@ -168,13 +169,41 @@ pub enum Step {
     FillStore {},
     /// Tamper with the `$SYS` pair next to the daemon's credentials.
     SysMaterial {
-        /// `missing`, or `other-account` (an observer that scans another account).
+        /// `missing`, `other-account` (an observer that scans another account), or
+        /// `several-accounts` (one whose grants scan this space's account and another one).
         #[serde(default)]
         observer: Option<String>,
         /// `missing`, or `other-signer` (an evictor signed by another system-account key).
         #[serde(default)]
         evictor: Option<String>,
     },
+}
+
+/// A `$SYS` observer of `ours`' system account whose grants scan `space`'s account in `ours`
+/// and in `other` as well: what a wider provisioning tool could mint, signed by the right key.
+fn observer_of_several_accounts(
+    ours: &MeshAuthority,
+    other: &MeshAuthority,
+    space: &cotal_delivery::wire::Space,
+) -> Result<cotal_delivery::creds::Credential, HarnessError> {
+    let usage = |e: &dyn std::fmt::Display| HarnessError::Usage(e.to_string());
+    let ours_account = ours.account_public_key(space).map_err(|e| usage(&e))?;
+    let other_account = other.account_public_key(space).map_err(|e| usage(&e))?;
+    let mut permissions = SystemProfile::MembershipObserver.permissions(&ours_account);
+    permissions.pub_allow.extend(
+        SystemProfile::MembershipObserver
+            .permissions(&other_account)
+            .pub_allow,
+    );
+    let system = nkeys::KeyPair::from_seed(&ours.system_account_seed().map_err(|e| usage(&e))?)
+        .map_err(|e| usage(&e))?;
+    let user = nkeys::KeyPair::new_user();
+    let spec = UserClaimsSpec::new(SystemProfile::MembershipObserver.name())
+        .permissions(permissions)
+        .expires_in(Some(Duration::from_secs(3600)));
+    let jwt = encode_user(&system, &user.public_key(), &spec).map_err(|e| usage(&e))?;
+    let seed = user.seed().map_err(|e| usage(&e))?;
+    cotal_delivery::creds::Credential::new(jwt, seed).map_err(|e| usage(&e))
 }
 
 fn workspace_creds() -> CredsChoice {
@@ -594,6 +623,13 @@ impl Run<'_> {
                         write_creds_file_atomic(&ws.membership_observer_creds_path(&space), &cred)
                             .map_err(|e| HarnessError::Usage(e.to_string()))?;
                         done.push("the $SYS observer is replaced by one scanning another account");
+                    }
+                    Some("several-accounts") => {
+                        let cred =
+                            observer_of_several_accounts(&self.mesh.authority, &other, &space)?;
+                        write_creds_file_atomic(&ws.membership_observer_creds_path(&space), &cred)
+                            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+                        done.push("the $SYS observer is replaced by one scanning this account and another");
                     }
                     Some(o) => return Err(HarnessError::Usage(format!("observer = {o:?}?"))),
                 }

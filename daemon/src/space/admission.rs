@@ -7,7 +7,7 @@
 
 // The pair's store read lives with the sweeps that re-read it on every eviction and liveness
 // call; admission checks the same read once, before the lease.
-use crate::sys::connz_accounts;
+use crate::sys::{connz_accounts, pinned_to};
 pub use crate::sys::{evictor_key, observer_key, SysPair};
 
 /// The admitted sweep authority.
@@ -68,7 +68,13 @@ pub fn admit(pair: &SysPair, expected_account: &str) -> Result<Admitted, Admissi
             "the $SYS membership-observer credential ({observer_at}) grants no $SYS.REQ.ACCOUNT.<account>.CONNZ scan"
         ));
     }
-    if !accounts.iter().any(|a| a == expected_account) {
+    if !pinned_to(&accounts, expected_account) {
+        if accounts.iter().any(|a| a == expected_account) {
+            return refuse(format!(
+                "the $SYS membership-observer credential ({observer_at}) scans accounts {}, not only account {expected_account} this daemon serves; it must be pinned to that one account",
+                accounts.join(", ")
+            ));
+        }
         return refuse(format!(
             "the $SYS membership-observer credential ({observer_at}) scans account {} but this daemon serves account {}",
             accounts.join(", "),

@@ -190,6 +190,8 @@ pub enum StartErrorKind {
     /// The broker did not answer the reachability check, refused the connection, or offered no
     /// TLS while TLS was demanded.
     Unreachable,
+    /// The broker requires no authentication: open dev mode, which has no delivery daemon.
+    OpenMode,
     /// `$SYS` observer admission refused.
     Admission,
     /// Another daemon holds the lease.
@@ -302,6 +304,20 @@ impl SpaceDaemon {
             };
             refuse(StartErrorKind::Unreachable, text)
         })?;
+
+        // Open dev mode is live-only: with no authentication there is no trusted reader to
+        // stand behind (any client could read the store), so there is no durable backstop.
+        if !resident.client.server_info().auth_required {
+            let err = refuse(
+                StartErrorKind::OpenMode,
+                format!(
+                    "delivery: the broker at {} requires no authentication (open dev mode); open mode is live-only and has no delivery daemon, so this daemon refuses to serve it. Run an auth mesh if you need durable channels (cotal-delivery up)",
+                    cfg.server
+                ),
+            );
+            resident.close(CLOSE_DRAIN_BOUND).await;
+            return Err(err);
+        }
 
         // From here on the broker is watched through the resident connection only.
         let health = Watchdog::spawn(

@@ -481,3 +481,48 @@ async fn an_existing_lease_bucket_is_migrated_to_expiry_markers_in_place() {
     .expect("provision a third time");
     assert!(again.all_unchanged(), "{:?}", again.streams);
 }
+
+/// Open dev mode has no delivery daemon: pointed at a broker that requires no authentication
+/// (its INFO has no `auth_required`), the daemon refuses on its first dial, says why in one
+/// line, exits 3, and creates nothing there (no stream, no consumer; it never reached `$SYS`
+/// admission or the lease). The same workspace against the auth mesh serves. Mutation seen
+/// failing: the `auth_required` check removed from `SpaceDaemon::start` (the daemon goes on to
+/// admission and fails later, on the missing lease bucket, with exit 8 and another line).
+#[tokio::test]
+async fn an_open_broker_is_refused_at_start_saying_open_mode_has_no_daemon() {
+    let mesh = mesh().await;
+    let open = delivery_harness::Broker::builder()
+        .start()
+        .await
+        .expect("open broker");
+    let mut d = delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+        .server(&open.client_url())
+        .spawn()
+        .expect("spawn");
+    let status = d.wait_exit(crate::support::BOUND).await.expect("exits");
+    assert_eq!(status.code(), Some(3), "{}", d.transcript());
+    assert!(!d.has_line("$SYS sweeps bound"), "{}", d.transcript());
+    let jsz = open.jsz().await.expect("jsz");
+    assert_eq!(jsz["streams"], 0, "{jsz}");
+    assert_eq!(jsz["consumers"], 0, "{jsz}");
+    let transcript = d
+        .transcript()
+        .replace(&open.client_url(), "nats://127.0.0.1:[PORT]");
+    crate::support::snapshot_base().bind(|| {
+        insta::assert_snapshot!("provisioning_open_broker_refused", transcript);
+    });
+    let mut served = mesh.deliver(mesh.space()).spawn().expect("spawn");
+    served
+        .wait_for_line("delivery daemon up", crate::support::BOUND)
+        .await
+        .expect("the auth mesh is served");
+    served.terminate().expect("SIGTERM");
+    assert_eq!(
+        served
+            .wait_exit(crate::support::BOUND)
+            .await
+            .expect("exit")
+            .code(),
+        Some(0)
+    );
+}

@@ -6,3 +6,4 @@ mod host_kick;
 mod inventory;
 mod liveness;
 mod manager;
+mod rail;

@@ -191,6 +191,59 @@ async fn the_live_path_delivers_with_no_daemon_running() {
     });
 }
 
+/// The other branch of the bind's warning: a daemon holds the lease but is still binding (the
+/// proxy holds its last binding, the admin rail's SUB, so the broker shows its row claimed
+/// `ready:false`). An agent binding its durable then is warned naming the durable, the space and
+/// that condition (the holder), and the bind still happens; the durable then delivers once the
+/// daemon is up. Mutation seen failing: `Agent::lease_condition` counting any present row as a
+/// ready lease (no warning is recorded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binding_while_the_lease_is_not_ready_warns_naming_durable_space_and_holder() {
+    use cotal_delivery::wire::CtlService;
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .unwrap();
+    let admin_sub = format!("SUB {} ", insp.names.ctl_serve(CtlService::DeliveryAdmin));
+    proxy.hold_from(admin_sub.as_bytes());
+    let mut daemon =
+        delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+            .server(&proxy.url())
+            .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+            .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
+            .spawn()
+            .unwrap();
+    proxy.wait_held(&admin_sub, UP_BOUND).await.unwrap();
+    let row = insp.lease().await.unwrap().expect("claimed");
+    assert!(!row.info.ready, "{row:?}");
+    let mut delivery = bob.bind_delivery().await.unwrap();
+    assert!(delivery.durable().starts_with("dlv_local-bob-"));
+    let warnings = bob.warnings().join("\n");
+    assert!(warnings.contains(&row.info.holder), "{warnings}");
+    proxy.release();
+    daemon
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .unwrap();
+    // The durable bound while not ready is the one the daemon now delivers through.
+    bob.durable_join("general").await.unwrap();
+    let m = alice.message("general", "after-ready", None);
+    alice.post("general", &m).await.unwrap();
+    let frames = surface_until(&mut delivery, SURFACE_BOUND, |f| !f.is_empty()).await;
+    assert_eq!(texts(&frames), ["after-ready"]);
+    assert!(
+        member_row(&insp, "general", &bob_m.principal, &bob_m.lifecycle_uid)
+            .await
+            .is_some()
+    );
+    snapshot_settings().bind(|| {
+        insta::assert_snapshot!("bind_while_lease_not_ready_warning", warnings);
+    });
+    stop_daemon(&mut daemon).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_channel_mention_reaches_an_authorized_non_member_only() {
     let mesh = mesh().await;

@@ -83,7 +83,11 @@ async fn a_malformed_manifest_refuses_the_whole_start_before_any_dial() {
 /// holds a valid credential again. Then lane isolation: the served lane's lease is taken by a
 /// foreign row; that lane closes and stands by, the other keeps answering `ctl.delivery`.
 /// SIGTERM closes every lane (each releases its own row), removes the host record, exits 0.
-/// Mutations seen failing: `attempt.release()` instead of `discard()` on a repeated refusal
+/// While both lanes serve, neither space's `.cotal/delivery.<key>.pid` exists (a lane writes
+/// no record; the host's own record is there).
+/// Mutations seen failing: a lane writing the space's pid record on its lease like `deliver
+/// --space` does (`on_lease_won` set in `host/lane.rs`: the record of alpha exists);
+/// `attempt.release()` instead of `discard()` on a repeated refusal
 /// (the lane's own refusal line repeats per retry: snapshot `invalid_lane_beta` differs); a
 /// closed lane not reopened (`return` after the close line in `host/lane.rs`: alpha never
 /// stands by); no `r.remove()` of the host record (the record-removed assertion).
@@ -139,6 +143,13 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
         r.as_ref().is_some_and(|i| i.ready)
     })
     .await;
+    // Both lanes serve, and neither wrote the space's pid record: that record is what
+    // `down` signals for one space, and this process serves several (the host has its own).
+    for space in [&alpha, &beta] {
+        let record = cotal_delivery::files::pid_path(mesh.root(), space);
+        assert!(!record.exists(), "lane {space} wrote {}", record.display());
+    }
+    assert!(cotal_delivery::host::host_pid_path(mesh.root()).exists());
 
     // Isolation: alpha's lease taken by a foreign holder; beta keeps answering.
     let beta_agent_material =

@@ -553,6 +553,11 @@ async fn reload_creds_raced_against_start_up_adopts_or_refuses_never_dies() {
     assert!(adopted >= 4);
 }
 
+/// `reloadStoreIdentity` names the workspace store with its `store.id`; the same challenge is
+/// accepted, and one naming the same root with another `store.id`, or with none at all, or an
+/// injected store, is refused naming both. Mutation seen failing: `StoreIdentity::same_store`
+/// accepting a challenge without `storeId` on the root path alone (the bare challenge answered
+/// `ok: true`).
 #[tokio::test]
 async fn store_identity_is_the_workspace_store_and_a_divergent_challenge_is_refused() {
     let mesh = mesh().await;
@@ -594,6 +599,21 @@ async fn store_identity_is_the_workspace_store_and_a_divergent_challenge_is_refu
     assert_eq!(refused["ok"], false);
     let e = refused["error"].as_str().unwrap_or_default();
     assert!(e.contains(store_id.trim()) && e.contains("00000000-0000-4000-8000-000000000000"));
+    // Same path and no storeId at all: a path alone never proves one store (two hosts may
+    // share it), so it is refused too, naming ours.
+    let mut bare = ours.clone();
+    bare.as_object_mut().expect("object").remove("storeId");
+    let bare_refused = boss
+        .request(
+            "reloadStoreIdentity",
+            json!({"expected": bare}),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bare_refused["ok"], false, "{bare_refused}");
+    let e = bare_refused["error"].as_str().unwrap_or_default();
+    assert!(e.contains(store_id.trim()), "{e}");
     let injected = boss
         .request(
             "reloadStoreIdentity",

@@ -160,6 +160,73 @@ async fn a_stale_record_with_a_reused_pid_is_cleared_and_nothing_is_signalled() 
     let _ = other.wait();
 }
 
+/// `status --space demo --root <root> --json` run as another user (`nobody`) in a mount
+/// namespace whose `/proc` is mounted `hidepid=2`: that reader can signal-probe the recorded pid
+/// (`EPERM`: alive) but cannot read its command line, as on a host that hides other users'
+/// processes. Needs root, `unshare` and `setpriv` (util-linux), and Linux 5.8 or later.
+async fn status_json_without_cmdlines(root: &std::path::Path) -> serde_json::Value {
+    let bin = delivery_harness::daemon::daemon_bin().expect("daemon binary");
+    let script = format!(
+        "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 --regid=65534 --clear-groups -- {} status --space demo --root {} --json",
+        bin.display(),
+        root.display()
+    );
+    let out = tokio::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .await
+        .expect("unshare runs (this test needs root and util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| {
+            panic!(
+                "no status JSON (this test needs root, unshare, setpriv and hidepid): {text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    serde_json::from_str(line).expect("status JSON")
+}
+
+/// Where a command line cannot be read, the record is trusted as before: the same live pid
+/// (a root-owned `sleep`) is `foreign` to a reader that can read its command line, and
+/// `alive-unverified` (trusted: reported running) to one that cannot, because the check only
+/// ever downgrades on proof. Mutation seen failing: `process_liveness` answering `Stale` when
+/// `/proc/<pid>/cmdline` cannot be read (the hidden reader's verdict is `stale`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_command_line_cannot_be_read_is_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().expect("root");
+    std::fs::create_dir_all(root.path().join(".cotal")).expect("cotal");
+    // Long enough to outlive a rebuild of the daemon binary by the first `status` below.
+    let mut other = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("sleep");
+    let pid = other.id();
+    std::fs::write(pid_path(root.path()), format!("{pid}\n")).expect("record");
+    // The other user may walk to the record and read it (and nothing else of ours).
+    for dir in [root.path().to_path_buf(), root.path().join(".cotal")] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    std::fs::set_permissions(
+        pid_path(root.path()),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .expect("chmod");
+    let (_, readable) = status_json(root.path()).await;
+    assert_eq!(readable["pidRecord"]["verdict"], "foreign", "{readable}");
+    let hidden = status_json_without_cmdlines(root.path()).await;
+    assert_eq!(
+        hidden["pidRecord"]["verdict"], "alive-unverified",
+        "{hidden}"
+    );
+    assert!(alive(pid), "nothing was signalled");
+    let _ = other.kill();
+    let _ = other.wait();
+}
+
 /// A TLS mesh, detached; its daemon SIGTERMed stays stopped; a bare `up` (no TLS flags)
 /// relaunches it with TLS demanded. Then the relaunched daemon is SIGKILLed: its lease row
 /// lives on, so the next bare `up` exits non-zero naming the lease refusal. A daemon typed by
