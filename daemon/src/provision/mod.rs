@@ -26,6 +26,7 @@ pub(crate) use retained::{RetainedSystemKey, HOST_KICK_INBOX_PREFIX, SYSTEM_SEED
 pub use standby::{prepare_standby_hosts, renew_host_delivery, StandbyPlan};
 pub use streams::{
     agent_consumer_config, space_stream_configs, DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT,
+    DEFAULT_LEASE_TTL,
 };
 
 use std::path::Path;

@@ -11,44 +11,27 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream;
-use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::future::{BoxFuture, Shared};
 use tokio::sync::watch;
 
-use crate::conn::{self, CredentialCell, DialErrorKind, DialSpec, Resident};
 use crate::creds::Credential;
 use crate::journal::Journal;
-use crate::kv::Rows;
-use crate::plane::{PlaneConfig, PlaneCtx, ServingGate};
-use crate::provision::Preflight;
-use crate::rails::AdminParts;
-use crate::rails::LeaseSelf;
-use crate::rails::{EvictorKicker, Kicker};
-use crate::space::admission::{self, SysPair};
-use crate::space::closed::stop_line;
-pub use crate::space::closed::{Closed, CLOSE_CAUSE};
-use crate::space::feed::{FeedParts, MembershipFeed};
-use crate::space::health::{HealthHandle, Verdict, Watchdog};
+use crate::rails::Kicker;
+pub use crate::space::closed::{Closed, StartError, StartErrorKind, StartPhase, CLOSE_CAUSE};
+use crate::space::feed::MembershipFeed;
+use crate::space::health::{HealthHandle, Verdict};
 use crate::space::keeper::{Keeper, RELEASE_REDIAL_BOUND};
+use crate::space::lease::ReleaseErrorKind;
 use crate::space::lease_watch::{LeaseWatch, WatchEvent};
-use crate::space::serving::Plane;
-use crate::space::timer::{TimerWriter, TimerWriterParts};
-use crate::space::{
-    lease, lease::ClaimError, lease::Identity, lease::Lease, lease::ReleaseErrorKind,
-};
-use crate::space::{renew::Renewal, renew::RenewalParts};
+use crate::space::renew::Renewal;
+use crate::space::startup::Plan;
+use crate::space::timer::TimerWriter;
 use crate::store::SecretStore;
-use crate::sys::{SweepLimits, SysAuthority};
 use crate::tuning::Tuning;
-use crate::wire::SHARD;
-use crate::wire::{Principal, Space, SpaceNames};
-
-/// Lease TTL when the bucket declares no `max_age` (the reference `LEASE_TTL_MS`).
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+use crate::wire::Space;
 
 /// A host's request to stop, carrying its cause (`"SIGTERM"`, `"SIGINT"`, [`CLOSE_CAUSE`]).
 ///
@@ -85,16 +68,16 @@ impl Stop {
 }
 
 /// The host's stop and the handle's own `close()`, as one.
-struct Stops {
-    host: Stop,
-    own: Stop,
+pub(super) struct Stops {
+    pub(super) host: Stop,
+    pub(super) own: Stop,
 }
 
 impl Stops {
-    fn cause(&self) -> Option<&'static str> {
+    pub(super) fn cause(&self) -> Option<&'static str> {
         self.host.cause().or_else(|| self.own.cause())
     }
-    async fn stopped(&mut self) -> &'static str {
+    pub(super) async fn stopped(&mut self) -> &'static str {
         tokio::select! {
             c = self.host.stopped() => c,
             c = self.own.stopped() => c,
@@ -169,82 +152,6 @@ impl SpaceConfig {
     }
 }
 
-/// Why a start refused. Every refusal closed what the start had opened (connections, a won
-/// claim) before it was returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StartError {
-    kind: StartErrorKind,
-    detail: String,
-    /// The live holder of the lease, when a `LeaseHeld` refusal could read its row.
-    holder: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartErrorKind {
-    /// Refused before dialing: the credential or another input is unusable.
-    Config,
-    /// The injected store declares no stable identity, or another one than assigned.
-    StoreIdentity,
-    /// The initial delivery credential belongs to another account than assigned.
-    Account,
-    /// The broker did not answer the reachability check, refused the connection, or offered no
-    /// TLS while TLS was demanded.
-    Unreachable,
-    /// The broker requires no authentication: open dev mode, which has no delivery daemon.
-    OpenMode,
-    /// `$SYS` observer admission refused.
-    Admission,
-    /// Another daemon holds the lease.
-    LeaseHeld,
-    /// The credential may not write the lease.
-    LeaseDenied,
-    /// The broker refused the lease write for another reason.
-    LeaseRefused,
-    /// The broker-gone watchdog expired during the start.
-    BrokerGone,
-    /// The credential expired during the start.
-    CredentialExpired,
-    /// Stopped by request during the start (a won claim was released).
-    Stopped,
-    /// An unexpected fault (a won claim was released).
-    Fault,
-}
-
-impl StartError {
-    pub fn new(kind: StartErrorKind, detail: impl Into<String>) -> StartError {
-        StartError {
-            kind,
-            detail: detail.into(),
-            holder: None,
-        }
-    }
-    pub fn kind(&self) -> StartErrorKind {
-        self.kind
-    }
-    /// Who holds the lease, for a `LeaseHeld` refusal (read from the row after the claim lost;
-    /// `None` when that read did not answer or the row was gone by then).
-    pub fn holder(&self) -> Option<&str> {
-        self.holder.as_deref()
-    }
-    fn of_verdict(verdict: Verdict) -> StartError {
-        let kind = match verdict {
-            Verdict::CredentialExpired | Verdict::CredentialLapsed => {
-                StartErrorKind::CredentialExpired
-            }
-            _ => StartErrorKind::BrokerGone,
-        };
-        StartError::new(kind, verdict.line().trim_start_matches("✗ "))
-    }
-}
-
-impl fmt::Display for StartError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.detail)
-    }
-}
-
-impl std::error::Error for StartError {}
-
 /// A running space daemon. Dropping the handle does not stop it: ask with [`SpaceDaemon::stop`]
 /// or [`SpaceDaemon::close`].
 pub struct SpaceDaemon {
@@ -259,426 +166,22 @@ impl SpaceDaemon {
     /// trusted reader and both rails are bound, and the lease watch is bound; refuses with a
     /// [`StartError`] otherwise, after closing what it opened and releasing a claim it won.
     pub async fn start(cfg: SpaceConfig, stop: Stop) -> Result<SpaceDaemon, StartError> {
-        let (close, own) = Stop::channel();
-        let mut stops = Stops { host: stop, own };
-        let journal = cfg.journal.clone();
-        let space = cfg.space.clone();
-        let refuse = |kind: StartErrorKind, text: String| {
-            journal.line(format!("✗ {text}"));
-            StartError::new(kind, text)
-        };
-        let stopped_line = |by: &str| {
-            journal.line(stop_line(by, &space));
-            StartError::new(StartErrorKind::Stopped, format!("stopped by {by}"))
-        };
+        Plan::build(cfg, stop)?.run().await
+    }
 
-        let (nkey, account) = match (cfg.credential.public_key(), cfg.credential.claims()) {
-            (Ok(k), Ok(c)) => (k, c.account().to_string()),
-            (Err(e), _) | (_, Err(e)) => {
-                return Err(refuse(StartErrorKind::Config, format!("delivery: {e}")))
-            }
-        };
-        let me = Principal::for_nkey(&nkey)
-            .map_err(|e| refuse(StartErrorKind::Config, format!("delivery: {e}")))?;
-
-        // Reachability: the first dial of the resident connection.
-        let spec = DialSpec::new(cfg.server.clone())
-            .tls(cfg.tls, cfg.tls_ca.clone())
-            .ping_interval(cfg.tuning.ping_interval)
-            .name(cfg.connection_name.clone());
-        let dialed = tokio::select! {
-            r = conn::dial(&spec, CredentialCell::new(cfg.credential.clone())) => r,
-            by = stops.stopped() => return Err(stopped_line(by)),
-        };
-        let resident = dialed.map_err(|e| {
-            let text = match e.kind() {
-                DialErrorKind::Unreachable => format!(
-                    "delivery: can't reach NATS at {}. Run: cotal up ({e})",
-                    cfg.server
-                ),
-                DialErrorKind::PlaintextRefused => format!("delivery: {e}"),
-                DialErrorKind::Refused => format!(
-                    "delivery: the broker at {} refused this daemon's connection ({e})",
-                    cfg.server
-                ),
-            };
-            refuse(StartErrorKind::Unreachable, text)
-        })?;
-
-        // Open dev mode is live-only: with no authentication there is no trusted reader to
-        // stand behind (any client could read the store), so there is no durable backstop.
-        if !resident.client.server_info().auth_required {
-            let err = refuse(
-                StartErrorKind::OpenMode,
-                format!(
-                    "delivery: the broker at {} requires no authentication (open dev mode); open mode is live-only and has no delivery daemon, so this daemon refuses to serve it. Run an auth mesh if you need durable channels (cotal-delivery up)",
-                    cfg.server
-                ),
-            );
-            resident.close(CLOSE_DRAIN_BOUND).await;
-            return Err(err);
-        }
-
-        // From here on the broker is watched through the resident connection only.
-        let health = Watchdog::spawn(
-            cfg.tuning.health,
-            resident.events.subscribe(),
-            resident.client.clone(),
-            journal.clone(),
-            space.to_string(),
-        );
-        // Closes what the start opened before the lease was claimed.
-        let unwind = |resident: Resident, health: HealthHandle, err: StartError| async move {
-            health.stand_down();
-            resident.close(CLOSE_DRAIN_BOUND).await;
-            err
-        };
-
-        // `$SYS` observer admission, before the endpoint or the lease. The store read runs off
-        // the async workers (a store may be a remote backend); a health fault during it rejects
-        // the start once it returned.
-        let sys_store = cfg.sys_store.clone();
-        let for_space = space.clone();
-        let pair =
-            tokio::task::spawn_blocking(move || SysPair::read(&*sys_store, &for_space)).await;
-        if let Some(verdict) = health.verdict_now() {
-            return Err(unwind(resident, health, StartError::of_verdict(verdict)).await);
-        }
-        let pair = match pair {
-            Ok(p) => p,
-            Err(e) => {
-                let err = refuse(
-                    StartErrorKind::Fault,
-                    format!("delivery: the $SYS credential read failed ({e})"),
-                );
-                return Err(unwind(resident, health, err).await);
-            }
-        };
-        match admission::admit(&pair, &account) {
-            Ok(a) => {
-                journal.line(format!(
-                    "• delivery: $SYS sweeps bound to {} (account {})",
-                    cfg.sweeps_bound_to, a.account
-                ));
-                if !a.evictor_present {
-                    journal.line(format!(
-                        "• delivery: no connection-evictor credential at {}: deny-new-only posture, eviction unavailable until it is provisioned",
-                        pair.evictor.at
-                    ));
-                }
-            }
-            Err(e) => {
-                let err = refuse(StartErrorKind::Admission, e.to_string());
-                return Err(unwind(resident, health, err).await);
-            }
-        }
-
-        let names = SpaceNames::new(&space);
-        let plane_config = PlaneConfig::of(&cfg.tuning);
-        let js = jetstream::context::ContextBuilder::new()
-            .timeout(plane_config.request_bound)
-            .build(resident.client.clone());
-        let ttl = lease_ttl(&js, &names).await;
-        let rows = match Rows::open(&js, &names.delivery_bucket(), plane_config.request_bound).await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let err = refuse(
-                    StartErrorKind::LeaseRefused,
-                    format!(
-                        "delivery: acquiring the lease for shard {SHARD} failed: {e}. Not binding."
-                    ),
-                );
-                return Err(unwind(resident, health, err).await);
-            }
-        };
-        let identity = Identity {
-            holder: me.dot_form(),
-            incarnation: uuid::Uuid::new_v4().simple().to_string(),
-        };
-        let mut lease = Lease::new(rows, identity.clone(), resident.violations.clone());
-
-        // The single-flight lease. A stop during the claim waits for the broker's answer; its
-        // line is written when the signal lands (the seeds: before the release), not after.
-        let mut announced: Option<&'static str> = None;
-        let claimed = {
-            let claim = lease.claim();
-            tokio::pin!(claim);
-            loop {
-                tokio::select! {
-                    r = &mut claim => break r,
-                    by = stops.stopped(), if announced.is_none() => {
-                        journal.line(stop_line(by, &space));
-                        announced = Some(by);
-                    }
-                }
-            }
-        };
-        if let Err(e) = claimed {
-            let bucket = names.delivery_bucket();
-            let err = match &e {
-                ClaimError::Held { .. } => {
-                    // A read only: a standby host names the holder it stands by for.
-                    let holder = match lease.read_own().await {
-                        lease::Reading::Taken { by } => Some(by),
-                        _ => None,
-                    };
-                    let mut err = refuse(
-                        StartErrorKind::LeaseHeld,
-                        format!("delivery: a live lease already exists for shard {SHARD} — another delivery daemon is running. Not binding."),
-                    );
-                    err.holder = holder;
-                    err
-                }
-                ClaimError::Denied { operation, subject } => refuse(
-                    StartErrorKind::LeaseDenied,
-                    format!("delivery: the lease write for shard {SHARD} was refused ({operation} \"{subject}\") — this credential cannot write {bucket}.{}. Not binding. Use a credential holding the \"delivery\" profile.", crate::wire::LEASE_KEY),
-                ),
-                ClaimError::Refused { detail } => refuse(
-                    StartErrorKind::LeaseRefused,
-                    format!("delivery: acquiring the lease for shard {SHARD} failed: {detail}. Not binding."),
-                ),
-            };
-            return Err(unwind(resident, health, err).await);
-        }
-
-        if let Some(won) = &cfg.on_lease_won {
-            won();
-        }
-        let startup_complete = Arc::new(AtomicBool::new(false));
-        let credential = resident.credential.clone();
-        // Renewal of the standing credential (75 % re-read, `reloadCreds`).
-        let renewal = Arc::new(Renewal::new(RenewalParts {
-            store: cfg.store.clone(),
-            space: space.clone(),
-            cell: resident.credential.clone(),
-            preflight: Preflight::new(cfg.server.clone(), cfg.tls_ca.clone()),
-            client: resident.client.clone(),
-            events: resident.events.clone(),
-            health: health.clone(),
-            journal: journal.clone(),
-            retry: cfg.tuning.remint_retry,
-        }));
-        let ctx = PlaneCtx {
-            client: resident.client.clone(),
-            js: js.clone(),
-            names: names.clone(),
-            journal: journal.clone(),
-            me: me.clone(),
-            gate: ServingGate::default(),
-            config: plane_config,
-            startup_complete: startup_complete.clone(),
-            caches: crate::plane::Caches::new(&names),
-            handoffs: Arc::default(),
-            metrics: cfg.metrics.clone(),
-        };
-        // The `$SYS` pair the eviction and liveness verbs sweep with (re-read and re-checked on
-        // every call, from the store admission read).
-        let sys = Arc::new(SysAuthority {
-            store: cfg.sys_store.clone(),
-            space: space.clone(),
-            account: account.clone(),
-            server_url: cfg.server.clone(),
-            tls_ca: cfg.tls_ca.clone(),
-            limits: SweepLimits::of(&cfg.tuning),
-        });
-        let admin = AdminParts {
-            credentials: Some(renewal.clone()),
-            sys: Some(sys.clone()),
-            kicker: Some(
-                cfg.kicker
-                    .clone()
-                    .unwrap_or_else(|| Arc::new(EvictorKicker { authority: sys })),
-            ),
-            ..AdminParts::default()
-        };
-        let lease_self = LeaseSelf {
-            holder: identity.holder.clone(),
-            incarnation: identity.incarnation.clone(),
-        };
-        let mut keeper = Keeper {
-            journal: journal.clone(),
-            space: space.clone(),
-            lease,
-            plane: Plane::new(ctx, admin, lease_self),
-            noted: "held",
-            quiesced: false,
-            connected: true,
-            events: resident.events.subscribe(),
-            resident,
-            health: health.clone(),
-            redial_wait: cfg.redial_wait,
-            ttl,
-        };
-        // From the claim on, every refusal releases it (the keeper's way out).
-        if let Some(verdict) = health.verdict_now() {
-            keeper.abandon(verdict).await;
-            return Err(StartError::of_verdict(verdict));
-        }
-        if let Some(by) = stops.cause() {
-            match announced {
-                // Its line was written when it landed during the claim.
-                Some(_) => keeper.stop(by).await,
-                None => keeper.stop_signalled(by).await,
-            };
-            return Err(StartError::new(
-                StartErrorKind::Stopped,
-                format!("stopped by {by}"),
-            ));
-        }
-
-        // Bind the fan-out writer, the reader and both rails, then mark the lease ready.
-        // A stop wins over a binding still in flight: nothing is marked ready after it.
-        let mut verdicts = health.clone();
-        let bound = tokio::select! {
-            biased;
-            by = stops.stopped() => Err(Err(by)),
-            v = verdicts.verdict() => Err(Ok(v)),
-            r = keeper.plane.arm() => Ok(r),
-        };
-        match bound {
-            Err(Err(by)) => {
-                keeper.stop_signalled(by).await;
-                return Err(StartError::new(
-                    StartErrorKind::Stopped,
-                    format!("stopped by {by}"),
-                ));
-            }
-            Err(Ok(verdict)) => {
-                keeper.abandon(verdict).await;
-                return Err(StartError::of_verdict(verdict));
-            }
-            Ok(Err(e)) => {
-                journal.line("✗ delivery: start-up failed - releasing the shard before exiting");
-                journal.line(format!("✗ delivery: {e}"));
-                let detail = format!("delivery: {e}");
-                keeper
-                    .leave(Closed::Fault {
-                        detail: detail.clone(),
-                    })
-                    .await;
-                return Err(StartError::new(StartErrorKind::Fault, detail));
-            }
-            Ok(Ok(())) => {}
-        }
-        if let Some(by) = stops.cause() {
-            keeper.stop_signalled(by).await;
-            return Err(StartError::new(
-                StartErrorKind::Stopped,
-                format!("stopped by {by}"),
-            ));
-        }
-        if let Err(e) = keeper.lease.mark_ready().await {
-            journal.line(format!(
-                "! delivery: bound but could not mark the lease ready ({e}); the next renew re-synchronises"
-            ));
-        }
-        journal.line(format!(
-            "✓ delivery daemon up (space {space}) — stop with: cotal down"
-        ));
-
-        // The lease watch; start-up is complete once it is bound.
-        let watch = match LeaseWatch::bind(&js, &names, &identity, journal.clone()).await {
-            Ok(w) => w,
-            Err(e) => {
-                journal.line("✗ delivery: start-up failed - releasing the shard before exiting");
-                journal.line(format!(
-                    "✗ delivery: the lease watch could not be bound ({e})"
-                ));
-                let detail = format!("delivery: the lease watch could not be bound ({e})");
-                keeper
-                    .leave(Closed::Fault {
-                        detail: detail.clone(),
-                    })
-                    .await;
-                return Err(StartError::new(StartErrorKind::Fault, detail));
-            }
-        };
-        startup_complete.store(true, Ordering::SeqCst);
-        // The checkpoint timer writer: its own connection under the credential held now; its
-        // faults restart it and never reach the serve loop.
-        // The membership feed (fail-soft: a missing piece or a fault only logs).
-        let mut feed_parts = FeedParts::new(
-            spec.clone(),
-            cfg.store.clone(),
-            space.clone(),
-            account.clone(),
-            journal.clone(),
-        );
-        feed_parts.interval = cfg.tuning.membership_interval;
-        let feed = MembershipFeed::start(feed_parts).await;
-        if let Some(feed) = &feed {
-            let (cell, client) = feed.rw();
-            renewal.attach_membership(cell, client);
-        }
-        let mut timer_parts =
-            TimerWriterParts::new(spec.clone(), credential, space.clone(), journal.clone());
-        timer_parts.retry = cfg.tuning.timer_retry;
-        timer_parts.poll = cfg.tuning.timer_poll;
-        let timer = TimerWriter::start(timer_parts);
-
-        // Lags and states for `--metrics-addr`, sampled off the hot path until the end.
-        let gate = keeper.plane.gate();
-        let caches = keeper.plane.caches();
-        let sampler = crate::metrics::Sampler {
-            js: js.clone(),
-            names: names.clone(),
-            credential: keeper.resident.credential.clone(),
-            client: keeper.resident.client.clone(),
-            events: keeper.resident.events.subscribe(),
-            metrics: cfg.metrics.clone(),
-            period: cfg.tuning.metrics_sample,
-            serving: Arc::new(move || gate.is_serving()),
-            caches: Arc::new(move || {
-                [
-                    ("acl", &caches.acl),
-                    ("members", &caches.members),
-                    ("channels", &caches.channels),
-                    ("presence", &caches.presence),
-                ]
-                .into_iter()
-                .map(|(cache, c)| {
-                    let s = c.stats();
-                    crate::metrics::CacheCounts {
-                        cache,
-                        fences: s.fences,
-                        fallbacks: s.fallbacks,
-                        resets: s.resets,
-                    }
-                })
-                .collect()
-            }),
-        }
-        .spawn();
-        let metrics = cfg.metrics.clone();
-        let flush = journal.clone();
-        let serving = Serving {
-            keeper,
-            watch,
-            renewal,
-            timer,
-            feed,
-            stops,
-            health: health.clone(),
-            renew_every: lease::renew_interval(ttl),
-        };
-        let end = tokio::spawn(serving.run());
-        let end: BoxFuture<'static, Closed> = Box::pin(async move {
-            let closed = end.await.unwrap_or_else(|e| Closed::Fault {
-                detail: format!("the keeper task ended abnormally ({e})"),
-            });
-            sampler.abort();
-            metrics.lease_held(false);
-            // What was only counted is said before the end.
-            flush.flush_repeats();
-            closed
-        });
-        Ok(SpaceDaemon {
+    /// The handle of a daemon whose start completed (the last phase builds it).
+    pub(super) fn running(
+        space: Space,
+        close: watch::Sender<Option<&'static str>>,
+        end: Shared<BoxFuture<'static, Closed>>,
+        health: HealthHandle,
+    ) -> SpaceDaemon {
+        SpaceDaemon {
             space,
             close,
-            end: end.shared(),
+            end,
             health,
-        })
+        }
     }
 
     pub fn space(&self) -> &Space {
@@ -789,24 +292,21 @@ impl fmt::Display for CloseError {
 
 impl std::error::Error for CloseError {}
 
-/// Bound on draining the resident connection when a start unwinds.
-const CLOSE_DRAIN_BOUND: Duration = Duration::from_secs(2);
-
 /// What the serve loop owns once start-up is complete.
-struct Serving {
-    keeper: Keeper,
-    watch: LeaseWatch,
-    renewal: Arc<Renewal>,
-    timer: TimerWriter,
-    feed: Option<MembershipFeed>,
-    stops: Stops,
-    health: HealthHandle,
-    renew_every: Duration,
+pub(super) struct Serving {
+    pub(super) keeper: Keeper,
+    pub(super) watch: LeaseWatch,
+    pub(super) renewal: Arc<Renewal>,
+    pub(super) timer: TimerWriter,
+    pub(super) feed: Option<MembershipFeed>,
+    pub(super) stops: Stops,
+    pub(super) health: HealthHandle,
+    pub(super) renew_every: Duration,
 }
 
 impl Serving {
     /// Serves under the lease until a stop, a lost lease or a transport verdict.
-    async fn run(self) -> Closed {
+    pub(super) async fn run(self) -> Closed {
         let Serving {
             mut keeper,
             mut watch,
@@ -909,16 +409,4 @@ enum Way {
     Stopped(&'static str),
     Verdict(Verdict),
     Closed(Closed),
-}
-
-/// The lease TTL: the bucket's `max_age` (set at provisioning), or the reference default.
-async fn lease_ttl(js: &jetstream::Context, names: &SpaceNames) -> Duration {
-    let stream = SpaceNames::kv_stream(&names.delivery_bucket());
-    match js.get_stream(stream).await {
-        Ok(mut s) => match s.info().await {
-            Ok(info) if info.config.max_age > Duration::ZERO => info.config.max_age,
-            _ => DEFAULT_LEASE_TTL,
-        },
-        Err(_) => DEFAULT_LEASE_TTL,
-    }
 }

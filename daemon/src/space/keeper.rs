@@ -10,7 +10,7 @@ use tokio::sync::broadcast;
 
 use crate::conn::{ConnEvent, Resident};
 use crate::journal::Journal;
-use crate::space::closed::{stop_line, Closed};
+use crate::space::closed::{claim_outcome, stop_line, Closed};
 use crate::space::health::{HealthHandle, Verdict};
 use crate::space::serving::Plane;
 use crate::space::{
@@ -191,29 +191,15 @@ impl Keeper {
                 self.note("held", &what);
                 None
             }
-            Err(ClaimError::Held { detail }) => {
-                self.lease.forget();
-                let line = if from_watch {
-                    format!("✗ delivery: a lease watch event found the key gone and another daemon has taken shard {SHARD} ({detail}), exiting so the holder is single")
-                } else {
-                    format!("✗ delivery: lost the lease ({cause}) and another daemon has taken shard {SHARD} ({detail}), exiting so the holder is single")
-                };
-                self.journal.line(line);
-                Some(Closed::LeaseTaken { by: detail })
-            }
             Err(e) => {
                 self.lease.forget();
-                self.journal.line(format!(
-                    "✗ delivery: could not re-acquire the lease for shard {SHARD} ({e}); it serves only under its lease, exiting"
-                ));
-                Some(match e {
-                    ClaimError::Denied { .. } => Closed::LeaseDenied {
-                        detail: e.to_string(),
-                    },
-                    _ => Closed::LeaseRefused {
-                        detail: e.to_string(),
-                    },
-                })
+                let line = match &e {
+                    ClaimError::Held { detail } if from_watch => format!("✗ delivery: a lease watch event found the key gone and another daemon has taken shard {SHARD} ({detail}), exiting so the holder is single"),
+                    ClaimError::Held { detail } => format!("✗ delivery: lost the lease ({cause}) and another daemon has taken shard {SHARD} ({detail}), exiting so the holder is single"),
+                    _ => format!("✗ delivery: could not re-acquire the lease for shard {SHARD} ({e}); it serves only under its lease, exiting"),
+                };
+                self.journal.line(line);
+                Some(claim_outcome(&e).1)
             }
         }
     }

@@ -19,6 +19,7 @@ mod lease;
 mod lease_watch;
 mod renew;
 mod serving;
+mod startup;
 mod timer;
 
 pub use admission::{evictor_key, observer_key};
@@ -32,4 +33,6 @@ pub use timer::{
     CONNECTION_NAME as TIMER_CONNECTION_NAME,
 };
 
-pub use daemon::{CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
+pub use daemon::{
+    CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, StartPhase, Stop,
+};

@@ -13,7 +13,7 @@ use cotal_delivery::creds::Credential;
 use cotal_delivery::provision::SpaceMaterial;
 use cotal_delivery::provision::{self, MintOptions, Profile, ProvisionOptions};
 use cotal_delivery::space::{evictor_key, observer_key};
-use cotal_delivery::space::{Closed, StartErrorKind};
+use cotal_delivery::space::{Closed, StartErrorKind, StartPhase};
 use cotal_delivery::space::{HealthConfig, Verdict};
 use cotal_delivery::space::{ReleaseErrorKind, Released};
 use cotal_delivery::store::{
@@ -405,6 +405,7 @@ async fn local_start_refusals_name_the_mismatch_and_claim_nothing() {
         .err()
         .expect("refused");
     assert_eq!(e.kind(), StartErrorKind::Account);
+    assert_eq!(e.phase(), StartPhase::Inputs, "refused before any dial");
     assert!(e.to_string().contains(&account_of(&mesh, &a)), "{e}");
     assert!(e.to_string().contains(&account_of(&mesh, &b)), "{e}");
 
@@ -417,7 +418,8 @@ async fn local_start_refusals_name_the_mismatch_and_claim_nothing() {
 /// A start refused after its claim won (the `INBOX_` stream is gone, so the reader cannot bind)
 /// releases the row before it returns, so an immediate retry, once the stream is back, claims.
 /// Mutation seen caught: returning the arm failure without `keeper.leave` (the keeper
-/// forgotten) leaves the claim at the broker and the "released" assertion fails.
+/// forgotten) leaves the claim at the broker and the "released" assertion fails; the arm
+/// phase's refusal without `.at(StartPhase::Arm)` fails the phase assertion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_refused_after_its_claim_releases_the_row_so_a_retry_claims() {
     let mesh = two_space_mesh().await;
@@ -433,6 +435,7 @@ async fn a_start_refused_after_its_claim_releases_the_row_so_a_retry_claims() {
         .err()
         .expect("refused after the claim");
     assert_eq!(e.kind(), StartErrorKind::Fault);
+    assert_eq!(e.phase(), StartPhase::Arm, "{e}");
     assert!(lease(&ia).await.is_none(), "the won claim was released");
     provision::provision_space(
         &mesh.authority,
@@ -542,6 +545,11 @@ async fn a_health_fault_during_the_store_read_rejects_the_start_when_the_read_re
         .err()
         .expect("rejected");
     assert_eq!(e.kind(), StartErrorKind::BrokerGone);
+    assert_eq!(
+        e.phase(),
+        StartPhase::Admit,
+        "the verdict landed during admission"
+    );
     assert!(lease(&ia).await.is_none(), "nothing claimed");
     // What the start opened is closed for good: after the heal no connection of this service
     // reaches the broker (observed over more than the client's longest redial backoff).
