@@ -21,8 +21,9 @@ use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::metrics::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
@@ -53,7 +54,6 @@ pub struct Target {
 }
 
 /// The writer's handles on the buckets it reads.
-#[derive(Clone)]
 struct Writer {
     ctx: PlaneCtx,
     channels: Channels,
@@ -87,13 +87,13 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
     };
     let consumer =
         pump::bind_durable(ctx, "fan-out writer", &ctx.names.chat_stream(), config).await?;
-    let writer = Writer {
+    let writer = Arc::new(Writer {
         ctx: ctx.clone(),
         channels: Channels::open(ctx).await.map_err(|e| err(e.to_string()))?,
         members: Members::open(ctx).await.map_err(|e| err(e.to_string()))?,
         acls: Acls::open(ctx).await.map_err(|e| err(e.to_string()))?,
         copies: Arc::new(Semaphore::new(MAX_COPIES_IN_FLIGHT)),
-    };
+    });
     let ctx = ctx.clone();
     Ok(tokio::spawn(pump::run(
         ctx.clone(),
@@ -102,18 +102,16 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         stop,
         FANOUT_LANES,
         "fan-out writer",
-        move |batch| {
-            let writer = writer.clone();
-            async move { writer.handle_batch(batch).await }
-        },
+        move |batch| writer.clone().handle_batch(batch),
     )))
 }
 
 impl Writer {
     /// Routes a lane batch from caches proved once for it, publishes each post's copies in
-    /// order, and settles each post when its copies are stored (in a task of its own, so the
-    /// lane goes on with the next batch).
-    async fn handle_batch(&self, batch: Vec<Pulled>) {
+    /// order, and settles each post when its copies are stored, in order, by one task per batch
+    /// (started with the batch, so the lane goes on with the next batch and the copy slots it
+    /// holds are given back as the acks come in).
+    async fn handle_batch(self: Arc<Self>, batch: Vec<Pulled>) {
         // Both buckets proved current after every post of the batch was received.
         let caches = &self.ctx.caches;
         let (channels, members) = tokio::join!(
@@ -121,6 +119,7 @@ impl Writer {
             caches.members.prove(&self.ctx)
         );
         let mut live: Option<(View<'_>, View<'_>)> = None;
+        let mut settles: Option<mpsc::UnboundedSender<Copies>> = None;
         for pulled in batch {
             let routed = match self.route(&pulled, &channels, &members, &mut live).await {
                 Ok(r) => r,
@@ -143,33 +142,22 @@ impl Writer {
             let Ok(permits) = self.copies.clone().acquire_many_owned(want).await else {
                 return;
             };
-            let sent = publish_copies(
-                &self.ctx,
-                &routed.body,
-                &routed.channel,
-                routed.seq,
-                &routed.targets,
-            )
-            .await;
-            let ctx = self.ctx.clone();
-            tokio::spawn(async move {
-                let stored = match sent {
-                    Ok(acks) => stored_within(acks, COPY_BOUND).await,
-                    Err(e) => Err(e),
-                };
-                let verdict = match stored {
-                    Ok(stored) => {
-                        ctx.metrics.posts_copied(stored.len() as u64);
-                        Settle::Ack
-                    }
-                    Err(e) => {
-                        tracing::warn!(subject = %pulled.msg.subject, error = %e, "fan-out: a copy was not stored; nak");
-                        Settle::Nak
-                    }
-                };
-                pulled.settle(&ctx, verdict).await;
-                drop(permits);
-            });
+            let copies = Copies {
+                sent: publish_copies(
+                    &self.ctx,
+                    &routed.body,
+                    &routed.channel,
+                    routed.seq,
+                    &routed.targets,
+                )
+                .await,
+                bound: Instant::now() + COPY_BOUND,
+                pulled,
+                _permits: permits,
+            };
+            let tx = settles.get_or_insert_with(|| settle_in_order(self.ctx.clone()));
+            // The settling task is alive until this sender is dropped, after the batch.
+            let _ = tx.send(copies);
         }
     }
 
@@ -303,6 +291,47 @@ impl Writer {
     }
 }
 
+/// One post's copies sent and waiting for their acks: the post is settled once they all came
+/// (or the bound passed, or one failed), and its copy slots are given back then.
+struct Copies {
+    pulled: Pulled,
+    sent: Result<Vec<(String, PublishAckFuture)>, String>,
+    /// Every copy must be stored by then ([`COPY_BOUND`] after the last was sent).
+    bound: Instant,
+    _permits: OwnedSemaphorePermit,
+}
+
+/// Starts the task that settles one batch's posts in the order their copies were sent.
+fn settle_in_order(ctx: PlaneCtx) -> mpsc::UnboundedSender<Copies> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Copies>();
+    tokio::spawn(async move {
+        while let Some(Copies {
+            pulled,
+            sent,
+            bound,
+            ..
+        }) = rx.recv().await
+        {
+            let stored = match sent {
+                Ok(acks) => stored_by(acks, bound).await,
+                Err(e) => Err(e),
+            };
+            let verdict = match stored {
+                Ok(stored) => {
+                    ctx.metrics.posts_copied(stored.len() as u64);
+                    Settle::Ack
+                }
+                Err(e) => {
+                    tracing::warn!(subject = %pulled.msg.subject, error = %e, "fan-out: a copy was not stored; nak");
+                    Settle::Nak
+                }
+            };
+            pulled.settle(&ctx, verdict).await;
+        }
+    });
+    tx
+}
+
 /// Bound on storing all copies of one post.
 const COPY_BOUND: Duration = Duration::from_secs(10);
 
@@ -318,7 +347,7 @@ pub async fn store_copies(
     let acks = tokio::time::timeout(COPY_BOUND, publish_copies(ctx, msg, channel, seq, targets))
         .await
         .map_err(|_| format!("copies not sent within {} ms", COPY_BOUND.as_millis()))??;
-    stored_within(acks, COPY_BOUND).await
+    stored_by(acks, Instant::now() + COPY_BOUND).await
 }
 
 /// Publishes every copy of one post, in order, without waiting for the acks; the message body
@@ -352,10 +381,11 @@ async fn publish_copies(
     Ok(acks)
 }
 
-/// Waits (bounded) until every publish is stored; the INBOX sequences, or the first failure.
-async fn stored_within(
+/// Waits until every publish is stored, at the latest by `bound`; the INBOX sequences, or the
+/// first failure.
+async fn stored_by(
     acks: Vec<(String, PublishAckFuture)>,
-    bound: Duration,
+    bound: Instant,
 ) -> Result<Vec<u64>, String> {
     let work = async {
         let mut stored = Vec::with_capacity(acks.len());
@@ -367,9 +397,12 @@ async fn stored_within(
         }
         Ok(stored)
     };
-    match tokio::time::timeout(bound, work).await {
+    match tokio::time::timeout_at(bound, work).await {
         Ok(r) => r,
-        Err(_) => Err(format!("copies not stored within {} ms", bound.as_millis())),
+        Err(_) => Err(format!(
+            "copies not stored within {} ms",
+            COPY_BOUND.as_millis()
+        )),
     }
 }
 

@@ -29,11 +29,13 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::HeaderMap;
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::metrics::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
+use crate::plane::boundary::Ticket;
 use crate::plane::cache::View;
 use crate::plane::membership::{MemberRead, Members};
 use crate::plane::pump::{self, Pulled, Settle};
@@ -53,7 +55,16 @@ pub fn unknown_owner_warning(owner: &str, deliveries: i64) -> String {
     format!("plane-3 reader: gave up on entry for unknown owner {owner} after {deliveries} redeliveries")
 }
 
-#[derive(Clone)]
+/// One handoff sent and waiting for its ack: the entry is settled once it comes (or the bound
+/// passes), and the handoff slot is given back then.
+struct Handoff {
+    pulled: Pulled,
+    sent: Result<PublishAckFuture, String>,
+    /// The ack must arrive by then ([`HANDOFF_BOUND`] after the publish was sent).
+    bound: Instant,
+    _permit: OwnedSemaphorePermit,
+}
+
 struct Reader {
     ctx: PlaneCtx,
     acls: Acls,
@@ -78,12 +89,12 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
     };
     let consumer =
         pump::bind_durable(ctx, "trusted reader", &ctx.names.inbox_stream(), config).await?;
-    let reader = Reader {
+    let reader = Arc::new(Reader {
         ctx: ctx.clone(),
         acls: Acls::open(ctx).await.map_err(|e| err(e.to_string()))?,
         members: Members::open(ctx).await.map_err(|e| err(e.to_string()))?,
         handoffs: Arc::new(Semaphore::new(MAX_HANDOFFS_IN_FLIGHT)),
-    };
+    });
     Ok(tokio::spawn(pump::run(
         ctx.clone(),
         consumer,
@@ -91,10 +102,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         stop,
         READER_LANES,
         "trusted reader",
-        move |batch| {
-            let reader = reader.clone();
-            async move { reader.handle_batch(batch).await }
-        },
+        move |batch| reader.clone().handle_batch(batch),
     )))
 }
 
@@ -104,15 +112,17 @@ impl Reader {
     }
 
     /// Re-checks a lane batch against caches proved once for it and hands off the authorized
-    /// frames in order; each entry is settled when its handoff is acknowledged (in a task of its
-    /// own, so the lane goes on with the next batch).
-    async fn handle_batch(&self, batch: Vec<Pulled>) {
+    /// frames in order; each entry is settled when its handoff is acknowledged, in order, by one
+    /// task per batch (started with the batch, so the lane goes on with the next batch and the
+    /// handoff slots it holds are given back as the acks come in).
+    async fn handle_batch(self: Arc<Self>, batch: Vec<Pulled>) {
         // Taken before the fences and held until the batch's last handoff settled: a leave
         // answered after its write waits for it (strict leave boundary).
-        let ticket = Arc::new(self.ctx.handoffs.ticket());
+        let mut ticket = Some(self.ctx.handoffs.ticket());
         let caches = &self.ctx.caches;
         let (acls, members) =
             tokio::join!(caches.acl.prove(&self.ctx), caches.members.prove(&self.ctx));
+        let mut settles: Option<mpsc::UnboundedSender<Handoff>> = None;
         for pulled in batch {
             let (member, uid, entry) = match self.check(&pulled, &acls, &members).await {
                 Ok(surface) => surface,
@@ -124,12 +134,32 @@ impl Reader {
             let Ok(permit) = self.handoffs.clone().acquire_owned().await else {
                 return;
             };
-            let sent = self.send_handoff(&member, &uid, &entry).await;
-            let reader = self.clone();
-            let ticket = ticket.clone();
-            tokio::spawn(async move {
+            let handoff = Handoff {
+                sent: self.send_handoff(&member, &uid, &entry).await,
+                bound: Instant::now() + HANDOFF_BOUND,
+                pulled,
+                _permit: permit,
+            };
+            let tx = settles.get_or_insert_with(|| self.clone().settle_in_order(ticket.take()));
+            // The settling task is alive until this sender is dropped, after the batch.
+            let _ = tx.send(handoff);
+        }
+    }
+
+    /// Starts the task that settles one batch's handoffs in the order they were sent, and
+    /// drops the batch's boundary ticket once the last of them settled.
+    fn settle_in_order(self: Arc<Self>, ticket: Option<Ticket>) -> mpsc::UnboundedSender<Handoff> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Handoff>();
+        tokio::spawn(async move {
+            while let Some(Handoff {
+                pulled,
+                sent,
+                bound,
+                ..
+            }) = rx.recv().await
+            {
                 let acked = match sent {
-                    Ok(ack) => match tokio::time::timeout(HANDOFF_BOUND, ack).await {
+                    Ok(ack) => match tokio::time::timeout_at(bound, ack).await {
                         Ok(Ok(_)) => Ok(()),
                         Ok(Err(e)) => Err(crate::kv::broker_words(&e)),
                         Err(_) => Err(format!("no ack within {} ms", HANDOFF_BOUND.as_millis())),
@@ -138,23 +168,24 @@ impl Reader {
                 };
                 let verdict = match acked {
                     Ok(()) => {
-                        reader.ctx.metrics.handed_off();
+                        self.ctx.metrics.handed_off();
                         Settle::Ack
                     }
                     Err(e) => {
                         tracing::warn!(subject = %pulled.msg.subject, error = %e, "reader: handoff failed");
-                        if reader.given_up(&pulled) {
-                            reader.ctx.metrics.gave_up(GiveUp::Handoff);
+                        if self.given_up(&pulled) {
+                            self.ctx.metrics.gave_up(GiveUp::Handoff);
                             Settle::Term
                         } else {
                             Settle::Nak
                         }
                     }
                 };
-                pulled.settle(&reader.ctx, verdict).await;
-                drop((permit, ticket));
-            });
-        }
+                pulled.settle(&self.ctx, verdict).await;
+            }
+            drop(ticket);
+        });
+        tx
     }
 
     /// The re-check of one entry: `Ok` to surface it, or how to settle it.
@@ -240,21 +271,13 @@ impl Reader {
             headers.insert("Nats-Msg-Id", id.as_str());
         }
         let subject = self.ctx.names.dlv_subject(member, uid);
-        let send = self
-            .ctx
+        // The send is bounded by the context's own timeout (the request bound); a publish slot
+        // of the context is free, since the handoffs and copies in flight stay below its count.
+        self.ctx
             .js
-            .publish_with_headers(subject.clone(), headers, body.into());
-        match tokio::time::timeout(HANDOFF_BOUND, send).await {
-            Ok(Ok(ack)) => Ok(ack),
-            Ok(Err(e)) => Err(format!(
-                "publish {subject}: {}",
-                crate::kv::broker_words(&e)
-            )),
-            Err(_) => Err(format!(
-                "publish {subject}: not sent within {} ms",
-                HANDOFF_BOUND.as_millis()
-            )),
-        }
+            .publish_with_headers(subject.clone(), headers, body.into())
+            .await
+            .map_err(|e| format!("publish {subject}: {}", crate::kv::broker_words(&e)))
     }
 
     async fn drop_retired(
