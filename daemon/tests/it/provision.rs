@@ -173,13 +173,20 @@ async fn provisions_a_space_idempotently_on_a_real_broker() {
         .iter()
         .find(|(n, _)| *n == lease_name)
         .expect("lease stream in report");
+    // The expiry markers live as long as a row (docs/host.md), so they follow the TTL too.
     assert_eq!(
         *outcome,
-        Ensured::Updated(vec!["max_age", "duplicate_window"])
+        Ensured::Updated(vec![
+            "max_age",
+            "duplicate_window",
+            "subject_delete_marker_ttl"
+        ])
     );
+    let lease = info(lease_name.clone()).await;
+    assert_eq!(lease.max_age, Duration::from_secs(5));
     assert_eq!(
-        info(lease_name.clone()).await.max_age,
-        Duration::from_secs(5)
+        lease.subject_delete_marker_ttl,
+        Some(Duration::from_secs(5))
     );
     let back = provision_space(&authority, &broker.url, None, &demo, &opts)
         .await
