@@ -143,6 +143,13 @@ pub enum Command {
     /// grace), then nats-server. A daemon `down` stopped stays stopped.
     #[command(after_help = DOWN_HELP)]
     Down(DownArgs),
+    /// The renewal owner of a space's standing credentials: re-sign delivery.creds and
+    /// membership-rw.creds into the store the daemon reads (each candidate proved against the
+    /// broker before it replaces the last good one; --offline only when it keeps the current
+    /// account signing key), ask the daemon to adopt them (reloadCreds), and report each file.
+    /// With --watch, keep doing it at half of their lifetime until stopped.
+    #[command(after_help = REMINT_HELP)]
+    Remint(RemintArgs),
     /// Print the hash of the sources this binary was built from (for test harnesses).
     #[command(hide = true)]
     BuildId,
@@ -214,6 +221,56 @@ pub struct UpArgs {
     /// adopt them (reloadCreds).
     #[arg(long, value_name = "SECS")]
     pub creds_lifetime_secs: Option<u64>,
+}
+
+const REMINT_HELP: &str =
+    "The signer is read through the same store the credentials are written to:
+<root>/.cotal/auth/account.<key>.json (or the pre-split bundle auth/auth.json, which is then
+migrated into the split files and kept). The preflight dials --server, else the broker the mesh
+registry records for the space ($COTAL_HOME/meshes/space.<key>.json), else the root's
+.cotal/mesh.json, else nats://127.0.0.1:4222; a --server that differs from the registry is
+refused. --watch records itself in <root>/.cotal/remint.<key>.pid and logs to
+<root>/.cotal/remint.<key>.log; SIGTERM/SIGINT stop it, SIGHUP makes it re-sign at once.
+Exit codes: 0 both files were re-signed and written (--watch: stopped by SIGTERM/SIGINT); 1 a file
+was not renewed (the broker did not accept the candidate, --offline continuity refused it, the
+store holds no signer or no usable credential: its last good credential is kept), or --watch
+found another renewal owner running for the space; 2 bad flags; 3 a malformed --space, no
+workspace root, or a --server the registry contradicts. See docs/operations.md.";
+
+#[derive(Debug, clap::Args)]
+pub struct RemintArgs {
+    /// The space whose standing credentials to re-sign.
+    #[arg(long, value_name = "SPACE")]
+    pub space: String,
+    /// Workspace root holding .cotal/ (signer and credentials). Default: the nearest .cotal/
+    /// above the working directory.
+    #[arg(long, value_name = "DIR", conflicts_with = "store")]
+    pub root: Option<PathBuf>,
+    /// An injected directory store instead of a workspace (what `deliver --store DIR` reads):
+    /// DIR/auth/account.<key>.json and DIR/space.<key>/*.creds. No registry is consulted.
+    #[arg(long, value_name = "DIR", conflicts_with = "watch")]
+    pub store: Option<PathBuf>,
+    /// Broker URL of the preflight and of reloadCreds (default: see below).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// PEM file of the CA that signed the broker's certificate.
+    #[arg(long, value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// No broker: write a re-sign only when it is signed by the same account signing key (iss)
+    /// as the current credential (a same-label alternate account is refused); no reloadCreds.
+    #[arg(long)]
+    pub offline: bool,
+    /// Lifetime of the re-signed credentials, in seconds [default: the current delivery
+    /// credential's own lifetime, else 24 h].
+    #[arg(long, value_name = "SECS")]
+    pub creds_lifetime_secs: Option<u64>,
+    /// Print the report as one JSON object.
+    #[arg(long, conflicts_with = "watch")]
+    pub json: bool,
+    /// Keep running: re-sign at half of the credentials' lifetime, retry a failed pass after a
+    /// quarter of what is left (1 to 60 s), until SIGTERM/SIGINT.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 const INSPECT_HELP: &str =
@@ -371,6 +428,7 @@ pub fn run(cli: Cli) -> i32 {
         Command::Status(args) => run_status(args),
         Command::Up(args) => run_up(args),
         Command::Down(args) => run_down(args),
+        Command::Remint(args) => run_remint(args),
         Command::BuildId => {
             println!("{}", crate::BUILD_ID);
             0
@@ -675,6 +733,71 @@ fn run_down(args: DownArgs) -> i32 {
             journal.line(e.to_string());
             1
         }
+    }
+}
+
+/// `remint`: one pass (0 every file renewed, 1 not), or `--watch` until a signal (0; 1 refused
+/// at start); 3 for what is refused before anything is read or dialed.
+fn run_remint(args: RemintArgs) -> i32 {
+    let refuse = |json: bool, space: &str, e: &str| {
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"space": space, "renewed": false, "error": e})
+            );
+        }
+        eprintln!("✗ remint: {e}");
+        Exit::Config.code()
+    };
+    let space = match Space::parse(&args.space) {
+        Ok(s) => s,
+        Err(e) => return refuse(args.json, &args.space, &format!("--space: {e}")),
+    };
+    let target = match &args.store {
+        Some(dir) => crate::store::RemintTarget::Dir(files::absolute(dir, &current_dir())),
+        None => match files::resolve_root(args.root.as_deref(), &current_dir()) {
+            Ok(root) => crate::store::RemintTarget::Workspace(root),
+            Err(e) => return refuse(args.json, &args.space, &e.to_string()),
+        },
+    };
+    let cfg = crate::supervise::RemintConfig {
+        space,
+        target,
+        server: args.server,
+        tls_ca: args.tls_ca,
+        lifetime: args
+            .creds_lifetime_secs
+            .map(|s| std::time::Duration::from_secs(s.max(1))),
+        offline: args.offline,
+    };
+    let rt = match runtime("remint") {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    if args.watch {
+        return match rt.block_on(crate::supervise::remint_watch(&cfg)) {
+            crate::supervise::WatchEnded::Stopped => 0,
+            crate::supervise::WatchEnded::Refused(line) => {
+                eprintln!("{line}");
+                1
+            }
+        };
+    }
+    let pass = rt.block_on(crate::supervise::remint_once(&cfg));
+    if let Some(e) = pass.refused_before() {
+        return refuse(args.json, cfg.space.as_str(), &e);
+    }
+    if args.json {
+        println!("{}", crate::supervise::pass_json(&cfg, &pass));
+    } else {
+        for line in crate::supervise::pass_lines(&cfg, &pass) {
+            println!("{line}");
+        }
+    }
+    if pass.renewed() {
+        0
+    } else {
+        1
     }
 }
 

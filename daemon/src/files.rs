@@ -173,6 +173,20 @@ pub fn launched_path(root: &Path, space: &Space) -> PathBuf {
         .join(format!("delivery.{}.launched", space.key()))
 }
 
+/// `.cotal/remint.<key>.pid`: the space's renewal owner (`remint --watch`, or a foreground `up`
+/// that runs the owner itself), written once it runs; trusted only while its command line proves
+/// it ([`argv_names_renewal_owner`]).
+pub fn remint_pid_path(root: &Path, space: &Space) -> PathBuf {
+    root.join(COTAL_DIR)
+        .join(format!("remint.{}.pid", space.key()))
+}
+
+/// `.cotal/remint.<key>.log`: the renewal owner's log (the daemon's conventions).
+pub fn remint_log_path(root: &Path, space: &Space) -> PathBuf {
+    root.join(COTAL_DIR)
+        .join(format!("remint.{}.log", space.key()))
+}
+
 /// `.cotal/nats.pid`: the broker `up` started.
 pub fn broker_pid_path(root: &Path) -> PathBuf {
     root.join(COTAL_DIR).join("nats.pid")
@@ -489,7 +503,23 @@ pub fn argv_names_nats_server(argv: &[String]) -> bool {
 
 /// A delivery daemon's argv carries the `deliver` verb and a `--space` flag.
 pub fn argv_names_delivery_daemon(argv: &[String]) -> bool {
-    argv.iter().skip(1).any(|a| a == "deliver")
+    argv_names_verb(argv, "deliver")
+}
+
+/// A renewal owner's argv: `remint --watch` ([`argv_names_remint_watch`]) or a foreground `up`,
+/// each with a `--space` flag.
+pub fn argv_names_renewal_owner(argv: &[String]) -> bool {
+    argv_names_remint_watch(argv) || argv_names_verb(argv, "up")
+}
+
+/// A `remint --watch` process (the only renewal owner a stop signals: a foreground `up` ends on
+/// its own when its broker stops).
+pub fn argv_names_remint_watch(argv: &[String]) -> bool {
+    argv_names_verb(argv, "remint") && argv.iter().any(|a| a == "--watch")
+}
+
+fn argv_names_verb(argv: &[String], verb: &str) -> bool {
+    argv.iter().skip(1).any(|a| a == verb)
         && argv
             .iter()
             .any(|a| a == "--space" || a.starts_with("--space="))

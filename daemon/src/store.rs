@@ -207,6 +207,35 @@ pub trait SecretStore: Send + Sync {
     fn identity(&self) -> Result<StoreIdentity, StoreError>;
     /// Where `key` lives, for messages (a path, or `<coordinate>:<key>`).
     fn locate(&self, key: &str) -> String;
+    /// Where `cotal-delivery remint` re-signs into this store, for the lines that tell an
+    /// operator what to run; `None` for a store no command writes (an embedder's own store).
+    fn remint_target(&self) -> Option<RemintTarget> {
+        None
+    }
+}
+
+/// A store `cotal-delivery remint` writes: a workspace root's `.cotal/` (`--root`) or an injected
+/// directory store (`--store`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemintTarget {
+    Workspace(PathBuf),
+    Dir(PathBuf),
+}
+
+impl RemintTarget {
+    /// `cotal-delivery remint --space <s> --root <dir>` (or `--store <dir>`).
+    pub fn command(&self, space: &Space) -> String {
+        match self {
+            RemintTarget::Workspace(root) => format!(
+                "cotal-delivery remint --space {space} --root {}",
+                root.display()
+            ),
+            RemintTarget::Dir(dir) => format!(
+                "cotal-delivery remint --space {space} --store {}",
+                dir.display()
+            ),
+        }
+    }
 }
 
 fn check_key(key: &str) -> Result<(), StoreError> {
@@ -230,13 +259,19 @@ pub struct FsStore {
     root: PathBuf,
     /// Where the keys and `store.id` live: `<root>/.cotal`, or the injected directory itself.
     dir: PathBuf,
+    /// A workspace's `.cotal/` ([`FsStore::new`]) rather than an injected directory.
+    workspace: bool,
 }
 
 impl FsStore {
     pub fn new(root: impl Into<PathBuf>) -> FsStore {
         let root = root.into();
         let dir = root.join(crate::files::COTAL_DIR);
-        FsStore { root, dir }
+        FsStore {
+            root,
+            dir,
+            workspace: true,
+        }
     }
     /// A directory store that is no workspace: keys live directly under `dir`, and its identity
     /// is `dir` with the `store.id` recorded there.
@@ -245,6 +280,7 @@ impl FsStore {
         FsStore {
             root: dir.clone(),
             dir,
+            workspace: false,
         }
     }
     pub fn root(&self) -> &Path {
@@ -296,6 +332,13 @@ impl SecretStore for FsStore {
     }
     fn locate(&self, key: &str) -> String {
         self.cotal_dir().join(key).display().to_string()
+    }
+    fn remint_target(&self) -> Option<RemintTarget> {
+        Some(if self.workspace {
+            RemintTarget::Workspace(self.root.clone())
+        } else {
+            RemintTarget::Dir(self.root.clone())
+        })
     }
 }
 
@@ -408,6 +451,8 @@ pub struct MemoryStore {
     coordinate: String,
     values: Mutex<BTreeMap<String, String>>,
     reads: AtomicU64,
+    /// `get` calls per key.
+    key_reads: Mutex<BTreeMap<String, u64>>,
 }
 
 impl MemoryStore {
@@ -431,12 +476,27 @@ impl MemoryStore {
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::SeqCst)
     }
+    /// How many `get` calls asked for `key`.
+    pub fn reads_of(&self, key: &str) -> u64 {
+        self.key_reads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 impl SecretStore for MemoryStore {
     fn get(&self, key: &str) -> Result<Option<String>, StoreError> {
         check_key(key)?;
         self.reads.fetch_add(1, Ordering::SeqCst);
+        *self
+            .key_reads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(key.to_string())
+            .or_insert(0) += 1;
         let values = self
             .values
             .lock()
@@ -577,6 +637,10 @@ impl SecretStore for CredsFileStore {
     }
     fn locate(&self, _key: &str) -> String {
         self.path.display().to_string()
+    }
+    /// Only the canonical path is a workspace's file that `remint` writes.
+    fn remint_target(&self) -> Option<RemintTarget> {
+        self.canonical_root().map(RemintTarget::Workspace)
     }
 }
 

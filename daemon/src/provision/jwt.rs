@@ -180,12 +180,27 @@ pub fn encode_account(
     name: &str,
     jetstream: bool,
 ) -> Result<String, JwtError> {
-    let nats = json!({
+    encode_account_with_signing_keys(operator, account_public_key, name, jetstream, &[])
+}
+
+/// [`encode_account`] trusting `signing_keys` (account public keys) to sign the account's users,
+/// as the reference's signer bundle has its account JWT do (none: no `signing_keys` claim).
+pub fn encode_account_with_signing_keys(
+    operator: &KeyPair,
+    account_public_key: &str,
+    name: &str,
+    jetstream: bool,
+    signing_keys: &[String],
+) -> Result<String, JwtError> {
+    let mut nats = json!({
         "limits": account_limits(jetstream),
         "default_permissions": {"pub": {}, "sub": {}},
         "type": "account",
         "version": 2,
     });
+    if let (false, Some(map)) = (signing_keys.is_empty(), nats.as_object_mut()) {
+        map.insert("signing_keys".into(), json!(signing_keys));
+    }
     encode(operator, account_public_key, name, None, &nats)
 }
 

@@ -3,6 +3,7 @@
 
 mod agent;
 mod authority;
+mod bundle;
 mod jwt;
 mod layout;
 mod manifest;
@@ -14,12 +15,13 @@ mod standby;
 mod streams;
 
 pub use agent::{provision_agent, remove_acl, retire, set_read_acl, AgentMaterial};
-pub use jwt::{encode_user, UserClaimsSpec};
+pub use bundle::SIGNER_BUNDLE_KEY;
+pub use jwt::{encode_account_with_signing_keys, encode_operator, encode_user, UserClaimsSpec};
 pub(crate) use manifest::ManifestError;
 pub use manifest::{manifest_path, Manifest};
 pub use remint::{
     remint_daemon_creds, remint_daemon_creds_for, BrokerAccepted, Preflight, RemintOutcome,
-    PREFLIGHT_BOUND,
+    RemintReport, SpaceSigner, PREFLIGHT_BOUND,
 };
 pub use retained::{retain_system_seed, system_seed_path};
 pub(crate) use retained::{RetainedSystemKey, HOST_KICK_INBOX_PREFIX, SYSTEM_SEED_FILE};

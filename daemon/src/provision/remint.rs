@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::bundle::{migrate, read_bundle, SIGNER_BUNDLE_KEY};
 use crate::creds::Credential;
 use crate::provision::jwt::{encode_user, UserClaimsSpec};
 use crate::provision::Profile;
@@ -91,6 +92,10 @@ pub enum RemintOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemintReport {
     pub files: Vec<(String, RemintOutcome)>,
+    /// Where the signer was read (`auth/account.<key>.json`, or the bundle `auth/auth.json`).
+    pub signer: Option<String>,
+    /// What the migration of a pre-split signer bundle did, one line per file.
+    pub notes: Vec<String>,
 }
 
 impl RemintReport {
@@ -112,6 +117,120 @@ impl RemintReport {
 struct AccountSigner {
     space: String,
     account_seed: String,
+    #[serde(default)]
+    signing_seed: Option<String>,
+}
+
+/// A space's data-account signer as the renewal owner reads it from its store: the account key
+/// and, when the account JWT trusts one, its signing key.
+pub struct SpaceSigner {
+    account: nkeys::KeyPair,
+    signing: Option<nkeys::KeyPair>,
+    /// Where it was read.
+    pub source: String,
+    /// What a migration of the pre-split bundle did.
+    pub notes: Vec<String>,
+}
+
+impl SpaceSigner {
+    /// Reads the signer of `space` from `store`: the split account file, else the pre-split
+    /// bundle (checked, then migrated into the split files). `Ok(None)`: the store holds no
+    /// signer. A signer of another space is refused.
+    pub fn read(store: &dyn SecretStore, space: &Space) -> Result<Option<SpaceSigner>, String> {
+        let key = account_signer_key(space);
+        let raw = match store.get(&key) {
+            Ok(Some(raw)) => raw,
+            Ok(None) => return SpaceSigner::from_bundle(store, space),
+            Err(e) => return Err(format!("the signer: {e}")),
+        };
+        let file: AccountSigner = serde_json::from_str(&raw)
+            .map_err(|e| format!("{} is not a signer account file ({e})", store.locate(&key)))?;
+        if file.space != space.as_str() {
+            return Err(format!(
+                "the store's signer holds space {:?}, not {:?}; it cannot overwrite this space's credentials",
+                file.space,
+                space.as_str()
+            ));
+        }
+        let account_seed = |seed: &str| match nkeys::KeyPair::from_seed(seed) {
+            Ok(kp) if kp.key_pair_type() == nkeys::KeyPairType::Account => Some(kp),
+            _ => None,
+        };
+        let account = account_seed(&file.account_seed)
+            .ok_or("the signer's account seed is not an account seed")?;
+        let signing = match &file.signing_seed {
+            Some(seed) => {
+                Some(account_seed(seed).ok_or("the signer's signing seed is not an account seed")?)
+            }
+            None => None,
+        };
+        Ok(Some(SpaceSigner {
+            account,
+            signing,
+            source: store.locate(&key),
+            notes: Vec::new(),
+        }))
+    }
+
+    fn from_bundle(store: &dyn SecretStore, space: &Space) -> Result<Option<SpaceSigner>, String> {
+        let Some(bundle) = read_bundle(store, space)? else {
+            return Ok(None);
+        };
+        let notes = migrate(store, space, &bundle);
+        Ok(Some(SpaceSigner {
+            account: bundle.account,
+            signing: Some(bundle.signing),
+            source: store.locate(SIGNER_BUNDLE_KEY),
+            notes,
+        }))
+    }
+
+    /// The key that signs a re-sign of `current`: the one that issued it (a continuous
+    /// re-sign), else the account's signing key, else the account key itself; with the
+    /// `issuer_account` a signing key needs.
+    fn key_for(&self, current: Option<&Credential>) -> (&nkeys::KeyPair, Option<String>) {
+        let iss = current.and_then(|c| c.claims().ok()).map(|c| c.iss);
+        if iss == Some(self.account.public_key()) {
+            return (&self.account, None);
+        }
+        match &self.signing {
+            Some(key) => (key, Some(self.account.public_key())),
+            None => (&self.account, None),
+        }
+    }
+
+    /// Mints a credential of `profile` (a fresh nkey) with this signer, e.g. the supervisor a
+    /// renewal owner asks the daemon to adopt with.
+    pub fn mint(
+        &self,
+        space: &Space,
+        profile: &Profile,
+        lifetime: Duration,
+    ) -> Result<Credential, String> {
+        let user = nkeys::KeyPair::new_user();
+        self.sign(space, profile, &user, None, lifetime)
+    }
+
+    fn sign(
+        &self,
+        space: &Space,
+        profile: &Profile,
+        user: &nkeys::KeyPair,
+        current: Option<&Credential>,
+        lifetime: Duration,
+    ) -> Result<Credential, String> {
+        let (key, issuer_account) = self.key_for(current);
+        let mut spec = UserClaimsSpec::new(profile.name())
+            .permissions(profile.permissions(&SpaceNames::new(space), &user.public_key()))
+            .expires_in(Some(lifetime))
+            .tags(profile.tags());
+        if let Some(acc) = issuer_account {
+            spec = spec.issuer_account(acc);
+        }
+        let jwt = encode_user(key, &user.public_key(), &spec).map_err(|e| e.to_string())?;
+        let seed = user.seed().map_err(|e| e.to_string())?;
+        Credential::new(jwt, seed).map_err(|e| e.to_string())
+    }
 }
 
 /// Re-signs the daemon's standing credentials (`delivery`, `membership-rw`) for `space` with the
@@ -133,10 +252,11 @@ pub async fn remint_daemon_creds(
 }
 
 /// The renewal owner. Reads the signer through the same store it writes (`store`, else the
-/// workspace store of `root`); refuses a signer of another space; re-signs each credential's
-/// own nkey; with a `preflight` proves each candidate before overwriting the last good one,
-/// without one permits the overwrite only when the candidate's `iss` matches the current
-/// credential's. Never throws: every file gets an outcome.
+/// workspace store of `root`): the split account file, else the pre-split bundle, migrated;
+/// refuses a signer of another space; re-signs each credential's own nkey; with a `preflight`
+/// proves each candidate before overwriting the last good one, without one permits the
+/// overwrite only when the candidate's `iss` matches the current credential's. Never throws:
+/// every file gets an outcome.
 pub async fn remint_daemon_creds_for(
     root: &Path,
     space: &Space,
@@ -158,59 +278,39 @@ pub async fn remint_daemon_creds_for(
             .iter()
             .map(|(k, _)| (k.clone(), outcome.clone()))
             .collect(),
+        signer: None,
+        notes: Vec::new(),
     };
-    let signer = match store.get(&account_signer_key(space)) {
-        Ok(Some(raw)) => raw,
+    let signer = match SpaceSigner::read(store, space) {
+        Ok(Some(signer)) => signer,
         Ok(None) => return all(RemintOutcome::Skipped("no-auth".into())),
-        Err(e) => return all(RemintOutcome::Refused(format!("the signer: {e}"))),
+        Err(e) => return all(RemintOutcome::Refused(e)),
     };
-    let signer: AccountSigner = match serde_json::from_str(&signer) {
-        Ok(s) => s,
-        Err(e) => {
-            return all(RemintOutcome::Refused(format!(
-                "{} is not a signer account file ({e})",
-                store.locate(&account_signer_key(space))
-            )))
-        }
-    };
-    if signer.space != space.as_str() {
-        return all(RemintOutcome::Refused(format!(
-            "the store's signer holds space {:?}, not {:?}; it cannot overwrite this space's credentials",
-            signer.space,
-            space.as_str()
-        )));
-    }
-    let account = match nkeys::KeyPair::from_seed(&signer.account_seed) {
-        Ok(kp) if kp.key_pair_type() == nkeys::KeyPairType::Account => kp,
-        _ => {
-            return all(RemintOutcome::Refused(
-                "the signer's account seed is not an account seed".into(),
-            ))
-        }
-    };
-    let names = SpaceNames::new(space);
     let mut files = Vec::new();
     for (key, profile) in keys {
-        let outcome =
-            remint_one(store, &key, &profile, &account, &names, preflight, lifetime).await;
+        let outcome = remint_one(store, &key, &profile, &signer, space, preflight, lifetime).await;
         files.push((key, outcome));
     }
-    RemintReport { files }
+    RemintReport {
+        files,
+        signer: Some(signer.source.clone()),
+        notes: signer.notes,
+    }
 }
 
 async fn remint_one(
     store: &dyn SecretStore,
     key: &str,
     profile: &Profile,
-    account: &nkeys::KeyPair,
-    names: &SpaceNames,
+    signer: &SpaceSigner,
+    space: &Space,
     preflight: Option<&Preflight>,
     lifetime: Duration,
 ) -> RemintOutcome {
     let where_ = store.locate(key);
     let current = match store.get(key) {
         Ok(Some(raw)) => match Credential::parse(&raw) {
-            Ok(c) => Some(c),
+            Ok(c) => c,
             Err(e) => {
                 return RemintOutcome::Refused(format!(
                     "{where_} holds no usable credential to re-sign ({})",
@@ -218,25 +318,20 @@ async fn remint_one(
                 ))
             }
         },
-        Ok(None) => None,
+        // A renewal keeps an existing nkey (the daemon's inbox grant and lease holder); with
+        // nothing there, nothing (not even a broker) proves whose credential a new one would be.
+        Ok(None) => {
+            return RemintOutcome::Refused(format!(
+                "{where_} holds no credential to re-sign (a renewal keeps an existing nkey; `cotal-delivery up` mints the space's credentials)"
+            ))
+        }
         Err(e) => return RemintOutcome::Refused(e.to_string()),
     };
-    let user = match &current {
-        Some(c) => match c.key_pair() {
-            Ok(kp) => kp,
-            Err(e) => return RemintOutcome::Refused(e.to_string()),
-        },
-        None => nkeys::KeyPair::new_user(),
+    let user = match current.key_pair() {
+        Ok(kp) => kp,
+        Err(e) => return RemintOutcome::Refused(e.to_string()),
     };
-    let spec = UserClaimsSpec::new(profile.name())
-        .permissions(profile.permissions(names, &user.public_key()))
-        .expires_in(Some(lifetime));
-    let candidate = match encode_user(account, &user.public_key(), &spec)
-        .map_err(|e| e.to_string())
-        .and_then(|jwt| {
-            let seed = user.seed().map_err(|e| e.to_string())?;
-            Credential::new(jwt, seed).map_err(|e| e.to_string())
-        }) {
+    let candidate = match signer.sign(space, profile, &user, Some(&current), lifetime) {
         Ok(c) => c,
         Err(e) => return RemintOutcome::Refused(format!("signing failed: {e}")),
     };
@@ -247,16 +342,14 @@ async fn remint_one(
             }
         }
         None => {
-            if let Some(cur) = &current {
-                let (Ok(a), Ok(b)) = (cur.claims(), candidate.claims()) else {
-                    return RemintOutcome::Refused("unreadable JWT claims".into());
-                };
-                if a.iss != b.iss {
-                    return RemintOutcome::Refused(format!(
-                        "offline re-sign refused: the candidate's account signing key (iss {}) is not the current credential's ({}); without a broker preflight only a continuous re-sign may overwrite {where_}",
-                        b.iss, a.iss
-                    ));
-                }
+            let (Ok(a), Ok(b)) = (current.claims(), candidate.claims()) else {
+                return RemintOutcome::Refused("unreadable JWT claims".into());
+            };
+            if a.iss != b.iss {
+                return RemintOutcome::Refused(format!(
+                    "offline re-sign refused: the candidate's account signing key (iss {}) is not the current credential's ({}); without a broker preflight only a continuous re-sign may overwrite {where_}",
+                    b.iss, a.iss
+                ));
             }
         }
     }
@@ -311,6 +404,12 @@ mod tests {
         store
             .put(&delivery_creds_key(&demo()), &first.to_creds_text())
             .unwrap();
+        let rw = a
+            .mint(&demo(), &Profile::MembershipRw, MintOptions::new())
+            .unwrap();
+        store
+            .put(&membership_rw_creds_key(&demo()), &rw.to_creds_text())
+            .unwrap();
         let r = remint_daemon_creds_for(
             Path::new("/x"),
             &demo(),
@@ -359,5 +458,128 @@ mod tests {
             o,
             RemintOutcome::Refused(e) if e.contains("holds space \"other\"")
         )));
+    }
+
+    /// A store holding only the pre-split bundle: signer, both current credentials, nothing else.
+    fn bundle_store(bundle: &str, current_from: &str) -> MemoryStore {
+        let store = MemoryStore::new("mem:bundle");
+        // The current credentials, as the bundle's owner minted them (by its signing key).
+        let scratch = MemoryStore::new("mem:scratch");
+        scratch.put(SIGNER_BUNDLE_KEY, current_from).unwrap();
+        let minter = SpaceSigner::read(&scratch, &demo()).unwrap().unwrap();
+        for (key, profile) in [
+            (delivery_creds_key(&demo()), Profile::Delivery),
+            (membership_rw_creds_key(&demo()), Profile::MembershipRw),
+        ] {
+            let cred = minter
+                .mint(&demo(), &profile, Duration::from_secs(600))
+                .unwrap();
+            store.put(&key, &cred.to_creds_text()).unwrap();
+        }
+        store.put(SIGNER_BUNDLE_KEY, bundle).unwrap();
+        store
+    }
+
+    /// The offline repair from a pre-split bundle: read when the split files are absent, signed
+    /// by the bundle's account signing key (the current credential's `iss`), so it is
+    /// continuous; the split account file is written and the bundle kept. Mutation seen
+    /// failing: `SpaceSigner::key_for` always signing with the account identity key (the
+    /// candidate's `iss` is the account, not the signing key: refused offline).
+    #[tokio::test]
+    async fn the_offline_repair_from_a_bundle_is_continuous_and_migrates_it() {
+        let (bundle, signing) = crate::provision::bundle::tests::reference_bundle(&demo(), false);
+        let store = bundle_store(&bundle, &bundle);
+        let before = store.get(&delivery_creds_key(&demo())).unwrap().unwrap();
+        let r = remint_daemon_creds_for(
+            Path::new("/x"),
+            &demo(),
+            Some(&store),
+            None,
+            Duration::from_secs(900),
+        )
+        .await;
+        assert!(r.all_written(), "{r:?}");
+        assert!(
+            r.signer.as_deref().unwrap().ends_with("auth/auth.json"),
+            "{r:?}"
+        );
+        assert!(r.notes[0].contains("migrated the signer bundle"), "{r:?}");
+        let now =
+            Credential::parse(&store.get(&delivery_creds_key(&demo())).unwrap().unwrap()).unwrap();
+        assert!(now.to_creds_text() != before, "re-signed");
+        let claims = now.claims().unwrap();
+        assert_eq!(claims.iss, signing.public_key());
+        assert!(claims.issuer_account.is_some());
+        assert!(store.get(&account_signer_key(&demo())).unwrap().is_some());
+        assert_eq!(store.get(SIGNER_BUNDLE_KEY).unwrap().unwrap(), bundle);
+        // The next pass reads the split file, and is still continuous.
+        let r = remint_daemon_creds_for(
+            Path::new("/x"),
+            &demo(),
+            Some(&store),
+            None,
+            Duration::from_secs(900),
+        )
+        .await;
+        assert!(r.all_written(), "{r:?}");
+        assert!(r.notes.is_empty(), "{r:?}");
+    }
+
+    /// A same-label alternate account breaks continuity and is refused offline, whether the
+    /// store's signer is a full bundle or a stripped projection (the split account file alone);
+    /// the last good credentials are untouched. Mutation seen failing: the `iss` comparison of
+    /// the offline branch removed (the alternate re-signs over both).
+    #[tokio::test]
+    async fn the_offline_repair_refuses_a_same_label_alternate_full_or_stripped() {
+        let (good, _) = crate::provision::bundle::tests::reference_bundle(&demo(), true);
+        let (alternate, _) = crate::provision::bundle::tests::reference_bundle(&demo(), true);
+        // Full: the alternate bundle.
+        let full = bundle_store(&alternate, &good);
+        // Stripped: the alternate's split account file only.
+        let stripped = bundle_store(&alternate, &good);
+        let scratch = MemoryStore::new("mem:scratch");
+        scratch.put(SIGNER_BUNDLE_KEY, &alternate).unwrap();
+        SpaceSigner::read(&scratch, &demo()).unwrap();
+        let split = scratch.get(&account_signer_key(&demo())).unwrap().unwrap();
+        stripped.put(&account_signer_key(&demo()), &split).unwrap();
+        stripped.put(SIGNER_BUNDLE_KEY, "{}").unwrap();
+        for store in [&full, &stripped] {
+            let before = [
+                store.get(&delivery_creds_key(&demo())).unwrap(),
+                store.get(&membership_rw_creds_key(&demo())).unwrap(),
+            ];
+            let r = remint_daemon_creds(Path::new("/x"), &demo(), Some(store), None).await;
+            assert!(
+                r.files.iter().all(|(_, o)| matches!(
+                    o,
+                    RemintOutcome::Refused(e) if e.contains("offline re-sign refused")
+                )),
+                "{r:?}"
+            );
+            let after = [
+                store.get(&delivery_creds_key(&demo())).unwrap(),
+                store.get(&membership_rw_creds_key(&demo())).unwrap(),
+            ];
+            assert_eq!(before, after);
+        }
+    }
+
+    /// Without a current credential there is nothing to re-sign: nothing is written, with a
+    /// preflight or without (a renewal keeps an existing nkey). Mutation seen failing: a fresh
+    /// nkey minted for an absent credential (written without any proof offline).
+    #[tokio::test]
+    async fn without_a_current_credential_nothing_is_written() {
+        let mut a = MeshAuthority::new();
+        a.add_space(&demo());
+        let (_dir, store) = signer_store(&a, &demo());
+        let r = remint_daemon_creds(Path::new("/x"), &demo(), Some(&store), None).await;
+        assert!(
+            r.files.iter().all(|(_, o)| matches!(
+                o,
+                RemintOutcome::Refused(e) if e.contains("holds no credential to re-sign")
+            )),
+            "{r:?}"
+        );
+        assert!(store.get(&delivery_creds_key(&demo())).unwrap().is_none());
     }
 }

@@ -283,6 +283,18 @@ impl Renewal {
         );
     }
 
+    /// What to run about a missed remint: the command that re-signs into this store.
+    fn remint_hint(&self) -> String {
+        match self.store.remint_target() {
+            None => "its renewal owner must re-sign it into that store before this JWT expires"
+                .to_string(),
+            Some(target) => format!(
+                "run `{}` before this JWT expires",
+                target.command(&self.space)
+            ),
+        }
+    }
+
     fn where_(&self) -> String {
         self.store.locate(&delivery_creds_key(&self.space))
     }
@@ -351,7 +363,11 @@ impl Renewal {
             Ok(Some(raw)) => raw,
             Ok(None) => {
                 return Reread::Unusable(format!(
-                    "the scoped delivery cred is gone ({where_}) — restore it (locally: re-run `cotal up`) before the current JWT expires"
+                    "the scoped delivery cred is gone ({where_}) — restore it before the current JWT expires{}",
+                    self.store
+                        .remint_target()
+                        .map(|t| format!(" (`{}` re-signs it)", t.command(&self.space)))
+                        .unwrap_or_default()
                 ))
             }
             Err(e) => return Reread::Unusable(format!("the delivery credential store: {e}")),
@@ -379,7 +395,8 @@ impl Renewal {
                 return Reread::Fresh;
             }
             return Reread::Missed(format!(
-                "{where_} still holds the previous cred — the renewal owner has not re-signed it (the manager re-signs + reloads every half-TTL); run `cotal doctor auth --fix`, or restart the mesh's manager, before this JWT expires"
+                "{where_} still holds the previous cred — the renewal owner has not re-signed it (it re-signs + reloads every half-TTL); {}",
+                self.remint_hint()
             ));
         }
         if let Err(e) = candidate

@@ -22,6 +22,7 @@ use super::{
 use crate::files;
 use crate::journal::Journal;
 use crate::provision::Workspace;
+use crate::store::RemintTarget;
 
 /// SIGINT and SIGTERM, installed once at `up`'s start.
 pub(super) struct Signals {
@@ -97,14 +98,10 @@ pub(super) async fn run(
     let journal = ctx.journal;
     let mut daemon = Some(daemon);
     let mut phase = Phase::Serving;
-    let renewal = RenewalOwner::new(
-        root,
-        space,
-        ctx.url,
-        ctx.transport.tls_ca.clone(),
-        cfg.creds_lifetime,
-    )
-    .spawn();
+    let renewal = RenewalOwner::new(space, RemintTarget::Workspace(root.to_path_buf()), "up")
+        .server(Some(ctx.url.to_string()), ctx.transport.tls_ca.clone())
+        .lifetime(cfg.creds_lifetime)
+        .spawn();
     journal.line("• mesh serving; Ctrl-C stops the daemon, then the broker");
     let end = loop {
         tokio::select! {

@@ -16,12 +16,16 @@
 mod demo;
 mod down;
 mod foreground;
+mod remint;
 mod renewal;
 mod status;
 mod stop;
 
 pub(crate) use demo::offline_member_receives;
 pub(crate) use down::down;
+pub(crate) use remint::{
+    pass_json, pass_lines, remint_once, remint_watch, RemintConfig, WatchEnded,
+};
 pub(crate) use status::{status, StatusReport};
 
 use std::path::{Path, PathBuf};

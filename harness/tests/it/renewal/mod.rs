@@ -2,3 +2,4 @@
 
 mod creds;
 mod remint;
+mod retry;
