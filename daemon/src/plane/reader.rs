@@ -9,13 +9,14 @@
 //! the batch's boundary ticket (`plane/boundary.rs`) is held until its last handoff settled.
 //! Per entry:
 //!
-//! - owner with no (or a garbled) ACL row: nak, and after ten deliveries term with the
+//! - owner with no (or a garbled) ACL row: nak, and after ten redeliveries (the eleventh
+//!   delivery) term with the
 //!   reference warning. Term does not delete: the entry stays in the stream, because a missing
 //!   row does not prove the owner is gone;
 //! - retired lifecycle (tombstone on its ACL row): delete the entry from `INBOX_<s>` (an entry
 //!   the stream no longer holds counts as removed), remove the lifecycle's member row for a
 //!   durable-channel entry (best effort, a warning on failure), and ack only after the delete
-//!   succeeded. A failed delete naks and is given up after ten deliveries. A daemon that stops
+//!   succeeded. A failed delete naks and is given up after ten redeliveries. A daemon that stops
 //!   serving while the delete is in flight neither acks nor terms;
 //! - ACL no longer covering the channel, or (durable-channel entries) a sequence outside the
 //!   member's join/leave interval: ack without surfacing (a leave is a hard read boundary);
@@ -50,9 +51,10 @@ pub const MAX_HANDOFFS_IN_FLIGHT: usize = 1024;
 /// Bound on one handoff publish (or one delete) being acknowledged.
 const HANDOFF_BOUND: Duration = crate::tuning::BROKER_BOUND;
 
-/// The reference warning for an entry given up because its owner has no ACL row.
-pub fn unknown_owner_warning(owner: &str, deliveries: i64) -> String {
-    format!("plane-3 reader: gave up on entry for unknown owner {owner} after {deliveries} redeliveries")
+/// The reference warning for an entry given up because its owner has no ACL row, after
+/// `redeliveries` deliveries past the first.
+pub fn unknown_owner_warning(owner: &str, redeliveries: i64) -> String {
+    format!("plane-3 reader: gave up on entry for unknown owner {owner} after {redeliveries} redeliveries")
 }
 
 /// One handoff sent and waiting for its ack: the entry is settled once it comes (or the bound
@@ -107,8 +109,11 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
 }
 
 impl Reader {
+    /// Whether `pulled` has been redelivered the ceiling's number of times: the seeds' "given
+    /// up after ten redeliveries" is the eleventh delivery (the reference terms at its tenth,
+    /// docs/conformance.md says why this one does not).
     fn given_up(&self, pulled: &Pulled) -> bool {
-        pulled.deliveries >= self.ctx.config.reader_max_redeliveries
+        redeliveries(pulled) >= self.ctx.config.reader_max_redeliveries
     }
 
     /// Re-checks a lane batch against caches proved once for it and hands off the authorized
@@ -222,7 +227,7 @@ impl Reader {
                         let owner = SpaceNames::acl_key(&member, &uid);
                         self.ctx.journal.repeated(
                             &format!("give-up:unknown-owner:{}:{owner}", self.ctx.names.space()),
-                            format!("! {}", unknown_owner_warning(&owner, pulled.deliveries)),
+                            format!("! {}", unknown_owner_warning(&owner, redeliveries(pulled))),
                         );
                     }
                     self.ctx.metrics.gave_up(GiveUp::UnknownOwner);
@@ -336,6 +341,11 @@ impl Reader {
             MemberRead::Garbled(_) => Err("the row does not parse".into()),
         }
     }
+}
+
+/// Deliveries of `pulled` past its first.
+fn redeliveries(pulled: &Pulled) -> i64 {
+    (pulled.deliveries - 1).max(0)
 }
 
 /// Deletes `INBOX_<s>` entry `seq`; an entry the stream no longer holds counts as removed.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, DeliverPolicy};
 use cotal_delivery::provision::{remove_acl, retire, set_read_acl};
-use cotal_delivery::wire::{LifecycleUid, Principal, LEASE_KEY};
+use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames, LEASE_KEY};
 use delivery_harness::agent::{self, surface_for};
 use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::mesh::{Inspector, Mesh};
@@ -105,8 +105,13 @@ async fn a_retired_lifecycle_is_cleaned_up_and_never_redelivered() {
     stop_daemon(&mut daemon).await;
 }
 
+/// An entry whose owner has no ACL row is naked, redelivered ten times and given up on the
+/// eleventh delivery (the broker's own `MSG_TERMINATED` advisory counts the deliveries), with
+/// the line saying "after 10 redeliveries"; it is kept in the stream. Mutation seen failing:
+/// `Reader::given_up` comparing the delivery count itself with the ceiling (the reference's
+/// term at the tenth delivery: the advisory says 10).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_owner_without_an_acl_row_is_retried_ten_times_then_given_up_and_kept() {
+async fn an_owner_without_an_acl_row_is_redelivered_ten_times_then_given_up_and_kept() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut daemon = start_daemon(&mesh).await;
@@ -117,6 +122,7 @@ async fn an_owner_without_an_acl_row_is_retried_ten_times_then_given_up_and_kept
     let m = alice.message("general", "orphan", None);
     alice.post("general", &m).await.unwrap();
     remove_acl(&insp.js, &insp.names, &p, &u).await.unwrap();
+    let mut terminated = terminations(&insp).await;
 
     let mut daemon = start_daemon(&mesh).await;
     let line = daemon
@@ -132,12 +138,14 @@ async fn an_owner_without_an_acl_row_is_retried_ten_times_then_given_up_and_kept
     })
     .await;
     let r = consumer(&insp, &insp.names.inbox_stream(), "reader").await;
-    // Ten deliveries: the first and nine redeliveries.
     assert_eq!(
         r.num_redelivered, 0,
         "terminated entries are not pending redelivery"
     );
-    assert!(r.delivered.consumer_sequence >= 10, "{:?}", r.delivered);
+    // Eleven deliveries: the first and ten redeliveries.
+    let advisory = next_termination(&mut terminated).await;
+    assert_eq!(advisory["deliveries"], 11, "{advisory}");
+    assert_eq!(r.delivered.consumer_sequence, 11, "{:?}", r.delivered);
     // Term does not delete: the entry is kept in the stream.
     assert_eq!(inbox_count(&insp, &p, &u).await, 1);
     assert_eq!(dlv_count(&insp, &p, &u).await, 0);
@@ -147,12 +155,38 @@ async fn an_owner_without_an_acl_row_is_retried_ten_times_then_given_up_and_kept
     stop_daemon(&mut daemon).await;
 }
 
+/// The broker's `MSG_TERMINATED` advisories of the `reader` durable (subscribed and flushed).
+async fn terminations(insp: &Inspector) -> async_nats::Subscriber {
+    let inbox = insp.names.inbox_stream();
+    let sub = insp
+        .client
+        .subscribe(format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{inbox}.reader"
+        ))
+        .await
+        .unwrap();
+    insp.client.flush().await.unwrap();
+    sub
+}
+
+/// The next termination advisory.
+async fn next_termination(terminated: &mut async_nats::Subscriber) -> serde_json::Value {
+    let advisory = tokio::time::timeout(SURFACE_BOUND, terminated.next())
+        .await
+        .expect("the broker announced the give-up")
+        .expect("subscription open");
+    serde_json::from_slice(&advisory.payload).unwrap()
+}
+
 /// A retired lifecycle with one entry waiting in `INBOX_<s>`: bob joined `general` durably, the
 /// daemon stopped, alice posted once, bob's lifecycle retired. The next daemon meets the entry
 /// only after the retirement.
 struct RetiredEntry {
     mesh: Mesh,
     insp: Inspector,
+    /// The poster, still connected (a later post on `general` copies to the retired inbox
+    /// while bob's member row lasts).
+    alice: cotal_delivery::agent::Agent,
     p: Principal,
     u: LifecycleUid,
 }
@@ -170,7 +204,13 @@ impl RetiredEntry {
         let m = alice.message("general", "to-retired", None);
         alice.post("general", &m).await.unwrap();
         retire(&insp.js, &insp.names, &p, &u).await.unwrap();
-        RetiredEntry { mesh, insp, p, u }
+        RetiredEntry {
+            mesh,
+            insp,
+            alice,
+            p,
+            u,
+        }
     }
 
     /// `$JS.API.STREAM.MSG.DELETE.INBOX_<s>`: the reader's delete request.
@@ -243,6 +283,60 @@ impl RetiredEntry {
     async fn member_row(&self) -> Option<serde_json::Value> {
         member_row(&self.insp, "general", &self.p, &self.u).await
     }
+}
+
+/// Sets `max_msg_size` of the members bucket's stream (`-1`: no limit). A small one makes the
+/// broker refuse the member row's delete marker while reads still work.
+async fn members_max_msg_size(insp: &Inspector, bytes: i32) {
+    let stream = SpaceNames::kv_stream(&insp.names.members_bucket());
+    set_max_msg_size(insp, &stream, bytes).await;
+}
+
+/// The retired lifecycle's member row removal is best effort: the broker refuses it (the
+/// members stream's `max_msg_size` below the delete marker's size), so the first entry is
+/// deleted and acked with a warning naming the row and the broker's refusal, and the row stays.
+/// With the limit lifted, the next post on the channel is copied into the retired inbox again
+/// (the row still routes it), and its entry retries the removal, which now succeeds: the row
+/// is gone and both entries are deleted. Mutation seen failing: the removal attempted only
+/// for the first entry of a lifecycle a daemon meets (a set of lifecycles already tried in
+/// `drop_retired`: the row outlives the second entry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_member_row_removal_warns_and_the_next_entry_retries_it() {
+    let r = RetiredEntry::place().await;
+    members_max_msg_size(&r.insp, 16).await;
+    let mut daemon = start_daemon(&r.mesh).await;
+    let line = daemon
+        .wait_for_line("could not remove the member row", SURFACE_BOUND)
+        .await
+        .unwrap();
+    r.settled().await;
+    assert_eq!(inbox_count(&r.insp, &r.p, &r.u).await, 0, "entry 1 deleted");
+    assert!(r.member_row().await.is_some(), "the removal was refused");
+
+    members_max_msg_size(&r.insp, -1).await;
+    let m = r.alice.message("general", "to-retired-again", None);
+    r.alice.post("general", &m).await.unwrap();
+    eventually("the next entry removed the row", SURFACE_BOUND, || async {
+        r.member_row().await.is_none()
+    })
+    .await;
+    let settled = r.settled().await;
+    assert!(
+        settled.delivered.stream_sequence >= 2,
+        "the reader met the second entry: {settled:?}"
+    );
+    assert_eq!(inbox_count(&r.insp, &r.p, &r.u).await, 0, "entry 2 deleted");
+    assert_eq!(dlv_count(&r.insp, &r.p, &r.u).await, 0);
+    let warnings = daemon
+        .lines()
+        .iter()
+        .filter(|l| l.contains("could not remove the member row"))
+        .count();
+    assert_eq!(warnings, 1, "{}", daemon.transcript());
+    snapshot_settings().bind(|| {
+        insta::assert_snapshot!("data_path_member_row_removal_refused", line);
+    });
+    stop_daemon(&mut daemon).await;
 }
 
 /// The settlements (`+ACK` for an empty body, `+TERM`, `-NAK`…; keep-alive `+WPI` left out)
@@ -318,48 +412,36 @@ async fn a_retired_entry_is_acked_only_after_its_delete() {
 }
 
 /// A delete the broker refuses (`deny_delete` set on `INBOX_<s>`) leaves the entry pending: it
-/// is naked and redelivered, and given up (terminated) on its tenth delivery. Checked on the
-/// broker: the consumer delivered it exactly ten times, the broker's own `MSG_TERMINATED`
-/// advisory names that sequence after ten deliveries, the entry is still stored, the member row
-/// was not removed, and nothing is delivered after the give-up.
+/// is naked and redelivered, and given up (terminated) after ten redeliveries, on its eleventh
+/// delivery. Checked on the broker: the consumer delivered it exactly eleven times, the broker's
+/// own `MSG_TERMINATED` advisory names that sequence after eleven deliveries, the entry is still
+/// stored, the member row was not removed, and nothing is delivered after the give-up.
 /// Mutations seen failing: a failed delete answered `Settle::Ack` (one delivery, no advisory);
-/// `given_up` never true for a failed delete (the entry is redelivered past ten, the reader never
-/// settles).
+/// `given_up` never true for a failed delete (the entry is redelivered past the ceiling, the
+/// reader never settles); `given_up` on the delivery count (terminated at the tenth).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_delete_stays_pending_and_is_given_up_after_ten_deliveries() {
+async fn a_failed_delete_stays_pending_and_is_given_up_after_ten_redeliveries() {
     let r = RetiredEntry::place().await;
     let inbox = r.insp.names.inbox_stream();
     let mut stream = r.insp.js.get_stream(&inbox).await.unwrap();
     let mut config = stream.info().await.unwrap().config.clone();
     config.deny_delete = true;
     r.insp.js.update_stream(config).await.unwrap();
-    let mut terminated = r
-        .insp
-        .client
-        .subscribe(format!(
-            "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{inbox}.reader"
-        ))
-        .await
-        .unwrap();
-    r.insp.client.flush().await.unwrap();
+    let mut terminated = terminations(&r.insp).await;
 
     let mut daemon = start_daemon(&r.mesh).await;
-    let advisory = tokio::time::timeout(SURFACE_BOUND, terminated.next())
-        .await
-        .expect("the broker announced the give-up")
-        .expect("subscription open");
-    let advisory: serde_json::Value = serde_json::from_slice(&advisory.payload).unwrap();
+    let advisory = next_termination(&mut terminated).await;
     // The fan-out copy is the only entry INBOX ever held.
     let entry_seq = stream.info().await.unwrap().state.last_sequence;
     assert_eq!(advisory["stream_seq"], entry_seq, "{advisory}");
     assert_eq!(
-        advisory["deliveries"], 10,
-        "given up on the tenth: {advisory}"
+        advisory["deliveries"], 11,
+        "given up on the eleventh: {advisory}"
     );
     let settled = r.settled().await;
     assert_eq!(
-        settled.delivered.consumer_sequence, 10,
-        "the first delivery and nine redeliveries: {settled:?}"
+        settled.delivered.consumer_sequence, 11,
+        "the first delivery and ten redeliveries: {settled:?}"
     );
     assert_eq!(inbox_count(&r.insp, &r.p, &r.u).await, 1, "still stored");
     assert!(
@@ -369,7 +451,7 @@ async fn a_failed_delete_stays_pending_and_is_given_up_after_ten_deliveries() {
     tokio::time::sleep(QUIET).await;
     assert_eq!(
         r.reader().await.delivered.consumer_sequence,
-        10,
+        11,
         "nothing delivered after the give-up"
     );
     assert_eq!(dlv_count(&r.insp, &r.p, &r.u).await, 0);

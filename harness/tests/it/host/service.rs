@@ -304,6 +304,71 @@ async fn close_while_cut_and_healed_within_the_window_repeats_the_release_and_co
     again.close().await.expect("clean close");
 }
 
+/// `close()`, resolved within the bound and rejected after the service stopped on the request
+/// (its release unproved).
+async fn rejected_close(service: &DeliveryService) -> cotal_delivery::space::CloseError {
+    let err = tokio::time::timeout(BOUND, service.close())
+        .await
+        .expect("close resolves within its bound")
+        .expect_err("close() rejects");
+    let stopped = matches!(
+        err.closed(),
+        Closed::Stopped {
+            release: Err(_),
+            ..
+        }
+    );
+    assert!(stopped, "{:?}", err.closed());
+    err
+}
+
+/// `close()` when the broker refuses the release: the lease bucket's `max_msg_size` is lowered
+/// below the release's delete marker (its headers count), so the delete is refused while the row
+/// still reads. The service has withdrawn serving, but `close()` rejects with
+/// `ReleaseErrorKind::NotCommitted`, quoting the broker, and the row is still there at the
+/// broker (left to the bucket TTL). Mutation seen failing: `CloseError::judge` answering `Ok`
+/// for every `Closed::Stopped` whatever its release (both this test and the next one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_rejects_when_the_broker_does_not_commit_the_release() {
+    let mesh = two_space_mesh().await;
+    let a = space("alpha");
+    let ia = mesh.inspector(&a).await.expect("insp");
+    let state = tempfile::tempdir().expect("state");
+    let alpha = start(assigned(&mesh, &a, &mesh.url(), &state)).await;
+    let held = lease(&ia).await.expect("alpha holds");
+    let stream = cotal_delivery::wire::SpaceNames::kv_stream(&ia.names.delivery_bucket());
+    crate::support::data_path::set_max_msg_size(&ia, &stream, 32).await;
+    let err = rejected_close(&alpha).await;
+    assert_eq!(err.kind(), ReleaseErrorKind::NotCommitted, "{err}");
+    assert!(err.to_string().contains("maximum allowed"), "{err}");
+    assert_eq!(lease(&ia).await, Some(held), "the row is still there");
+    assert!(
+        log_of(&alpha).contains("could not release the lease for shard 0"),
+        "{}",
+        log_of(&alpha)
+    );
+}
+
+/// `close()` when the broker cannot confirm the release: the service's connection is blackholed
+/// (old and new) before `close()`, so the release's read and delete are never answered and no
+/// redial comes back within the window. `close()` rejects with `ReleaseErrorKind::Unconfirmed`
+/// within its bound, and once the path heals the row is found still there, unreleased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_rejects_when_the_broker_cannot_confirm_the_release() {
+    let mesh = two_space_mesh().await;
+    let a = space("alpha");
+    let ia = mesh.inspector(&a).await.expect("insp");
+    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
+    let state = tempfile::tempdir().expect("state");
+    let alpha = start(assigned(&mesh, &a, &proxy.url(), &state)).await;
+    let held = lease(&ia).await.expect("alpha holds");
+    proxy.blackhole();
+    let err = rejected_close(&alpha).await;
+    assert_eq!(err.kind(), ReleaseErrorKind::Unconfirmed, "{err}");
+    proxy.heal();
+    assert_eq!(lease(&ia).await, Some(held), "nothing was released");
+}
+
 /// An operator rewrites the row to another holder: the service closes without touching it
 /// (`Closed::LeaseTaken`), and `close()` rejects naming that holder; the row is still the
 /// operator's. A second service in the same process, for another space, keeps serving through

@@ -1,5 +1,7 @@
-//! The single-flight lease: release on every way out, renewal bounded by the row's TTL, signals.
+//! The single-flight lease: release on every way out, renewal bounded by the row's TTL, the
+//! re-acquire of a key found gone, signals.
 
+mod reacquire;
 mod release;
 mod renew;
 mod signals;

@@ -184,6 +184,19 @@ pub async fn set_channel(insp: &Inspector, channel: &str, config: serde_json::Va
         .expect("stored");
 }
 
+/// Sets `max_msg_size` of `stream` (`-1`: no limit). Below a write's size (headers count) the
+/// broker refuses that write with its own words, while reads of the stream still work: how a
+/// test makes one kind of write fail for real.
+pub async fn set_max_msg_size(insp: &Inspector, stream: &str, bytes: i32) {
+    let mut s = insp.js.get_stream(stream).await.expect("stream");
+    let mut config = s.info().await.expect("stream info").config.clone();
+    config.max_message_size = bytes;
+    insp.js
+        .update_stream(config)
+        .await
+        .expect("update max_msg_size");
+}
+
 /// Snapshot settings normalising nkeys, lifecycle uids, ports, paths and revisions.
 pub fn snapshot_settings() -> insta::Settings {
     let mut settings = crate::support::snapshot_base();
