@@ -21,6 +21,10 @@ use crate::repeats::{Repeats, MAX_KEYS};
 /// log file goes to stderr.
 static STDERR_STAMPED: AtomicBool = AtomicBool::new(false);
 
+/// The file the stamping reader writes to, and its path (so SIGUSR1 can reopen it).
+type StampSink = (std::path::PathBuf, Arc<Mutex<File>>);
+static STAMP_SINK: Mutex<Option<StampSink>> = Mutex::new(None);
+
 /// Bound on waiting for the stamping reader to drain the pipe when the redirect is undone.
 const STAMP_DRAIN_BOUND: Duration = Duration::from_secs(2);
 
@@ -28,37 +32,67 @@ const STAMP_DRAIN_BOUND: Duration = Duration::from_secs(2);
 /// the log file as `<UTC timestamp> <line>`. Dropping it puts the file back on both descriptors,
 /// which closes the pipe, and waits (bounded) for the reader to write what it still holds.
 pub struct StampedStderr {
-    file: File,
+    sink: Arc<Mutex<File>>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl StampedStderr {
-    /// Installs the redirect onto `file` (opened for appending).
-    pub fn install(file: File) -> std::io::Result<StampedStderr> {
+    /// Installs the redirect onto the log at `path` (opened for appending).
+    pub fn install(path: &std::path::Path) -> std::io::Result<StampedStderr> {
+        let file = open_append(path)?;
         let (read, write) = nix::unistd::pipe().map_err(std::io::Error::from)?;
-        let mut sink = file.try_clone()?;
+        let sink = Arc::new(Mutex::new(file));
+        let to = sink.clone();
         let reader = std::thread::Builder::new()
             .name("log-stamper".into())
-            .spawn(move || stamp_lines(File::from(read), &mut sink))?;
+            .spawn(move || stamp_lines(File::from(read), &to))?;
         let _ = std::io::stdout().flush();
         nix::unistd::dup2_stdout(&write).map_err(std::io::Error::from)?;
         nix::unistd::dup2_stderr(&write).map_err(std::io::Error::from)?;
         drop(write);
         STDERR_STAMPED.store(true, Ordering::SeqCst);
+        if let Ok(mut slot) = STAMP_SINK.lock() {
+            *slot = Some((path.to_path_buf(), sink.clone()));
+        }
         Ok(StampedStderr {
-            file,
+            sink,
             reader: Some(reader),
         })
     }
+}
+
+/// Reopens the stamped log at its path (logrotate renamed it: the next line goes to a new
+/// file). `None` when stderr is not stamped.
+pub fn reopen_stamped() -> Option<std::io::Result<std::path::PathBuf>> {
+    let slot = STAMP_SINK.lock().ok()?;
+    let (path, sink) = slot.as_ref()?;
+    Some(open_append(path).map(|fresh| {
+        if let Ok(mut file) = sink.lock() {
+            *file = fresh;
+        }
+        path.clone()
+    }))
+}
+
+fn open_append(path: &std::path::Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
 }
 
 impl Drop for StampedStderr {
     fn drop(&mut self) {
         let _ = std::io::stdout().flush();
         STDERR_STAMPED.store(false, Ordering::SeqCst);
+        if let Ok(mut slot) = STAMP_SINK.lock() {
+            *slot = None;
+        }
         // The file again on both: the last write end of the pipe closes, the reader sees EOF.
-        let _ = nix::unistd::dup2_stdout(&self.file);
-        let _ = nix::unistd::dup2_stderr(&self.file);
+        if let Ok(file) = self.sink.lock() {
+            let _ = nix::unistd::dup2_stdout(&*file);
+            let _ = nix::unistd::dup2_stderr(&*file);
+        }
         if let Some(reader) = self.reader.take() {
             let deadline = Instant::now() + STAMP_DRAIN_BOUND;
             while !reader.is_finished() && Instant::now() < deadline {
@@ -72,7 +106,7 @@ impl Drop for StampedStderr {
 }
 
 /// Copies `from` line by line into `to`, each line after its UTC timestamp, until EOF.
-fn stamp_lines(from: File, to: &mut File) {
+fn stamp_lines(from: File, to: &Mutex<File>) {
     use std::io::BufRead;
     let mut from = std::io::BufReader::new(from);
     let mut line = Vec::new();
@@ -89,7 +123,9 @@ fn stamp_lines(from: File, to: &mut File) {
             text.trim_end_matches(['\n', '\r'])
         );
         // One write per line: another process appending to the same log never splits it.
-        let _ = to.write_all(stamped.as_bytes());
+        if let Ok(mut file) = to.lock() {
+            let _ = file.write_all(stamped.as_bytes());
+        }
     }
 }
 
@@ -156,6 +192,20 @@ impl Journal {
         if let Ok(mut slot) = self.file.lock() {
             *slot = Some(file);
         }
+    }
+
+    /// Reopens the attached file at `path` (logrotate renamed it: the next line goes to a new
+    /// file there). `Ok(false)` when no file is attached.
+    pub fn reopen(&self, path: &std::path::Path) -> std::io::Result<bool> {
+        let mut slot = self
+            .file
+            .lock()
+            .map_err(|_| std::io::Error::other("the log's lock is poisoned"))?;
+        if slot.is_none() {
+            return Ok(false);
+        }
+        *slot = Some(open_append(path)?);
+        Ok(true)
     }
 
     /// The same log, each stderr line preceded by `prefix` (the file line is unchanged).

@@ -16,11 +16,12 @@ use std::time::Duration;
 use crate::creds::{read_creds_file, CredsErrorKind};
 use crate::files;
 use crate::host::kicker::HostKicker;
+use crate::host::signal::ProcessSignals;
 use crate::journal::{epoch_ms, Journal};
 use crate::provision::Workspace;
 use crate::space::HARD_EXIT_GRACE;
 use crate::space::RELEASE_REDIAL_BOUND;
-use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop};
+use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind};
 use crate::store::{FsStore, SecretStore};
 use crate::tuning::{Tuning, LANE_BACKOFF_MIN};
 use crate::wire::{Principal, Space};
@@ -47,7 +48,13 @@ struct Refusal {
 }
 
 /// Runs the lane of `space` until `stop` fires (then its daemon releases its own row).
-pub async fn run(space: Space, inputs: Arc<LaneInputs>, stop: Stop, kicker: Arc<HostKicker>) {
+pub async fn run(
+    space: Space,
+    inputs: Arc<LaneInputs>,
+    signals: ProcessSignals,
+    kicker: Arc<HostKicker>,
+) {
+    let stop = signals.stop.clone();
     let journal = Journal::with_repeat_window(inputs.tuning.log_repeat_window);
     match files::open_log(&files::log_path(&inputs.root, &space)) {
         Ok(Some(f)) => journal.attach_file(f),
@@ -63,7 +70,15 @@ pub async fn run(space: Space, inputs: Arc<LaneInputs>, stop: Stop, kicker: Arc<
         inputs.root.display(),
         inputs.server
     ));
-    serve(&space, &inputs, stop.clone(), &kicker, &journal).await;
+    // SIGUSR1 reopens this lane's space log; SIGHUP reaches its daemon as a re-read.
+    let reopen = super::signal::reopen_on_usr1(
+        &signals,
+        journal.clone(),
+        Some(files::log_path(&inputs.root, &space)),
+        "delivery",
+    );
+    serve(&space, &inputs, &signals, &kicker, &journal).await;
+    reopen.abort();
     journal.file_line(format!(
         "• delivery: lane run ended — stopped by {} with its host (pid {}; the host's exit code is in {})",
         stop.cause().unwrap_or("its host"),
@@ -75,10 +90,11 @@ pub async fn run(space: Space, inputs: Arc<LaneInputs>, stop: Stop, kicker: Arc<
 async fn serve(
     space: &Space,
     inputs: &Arc<LaneInputs>,
-    mut stop: Stop,
+    signals: &ProcessSignals,
     kicker: &Arc<HostKicker>,
     journal: &Journal,
 ) {
+    let mut stop = signals.stop.clone();
     let space = space.clone();
     let kicker = kicker.clone();
     let journal = journal.prefixed(format!("lane {space}: "));
@@ -91,8 +107,9 @@ async fn serve(
         let attempt = journal.held();
         let mut own = None;
         let started = match config(&space, inputs, &kicker, &attempt) {
-            Ok(cfg) => {
+            Ok(mut cfg) => {
                 own = own_holder(&cfg);
+                cfg.reread = signals.reread.clone();
                 SpaceDaemon::start(cfg, stop.clone()).await
             }
             Err(e) => Err(e),

@@ -123,8 +123,7 @@ pub fn stamp_stderr(
     if !files::stderr_is_path(&path) {
         return None;
     }
-    let file = std::fs::OpenOptions::new().append(true).open(&path).ok()?;
-    crate::journal::StampedStderr::install(file).ok()
+    crate::journal::StampedStderr::install(&path).ok()
 }
 
 /// The run's first log line: what runs, as which process, for which space, root and broker.
@@ -266,7 +265,7 @@ pub async fn run(cfg: DeliverConfig) -> Run {
 
 async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
     let journal = journal.clone();
-    let stop = match crate::host::signal::install() {
+    let signals = match crate::host::signal::install() {
         Ok(s) => s,
         Err(e) => {
             let text = format!("delivery: could not install signal handlers ({e})");
@@ -296,6 +295,9 @@ async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
     space_cfg.redial_wait = RELEASE_REDIAL_BOUND;
     space_cfg.journal = journal.clone();
     space_cfg.metrics = cfg.metrics.clone();
+    space_cfg.reread = signals.reread.clone();
+    let log = source.root.as_ref().map(|r| files::log_path(r, &cfg.space));
+    let reopen = crate::host::signal::reopen_on_usr1(&signals, journal.clone(), log, "delivery");
 
     // It is the space's daemon once its claim won: record it (a workspace process only).
     let pid_record = Arc::new(Mutex::new(None::<PidRecord>));
@@ -313,9 +315,10 @@ async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
             p.remove();
         }
     };
-    let daemon = match SpaceDaemon::start(space_cfg, stop).await {
+    let daemon = match SpaceDaemon::start(space_cfg, signals.stop.clone()).await {
         Ok(d) => d,
         Err(e) => {
+            reopen.abort();
             remove_record();
             return Ended::Refused(e);
         }
@@ -335,6 +338,7 @@ async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
             }
         }
     };
+    reopen.abort();
     // Counts still held are said, also when the daemon was abandoned without closing.
     journal.flush_repeats();
     remove_record();

@@ -141,7 +141,7 @@ pub async fn run(cfg: HostConfig) -> HostRun {
 
 async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
     let journal = journal.clone();
-    let mut stop = match crate::host::signal::install() {
+    let signals = match crate::host::signal::install() {
         Ok(s) => s,
         Err(e) => {
             let text = format!("delivery host: could not install signal handlers ({e})");
@@ -206,12 +206,23 @@ async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
         .spaces
         .iter()
         .map(|space| {
-            let lane =
-                super::lane::run(space.clone(), inputs.clone(), stop.clone(), kicker.clone());
+            let lane = super::lane::run(
+                space.clone(),
+                inputs.clone(),
+                signals.clone(),
+                kicker.clone(),
+            );
             tokio::spawn(lane)
         })
         .collect();
-    let by = stop.stopped().await;
+    let reopen = crate::host::signal::reopen_on_usr1(
+        &signals,
+        journal.clone(),
+        Some(host_log_path(&root)),
+        "delivery host",
+    );
+    let by = signals.stop.clone().stopped().await;
+    reopen.abort();
     journal.line(format!(
         "• delivery host: received {by}, closing {} lane(s)",
         lanes.len()

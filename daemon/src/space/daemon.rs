@@ -67,6 +67,30 @@ impl Stop {
     }
 }
 
+/// A host's request to re-read the credential now (SIGHUP), as a count: every request the
+/// serve loop has not yet seen is answered by one re-read, including one made while the daemon
+/// was still starting.
+#[derive(Clone)]
+pub struct Reread(watch::Receiver<u64>);
+
+impl Reread {
+    /// A trigger and the sender that pulls it (`send_modify(|n| *n += 1)`).
+    pub fn channel() -> (watch::Sender<u64>, Reread) {
+        let (tx, rx) = watch::channel(0);
+        (tx, Reread(rx))
+    }
+    /// A trigger that never fires (a host without process signals).
+    pub fn never() -> Reread {
+        Reread::channel().1
+    }
+    /// Resolves at the next request not seen yet (never, if the sender is gone).
+    async fn requested(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// The host's stop and the handle's own `close()`, as one.
 pub(super) struct Stops {
     pub(super) host: Stop,
@@ -120,6 +144,9 @@ pub struct SpaceConfig {
     pub kicker: Option<Arc<dyn Kicker>>,
     /// This space's metrics handle (`--metrics-addr` serves its registry).
     pub metrics: crate::metrics::Metrics,
+    /// The host's SIGHUP: re-read the credential now, proved against the broker before it is
+    /// adopted (the 75 % re-read, out of turn).
+    pub reread: Reread,
 }
 
 impl SpaceConfig {
@@ -148,6 +175,7 @@ impl SpaceConfig {
             connection_name: "cotal:delivery".into(),
             kicker: None,
             metrics: crate::metrics::Metrics::default(),
+            reread: Reread::never(),
         }
     }
 }
@@ -302,6 +330,7 @@ pub(super) struct Serving {
     pub(super) stops: Stops,
     pub(super) health: HealthHandle,
     pub(super) renew_every: Duration,
+    pub(super) reread: Reread,
 }
 
 impl Serving {
@@ -316,6 +345,7 @@ impl Serving {
             mut stops,
             mut health,
             renew_every,
+            mut reread,
         } = self;
         let mut renew = tokio::time::interval(renew_every);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -364,6 +394,14 @@ impl Serving {
                         biased;
                         verdict = health.verdict() => break Way::Verdict(verdict),
                         _ = renewal.on_due() => {}
+                    }
+                }
+                // the host's SIGHUP: the same re-read, out of turn.
+                _ = reread.requested() => {
+                    tokio::select! {
+                        biased;
+                        verdict = health.verdict() => break Way::Verdict(verdict),
+                        _ = renewal.on_signal("SIGHUP") => {}
                     }
                 }
                 // the membership feed's own 75 % re-read of its rw credential.

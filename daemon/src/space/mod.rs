@@ -34,5 +34,6 @@ pub use timer::{
 };
 
 pub use daemon::{
-    CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, StartPhase, Stop,
+    CloseError, Closed, Reread, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, StartPhase,
+    Stop,
 };

@@ -337,6 +337,59 @@ impl Renewal {
         outcome
     }
 
+    /// A re-read the host asked for (SIGHUP): one store read of each standing credential, a
+    /// changed one proved against the broker before it is adopted, every outcome said in one
+    /// line. The 75 % timer is moved only by an adoption (to the new credential's point).
+    pub async fn on_signal(&self, by: &str) {
+        let exp = |c: &Credential| {
+            c.claims()
+                .ok()
+                .and_then(|c| c.exp)
+                .map_or_else(|| "never".to_string(), |e| e.to_string())
+        };
+        match self.reread(false, None).await {
+            Reread::Fresh => self.journal.line(format!(
+                "• delivery: received {by}: {} holds the credential in use (exp {}); nothing to adopt (space {})",
+                self.where_(),
+                exp(&self.live()),
+                self.space
+            )),
+            Reread::Adopted(acc) => {
+                self.journal.line(format!(
+                    "✓ delivery: received {by}: adopted the renewed credential from {} (the broker accepted {}, exp {}); reconnecting onto it",
+                    self.where_(),
+                    acc.identity,
+                    acc.exp.unwrap_or(0)
+                ));
+                self.set_due_ms(Self::due_ms_for(&self.live()));
+            }
+            // Each says the live credential is unchanged and stays until it expires.
+            Reread::Missed(text) | Reread::Unusable(text) | Reread::Refused(text) => self
+                .journal
+                .line(format!("! delivery: received {by}: {text}")),
+        }
+        // The membership feed's rw credential, from the same store: said only when it moved
+        // or was refused (an unchanged one is the common case).
+        let feed = self
+            .membership
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if let Some((cell, _)) = feed {
+            let before = cell.get();
+            let where_ = self.store.locate(&membership_rw_creds_key(&self.space));
+            match self.reload_membership(None).await {
+                Ok(_) if cell.get() != before => self.journal.line(format!(
+                    "✓ membership: received {by}: adopted the renewed membership-rw credential from {where_}; reconnecting the feed onto it"
+                )),
+                Ok(_) => {}
+                Err(e) => self.journal.line(format!(
+                    "! membership: received {by}: {e}; the feed keeps its live credential until it expires"
+                )),
+            }
+        }
+    }
+
     /// `reloadCreds`' delivery component: `expected` is the fingerprint the caller just wrote.
     pub async fn reload(&self, expected: Option<&str>) -> Result<BrokerAccepted, String> {
         match self.reread(true, expected).await {

@@ -620,6 +620,7 @@ impl Armed {
             stops,
             health: health.clone(),
             renew_every: lease::renew_interval(ttl),
+            reread: cfg.reread.clone(),
         };
         let end = tokio::spawn(serving.run());
         let end: BoxFuture<'static, Closed> = Box::pin(async move {

@@ -24,10 +24,14 @@ use crate::journal::Journal;
 use crate::provision::Workspace;
 use crate::store::RemintTarget;
 
-/// SIGINT and SIGTERM, installed once at `up`'s start.
+/// SIGINT and SIGTERM (stop), SIGHUP and SIGUSR1 (passed on to the daemon), installed once at
+/// `up`'s start: a terminal hang-up or a `systemctl reload` of the unit running `up` must not
+/// end the mesh (the default action of SIGHUP would).
 pub(super) struct Signals {
     int: Signal,
     term: Signal,
+    hup: Signal,
+    usr1: Signal,
 }
 
 impl Signals {
@@ -35,7 +39,35 @@ impl Signals {
         Ok(Signals {
             int: signal(SignalKind::interrupt())?,
             term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
         })
+    }
+}
+
+/// Passes `sig` on to the daemon `up` started, while it runs: SIGHUP makes it re-read its
+/// credential, SIGUSR1 reopen its log.
+fn pass_on(sig: nix::sys::signal::Signal, daemon: Option<&DaemonChild>, journal: &Journal) {
+    let name = sig.as_str();
+    match daemon {
+        Some(d) => {
+            let sent = i32::try_from(d.pid)
+                .map_err(|_| nix::errno::Errno::ESRCH)
+                .and_then(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig));
+            match sent {
+                Ok(()) => journal.line(format!(
+                    "• up: received {name}: passed it on to the delivery daemon (pid {})",
+                    d.pid
+                )),
+                Err(e) => journal.line(format!(
+                    "! up: received {name} but could not pass it on to the delivery daemon (pid {}): {e}",
+                    d.pid
+                )),
+            }
+        }
+        None => journal.line(format!(
+            "• up: received {name}; no delivery daemon is running to pass it on to"
+        )),
     }
 }
 
@@ -107,6 +139,14 @@ pub(super) async fn run(
         tokio::select! {
             _ = signals.int.recv() => break End::Signal("SIGINT"),
             _ = signals.term.recv() => break End::Signal("SIGTERM"),
+            _ = signals.hup.recv() => {
+                pass_on(nix::sys::signal::Signal::SIGHUP, daemon.as_ref(), journal);
+                continue;
+            }
+            _ = signals.usr1.recv() => {
+                pass_on(nix::sys::signal::Signal::SIGUSR1, daemon.as_ref(), journal);
+                continue;
+            }
             _ = tokio::time::sleep(POLL) => {}
         }
         // Looked at first, acted on last: a daemon that exited in the same tick is still

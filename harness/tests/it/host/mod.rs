@@ -5,6 +5,7 @@
 
 mod lanes;
 mod service;
+mod signals;
 mod status;
 
 use std::path::Path;

@@ -3,3 +3,4 @@
 mod creds;
 mod remint;
 mod retry;
+mod sighup;

@@ -150,3 +150,120 @@ async fn every_line_of_the_daemon_log_is_stamped_and_each_run_is_framed() {
         .collect();
     up_snapshot!("daemon_log_framed", judged.join("\n"));
 }
+
+fn send(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).expect("signal");
+}
+
+/// Logrotate's move: the detached daemon's log is renamed, then the daemon gets SIGUSR1: a new
+/// file appears at the log's path, beginning with the reopen line, and every later line (a
+/// SIGHUP's re-read, the stop at `down`, the run's last line) goes there, stamped, while the
+/// renamed file keeps what came before and nothing after.
+/// Mutation seen failing: `reopen_on_usr1` not spawned by the `deliver` host (the SIGUSR1 is
+/// swallowed: no file appears at the path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_log_is_reopened_on_sigusr1() {
+    use nix::sys::signal::Signal;
+    let root = tempfile::tempdir().expect("root");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let mut up = spawn_up(root.path(), &["--detach"], &[]);
+    assert_eq!(up.wait_exit(BOUND).await.expect("returns").code(), Some(0));
+    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    until("the detached daemon is done starting", BOUND, || {
+        log(root.path()).contains("timer writer up")
+    })
+    .await;
+    let path = files::log_path(root.path(), &demo());
+    let rotated = path.with_extension("log.1");
+    std::fs::rename(&path, &rotated).expect("rotate");
+    send(daemon, Signal::SIGUSR1);
+    until("a new log file with the reopen line", BOUND, || {
+        log(root.path()).contains("received SIGUSR1, reopened the log")
+    })
+    .await;
+    send(daemon, Signal::SIGHUP);
+    until("the SIGHUP's line in the new file", BOUND, || {
+        log(root.path()).contains("received SIGHUP")
+    })
+    .await;
+    let (st, t) = down(root.path(), &[]).await;
+    assert_eq!(st.code(), Some(0), "{t}");
+    let new = log(root.path());
+    let old = std::fs::read_to_string(&rotated).expect("rotated log");
+    for text in [&new, &old] {
+        if let Some(bad) = text.lines().find(|l| !stamped(l)) {
+            panic!("an unstamped line {bad:?} in:\n{text}");
+        }
+    }
+    let new_lines = bodies(&new);
+    assert!(
+        new_lines[0].starts_with("• delivery: received SIGUSR1, reopened the log "),
+        "{new}"
+    );
+    assert!(
+        new_lines
+            .last()
+            .is_some_and(|l| l.contains("run ended — exit code 0")),
+        "{new}"
+    );
+    assert!(old.contains("run started"), "{old}");
+    for later in ["SIGUSR1", "SIGHUP", "SIGTERM", "run ended"] {
+        assert!(
+            !old.contains(later),
+            "{later:?} went to the renamed file:\n{old}"
+        );
+    }
+    let judged = new_lines
+        .iter()
+        .map(|l| l.replace(&daemon.to_string(), "[DAEMON PID]"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    up_snapshot!("daemon_log_reopened", judged);
+}
+
+/// A foreground `up` is not ended by SIGHUP (a terminal hang-up, `systemctl reload` of the
+/// unit that runs it): it passes SIGHUP and SIGUSR1 on to the daemon it started, which re-reads
+/// its credential and reopens its log; the mesh keeps serving and Ctrl-C still stops it.
+/// Mutation seen failing: the SIGHUP arm removed from the foreground loop (the signal is
+/// swallowed by the installed handler: no line in up's transcript, none in the daemon's log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreground_up_passes_sighup_and_sigusr1_on_to_its_daemon() {
+    use nix::sys::signal::Signal;
+    let root = tempfile::tempdir().expect("root");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let (mut up, daemon) = serving_up(root.path(), &[], &[]).await;
+    send(up.pid(), Signal::SIGHUP);
+    up.wait_for_line(
+        "• up: received SIGHUP: passed it on to the delivery daemon",
+        BOUND,
+    )
+    .await
+    .expect("passed on");
+    until("the daemon's re-read in its log", BOUND, || {
+        log(root.path()).contains("received SIGHUP")
+    })
+    .await;
+    send(up.pid(), Signal::SIGUSR1);
+    up.wait_for_line(
+        "• up: received SIGUSR1: passed it on to the delivery daemon",
+        BOUND,
+    )
+    .await
+    .expect("passed on");
+    until("the daemon's reopen line", BOUND, || {
+        log(root.path()).contains("received SIGUSR1, reopened the log")
+    })
+    .await;
+    assert!(up.is_running(), "{}", up.transcript());
+    assert_eq!(files::read_pid(&pid_path(root.path())), Some(daemon));
+    up.interrupt().expect("Ctrl-C");
+    let st = up.wait_exit(BOUND).await.expect("up exits");
+    assert_eq!(st.code(), Some(0), "{}", up.transcript());
+    let passed: Vec<String> = up
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("passed it on"))
+        .map(|l| l.replace(&daemon.to_string(), "[PID]"))
+        .collect();
+    up_snapshot!("up_passes_signals_on", passed.join("\n"));
+}

@@ -208,6 +208,7 @@ pub fn filters() -> Vec<(&'static str, &'static str)> {
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
         (r"\(build [0-9a-f]+\)", "(build [BUILD])"),
         (r"cotal-delivery \d+\.\d+\.\d+", "cotal-delivery [VERSION]"),
+        (r"\bexp \d+", "exp [EXP]"),
         (r"(nats|tls)://127\.0\.0\.1:\d+", "$1://[HOST]:[PORT]"),
         (r"(/[A-Za-z0-9._-]+)+", "[PATH]"),
         (r"pid \d+", "pid [PID]"),
