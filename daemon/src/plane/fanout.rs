@@ -32,7 +32,7 @@ use crate::plane::channels::{Channels, DeliveryClass};
 use crate::plane::membership::Members;
 use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{PlaneCtx, PlaneError, StopRx};
-use crate::wire::{dedup_id, mentions, parse_chat_subject, sender_id, Reason};
+use crate::wire::{dedup_id_of, mentions, message_id, parse_chat_subject, sender_id, Reason};
 use crate::wire::{LifecycleUid, Principal, FANOUT_DURABLE};
 
 /// Lanes of the writer (by CHAT subject: one sender's posts on one channel stay in order).
@@ -360,20 +360,28 @@ async fn publish_copies(
     targets: &[Target],
 ) -> Result<Vec<(String, PublishAckFuture)>, String> {
     let bytes = EntryBytes::new(msg, channel, seq).map_err(|e| e.to_string())?;
+    let id = message_id(msg);
     let mut acks = Vec::with_capacity(targets.len());
+    // Copies with the same reason and generation (every member of a channel, usually) share
+    // one entry's bytes.
+    let mut last: Option<((Reason, u64), Bytes)> = None;
     for t in targets {
         let mut headers = HeaderMap::new();
-        if let Some(id) = dedup_id(msg, &t.member, &t.uid, t.generation) {
+        if let Some(id) = dedup_id_of(id, &t.member, &t.uid, t.generation) {
             headers.insert("Nats-Msg-Id", id.as_str());
         }
+        let entry = match &last {
+            Some((of, entry)) if *of == (t.reason, t.generation) => entry.clone(),
+            _ => {
+                let entry = bytes.entry(t.reason, t.generation);
+                last = Some(((t.reason, t.generation), entry.clone()));
+                entry
+            }
+        };
         let subject = ctx.names.dinbox_subject(&t.member, &t.uid);
         let ack = ctx
             .js
-            .publish_with_headers(
-                subject.clone(),
-                headers,
-                bytes.entry(t.reason, t.generation),
-            )
+            .publish_with_headers(subject.clone(), headers, entry)
             .await
             .map_err(|e| format!("publish {subject}: {}", crate::kv::broker_words(&e)))?;
         acks.push((subject, ack));

@@ -41,7 +41,7 @@ use crate::plane::cache::View;
 use crate::plane::membership::{MemberRead, Members};
 use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{PlaneCtx, PlaneError, StopRx};
-use crate::wire::{dedup_id, parse_dinbox_subject, Plane3DeliveryFrame, Plane3Entry, Reason};
+use crate::wire::{dedup_id_of, parse_dinbox_subject, EntryRead, Reason};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
 /// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order).
@@ -136,11 +136,24 @@ impl Reader {
                     continue;
                 }
             };
+            let (body, id) = match entry.frame() {
+                Ok(frame) => frame,
+                Err(e) => {
+                    // Only a message serde cannot hold as a value gets here.
+                    tracing::warn!(subject = %pulled.msg.subject, error = %e, "reader: malformed entry; terminated");
+                    self.ctx.metrics.gave_up(GiveUp::Malformed);
+                    pulled.settle(&self.ctx, Settle::Term).await;
+                    continue;
+                }
+            };
             let Ok(permit) = self.handoffs.clone().acquire_owned().await else {
                 return;
             };
+            let sent = self
+                .send_handoff(&member, &uid, entry.generation(), body, &id)
+                .await;
             let handoff = Handoff {
-                sent: self.send_handoff(&member, &uid, &entry).await,
+                sent,
                 bound: Instant::now() + HANDOFF_BOUND,
                 pulled,
                 _permit: permit,
@@ -194,12 +207,12 @@ impl Reader {
     }
 
     /// The re-check of one entry: `Ok` to surface it, or how to settle it.
-    async fn check(
+    async fn check<'p>(
         &self,
-        pulled: &Pulled,
+        pulled: &'p Pulled,
         acls: &View<'_>,
         members: &View<'_>,
-    ) -> Result<(Principal, LifecycleUid, Plane3Entry), Settle> {
+    ) -> Result<(Principal, LifecycleUid, EntryRead<'p>), Settle> {
         let (msg, epoch) = (&pulled.msg, pulled.epoch);
         let prefix = self.ctx.names.space().prefix();
         let Some((member, uid)) = parse_dinbox_subject(&msg.subject, &prefix) else {
@@ -207,7 +220,7 @@ impl Reader {
             self.ctx.metrics.gave_up(GiveUp::Malformed);
             return Err(Settle::Term);
         };
-        let entry: Plane3Entry = match serde_json::from_slice(&msg.payload) {
+        let entry = match EntryRead::parse(&msg.payload) {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(subject = %msg.subject, error = %e, "reader: malformed entry; terminated");
@@ -240,13 +253,13 @@ impl Reader {
         if record.is_retired() {
             return Err(self.drop_retired(pulled, &member, &uid, &entry).await);
         }
-        if !record.covers(&entry.channel) {
+        if !record.covers(entry.channel()) {
             return Err(Settle::Ack);
         }
-        if entry.reason == Reason::DurableChannel {
+        if entry.reason() == Reason::DurableChannel {
             match self
                 .members
-                .read_in(members, &entry.channel, &member, &uid)
+                .read_in(members, entry.channel(), &member, &uid)
                 .await
             {
                 Err(e) => {
@@ -254,25 +267,25 @@ impl Reader {
                     return Err(Settle::Nak);
                 }
                 Ok(MemberRead::Present(row, _))
-                    if row.admits_entry(entry.seq, entry.generation) => {}
+                    if row.admits_entry(entry.seq(), entry.generation()) => {}
                 Ok(_) => return Err(Settle::Ack),
             }
         }
         Ok((member, uid, entry))
     }
 
-    /// Publishes the frame without waiting for its ack.
+    /// Publishes the frame `body` of a message whose id is `id` without waiting for its ack.
     async fn send_handoff(
         &self,
         member: &Principal,
         uid: &LifecycleUid,
-        entry: &Plane3Entry,
+        generation: u64,
+        body: Vec<u8>,
+        id: &str,
     ) -> Result<PublishAckFuture, String> {
-        let frame = Plane3DeliveryFrame::for_entry(entry);
-        let body = serde_json::to_vec(&frame).map_err(|e| e.to_string())?;
         let mut headers = HeaderMap::new();
         headers.insert(DELIVERY_FRAME_HEADER, "1");
-        if let Some(id) = dedup_id(&entry.msg, member, uid, entry.generation) {
+        if let Some(id) = dedup_id_of(id, member, uid, generation) {
             headers.insert("Nats-Msg-Id", id.as_str());
         }
         let subject = self.ctx.names.dlv_subject(member, uid);
@@ -290,7 +303,7 @@ impl Reader {
         pulled: &Pulled,
         member: &Principal,
         uid: &LifecycleUid,
-        entry: &Plane3Entry,
+        entry: &EntryRead<'_>,
     ) -> Settle {
         let seq = pulled.stream_sequence;
         let deleted = delete_inbox_entry(&self.ctx, seq).await;
@@ -307,11 +320,11 @@ impl Reader {
                 Settle::Nak
             };
         }
-        if entry.reason == Reason::DurableChannel {
-            if let Err(e) = self.remove_member_row(&entry.channel, member, uid).await {
+        if entry.reason() == Reason::DurableChannel {
+            if let Err(e) = self.remove_member_row(entry.channel(), member, uid).await {
                 self.ctx.journal.line(format!(
                     "! plane-3 reader: could not remove the member row {} of retired lifecycle {}.{uid}: {e}",
-                    SpaceNames::member_key(&entry.channel, member, uid),
+                    SpaceNames::member_key(entry.channel(), member, uid),
                     member.dot_form()
                 ));
             }

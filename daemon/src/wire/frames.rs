@@ -5,7 +5,11 @@
 //! fields), except for the frame's authenticated rewrite: `channel` is set from the CHAT
 //! subject and `to`/`toService` are removed.
 
-use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::grammar::{validate_channel, LifecycleUid, Principal};
@@ -48,6 +52,135 @@ impl Plane3DeliveryFrame {
             msg: authenticated_channel_message(&entry.msg, &entry.channel),
         }
     }
+}
+
+/// An INBOX entry as the trusted reader reads it: borrowed from the entry's bytes, its message
+/// kept as the bytes the writer stored, when it parses so; else parsed whole (a `channel` with
+/// escapes).
+#[derive(Debug)]
+pub enum EntryRead<'a> {
+    Borrowed(EntryView<'a>),
+    Parsed(Plane3Entry),
+}
+
+/// A [`Plane3Entry`] borrowed from its bytes, the message unparsed.
+#[derive(Debug, Deserialize)]
+pub struct EntryView<'a> {
+    #[serde(borrow)]
+    msg: &'a RawValue,
+    channel: &'a str,
+    seq: u64,
+    reason: Reason,
+    generation: u64,
+}
+
+/// What a frame needs to know of a message to pass it through untouched: its id, its own
+/// `channel`, and whether it names direct targets (a key present, whatever its value).
+#[derive(Deserialize)]
+struct MessageFacts<'a> {
+    #[serde(default, borrow)]
+    id: Option<&'a str>,
+    #[serde(default, borrow)]
+    channel: Option<&'a str>,
+    #[serde(default)]
+    to: Named,
+    #[serde(default, rename = "toService")]
+    to_service: Named,
+}
+
+/// Whether a key was present, whatever its value (`null` included).
+#[derive(Default)]
+struct Named(bool);
+
+impl<'de> Deserialize<'de> for Named {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Named, D::Error> {
+        IgnoredAny::deserialize(d)?;
+        Ok(Named(true))
+    }
+}
+
+impl<'a> EntryRead<'a> {
+    /// Reads an entry; the error is the whole parse's (a `Plane3Entry`).
+    pub fn parse(payload: &'a [u8]) -> Result<EntryRead<'a>, serde_json::Error> {
+        match serde_json::from_slice::<EntryView<'a>>(payload) {
+            Ok(view) => Ok(EntryRead::Borrowed(view)),
+            Err(_) => serde_json::from_slice::<Plane3Entry>(payload).map(EntryRead::Parsed),
+        }
+    }
+
+    pub fn channel(&self) -> &str {
+        match self {
+            EntryRead::Borrowed(v) => v.channel,
+            EntryRead::Parsed(e) => &e.channel,
+        }
+    }
+    pub fn seq(&self) -> u64 {
+        match self {
+            EntryRead::Borrowed(v) => v.seq,
+            EntryRead::Parsed(e) => e.seq,
+        }
+    }
+    pub fn reason(&self) -> Reason {
+        match self {
+            EntryRead::Borrowed(v) => v.reason,
+            EntryRead::Parsed(e) => e.reason,
+        }
+    }
+    pub fn generation(&self) -> u64 {
+        match self {
+            EntryRead::Borrowed(v) => v.generation,
+            EntryRead::Parsed(e) => e.generation,
+        }
+    }
+
+    /// The entry's DLV frame (`Plane3DeliveryFrame::for_entry`, serialised) and its message's
+    /// id. A message that already reads as the frame's (an object whose `channel` is the
+    /// entry's, with no `to` or `toService`: what this daemon's writer stores for a post on its
+    /// own channel) is spliced in as its bytes, which are serde's serialisation of it when
+    /// serde wrote the entry: the same bytes the rewrite would write. Any other is parsed and
+    /// rewritten. An error is a message serde cannot hold as a value.
+    pub fn frame(&self) -> Result<(Vec<u8>, Cow<'_, str>), serde_json::Error> {
+        let view = match self {
+            EntryRead::Parsed(e) => return rewritten_frame(&e.msg, &e.channel),
+            EntryRead::Borrowed(v) => v,
+        };
+        let raw = view.msg.get();
+        let facts = raw
+            .starts_with('{')
+            .then(|| serde_json::from_str::<MessageFacts<'_>>(raw).ok())
+            .flatten();
+        match facts {
+            Some(f) if f.channel == Some(view.channel) && !f.to.0 && !f.to_service.0 => {
+                let mut body = Vec::with_capacity(raw.len() + view.channel.len() + 32);
+                body.extend_from_slice(b"{\"version\":1,\"channel\":");
+                serde_json::to_writer(&mut body, view.channel)?;
+                body.extend_from_slice(b",\"msg\":");
+                body.extend_from_slice(raw.as_bytes());
+                body.push(b'}');
+                Ok((body, Cow::Borrowed(f.id.unwrap_or(""))))
+            }
+            _ => {
+                let msg: Value = serde_json::from_str(raw)?;
+                rewritten_frame(&msg, view.channel)
+            }
+        }
+    }
+}
+
+/// The frame of `msg` on `channel` through the rewrite, and the message's id.
+fn rewritten_frame(
+    msg: &Value,
+    channel: &str,
+) -> Result<(Vec<u8>, Cow<'static, str>), serde_json::Error> {
+    let frame = Plane3DeliveryFrame {
+        version: 1,
+        channel: channel.to_string(),
+        msg: authenticated_channel_message(msg, channel),
+    };
+    Ok((
+        serde_json::to_vec(&frame)?,
+        Cow::Owned(message_id(msg).to_string()),
+    ))
 }
 
 /// `authenticatedChannelMessage(msg, channel)`: `channel` from the subject, no `to`/`toService`.
@@ -93,7 +226,16 @@ pub fn dedup_id(
     uid: &LifecycleUid,
     generation: u64,
 ) -> Option<String> {
-    let id = message_id(msg);
+    dedup_id_of(message_id(msg), member, uid, generation)
+}
+
+/// [`dedup_id`] of a message whose id is `id`.
+pub fn dedup_id_of(
+    id: &str,
+    member: &Principal,
+    uid: &LifecycleUid,
+    generation: u64,
+) -> Option<String> {
     if id.is_empty() {
         None
     } else {
@@ -170,6 +312,62 @@ mod tests {
         assert_eq!(f.msg, json!({"id":"m1","channel":"eng","parts":[]}));
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(v["reason"], "durable-channel");
+    }
+
+    /// The reader's frame is byte for byte the rewrite's (`Plane3DeliveryFrame::for_entry`,
+    /// serialised) with the same message id, whether the message is spliced in or rewritten.
+    /// Mutations seen failing: dropping the `to` check (the `to: null` case), the `toService`
+    /// check, or the `channel` equality (the spoofed and the duplicated `channel`), each splices
+    /// a message the rewrite changes.
+    #[test]
+    fn a_frame_is_the_rewrites_bytes_spliced_or_not() {
+        let cases = [
+            json!({"id":"m1","channel":"eng","from":{"id":"local.a"},"parts":[{"text":"a \"q\" \u{e9}"}]}),
+            json!({"id":"m1","channel":"spoof","parts":[]}),
+            json!({"id":"m1","parts":[]}),
+            json!({"id":"m1","channel":"eng","to":null}),
+            json!({"id":"m1","channel":"eng","toService":"svc"}),
+            json!({"id":"m\"1","channel":"eng"}),
+            json!({"id":7,"channel":"eng"}),
+            json!({"channel":"eng"}),
+            json!(["m1", "eng"]),
+            json!("eng"),
+        ];
+        for msg in cases {
+            // The second channel has an escape, so the entry is parsed whole.
+            for channel in ["eng", "e\"ng"] {
+                let entry = Plane3Entry {
+                    msg: msg.clone(),
+                    channel: channel.into(),
+                    seq: 9,
+                    reason: Reason::DurableChannel,
+                    generation: 2,
+                };
+                let payload = serde_json::to_vec(&entry).unwrap();
+                let read = EntryRead::parse(&payload).unwrap();
+                assert_eq!(matches!(read, EntryRead::Parsed(_)), channel != "eng");
+                assert_eq!(
+                    (read.channel(), read.seq(), read.reason(), read.generation()),
+                    (channel, 9, Reason::DurableChannel, 2)
+                );
+                let (body, id) = read.frame().unwrap();
+                let theirs = serde_json::to_vec(&Plane3DeliveryFrame::for_entry(&entry)).unwrap();
+                assert_eq!(
+                    String::from_utf8_lossy(&body),
+                    String::from_utf8_lossy(&theirs),
+                    "{msg} on {channel}"
+                );
+                assert_eq!(id, message_id(&entry.msg), "{msg}");
+            }
+        }
+        // A message with `channel` twice reads as its last (serde's Value, and JSON.parse).
+        let dup = br#"{"msg":{"id":"m1","channel":"eng","channel":"spoof"},"channel":"eng","seq":1,"reason":"durable-channel","generation":1}"#;
+        let (body, _) = EntryRead::parse(dup).unwrap().frame().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            r#"{"version":1,"channel":"eng","msg":{"channel":"eng","id":"m1"}}"#
+        );
+        assert!(EntryRead::parse(br#"{"msg":{},"channel":"eng"}"#).is_err());
     }
 
     #[test]

@@ -15,8 +15,8 @@ mod rows;
 
 pub use control::{ControlReply, ControlRequest};
 pub use frames::{
-    authenticated_channel_message, dedup_id, mentions, message_id, parse_chat_subject,
-    parse_dinbox_subject, sender_id, Plane3DeliveryFrame, Plane3Entry, Reason,
+    authenticated_channel_message, dedup_id, dedup_id_of, mentions, message_id, parse_chat_subject,
+    parse_dinbox_subject, sender_id, EntryRead, Plane3DeliveryFrame, Plane3Entry, Reason,
 };
 pub use grammar::{
     channel_matches, space_key, space_segment, token, validate_actor, validate_channel,
