@@ -15,12 +15,12 @@ use crate::support::data_path::*;
 const SCRAPE_BOUND: Duration = Duration::from_secs(5);
 
 /// A free loopback port (bound, then released for the daemon to take).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
 }
 
-async fn scrape(port: u16) -> String {
+pub(crate) async fn scrape(port: u16) -> String {
     let r = delivery_harness::http::get(port, "/metrics", SCRAPE_BOUND)
         .await
         .expect("scrape");
@@ -45,7 +45,7 @@ async fn scrape_until(port: u16, what: &str, ok: impl Fn(&str) -> bool) -> Strin
 }
 
 /// The value of the sample `series` (name with its labels), if present.
-fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| {
         l.strip_prefix(series)?
             .strip_prefix(' ')?

@@ -472,14 +472,7 @@ async fn reload_creds_before_start_up_is_complete_is_refused_and_adopts_nothing(
         Some(live.jwt.as_str())
     );
     // Start-up complete: the next pass adopts.
-    let reply = boss
-        .request("reloadCreds", expected, Duration::from_secs(15))
-        .await
-        .expect("answered");
-    assert_eq!(reply["ok"], true, "{reply}");
-    d.wait_for_line("broker connection restored", BOUND)
-        .await
-        .expect("moved onto it");
+    reload_and_move_onto_it(&boss, &mut d, expected).await;
     assert_eq!(
         broker_jwt_of_daemon(&mesh).await.as_deref(),
         Some(next.jwt.as_str())
@@ -551,6 +544,164 @@ async fn reload_creds_raced_against_start_up_adopts_or_refuses_never_dies() {
         "MEASURED reloadCreds raced against start-up: {adopted} adopted, {refused} refused (not finished starting), {silent} unanswered before the rail bound"
     );
     assert!(adopted >= 4);
+}
+
+/// `reloadCreds` with `expected` answered `ok`, then the resident connection moved onto it.
+async fn reload_and_move_onto_it(boss: &Supervisor, d: &mut Daemon, expected: Value) {
+    let reply = boss
+        .request("reloadCreds", expected, Duration::from_secs(15))
+        .await
+        .expect("answered");
+    assert_eq!(reply["ok"], true, "{reply}");
+    d.wait_for_line("broker connection restored", BOUND)
+        .await
+        .expect("moved onto it");
+}
+
+/// Every open of a file in `dir` (inotify `IN_OPEN` on the directory's entries), read without
+/// blocking: the names opened since the last call.
+struct Opens(nix::sys::inotify::Inotify);
+
+impl Opens {
+    fn watch(dir: &std::path::Path) -> Opens {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        let fd = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).expect("inotify");
+        fd.add_watch(dir, AddWatchFlags::IN_OPEN | AddWatchFlags::IN_ACCESS)
+            .expect("watch the signer directory");
+        Opens(fd)
+    }
+    fn since(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        loop {
+            match self.0.read_events() {
+                Ok(events) if !events.is_empty() => names.extend(events.into_iter().map(|e| {
+                    e.name
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| "(the directory)".into())
+                })),
+                Ok(_) | Err(nix::errno::Errno::EAGAIN) => return names,
+                Err(e) => panic!("inotify: {e}"),
+            }
+        }
+    }
+}
+
+/// The daemon never holds the account signing key and never loads the signer, although the
+/// renewal tests and `up` keep it in the daemon's own root (`.cotal/auth/`): an inotify watch on
+/// that directory sees no open of any file in it while the daemon starts, serves, re-reads its
+/// store at 75 % of an 8 s credential (a missed remint), adopts a renewal by `reloadCreds`, and
+/// stops on SIGTERM. The watch is proved live at the end by the test opening the signer itself.
+/// Mutation seen failing: the daemon loading the signer at start (`MeshAuthority::load` of the
+/// root's `.cotal/auth` in `host/process.rs`): the watch sees `broker.json` opened.
+#[tokio::test]
+async fn the_daemon_never_opens_the_signer_in_its_root() {
+    let mesh = mesh().await;
+    let auth = mesh.workspace().auth_dir();
+    let signer_files = std::fs::read_dir(&auth).expect("signer saved").count();
+    assert!(signer_files >= 2, "broker.json and the account file");
+    // Built first (when stale), so the short credential's lifetime is not spent on a build.
+    delivery_harness::daemon::daemon_bin().expect("daemon binary");
+    let live = shorten(&mesh, Duration::from_secs(8));
+    let opens = Opens::watch(&auth);
+    let mut d = start(&mesh, &[("COTAL_DELIVERY_REMINT_RETRY_MS", "1000")]).await;
+    d.wait_for_line(MISSED, BOUND)
+        .await
+        .expect("the 75 % re-read");
+    let boss = Supervisor::connect(&mesh, mesh.space()).await;
+    let (_, expected) = resign_delivery(&mesh, &live, Duration::from_secs(3600));
+    reload_and_move_onto_it(&boss, &mut d, expected).await;
+    d.terminate().expect("SIGTERM");
+    assert_eq!(d.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    assert_eq!(opens.since(), Vec::<String>::new(), "{}", d.transcript());
+    // The instrument sees an open when there is one.
+    std::fs::read(auth.join("broker.json")).expect("read the signer");
+    assert_eq!(
+        opens.since().first().map(String::as_str),
+        Some("broker.json")
+    );
+}
+
+/// The other branch of "answered once that reconnect completes, or after 5s": after a
+/// `reloadCreds` adoption the daemon's reconnect onto the new credential never completes (the
+/// proxy it dials through takes new connections but carries nothing), and an admin request read
+/// just before that reconnect (right after the adoption's reply) is handled 5 s later anyway,
+/// while the connection is still down, as the daemon's own rail counter shows on its metrics
+/// endpoint (scraped over loopback, beside the proxy); the answer reaches the caller once the
+/// path heals. Mutation seen failing: both 5 s bounds removed (`settled()` without its timeout
+/// and the reconnect's wait for `Connected` unbounded in `ReconnectGate::schedule`; either
+/// alone still ends the wait at about 5 s): the request is handled only after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_request_read_during_a_reconnect_that_never_completes_is_answered_after_5_s() {
+    let mesh = mesh().await;
+    let space = mesh.space().clone();
+    let insp = mesh.inspector(&space).await.expect("inspector");
+    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
+    let port = crate::metrics::free_port();
+    let mut d = DaemonSpec::deliver(space.as_str(), mesh.root())
+        .server(&proxy.url())
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line(UP, BOUND).await.expect("up");
+    crate::support::data_path::wait_lease_watch_bound(&insp).await;
+    let boss = std::sync::Arc::new(Supervisor::connect(&mesh, &space).await);
+    let live = read_creds_file(&mesh.workspace().delivery_creds_path(&space)).unwrap();
+    let (_, expected) = resign_delivery(&mesh, &live, Duration::from_secs(25 * 3600));
+    let reply = boss
+        .request("reloadCreds", expected, Duration::from_secs(15))
+        .await
+        .expect("answered");
+    assert_eq!(reply["ok"], true, "{reply}");
+    // Within the 250 ms before the reconnect: its redial will carry nothing, and the next
+    // request is read on the connection that is about to be replaced.
+    proxy.blackhole_new();
+    let replied = Instant::now();
+    let next = tokio::spawn({
+        let boss = boss.clone();
+        async move {
+            boss.request("reloadStoreIdentity", json!({}), Duration::from_secs(30))
+                .await
+        }
+    });
+    let handled = "cotal_delivery_rail_requests_total{space=\"demo\",verb=\"reloadStoreIdentity\"}";
+    let connected = "cotal_delivery_broker_connected{space=\"demo\"}";
+    let (handled_after, down_then) = loop {
+        let text = crate::metrics::scrape(port).await;
+        if crate::metrics::sample(&text, handled).unwrap_or(0.0) >= 1.0 {
+            break (replied.elapsed(), crate::metrics::sample(&text, connected));
+        }
+        assert!(
+            replied.elapsed() < Duration::from_secs(12),
+            "never handled while the reconnect hangs:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    println!(
+        "MEASURED adoption reply -> the next admin request handled: {} ms (reconnect still hanging)",
+        handled_after.as_millis()
+    );
+    assert!(
+        handled_after >= Duration::from_millis(4_500) && handled_after < Duration::from_secs(8),
+        "handled {handled_after:?} after the reply"
+    );
+    assert_eq!(
+        down_then,
+        Some(0.0),
+        "handled while the connection was down"
+    );
+    proxy.heal();
+    let answer = tokio::time::timeout(BOUND, next)
+        .await
+        .expect("answered once the path heals")
+        .expect("join")
+        .expect("answered");
+    assert_eq!(answer["ok"], true, "{answer}");
+    d.wait_for_line("broker connection restored", BOUND)
+        .await
+        .expect("reconnected");
+    d.terminate().unwrap();
+    let _ = d.wait_exit(BOUND).await;
 }
 
 /// `reloadStoreIdentity` names the workspace store with its `store.id`; the same challenge is
