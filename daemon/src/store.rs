@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::creds::write_file_atomic;
-use crate::wire::Space;
+use crate::wire::{Space, StoreChallenge, StoreIdentityReply};
 
 /// The identity file of a filesystem store, under `.cotal/`.
 pub const STORE_ID_FILE: &str = "store.id";
@@ -87,6 +87,18 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+impl From<StoreChallenge> for StoreIdentity {
+    fn from(c: StoreChallenge) -> StoreIdentity {
+        match c {
+            StoreChallenge::Fs { root, store_id } => StoreIdentity::Fs {
+                root: PathBuf::from(root),
+                store_id,
+            },
+            StoreChallenge::Injected { coordinate } => StoreIdentity::Injected { coordinate },
+        }
+    }
+}
+
 /// Which store a source is: a filesystem root (with its recorded `store.id`, when it has one)
 /// or an injected store's coordinate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,46 +115,28 @@ pub enum StoreIdentity {
 impl StoreIdentity {
     /// The wire shape of `reloadStoreIdentity`: `{kind:"fs", root, storeId?}` or
     /// `{kind:"injected", coordinate}`.
-    pub fn to_json(&self) -> Value {
+    pub fn reply(&self) -> StoreIdentityReply {
         match self {
-            StoreIdentity::Fs { root, store_id } => {
-                let mut v = json!({"kind": "fs", "root": root.display().to_string()});
-                if let Some(id) = store_id {
-                    v["storeId"] = Value::String(id.clone());
-                }
-                v
-            }
-            StoreIdentity::Injected { coordinate } => {
-                json!({"kind": "injected", "coordinate": coordinate})
-            }
+            StoreIdentity::Fs { root, store_id } => StoreIdentityReply::Fs {
+                root: root.display().to_string(),
+                store_id: store_id.clone(),
+            },
+            StoreIdentity::Injected { coordinate } => StoreIdentityReply::Injected {
+                coordinate: coordinate.clone(),
+            },
         }
     }
 
+    /// The same shape as a JSON value.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self.reply()).unwrap_or(Value::Null)
+    }
+
+    /// An identity as a peer writes it (the grammar is the wire's, [`StoreChallenge::parse`]).
     pub fn from_json(v: &Value) -> Result<StoreIdentity, StoreError> {
-        let bad = |what: &str| {
-            StoreError::new(
-                StoreErrorKind::Identity,
-                format!("a store identity needs {what}"),
-            )
-        };
-        match v.get("kind").and_then(Value::as_str) {
-            Some("fs") => Ok(StoreIdentity::Fs {
-                root: PathBuf::from(
-                    v.get("root")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| bad("a \"root\" string"))?,
-                ),
-                store_id: v.get("storeId").and_then(Value::as_str).map(str::to_string),
-            }),
-            Some("injected") => Ok(StoreIdentity::Injected {
-                coordinate: v
-                    .get("coordinate")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| bad("a \"coordinate\" string"))?
-                    .to_string(),
-            }),
-            _ => Err(bad("\"kind\": \"fs\" or \"injected\"")),
-        }
+        StoreChallenge::parse(v)
+            .map(StoreIdentity::from)
+            .map_err(|text| StoreError::new(StoreErrorKind::Identity, text))
     }
 
     /// Whether two identities name the same store. Filesystem roots must be equal and so must

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use crate::creds::Credential;
 use crate::store::SecretStore;
 use crate::store::{CONNECTION_EVICTOR_CREDS_FILE, MEMBERSHIP_OBSERVER_CREDS_FILE};
-use crate::wire::{Principal, Space, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
+use crate::wire::{Principal, Refusal, RefusalKind, Space, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 
 /// Timing and size of one sweep (the reference defaults).
 #[derive(Debug, Clone)]
@@ -161,40 +161,48 @@ pub struct Checked {
 }
 
 impl SysAuthority {
-    fn missing(verb: &str, what: &str) -> String {
-        format!(
+    fn missing(verb: &str, what: &str) -> Refusal {
+        authority(format!(
             "{verb}: the $SYS observer/evictor creds are not provisioned here (missing {what}; a space created before live eviction) - {REPAIR}. Until then removal is deny-new-only (durable reauth)"
-        )
+        ))
     }
 
     /// Re-reads the pair from the store (off the async workers) and re-checks it: the observer
     /// present and pinned to this daemon's account, and, when an evictor is present, both
     /// signed by one system-account key.
-    pub async fn pair(&self, verb: &str) -> Result<Checked, String> {
+    pub async fn pair(&self, verb: &str) -> Result<Checked, Refusal> {
         let (store, space) = (self.store.clone(), self.space.clone());
         let pair = tokio::task::spawn_blocking(move || SysPair::read(&*store, &space))
             .await
-            .map_err(|e| format!("{verb}: the $SYS pair could not be read ({e})"))?;
+            .map_err(|e| {
+                Refusal::new(
+                    RefusalKind::Unavailable,
+                    format!("{verb}: the $SYS pair could not be read ({e})"),
+                )
+                .source(e)
+            })?;
         let file = |key: String| key.rsplit('/').next().unwrap_or_default().to_string();
         let observer = match pair.observer.value {
             Ok(Some(c)) => c,
             Ok(None) => return Err(Self::missing(verb, &file(observer_key(&self.space)))),
             Err(e) => {
-                return Err(format!(
+                return Err(authority(format!(
                     "{verb}: the $SYS membership-observer is unreadable ({e}) - {REPAIR}"
-                ))
+                )))
             }
         };
-        let claims = observer
-            .claims()
-            .map_err(|e| format!("{verb}: the $SYS membership-observer JWT is malformed ({e})"))?;
+        let claims = observer.claims().map_err(|e| {
+            authority(format!(
+                "{verb}: the $SYS membership-observer JWT is malformed ({e})"
+            ))
+        })?;
         let accounts = connz_accounts(&claims.nats);
         if !pinned_to(&accounts, &self.account) {
-            return Err(format!(
+            return Err(authority(format!(
                 "{verb}: the $SYS membership-observer scans account {} but this daemon serves account {} - refusing to attribute another account's connections",
                 if accounts.is_empty() { "(none)".to_string() } else { accounts.join(", ") },
                 self.account
-            ));
+            )));
         }
         let evictor = match pair.evictor.value {
             Ok(None) => None,
@@ -203,16 +211,16 @@ impl SysAuthority {
                 Some(e)
             }
             Err(e) => {
-                return Err(format!(
+                return Err(authority(format!(
                     "{verb}: the $SYS connection-evictor is unreadable ({e}) - {REPAIR}"
-                ))
+                )))
             }
         };
         Ok(Checked { observer, evictor })
     }
 
     /// The evictor of a checked pair, or the refusal naming it missing.
-    pub fn evictor(&self, verb: &str, checked: Checked) -> Result<Credential, String> {
+    pub fn evictor(&self, verb: &str, checked: Checked) -> Result<Credential, Refusal> {
         checked
             .evictor
             .ok_or_else(|| Self::missing(verb, CONNECTION_EVICTOR_CREDS_FILE))
@@ -224,7 +232,7 @@ impl SysAuthority {
         credential: &Credential,
         inbox_prefix: &str,
         name: &str,
-    ) -> Result<async_nats::Client, String> {
+    ) -> Result<async_nats::Client, crate::client::ClientError> {
         crate::client::connect_with_inbox(
             &self.server_url,
             self.tls_ca.as_deref(),
@@ -234,7 +242,6 @@ impl SysAuthority {
             self.limits.connect_bound,
         )
         .await
-        .map_err(|e| e.to_string())
     }
 
     /// One complete-or-reported sweep of the account's connections through the observer.
@@ -243,21 +250,26 @@ impl SysAuthority {
     }
 }
 
+/// A missing, unreadable or inconsistent `$SYS` scan or kick authority.
+fn authority(text: String) -> Refusal {
+    Refusal::new(RefusalKind::Authority, text)
+}
+
 /// Both halves of the pair must come from one system-account key.
-fn same_issuer(verb: &str, observer: &Credential, evictor: &Credential) -> Result<(), String> {
+fn same_issuer(verb: &str, observer: &Credential, evictor: &Credential) -> Result<(), Refusal> {
     let (o, e) = match (observer.claims(), evictor.claims()) {
         (Ok(o), Ok(e)) => (o, e),
         (Err(x), _) | (_, Err(x)) => {
-            return Err(format!(
+            return Err(authority(format!(
                 "{verb}: the $SYS pair is unreadable ({x}) - {REPAIR}"
-            ))
+            )))
         }
     };
     if o.iss != e.iss {
-        return Err(format!(
+        return Err(authority(format!(
             "{verb}: the $SYS observer and evictor were signed by different system-account keys ({} vs {}): a torn rotation - {REPAIR}",
             o.iss, e.iss
-        ));
+        )));
     }
     Ok(())
 }

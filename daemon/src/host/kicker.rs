@@ -26,9 +26,9 @@ use crate::provision::Workspace;
 use crate::provision::{
     system_seed_path, RetainedSystemKey, HOST_KICK_INBOX_PREFIX, SYSTEM_SEED_FILE,
 };
-use crate::rails::{kick_all, Kicker};
+use crate::rails::{kick_all, KickOutcome, Kicker};
 use crate::sys::{sweep, ConnRow, SweepLimits};
-use crate::wire::{Space, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
+use crate::wire::{Refusal, RefusalKind, Space, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 
 /// The census connection's name as the broker shows it.
 pub const HOST_CENSUS_CONNECTION: &str = "cotal-delivery-host-census";
@@ -85,7 +85,7 @@ impl HostKicker {
 
     /// [`HostKicker::retained_key`], checked against the system account that issued the lane's
     /// `$SYS` observer: a seed of another system account is inconsistent authority and refuses.
-    async fn authority(&self, verb: &str, lane: &Space) -> Result<RetainedSystemKey, String> {
+    async fn authority(&self, verb: &str, lane: &Space) -> Result<RetainedSystemKey, Refusal> {
         let key = self.retained_key(verb).await?;
         let path = Workspace::new(&self.root).membership_observer_creds_path(lane);
         let shown = path.display().to_string();
@@ -99,20 +99,20 @@ impl HostKicker {
         .map_err(|e| e.to_string())
         .and_then(|r| r)
         .map_err(|e| {
-            format!("{verb}: the delivery host could not read lane {lane}'s $SYS observer at {shown} ({e})")
+            authority(format!("{verb}: the delivery host could not read lane {lane}'s $SYS observer at {shown} ({e})"))
         })?;
         if issuer != key.public_key() {
-            return Err(format!(
+            return Err(authority(format!(
                 "{verb}: the delivery host's kick authority is inconsistent: the retained system-account seed is of {}, but lane {lane}'s $SYS observer was issued by {issuer} - no kick",
                 key.public_key()
-            ));
+            )));
         }
         Ok(key)
     }
 
     /// The first retained system-account seed of the host's spaces (read off the async
     /// workers), or the refusal saying the host has no kick authority.
-    async fn retained_key(&self, verb: &str) -> Result<RetainedSystemKey, String> {
+    async fn retained_key(&self, verb: &str) -> Result<RetainedSystemKey, Refusal> {
         let ws = Workspace::new(&self.root);
         let paths: Vec<PathBuf> = self
             .spaces
@@ -131,22 +131,24 @@ impl HostKicker {
         })
         .await
         .map_err(|e| {
-            format!("{verb}: the delivery host could not read its kick authority ({e})")
+            authority(format!(
+                "{verb}: the delivery host could not read its kick authority ({e})"
+            ))
         })?;
         match read {
             Ok(Some((path, text))) => RetainedSystemKey::parse(&text).map_err(|e| {
-                format!(
+                authority(format!(
                     "{verb}: the delivery host has no usable kick authority ({}: {e})",
                     path.display()
-                )
+                ))
             }),
-            Ok(None) => Err(format!(
+            Ok(None) => Err(authority(format!(
                 "{verb}: the delivery host has no kick authority: no space on {} retained the system-account signing seed ({SYSTEM_SEED_FILE}); a lane opens no kick credential of its own, so live connections are not evicted here",
                 self.root.display()
-            )),
-            Err(e) => Err(format!(
+            ))),
+            Err(e) => Err(authority(format!(
                 "{verb}: the delivery host could not read its kick authority ({e})"
-            )),
+            ))),
         }
     }
 
@@ -155,7 +157,7 @@ impl HostKicker {
         credential: &Credential,
         inbox_prefix: &str,
         name: &str,
-    ) -> Result<async_nats::Client, String> {
+    ) -> Result<async_nats::Client, crate::client::ClientError> {
         crate::client::connect_with_inbox(
             &self.server_url,
             self.tls_ca.as_deref(),
@@ -165,7 +167,6 @@ impl HostKicker {
             DIAL_BOUND,
         )
         .await
-        .map_err(|e| e.to_string())
     }
 
     /// The census, then the kicks of what it lists (see the module doc).
@@ -175,11 +176,13 @@ impl HostKicker {
         lane: &Space,
         account: &str,
         targets: &[ConnRow],
-    ) -> Result<Vec<Result<(), String>>, String> {
+    ) -> Result<Vec<KickOutcome>, Refusal> {
         let key = self.authority(verb, lane).await?;
-        let census_cred = key
-            .mint_census(account)
-            .map_err(|e| format!("{verb}: the delivery host could not mint its census ({e})"))?;
+        let census_cred = key.mint_census(account).map_err(|e| {
+            authority(format!(
+                "{verb}: the delivery host could not mint its census ({e})"
+            ))
+        })?;
         let census = self
             .dial(
                 &census_cred,
@@ -187,7 +190,13 @@ impl HostKicker {
                 HOST_CENSUS_CONNECTION,
             )
             .await
-            .map_err(|e| format!("{verb}: the delivery host's census could not connect ({e})"))?;
+            .map_err(|e| {
+                Refusal::new(
+                    RefusalKind::Unavailable,
+                    format!("{verb}: the delivery host's census could not connect ({e})"),
+                )
+                .source(e)
+            })?;
         let seen = sweep(&census, account, &self.limits).await;
         let _ = census.drain().await;
         if !seen.complete() {
@@ -201,7 +210,7 @@ impl HostKicker {
             .iter()
             .map(|r| ((r.server_id.as_str(), r.cid), r))
             .collect();
-        let mut results: Vec<Result<(), String>> = Vec::with_capacity(targets.len());
+        let mut results: Vec<KickOutcome> = Vec::with_capacity(targets.len());
         let mut kick: Vec<(usize, ConnRow)> = Vec::new();
         for (i, t) in targets.iter().enumerate() {
             match listed.get(&(t.server_id.as_str(), t.cid)) {
@@ -219,13 +228,21 @@ impl HostKicker {
             return Ok(results);
         }
         let servers: BTreeSet<String> = kick.iter().map(|(_, t)| t.server_id.clone()).collect();
-        let kicker_cred = key
-            .mint_kick_only(&servers)
-            .map_err(|e| format!("{verb}: the delivery host could not mint its kicker ({e})"))?;
+        let kicker_cred = key.mint_kick_only(&servers).map_err(|e| {
+            authority(format!(
+                "{verb}: the delivery host could not mint its kicker ({e})"
+            ))
+        })?;
         let kicker = self
             .dial(&kicker_cred, HOST_KICK_INBOX_PREFIX, HOST_KICKER_CONNECTION)
             .await
-            .map_err(|e| format!("{verb}: the delivery host's kicker could not connect ({e})"))?;
+            .map_err(|e| {
+                Refusal::new(
+                    RefusalKind::Unavailable,
+                    format!("{verb}: the delivery host's kicker could not connect ({e})"),
+                )
+                .source(e)
+            })?;
         let rows: Vec<ConnRow> = kick.iter().map(|(_, t)| t.clone()).collect();
         let outcomes = kick_all(&kicker, &rows).await;
         let _ = kicker.drain().await;
@@ -234,6 +251,11 @@ impl HostKicker {
         }
         Ok(results)
     }
+}
+
+/// A missing, unreadable or inconsistent kick authority of the host.
+fn authority(text: String) -> Refusal {
+    Refusal::new(RefusalKind::Authority, text)
 }
 
 /// One lane's view of the host kicker: every kick is confined to the lane's account.
@@ -248,7 +270,7 @@ impl Kicker for LaneKicker {
         &'a self,
         verb: &'a str,
         targets: &'a [ConnRow],
-    ) -> BoxFuture<'a, Result<Vec<Result<(), String>>, String>> {
+    ) -> BoxFuture<'a, Result<Vec<KickOutcome>, Refusal>> {
         Box::pin(self.host.kick(verb, &self.space, &self.account, targets))
     }
 }

@@ -14,13 +14,15 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream::RawMessageErrorKind};
 use async_nats::HeaderMap;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::journal::{epoch_ms, Journal};
 use crate::kv::{broker_words, Read, RowErrorKind, Rows};
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::PlaneCtx;
-use crate::wire::{LifecycleUid, Principal, SpaceNames};
+use crate::wire::{
+    AnycastCancelled, AnycastRowStatus, AnycastStatus, LifecycleUid, Principal, SpaceNames,
+};
 
 /// Bound of the fault-injection hold ([`crate::tuning::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW`]), logging
 /// [`FAULT_HOLD_LINE`]: a forgotten knob delays a DM, it never wedges a take.
@@ -103,6 +105,16 @@ impl AnycastRow {
 pub enum RowState {
     Taken,
     Cancelled,
+}
+
+impl RowState {
+    /// The state as the row and the replies write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowState::Taken => "taken",
+            RowState::Cancelled => "cancelled",
+        }
+    }
 }
 
 /// What went wrong with an anycast verb.
@@ -224,6 +236,15 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> AnycastError {
         AnycastErrorKind::Unavailable,
         format!("anycast: {what}: {e}"),
     )
+}
+
+/// `anycastCancel`'s answer.
+fn cancelled(seq: u64, deleted: bool) -> AnycastCancelled {
+    AnycastCancelled {
+        seq,
+        state: "cancelled",
+        deleted,
+    }
 }
 
 /// Key of a request's row: `<stream creation ns>.<seq>` (a recreated stream reuses seqs).
@@ -634,7 +655,11 @@ impl Anycast {
     }
 
     /// `anycastStatus`: the caller's own request at `seq`.
-    pub async fn status(&self, caller: &Principal, seq: u64) -> Result<Value, AnycastError> {
+    pub async fn status(
+        &self,
+        caller: &Principal,
+        seq: u64,
+    ) -> Result<AnycastStatus, AnycastError> {
         let op = "anycastStatus";
         let current = self.task_created().await?;
         let key = row_key(&current, seq);
@@ -642,21 +667,28 @@ impl Anycast {
         match self.read_row(&key).await? {
             Some((row, _)) => {
                 self.own(op, caller, seq, &row.sender)?;
-                Ok(json!({
-                    "seq": seq,
-                    "state": row.state,
-                    "holder": row.holder,
-                    "previousHolder": row.previous_holder,
-                    "moves": row.moves,
-                    "takenAt": row.taken_at,
-                    "cancelledAt": row.cancelled_at,
-                    "inQueue": queued.is_some(),
-                }))
+                Ok(AnycastStatus {
+                    seq,
+                    state: row.state.as_str().to_string(),
+                    row: Some(AnycastRowStatus {
+                        holder: row.holder,
+                        previous_holder: row.previous_holder,
+                        moves: row.moves,
+                        taken_at: row.taken_at,
+                        cancelled_at: row.cancelled_at,
+                    }),
+                    in_queue: queued.is_some(),
+                })
             }
             None => {
                 let req = queued.ok_or_else(|| self.no_request(op, seq))?;
                 self.own(op, caller, seq, &req.sender.dot_form())?;
-                Ok(json!({"seq": seq, "state": "queued", "inQueue": true}))
+                Ok(AnycastStatus {
+                    seq,
+                    state: "queued".to_string(),
+                    row: None,
+                    in_queue: true,
+                })
             }
         }
     }
@@ -680,7 +712,11 @@ impl Anycast {
 
     /// `anycastCancel`: succeeds only while no holder has taken the request; writes the
     /// cancelled row (racing a take on its create), then deletes the request from the queue.
-    pub async fn cancel(&self, caller: &Principal, seq: u64) -> Result<Value, AnycastError> {
+    pub async fn cancel(
+        &self,
+        caller: &Principal,
+        seq: u64,
+    ) -> Result<AnycastCancelled, AnycastError> {
         let op = "anycastCancel";
         let current = self.task_created().await?;
         let key = row_key(&current, seq);
@@ -691,7 +727,7 @@ impl Anycast {
                     return match row.state {
                         RowState::Cancelled => {
                             let deleted = self.delete_request(seq).await?;
-                            Ok(json!({"seq": seq, "state": "cancelled", "deleted": deleted}))
+                            Ok(cancelled(seq, deleted))
                         }
                         RowState::Taken => Err(AnycastError::new(
                             AnycastErrorKind::Taken,
@@ -718,9 +754,7 @@ impl Anycast {
                     match self.rows.create(&key, encode(&row)).await {
                         Ok(_) => {
                             let deleted = self.delete_request(seq).await?;
-                            return Ok(
-                                json!({"seq": seq, "state": "cancelled", "deleted": deleted}),
-                            );
+                            return Ok(cancelled(seq, deleted));
                         }
                         Err(e) if e.kind() == RowErrorKind::Conflict => continue,
                         Err(e) => return Err(unavailable(&format!("writing row {key}"), e)),
@@ -871,7 +905,7 @@ mod tests {
             left_queue_at: None,
             updated_at: 1,
         };
-        let v: Value = serde_json::to_value(&row).unwrap();
+        let v: serde_json::Value = serde_json::to_value(&row).unwrap();
         assert_eq!(v["state"], "taken");
         assert_eq!(v["noticeSent"], false);
         assert_eq!(v["streamCreated"], "1700000000000000000");

@@ -31,7 +31,7 @@ use crate::plane::cache::View;
 use crate::plane::channels::{Channels, DeliveryClass};
 use crate::plane::membership::Members;
 use crate::plane::pump::{self, Pulled, Settle};
-use crate::plane::{PlaneCtx, PlaneError, StopRx};
+use crate::plane::{PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::wire::{dedup_id_of, mentions, message_id, parse_chat_subject, sender_id, Reason};
 use crate::wire::{LifecycleUid, Principal, FANOUT_DURABLE};
 
@@ -72,10 +72,7 @@ struct Routed {
 
 /// Creates (or binds) the `fanout` durable and starts its loop.
 pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneError> {
-    let err = |detail: String| PlaneError {
-        what: "fan-out writer",
-        detail,
-    };
+    let err = |detail: String| PlaneError::new(PlaneErrorKind::Bucket, "fan-out writer", detail);
     let config = pull::Config {
         durable_name: Some(FANOUT_DURABLE.to_string()),
         filter_subject: ctx.names.chat_all(),

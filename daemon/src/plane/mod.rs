@@ -22,7 +22,9 @@ mod boundary;
 mod cache;
 mod catchup;
 mod channels;
+mod durable;
 mod fanout;
+mod fence;
 mod membership;
 mod presence;
 mod pump;
@@ -33,12 +35,12 @@ pub use anycast::{row_key, AnycastError, AnycastErrorKind, AnycastRow, FAULT_HOL
 pub(crate) use anycast::{Anycast, SweepConfig};
 pub(crate) use cache::Caches;
 pub(crate) use catchup::activate;
+pub(crate) use durable::{durable_join, durable_leave, list_memberships};
 pub(crate) use fanout::bind as bind_fanout;
 pub use fanout::MAX_COPIES_IN_FLIGHT;
+pub(crate) use fence::{FenceError, Fences, MAX_FENCED};
 pub(crate) use membership::{
-    chat_frontier, progress, prune_prior, split_member_key, MemberRead, MemberRow, Members,
-    MembershipRecord, PriorInterval, MAX_PRIOR_INTERVALS, STATE_DURABLE_ACTIVE,
-    STATE_LIVE_CONFIRMED,
+    split_member_key, MemberRead, MemberRow, Members, MembershipRecord, PriorInterval,
 };
 pub(crate) use presence::live_entry;
 pub use reader::READER_LANES;
@@ -186,11 +188,45 @@ pub struct PlaneCtx {
     pub metrics: crate::metrics::Metrics,
 }
 
-/// Why a binding could not be established.
+/// Why a binding could not be established: its kind, the component (`what`) and the broker's
+/// words.
 #[derive(Debug, Clone)]
 pub struct PlaneError {
-    pub what: &'static str,
-    pub detail: String,
+    kind: PlaneErrorKind,
+    what: &'static str,
+    detail: String,
+}
+
+/// What could not be bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlaneErrorKind {
+    /// The stream a durable reads could not be looked up.
+    Stream,
+    /// The durable could not be created, bound or updated (or no answer within the bound).
+    Consumer,
+    /// A row bucket could not be opened.
+    Bucket,
+    /// A rail's subscription was refused.
+    Subscribe,
+    /// The round trip that proves a subscription bound failed or went unanswered.
+    RoundTrip,
+}
+
+impl PlaneError {
+    pub fn new(kind: PlaneErrorKind, what: &'static str, detail: impl Into<String>) -> PlaneError {
+        PlaneError {
+            kind,
+            what,
+            detail: detail.into(),
+        }
+    }
+    pub fn kind(&self) -> PlaneErrorKind {
+        self.kind
+    }
+    /// The component that did not bind (`fan-out writer`, `control rail`, …).
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
 }
 
 impl std::fmt::Display for PlaneError {

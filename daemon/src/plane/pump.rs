@@ -323,13 +323,13 @@ pub async fn bind_durable(
     stream: &str,
     config: pull::Config,
 ) -> Result<Consumer<pull::Config>, crate::plane::PlaneError> {
-    let err = |detail: String| crate::plane::PlaneError { what, detail };
+    use crate::plane::{PlaneError, PlaneErrorKind};
+    let err = |detail: String| PlaneError::new(PlaneErrorKind::Consumer, what, detail);
     let name = config.durable_name.clone().unwrap_or_default();
-    let stream = ctx
-        .js
-        .get_stream_no_info(stream)
-        .await
-        .map_err(|e| err(crate::kv::broker_words(&e)))?;
+    let stream =
+        ctx.js.get_stream_no_info(stream).await.map_err(|e| {
+            PlaneError::new(PlaneErrorKind::Stream, what, crate::kv::broker_words(&e))
+        })?;
     let bound = |what: String| {
         err(format!(
             "{what}: no answer within {} ms",

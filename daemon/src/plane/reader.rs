@@ -40,7 +40,7 @@ use crate::plane::boundary::Ticket;
 use crate::plane::cache::View;
 use crate::plane::membership::{MemberRead, Members};
 use crate::plane::pump::{self, Pulled, Settle};
-use crate::plane::{PlaneCtx, PlaneError, StopRx};
+use crate::plane::{PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::wire::{dedup_id_of, parse_dinbox_subject, EntryRead, Reason};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
@@ -76,10 +76,7 @@ struct Reader {
 
 /// Creates (or binds) the `reader` durable (exactly one filter subject, DESIGN §6.5).
 pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneError> {
-    let err = |detail: String| PlaneError {
-        what: "trusted reader",
-        detail,
-    };
+    let err = |detail: String| PlaneError::new(PlaneErrorKind::Bucket, "trusted reader", detail);
     let config = pull::Config {
         durable_name: Some(READER_DURABLE.to_string()),
         filter_subject: ctx.names.dinbox_all(),

@@ -11,8 +11,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use super::bundle::{migrate, read_bundle, SIGNER_BUNDLE_KEY};
 use crate::creds::Credential;
 use crate::provision::jwt::{encode_user, UserClaimsSpec};
@@ -33,8 +31,12 @@ pub struct BrokerAccepted {
 }
 
 impl BrokerAccepted {
-    pub fn to_json(&self) -> Value {
-        json!({"identity": self.identity, "exp": self.exp})
+    /// The reply shape: `{identity, exp}`.
+    pub fn reply(&self) -> crate::wire::BrokerAccepted {
+        crate::wire::BrokerAccepted {
+            identity: self.identity.clone(),
+            exp: self.exp,
+        }
     }
     pub(crate) fn of(cred: &Credential) -> BrokerAccepted {
         BrokerAccepted {

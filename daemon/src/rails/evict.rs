@@ -14,15 +14,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::sys::{ConnRow, SysAuthority};
-use crate::wire::Principal;
-
-/// Most principals one `evictPrincipals` request may name (the reference
-/// `EVICT_PRINCIPALS_MAX`).
-pub const EVICT_PRINCIPALS_MAX: usize = 256;
+use crate::wire::{EvictionResult, Principal, Refusal, RefusalKind};
 /// KICK requests kept in flight together.
 pub const KICKS_IN_FLIGHT: usize = 16;
 /// Bound on one KICK request.
@@ -30,27 +25,17 @@ pub const KICK_BOUND: Duration = Duration::from_millis(2000);
 /// Verify re-scans after the kicks.
 pub const MAX_VERIFY_ROUNDS: usize = 3;
 
-/// The reference `EvictionResult`, in its key order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EvictionResult {
-    pub principal: String,
-    pub kicked: u64,
-    pub remaining: u64,
-    pub verified_gone: bool,
-    pub scan_complete: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
+/// One target's kick: `Err` is the note its result carries.
+pub type KickOutcome = Result<(), String>;
 
-/// Kicks connections a sweep found. One result per target, in order; `Err` refuses the whole
+/// Kicks connections a sweep found. One outcome per target, in order; `Err` refuses the whole
 /// eviction (no kick authority here).
 pub trait Kicker: Send + Sync {
     fn kick<'a>(
         &'a self,
         verb: &'a str,
         targets: &'a [ConnRow],
-    ) -> BoxFuture<'a, Result<Vec<Result<(), String>>, String>>;
+    ) -> BoxFuture<'a, Result<Vec<KickOutcome>, Refusal>>;
 }
 
 /// The single-space kicker: the evictor credential, opened per call, re-checked against the
@@ -64,7 +49,7 @@ impl Kicker for EvictorKicker {
         &'a self,
         verb: &'a str,
         targets: &'a [ConnRow],
-    ) -> BoxFuture<'a, Result<Vec<Result<(), String>>, String>> {
+    ) -> BoxFuture<'a, Result<Vec<KickOutcome>, Refusal>> {
         Box::pin(async move {
             let checked = self.authority.pair(verb).await?;
             let evictor = self.authority.evictor(verb, checked)?;
@@ -72,7 +57,13 @@ impl Kicker for EvictorKicker {
                 .authority
                 .dial(&evictor, "_INBOX", "cotal-delivery-evictor")
                 .await
-                .map_err(|e| format!("{verb}: the $SYS evictor could not connect ({e})"))?;
+                .map_err(|e| {
+                    Refusal::new(
+                        RefusalKind::Unavailable,
+                        format!("{verb}: the $SYS evictor could not connect ({e})"),
+                    )
+                    .source(e)
+                })?;
             let results = kick_all(&client, targets).await;
             let _ = client.drain().await;
             Ok(results)
@@ -82,7 +73,7 @@ impl Kicker for EvictorKicker {
 
 /// KICKs every target through `client`, up to [`KICKS_IN_FLIGHT`] at a time; one result per
 /// target, in order.
-pub async fn kick_all(client: &async_nats::Client, targets: &[ConnRow]) -> Vec<Result<(), String>> {
+pub async fn kick_all(client: &async_nats::Client, targets: &[ConnRow]) -> Vec<KickOutcome> {
     let work: Vec<_> = targets
         .iter()
         .cloned()
@@ -97,7 +88,7 @@ pub async fn kick_all(client: &async_nats::Client, targets: &[ConnRow]) -> Vec<R
         .await
 }
 
-async fn kick_one(client: &async_nats::Client, target: &ConnRow) -> Result<(), String> {
+async fn kick_one(client: &async_nats::Client, target: &ConnRow) -> KickOutcome {
     let subject = format!("$SYS.REQ.SERVER.{}.KICK", target.server_id);
     let body = serde_json::json!({"cid": target.cid}).to_string();
     let refused = |why: String| {
@@ -122,49 +113,6 @@ async fn kick_one(client: &async_nats::Client, target: &ConnRow) -> Result<(), S
     Ok(())
 }
 
-/// The principal argument of `evictPrincipal` / `principalLiveness`, trimmed and checked.
-pub fn principal_arg(verb: &str, raw: Option<&Value>) -> Result<Principal, String> {
-    let p = raw.and_then(Value::as_str).map(str::trim).unwrap_or("");
-    if p.is_empty() {
-        return Err(format!(
-            "{verb}: a principal (owner.actor dot-form) is required"
-        ));
-    }
-    Principal::parse(p).map_err(|_| {
-        format!(
-            "{verb}: \"{p}\" is not a real owner.actor principal (owner must be `local` or a derived `u_…` token — the only shapes CONNZ attribution can surface)"
-        )
-    })
-}
-
-/// The `principals` of `evictPrincipals`: 1 to 256 distinct, each a real principal.
-pub fn principals_arg(args: &Value) -> Result<Vec<Principal>, String> {
-    const VERB: &str = "evictPrincipals";
-    let Some(list) = args.get("principals").and_then(Value::as_array) else {
-        return Err(format!(
-            "{VERB}: principals must be an array of 1 to {EVICT_PRINCIPALS_MAX} owner.actor principals"
-        ));
-    };
-    if list.is_empty() || list.len() > EVICT_PRINCIPALS_MAX {
-        return Err(format!(
-            "{VERB}: {} principals in one request; send 1 to {EVICT_PRINCIPALS_MAX} distinct holders per request",
-            list.len()
-        ));
-    }
-    let mut seen = BTreeSet::new();
-    let mut out = Vec::with_capacity(list.len());
-    for raw in list {
-        let p = principal_arg(VERB, Some(raw))?;
-        if !seen.insert(p.clone()) {
-            return Err(format!(
-                "{VERB}: \"{p}\" is named twice; send distinct holders"
-            ));
-        }
-        out.push(p);
-    }
-    Ok(out)
-}
-
 /// Evicts `principals` with one shared sweep: scan, kick every match, re-scan to verify. One
 /// result per principal, in order. `Err` is a refusal of the whole request.
 pub async fn evict(
@@ -172,7 +120,7 @@ pub async fn evict(
     authority: &SysAuthority,
     kicker: &dyn Kicker,
     principals: &[Principal],
-) -> Result<Vec<EvictionResult>, String> {
+) -> Result<Vec<EvictionResult>, Refusal> {
     let observer_cred = authority.pair(verb).await?.observer;
     let observer = authority
         .dial(
@@ -181,7 +129,13 @@ pub async fn evict(
             "cotal-delivery-observer",
         )
         .await
-        .map_err(|e| format!("{verb}: the $SYS observer could not connect ({e})"))?;
+        .map_err(|e| {
+            Refusal::new(
+                RefusalKind::Unavailable,
+                format!("{verb}: the $SYS observer could not connect ({e})"),
+            )
+            .source(e)
+        })?;
     let out = evict_with(verb, authority, kicker, &observer, principals).await;
     let _ = observer.drain().await;
     out
@@ -193,7 +147,7 @@ async fn evict_with(
     kicker: &dyn Kicker,
     observer: &async_nats::Client,
     principals: &[Principal],
-) -> Result<Vec<EvictionResult>, String> {
+) -> Result<Vec<EvictionResult>, Refusal> {
     let mut results: Vec<EvictionResult> = principals
         .iter()
         .map(|p| EvictionResult {
@@ -290,48 +244,4 @@ async fn evict_with(
         }
     }
     Ok(results)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    /// Mutation: dropping the length check lets 257 through; dropping the distinct check lets a
-    /// duplicate through. Both fail here.
-    #[test]
-    fn principals_are_one_to_256_distinct_real_principals() {
-        let many: Vec<String> = (0..257).map(|i| format!("local.a{i}")).collect();
-        let err = principals_arg(&json!({"principals": many})).unwrap_err();
-        assert!(err.contains("257 principals"), "{err}");
-        assert!(principals_arg(&json!({"principals": []})).is_err());
-        let dup = principals_arg(&json!({"principals": ["local.a", "local.a"]})).unwrap_err();
-        assert!(dup.contains("named twice"), "{dup}");
-        let bad = principals_arg(&json!({"principals": ["evil.x"]})).unwrap_err();
-        assert!(bad.contains("is not a real owner.actor principal"), "{bad}");
-        assert_eq!(
-            principals_arg(
-                &json!({"principals": (0..256).map(|i| format!("local.a{i}")).collect::<Vec<_>>()})
-            )
-            .unwrap()
-            .len(),
-            256
-        );
-    }
-
-    #[test]
-    fn the_result_keeps_the_reference_key_order() {
-        let r = EvictionResult {
-            principal: "local.a".into(),
-            kicked: 1,
-            remaining: 0,
-            verified_gone: true,
-            scan_complete: true,
-            note: None,
-        };
-        assert_eq!(
-            serde_json::to_string(&r).unwrap(),
-            r#"{"principal":"local.a","kicked":1,"remaining":0,"verifiedGone":true,"scanComplete":true}"#
-        );
-    }
 }

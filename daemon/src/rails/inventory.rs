@@ -3,7 +3,7 @@
 //!
 //! It is answered beside the serialized admin verbs, never behind them. Each request first reads
 //! the lifecycle's ACL row: while that row still allows reads, the lifecycle is fenced on this
-//! process ([`crate::rails::fence`]). It then waits for the durable joins and leaves already
+//! process (`plane/fence.rs`). It then waits for the durable joins and leaves already
 //! running for the lifecycle, and only then joins the next shared read of the members bucket:
 //! requests that are ready together share one read, and a read never started before a request
 //! sharing it was ready.
@@ -13,14 +13,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use crate::plane::PlaneCtx;
 use crate::plane::{split_member_key, MemberRead, MemberRow, Members};
 use crate::plane::{AclRow, Acls};
-use crate::rails::fence::{FenceError, Fences};
-use crate::wire::{LifecycleUid, Principal};
+use crate::plane::{FenceError, Fences, MAX_FENCED};
+use crate::wire::{
+    Inventory, InventoryRow, LifecycleMemberships, LifecycleUid, Principal, Refusal, RefusalKind,
+};
 
 /// Bound on waiting for the joins and leaves already running for the lifecycle (a join may run
 /// its activation catch-up, which the agent waits 30 s for).
@@ -169,10 +170,6 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
     Ok(out)
 }
 
-fn arg<'a>(args: &'a Value, name: &str) -> Option<&'a str> {
-    args.get(name).and_then(Value::as_str).map(str::trim)
-}
-
 /// `lifecycleMemberships {principal, lifecycleUid}` →
 /// `{principal, lifecycleUid, fenced, read, memberships: [{channel, generation, activated,
 /// joinCursor, leaveCursor?, revision}]}` (every row of the lifecycle, tombstones included).
@@ -180,23 +177,14 @@ pub async fn lifecycle_memberships(
     ctx: &PlaneCtx,
     fences: &Fences,
     inventories: &Arc<Inventories>,
-    args: &Value,
-) -> Result<Value, String> {
-    let principal = arg(args, "principal")
-        .filter(|p| !p.is_empty())
-        .ok_or("lifecycleMemberships: a principal (owner.actor dot-form) is required")?;
-    let member = Principal::parse(principal)
-        .map_err(|e| format!("lifecycleMemberships: \"{principal}\" is not a principal: {e}"))?;
-    let raw_uid = arg(args, "lifecycleUid").filter(|u| !u.is_empty()).ok_or(
-        "lifecycleMemberships: the lifecycleUid is required (membership rows are lifecycle-keyed)",
-    )?;
-    let uid = LifecycleUid::parse(raw_uid).map_err(|e| format!("lifecycleMemberships: {e}"))?;
-
+    args: &LifecycleMemberships,
+) -> Result<Inventory, Refusal> {
+    let (member, uid) = (&args.principal, &args.lifecycle_uid);
     // The fence: set the moment the request is handled, if the row still allows reads. A row
     // that cannot be read is fenced too (it might allow reads).
     let acls = Acls::open(ctx).await;
     let allows_reads = match &acls {
-        Ok(acls) => match acls.read(&member, &uid).await {
+        Ok(acls) => match acls.read(member, uid).await {
             Ok(AclRow::Present { record, .. }) => {
                 !record.is_retired() && !record.allow_subscribe.is_empty()
             }
@@ -206,45 +194,53 @@ pub async fn lifecycle_memberships(
         Err(_) => true,
     };
     if allows_reads {
-        fences.fence(&member, &uid).map_err(|e| match e {
-            FenceError::Full => format!(
-                "lifecycleMemberships: this daemon already fences {} lifecycles; narrow the row to no reads first, or restart the daemon",
-                crate::rails::fence::MAX_FENCED
+        fences.fence(member, uid).map_err(|e| match e {
+            FenceError::Full => Refusal::new(
+                RefusalKind::Busy,
+                format!(
+                    "lifecycleMemberships: this daemon already fences {MAX_FENCED} lifecycles; narrow the row to no reads first, or restart the daemon"
+                ),
             ),
-            other => format!("lifecycleMemberships: {other:?}"),
+            other => Refusal::new(
+                RefusalKind::Conflict,
+                format!("lifecycleMemberships: {other:?}"),
+            ),
         })?;
     }
     fences
-        .settled(&member, &uid, RUNNING_WRITES_BOUND)
+        .settled(member, uid, RUNNING_WRITES_BOUND)
         .await
         .map_err(|e| match e {
-            FenceError::StillRunning { running, bound_ms } => format!(
-                "lifecycleMemberships: {running} durable join/leave of {member} lifecycle {uid} still running after {bound_ms} ms; retry"
+            FenceError::StillRunning { running, bound_ms } => Refusal::new(
+                RefusalKind::Conflict,
+                format!(
+                    "lifecycleMemberships: {running} durable join/leave of {member} lifecycle {uid} still running after {bound_ms} ms; retry"
+                ),
             ),
-            other => format!("lifecycleMemberships: {other:?}"),
+            other => Refusal::new(
+                RefusalKind::Conflict,
+                format!("lifecycleMemberships: {other:?}"),
+            ),
         })?;
-    let (read, rows) = inventories.rows_of(ctx, &member, &uid).await?;
-    let list: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            let mut m = json!({
-                "channel": r.record.channel,
-                "generation": r.record.generation,
-                "activated": r.record.activated.unwrap_or(false),
-                "joinCursor": r.record.join_cursor,
-                "revision": r.revision,
-            });
-            if let (Some(leave), Some(o)) = (r.record.leave_cursor, m.as_object_mut()) {
-                o.insert("leaveCursor".into(), json!(leave));
-            }
-            m
-        })
-        .collect();
-    Ok(json!({
-        "principal": member.dot_form(),
-        "lifecycleUid": uid.as_str(),
-        "fenced": fences.is_fenced(&member, &uid),
-        "read": read,
-        "memberships": list,
-    }))
+    let (read, rows) = inventories
+        .rows_of(ctx, member, uid)
+        .await
+        .map_err(|text| Refusal::new(RefusalKind::Unavailable, text))?;
+    Ok(Inventory {
+        principal: member.dot_form(),
+        lifecycle_uid: uid.as_str().to_string(),
+        fenced: fences.is_fenced(member, uid),
+        read,
+        memberships: rows
+            .iter()
+            .map(|r| InventoryRow {
+                channel: r.record.channel.clone(),
+                generation: r.record.generation,
+                activated: r.record.activated.unwrap_or(false),
+                join_cursor: r.record.join_cursor,
+                leave_cursor: r.record.leave_cursor,
+                revision: r.revision,
+            })
+            .collect(),
+    })
 }

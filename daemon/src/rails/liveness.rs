@@ -11,14 +11,17 @@
 //! daemon's own lease row, read leader-served at probe time.
 
 use futures::StreamExt;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use tokio::task::JoinHandle;
 
 use crate::kv::{Read, Rows};
-use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx};
-use crate::rails::evict::principal_arg;
+use crate::plane::{stopped, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
+use crate::rails::Handlers;
 use crate::sys::{Sweep, SysAuthority};
-use crate::wire::LEASE_KEY;
+use crate::wire::{
+    ConnTuple, LivenessAnswer, PlaneConnQuery, PlaneLiveness, PrincipalLiveness,
+    PrincipalLivenessQuery, Refusal, RefusalKind, TupleState, LEASE_KEY,
+};
 
 const UNDER_REPORTED: &str = "CONNZ sweep under-reported (no responder, truncation, an API error, or a malformed reply) - liveness UNKNOWN";
 
@@ -35,7 +38,7 @@ fn shortfall(sweep: &Sweep, decision: &str) -> Option<String> {
     }
 }
 
-async fn observed_sweep(verb: &str, authority: &SysAuthority) -> Result<Sweep, String> {
+async fn observed_sweep(verb: &str, authority: &SysAuthority) -> Result<Sweep, Refusal> {
     let cred = authority.pair(verb).await?.observer;
     let client = authority
         .dial(
@@ -44,21 +47,30 @@ async fn observed_sweep(verb: &str, authority: &SysAuthority) -> Result<Sweep, S
             "cotal-delivery-observer",
         )
         .await
-        .map_err(|e| format!("{verb}: the $SYS observer could not connect ({e})"))?;
+        .map_err(|e| {
+            Refusal::new(
+                RefusalKind::Unavailable,
+                format!("{verb}: the $SYS observer could not connect ({e})"),
+            )
+            .source(e)
+        })?;
     let sweep = authority.sweep(&client).await;
     let _ = client.drain().await;
     Ok(sweep)
 }
 
 /// `principalLiveness {principal}` → `{principal, state, sweepComplete, note?}`.
-pub async fn principal_liveness(authority: &SysAuthority, args: &Value) -> Result<Value, String> {
+pub async fn principal_liveness(
+    authority: &SysAuthority,
+    args: &PrincipalLivenessQuery,
+) -> Result<PrincipalLiveness, Refusal> {
     const VERB: &str = "principalLiveness";
-    let principal = principal_arg(VERB, args.get("principal"))?;
+    let principal = &args.principal;
     let sweep = observed_sweep(VERB, authority).await?;
     let live = sweep
         .rows
         .iter()
-        .any(|r| r.principal.as_ref() == Some(&principal));
+        .any(|r| r.principal.as_ref() == Some(principal));
     let note = shortfall(&sweep, "a freeze-holder repair");
     let state = if live {
         "live"
@@ -67,104 +79,46 @@ pub async fn principal_liveness(authority: &SysAuthority, args: &Value) -> Resul
     } else {
         "unknown"
     };
-    let mut out = Map::new();
-    out.insert("principal".into(), json!(principal.dot_form()));
-    out.insert("state".into(), json!(state));
-    out.insert("sweepComplete".into(), json!(sweep.complete()));
-    if !live {
-        if let Some(n) = note {
-            out.insert("note".into(), json!(n));
-        }
-    }
-    Ok(Value::Object(out))
-}
-
-/// One connection tuple of a plane claim, closed-parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Tuple {
-    server_id: String,
-    cid: u64,
-    user_nkey: String,
-}
-
-fn tuple(v: &Value) -> Option<Tuple> {
-    let m = v.as_object()?;
-    if m.len() != 3 {
-        return None;
-    }
-    let server_id = m.get("serverId")?.as_str()?;
-    if server_id.is_empty() || server_id.len() > 128 {
-        return None;
-    }
-    let cid = m
-        .get("cid")?
-        .as_u64()
-        .filter(|c| *c > 0 && *c < (1u64 << 53))?;
-    let nkey = m.get("userNkey")?.as_str()?;
-    let nkey_ok = nkey.len() == 56
-        && nkey.starts_with('U')
-        && nkey[1..]
-            .chars()
-            .all(|c| c.is_ascii_uppercase() || ('2'..='7').contains(&c));
-    if !nkey_ok {
-        return None;
-    }
-    Some(Tuple {
-        server_id: server_id.to_string(),
-        cid,
-        user_nkey: nkey.to_string(),
+    Ok(PrincipalLiveness {
+        principal: principal.dot_form(),
+        state,
+        sweep_complete: sweep.complete(),
+        note: if live { None } else { note },
     })
-}
-
-fn echo(t: &Tuple) -> Value {
-    json!({"serverId": t.server_id, "cid": t.cid, "userNkey": t.user_nkey})
 }
 
 /// `planeConnLiveness {query: {ledger, records}}` →
 /// `{ledger: {tuple, state}, records: {tuple, state}, sweepComplete, note?}`.
-pub async fn plane_conn_liveness(authority: &SysAuthority, args: &Value) -> Result<Value, String> {
+pub async fn plane_conn_liveness(
+    authority: &SysAuthority,
+    query: &PlaneConnQuery,
+) -> Result<PlaneLiveness, Refusal> {
     const VERB: &str = "planeConnLiveness";
-    let malformed = || {
-        format!("{VERB}: the query must be exactly {{ ledger, records }} connection tuples ({{ serverId, cid, userNkey }}); refusing a malformed or wider query")
-    };
-    let query = args
-        .get("query")
-        .and_then(Value::as_object)
-        .ok_or_else(malformed)?;
-    if query.len() != 2 {
-        return Err(malformed());
-    }
-    let ledger = query.get("ledger").and_then(tuple).ok_or_else(malformed)?;
-    let records = query.get("records").and_then(tuple).ok_or_else(malformed)?;
     let sweep = observed_sweep(VERB, authority).await?;
     let note = shortfall(&sweep, "a plane reclaim");
-    let verdict = |t: &Tuple| {
+    let verdict = |t: &ConnTuple| {
         let live = sweep.rows.iter().any(|r| {
             r.user_nkey.as_deref() == Some(t.user_nkey.as_str())
                 || (r.server_id == t.server_id && r.cid == t.cid)
         });
-        if live {
+        let state = if live {
             "live"
         } else if note.is_none() {
             "gone"
         } else {
             "unknown"
+        };
+        TupleState {
+            tuple: t.clone(),
+            state,
         }
     };
-    let mut out = Map::new();
-    out.insert(
-        "ledger".into(),
-        json!({"tuple": echo(&ledger), "state": verdict(&ledger)}),
-    );
-    out.insert(
-        "records".into(),
-        json!({"tuple": echo(&records), "state": verdict(&records)}),
-    );
-    out.insert("sweepComplete".into(), json!(sweep.complete()));
-    if let Some(n) = note {
-        out.insert("note".into(), json!(n));
-    }
-    Ok(Value::Object(out))
+    Ok(PlaneLiveness {
+        ledger: verdict(&query.ledger),
+        records: verdict(&query.records),
+        sweep_complete: sweep.complete(),
+        note: note.clone(),
+    })
 }
 
 /// Who this daemon is in its lease row, to grade a probe.
@@ -206,35 +160,50 @@ pub async fn bind(
     mut stop: StopRx,
 ) -> Result<JoinHandle<()>, PlaneError> {
     let serve = ctx.names.live_delivery_serve();
-    let fail = |detail: String| PlaneError {
-        what: "live.delivery responder",
-        detail,
-    };
+    const WHAT: &str = "live.delivery responder";
     let mut sub = ctx
         .client
         .queue_subscribe(serve.clone(), LIVE_QUEUE_GROUP.to_string())
         .await
-        .map_err(|e| fail(format!("subscribe {serve}: {e}")))?;
+        .map_err(|e| {
+            PlaneError::new(
+                PlaneErrorKind::Subscribe,
+                WHAT,
+                format!("subscribe {serve}: {e}"),
+            )
+        })?;
     let rows = Rows::open(
         &ctx.js,
         &ctx.names.delivery_bucket(),
         ctx.config.request_bound,
     )
     .await
-    .map_err(|e| fail(format!("open the lease bucket: {e}")))?;
+    .map_err(|e| {
+        PlaneError::new(
+            PlaneErrorKind::Bucket,
+            WHAT,
+            format!("open the lease bucket: {e}"),
+        )
+    })?;
     let ctx = ctx.clone();
     Ok(tokio::spawn(async move {
+        let mut probes = Handlers::new();
         loop {
             tokio::select! {
                 _ = stopped(&mut stop) => break,
+                Some(()) = probes.reaped() => {}
                 msg = sub.next() => {
                     let Some(msg) = msg else { break };
                     let (ctx, rows, me, instance) = (ctx.clone(), rows.clone(), me.clone(), instance.clone());
-                    tokio::spawn(async move { answer_probe(&ctx, &rows, &me, &instance, msg).await });
+                    let probe = async move { answer_probe(&ctx, &rows, &me, &instance, msg).await };
+                    if probes.spawn(&mut stop, probe).await.is_err() {
+                        break;
+                    }
                 }
             }
         }
         let _ = sub.unsubscribe().await;
+        probes.join(WHAT).await;
     }))
 }
 
@@ -262,13 +231,20 @@ async fn answer_probe(
         Ok(Read::Absent { .. }) => Ok(None),
         Err(_) => Err(()),
     };
-    let body = json!({"plane": "delivery", "responder": grade(row, me), "instance": instance});
-    let _ = ctx.client.publish(reply, body.to_string().into()).await;
+    let answer = LivenessAnswer {
+        plane: "delivery",
+        responder: grade(row, me),
+        instance: instance.to_string(),
+    };
+    if let Ok(body) = serde_json::to_vec(&answer) {
+        let _ = ctx.client.publish(reply, body.into()).await;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// Mutation: grading a not-ready row `bound`, or another instance's row `bound`, fails here.
     #[test]
@@ -288,17 +264,6 @@ mod tests {
         assert_eq!(grade(row("local.U1", "i1", true), &me), "bound");
         assert_eq!(grade(row("local.U1", "i0", true), &me), "stale");
         assert_eq!(grade(row("local.U2", "i1", true), &me), "stale");
-    }
-
-    /// Mutation: accepting an extra key or a zero cid in a tuple fails here.
-    #[test]
-    fn tuples_are_closed() {
-        let nkey = format!("U{}", "A".repeat(55));
-        assert!(tuple(&json!({"serverId": "S", "cid": 1, "userNkey": nkey})).is_some());
-        assert!(tuple(&json!({"serverId": "S", "cid": 0, "userNkey": nkey})).is_none());
-        assert!(tuple(&json!({"serverId": "S", "cid": 1, "userNkey": nkey, "x": 1})).is_none());
-        assert!(tuple(&json!({"serverId": "", "cid": 1, "userNkey": nkey})).is_none());
-        assert!(tuple(&json!({"serverId": "S", "cid": 1, "userNkey": "Ubad"})).is_none());
     }
 
     fn sweep(servers: &[&str], cluster: bool) -> Sweep {

@@ -10,28 +10,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde::Deserialize;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
-use crate::plane::{stopped, PlaneCtx, PlaneError, StopRx, NOT_SERVING, STOPPED_SERVING};
-use crate::wire::{ControlReply, ControlRequest, CtlService, Principal};
+use crate::plane::{stopped, Fences, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
+use crate::plane::{NOT_SERVING, STOPPED_SERVING};
+use crate::wire::{
+    ControlReply, ControlRequest, CtlService, DeliveryRequest, Principal, Refusal, RefusalKind,
+    ReplyData, TakeRequest, SENDER_MISMATCH,
+};
 
 mod admin;
 mod anycast;
 mod evict;
-mod fence;
+mod handlers;
 mod inventory;
 mod liveness;
 mod ops;
 
 pub(crate) use admin::{CredentialAdmin, RECONNECT_WAIT_BOUND};
 pub(crate) use anycast::bind_sweeper;
-pub(crate) use evict::{kick_all, EvictorKicker, Kicker};
+pub(crate) use evict::{kick_all, EvictorKicker, KickOutcome, Kicker};
+pub(crate) use handlers::{Handlers, HANDLER_JOIN_BOUND};
+pub use handlers::{Unbound, RAIL_IN_FLIGHT_REQUESTS};
 pub(crate) use liveness::{bind as bind_liveness, LeaseSelf};
 
 use crate::sys::SysAuthority;
-use fence::Fences;
 use inventory::Inventories;
 
 /// What the rails serve beside the plane context, wired by the space ring. One value per daemon
@@ -53,6 +57,10 @@ pub const ADMIN_QUEUE_BOUND: usize = 1024;
 /// Refusal of an admin request that finds the queue full.
 pub const ADMIN_QUEUE_FULL: &str =
     "delivery: the admin rail has 1024 requests waiting for their turn; retry";
+const _: () = assert!(
+    ADMIN_QUEUE_BOUND == 1024,
+    "ADMIN_QUEUE_FULL names the bound"
+);
 
 /// Whether a request payload is a `lifecycleMemberships` inventory (answered beside the queue).
 fn is_inventory(payload: &[u8]) -> bool {
@@ -79,12 +87,21 @@ pub fn reply_is_bound(request_subject: &str, reply: &str) -> bool {
         .is_some_and(|leaf| !leaf.is_empty())
 }
 
-/// Serializes `reply`, replacing it by a refusal naming its size when it would exceed
-/// `max_payload_bytes` (0 = unknown, no check).
-pub fn encode_reply(reply: &ControlReply, max_payload_bytes: usize) -> Vec<u8> {
-    let bytes = serde_json::to_vec(reply).unwrap_or_default();
+/// Serializes `reply` (digests scrubbed when `scrub`), replacing it by a refusal naming its
+/// size when it would exceed `max_payload_bytes` (0 = unknown, no check).
+pub fn encode_reply<D: Serialize>(
+    reply: &ControlReply<D>,
+    max_payload_bytes: usize,
+    scrub: bool,
+) -> Vec<u8> {
+    let text = serde_json::to_string(reply).unwrap_or_default();
+    let bytes = if scrub {
+        admin::scrub_json(&text).into_bytes()
+    } else {
+        text.into_bytes()
+    };
     if max_payload_bytes > 0 && bytes.len() > max_payload_bytes {
-        let refusal = ControlReply::refuse(format!(
+        let refusal = ControlReply::<ReplyData>::refuse(format!(
             "delivery: the reply is {} bytes, larger than the broker's max_payload of {} bytes; it cannot be published",
             bytes.len(),
             max_payload_bytes
@@ -104,78 +121,120 @@ pub async fn bind(
     service: CtlService,
     mut stop: StopRx,
 ) -> Result<JoinHandle<()>, PlaneError> {
+    const WHAT: &str = "control rail";
     let serve = ctx.names.ctl_serve(service);
     let mut sub = ctx
         .client
         .queue_subscribe(serve.clone(), service.queue_group().to_string())
         .await
-        .map_err(|e| PlaneError {
-            what: "control rail",
-            detail: format!("subscribe {serve}: {e}"),
+        .map_err(|e| {
+            PlaneError::new(
+                PlaneErrorKind::Subscribe,
+                WHAT,
+                format!("subscribe {serve}: {e}"),
+            )
         })?;
     // A subscription is bound only once the broker has processed it; `flush()` merely writes
     // the socket, so a request round trip (`$JS.API.INFO`, granted) proves it.
     match tokio::time::timeout(ctx.config.request_bound, ctx.js.query_account()).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {
-            return Err(PlaneError {
-                what: "control rail",
-                detail: format!("subscribe {serve}: round trip failed: {e}"),
-            })
+            return Err(PlaneError::new(
+                PlaneErrorKind::RoundTrip,
+                WHAT,
+                format!("subscribe {serve}: round trip failed: {e}"),
+            ))
         }
         Err(_) => {
-            return Err(PlaneError {
-                what: "control rail",
-                detail: format!("subscribe {serve}: no round trip answer"),
-            })
+            return Err(PlaneError::new(
+                PlaneErrorKind::RoundTrip,
+                WHAT,
+                format!("subscribe {serve}: no round trip answer"),
+            ))
         }
     }
     let ctx = ctx.clone();
     Ok(tokio::spawn(async move {
         // The admin rail answers one request at a time, in arrival order, on one worker; an
-        // inventory is answered beside it. The delivery rail answers each request at once.
+        // inventory is answered beside it. The delivery rail answers each request at once, at
+        // most RAIL_IN_FLIGHT_REQUESTS of them.
         let admin = service == CtlService::DeliveryAdmin;
+        let mut handlers = Handlers::new();
         let (queue, mut turns) =
             tokio::sync::mpsc::channel::<async_nats::Message>(ADMIN_QUEUE_BOUND);
-        let worker = {
+        {
             let (ctx, parts) = (ctx.clone(), parts.clone());
-            tokio::spawn(async move {
+            handlers.spawn_worker(async move {
                 while let Some(msg) = turns.recv().await {
                     handle(&ctx, &parts, service, msg).await;
                 }
-            })
-        };
-        let dispatch = |msg: async_nats::Message| {
+            });
+        }
+        // A request is queued (admin), refused (queue full) or handled under a permit.
+        let classify = |msg: async_nats::Message| -> Option<Work> {
             if admin && !is_inventory(&msg.payload) {
-                if let Err(tokio::sync::mpsc::error::TrySendError::Full(msg)) = queue.try_send(msg)
-                {
-                    let ctx = ctx.clone();
-                    tokio::spawn(async move { refuse(&ctx, msg, ADMIN_QUEUE_FULL).await });
+                match queue.try_send(msg) {
+                    Ok(()) => None,
+                    Err(tokio::sync::mpsc::error::TrySendError::Full(msg))
+                    | Err(tokio::sync::mpsc::error::TrySendError::Closed(msg)) => {
+                        Some(Work::Refuse(ctx.clone(), msg))
+                    }
                 }
             } else {
-                let (ctx, parts) = (ctx.clone(), parts.clone());
-                tokio::spawn(async move { handle(&ctx, &parts, service, msg).await });
+                Some(Work::Handle(ctx.clone(), parts.clone(), msg))
             }
         };
+        // A request that waited for a permit until the stop: answered below, with the rest.
+        let mut held = None;
         loop {
             tokio::select! {
                 _ = stopped(&mut stop) => break,
+                Some(()) = handlers.reaped() => {}
                 msg = sub.next() => {
                     let Some(msg) = msg else { break };
-                    dispatch(msg);
+                    if let Some(work) = classify(msg) {
+                        if let Err(work) = handlers.spawn(&mut stop, work.run(service)).await {
+                            held = Some(work);
+                            break;
+                        }
+                    }
                 }
             }
         }
         let _ = sub.unsubscribe().await;
         // Requests already delivered to this subscription are answered (the gate is closed by
         // now, so with the not-serving refusal) instead of being dropped into their callers'
-        // timeouts. The subscription is closed, so this ends with its buffer.
+        // timeouts. The subscription is closed, so this ends with its buffer. They are answered
+        // here, one after another: a refusal needs no permit.
+        if let Some(work) = held {
+            work.await;
+        }
         while let Ok(Some(msg)) = tokio::time::timeout(DRAIN_BOUND, sub.next()).await {
-            dispatch(msg);
+            if admin && !is_inventory(&msg.payload) && queue.try_send(msg.clone()).is_ok() {
+                continue;
+            }
+            handle(&ctx, &parts, service, msg).await;
         }
         drop(queue);
-        let _ = worker.await;
+        handlers.join(service.as_str()).await;
     }))
+}
+
+/// One request's work under a permit.
+enum Work {
+    Handle(PlaneCtx, AdminParts, async_nats::Message),
+    Refuse(PlaneCtx, async_nats::Message),
+}
+
+impl Work {
+    async fn run(self, service: CtlService) {
+        match self {
+            Work::Handle(ctx, parts, msg) => handle(&ctx, &parts, service, msg).await,
+            Work::Refuse(ctx, msg) => {
+                refuse(&ctx, msg, Refusal::new(RefusalKind::Busy, ADMIN_QUEUE_FULL)).await
+            }
+        }
+    }
 }
 
 /// Bound on waiting for each buffered request while a rail is unbound.
@@ -188,9 +247,14 @@ fn bound_reply(msg: &async_nats::Message) -> Option<String> {
     reply_is_bound(msg.subject.as_str(), &reply).then_some(reply)
 }
 
-async fn publish_answer(ctx: &PlaneCtx, reply: String, answer: &ControlReply) {
+async fn publish_answer(
+    ctx: &PlaneCtx,
+    reply: String,
+    answer: &ControlReply<ReplyData>,
+    scrub: bool,
+) {
     let max_payload = ctx.client.server_info().max_payload;
-    let body = encode_reply(answer, max_payload);
+    let body = encode_reply(answer, max_payload, scrub);
     let _ = tokio::time::timeout(REPLY_BOUND, async {
         if ctx.client.publish(reply, body.into()).await.is_ok() {
             // Out of the client's buffer before an adopted credential's reconnect may start.
@@ -201,9 +265,9 @@ async fn publish_answer(ctx: &PlaneCtx, reply: String, answer: &ControlReply) {
 }
 
 /// Answers `msg` with a refusal without handling it.
-async fn refuse(ctx: &PlaneCtx, msg: async_nats::Message, why: &str) {
+async fn refuse(ctx: &PlaneCtx, msg: async_nats::Message, why: Refusal) {
     if let Some(reply) = bound_reply(&msg) {
-        publish_answer(ctx, reply, &ControlReply::refuse(why)).await;
+        publish_answer(ctx, reply, &why.reply(), false).await;
     }
 }
 
@@ -213,21 +277,21 @@ async fn handle(ctx: &PlaneCtx, parts: &AdminParts, service: CtlService, msg: as
         return;
     };
     let prefix = format!("{}.ctl.{}", ctx.names.space().prefix(), service.as_str());
-    let answer = match caller_of(&subject, &prefix) {
-        None => ControlReply::refuse("sender mismatch - request rejected"),
+    let (answer, scrub) = match caller_of(&subject, &prefix) {
+        None => (ControlReply::refuse(SENDER_MISMATCH), false),
         Some(caller) => match ctx.gate.admit() {
-            None => ControlReply::refuse(NOT_SERVING),
+            None => (ControlReply::refuse(NOT_SERVING), false),
             Some(epoch) => {
-                let answer = answer(ctx, parts, service, &caller, &msg.payload).await;
+                let (answer, scrub) = answer(ctx, parts, service, &caller, &msg.payload).await;
                 if answer.ok && !ctx.gate.still(epoch) {
-                    ControlReply::refuse(STOPPED_SERVING)
+                    (ControlReply::refuse(STOPPED_SERVING), false)
                 } else {
-                    answer
+                    (answer, scrub)
                 }
             }
         },
     };
-    publish_answer(ctx, reply, &answer).await;
+    publish_answer(ctx, reply, &answer, scrub).await;
     if service == CtlService::DeliveryAdmin {
         if let Some(c) = parts.credentials.as_deref() {
             c.replied();
@@ -235,42 +299,37 @@ async fn handle(ctx: &PlaneCtx, parts: &AdminParts, service: CtlService, msg: as
     }
 }
 
+/// The reply to one admitted request, and whether its digests are scrubbed (an admin verb's
+/// reply: it may quote a credential's fingerprint).
 async fn answer(
     ctx: &PlaneCtx,
     parts: &AdminParts,
     service: CtlService,
     caller: &Principal,
     payload: &[u8],
-) -> ControlReply {
-    let request: ControlRequest = match serde_json::from_slice(payload) {
+) -> (ControlReply<ReplyData>, bool) {
+    let request = match ControlRequest::parse(payload, caller) {
         Ok(r) => r,
-        Err(e) => return ControlReply::refuse(format!("malformed request: {e}")),
+        Err(refusal) => return (refusal.reply(), false),
     };
-    let from_id = request.from.get("id").and_then(Value::as_str);
-    if from_id != Some(caller.dot_form().as_str()) {
-        return ControlReply::refuse("sender mismatch - request rejected");
-    }
     let result = match service {
-        CtlService::Delivery => {
-            ops::delivery(ctx, &parts.fences, caller, &request.op, &request.args)
-                .await
-                .map_err(admin::AdminRefusal::from)
-        }
-        CtlService::DeliveryAdmin => {
-            admin::dispatch(ctx, parts, caller, &request.op, &request.args).await
-        }
-        CtlService::Anycast => anycast::take(ctx, caller, &request.op, &request.args)
-            .await
-            .map_err(admin::AdminRefusal::from),
+        CtlService::Delivery => match DeliveryRequest::parse(&request) {
+            Ok(verb) => ops::delivery(ctx, &parts.fences, caller, verb).await,
+            Err(refusal) => Err(refusal),
+        },
+        CtlService::DeliveryAdmin => admin::dispatch(ctx, parts, &request).await,
+        CtlService::Anycast => match TakeRequest::parse(&request) {
+            Ok(TakeRequest::Take(take)) => {
+                anycast::take(ctx, caller, &take).await.map(ReplyData::Took)
+            }
+            Err(refusal) => Err(refusal),
+        },
     };
     ctx.metrics.rail_request(&request.op, result.is_err());
+    let scrub = service == CtlService::DeliveryAdmin;
     match result {
-        Ok(data) => ControlReply::ok(data),
-        Err(r) => ControlReply {
-            ok: false,
-            data: r.data,
-            error: Some(r.error),
-        },
+        Ok(data) => (ControlReply::ok(data), scrub),
+        Err(refusal) => (refusal.reply(), scrub),
     }
 }
 
@@ -311,8 +370,9 @@ mod tests {
     /// comes back as itself, `ok: true`).
     #[test]
     fn oversized_replies_become_a_refusal_with_the_size() {
+        use serde_json::Value;
         let big = ControlReply::ok(Value::String("x".repeat(5000)));
-        let out = encode_reply(&big, 4096);
+        let out = encode_reply(&big, 4096, false);
         let r: ControlReply = serde_json::from_slice(&out).unwrap();
         assert!(!r.ok);
         let size = serde_json::to_vec(&big).unwrap().len();
@@ -320,7 +380,7 @@ mod tests {
         assert!(out.len() <= 4096);
         let small = ControlReply::ok(Value::Null);
         assert_eq!(
-            encode_reply(&small, 4096),
+            encode_reply(&small, 4096, false),
             serde_json::to_vec(&small).unwrap()
         );
     }

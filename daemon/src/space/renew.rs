@@ -10,7 +10,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch};
 
 use crate::conn::{ConnEvent, CredentialCell};
@@ -20,7 +19,7 @@ use crate::provision::{BrokerAccepted, Preflight};
 use crate::rails::RECONNECT_WAIT_BOUND;
 use crate::space::health::HealthHandle;
 use crate::store::{delivery_creds_key, membership_rw_creds_key, SecretStore};
-use crate::wire::Space;
+use crate::wire::{Accepted, CredentialOutcome, Skipped, Space};
 
 /// The renewal point, as a share of the JWT's `iat → exp` lifetime.
 pub const RENEW_AT_SHARE: f64 = 0.75;
@@ -492,7 +491,10 @@ impl Renewal {
     /// `reloadCreds`' membership component: proves the store's `membership-rw` credential on a
     /// disposable connection, then, when the feed runs, moves its rw connection onto it
     /// (`residentSwap: "best-effort"`: the reconnect is not awaited).
-    pub async fn reload_membership(&self, expected: Option<&str>) -> Result<Value, String> {
+    pub async fn reload_membership(
+        &self,
+        expected: Option<&str>,
+    ) -> Result<CredentialOutcome, String> {
         let key = membership_rw_creds_key(&self.space);
         let where_ = self.store.locate(&key);
         let raw = match self.store.get(&key) {
@@ -503,7 +505,11 @@ impl Renewal {
                 ))
             }
             Ok(None) => {
-                return Ok(json!({"skipped": format!("no membership-rw credential at {where_} (nothing to reload)")}))
+                return Ok(CredentialOutcome::Skipped(Skipped {
+                    skipped: format!(
+                        "no membership-rw credential at {where_} (nothing to reload)"
+                    ),
+                }))
             }
             Err(e) => return Err(format!("the membership credential store: {e}")),
         };
@@ -540,10 +546,10 @@ impl Renewal {
                 "best-effort"
             }
         };
-        Ok(json!({
-            "ok": true,
-            "brokerAccepted": accepted.to_json(),
-            "residentSwap": swap,
+        Ok(CredentialOutcome::Accepted(Accepted {
+            ok: true,
+            broker_accepted: accepted.reply(),
+            resident_swap: Some(swap),
         }))
     }
 
@@ -587,13 +593,13 @@ impl crate::rails::CredentialAdmin for Renewal {
     fn reload_delivery<'a>(
         &'a self,
         expected: Option<&'a str>,
-    ) -> futures::future::BoxFuture<'a, Result<Value, String>> {
-        Box::pin(async move { self.reload(expected).await.map(|a| a.to_json()) })
+    ) -> futures::future::BoxFuture<'a, Result<crate::wire::BrokerAccepted, String>> {
+        Box::pin(async move { self.reload(expected).await.map(|a| a.reply()) })
     }
     fn reload_membership<'a>(
         &'a self,
         expected: Option<&'a str>,
-    ) -> futures::future::BoxFuture<'a, Result<Value, String>> {
+    ) -> futures::future::BoxFuture<'a, Result<CredentialOutcome, String>> {
         Box::pin(Renewal::reload_membership(self, expected))
     }
     fn store_identity(&self) -> Result<crate::store::StoreIdentity, String> {
@@ -617,7 +623,7 @@ mod tests {
             sub: String::new(),
             name: String::new(),
             issuer_account: None,
-            nats: Value::Null,
+            nats: serde_json::Value::Null,
         };
         assert_eq!(renew_point_secs(&c), Ok(Some(1_075)));
         let never = JwtClaims { exp: None, ..c };
@@ -636,7 +642,7 @@ mod tests {
             sub: String::new(),
             name: String::new(),
             issuer_account: None,
-            nats: Value::Null,
+            nats: serde_json::Value::Null,
         };
         let e = renew_point_secs(&c).unwrap_err();
         assert!(e.contains("cannot be computed"), "{e}");

@@ -22,6 +22,8 @@ struct Bound {
 
 /// Bound on waiting for the bound tasks to wind down at a quiesce.
 const QUIESCE_BOUND: Duration = Duration::from_secs(5);
+// A rail's wait for its running handlers ends inside the bound its own task is given.
+const _: () = assert!(crate::rails::HANDLER_JOIN_BOUND.as_millis() < QUIESCE_BOUND.as_millis());
 
 /// Owner of the Plane-3 tasks.
 pub struct Plane {

@@ -3,17 +3,21 @@
 //!
 //! Owns the token grammar and its refusals ([`grammar`]), every subject, stream, consumer, bucket
 //! and key name ([`names`]), the rows several rings read and write ([`rows`]), the INBOX entry and
-//! the DLV frame ([`frames`]), and the control rails' envelope ([`control`]). Invariant: a name is
-//! spelled only here, and a malformed token is refused with the value and the rule it broke.
+//! the DLV frame ([`frames`]), the control rails' envelope and refusals ([`control`]), their
+//! requests as types ([`requests`]) and their replies in the reference's key order
+//! ([`replies`]). Invariant: a name is spelled only here, a malformed token is refused with the
+//! value and the rule it broke, and a request is parsed once, where a rail receives it.
 //! Imports nothing of this crate; every other ring may import it.
 
 mod control;
 mod frames;
 mod grammar;
 mod names;
+mod replies;
+mod requests;
 mod rows;
 
-pub use control::{ControlReply, ControlRequest};
+pub use control::{ControlReply, ControlRequest, Refusal, RefusalKind, SENDER_MISMATCH};
 pub use frames::{
     authenticated_channel_message, dedup_id, dedup_id_of, mentions, message_id, parse_chat_subject,
     parse_dinbox_subject, sender_id, EntryRead, Plane3DeliveryFrame, Plane3Entry, Reason,
@@ -26,6 +30,17 @@ pub use grammar::{
 pub use names::{
     inbox_prefix, CtlService, SpaceNames, DELIVERY_FRAME_HEADER, FANOUT_DURABLE, LEASE_KEY,
     MEMBERSHIP_OBSERVER_INBOX_PREFIX, READER_DURABLE,
+};
+pub use replies::{
+    Accepted, AnycastCancelled, AnycastRowStatus, AnycastStatus, BrokerAccepted, ConnTuple,
+    CredentialOutcome, EvictionResult, Failed, Inventory, InventoryRow, Joined, Left,
+    LivenessAnswer, Membership, Memberships, PlaneLiveness, PrincipalLiveness, ReloadedCredentials,
+    ReplyData, Skipped, StoreIdentityReply, Took, TupleState,
+};
+pub use requests::{
+    AdminRequest, AnycastSeq, DeliveryRequest, DurableJoin, DurableLeave, EvictPrincipal,
+    EvictPrincipals, LifecycleMemberships, ListMemberships, PlaneConnQuery, PrincipalLivenessQuery,
+    ReloadCreds, ReloadStoreIdentity, StoreChallenge, Take, TakeRequest, EVICT_PRINCIPALS_MAX,
 };
 pub use rows::{AclRecord, LeaseInfo, SHARD};
 

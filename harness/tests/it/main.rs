@@ -21,3 +21,4 @@ mod renewal;
 mod scenarios;
 mod supervisor;
 mod timer;
+mod wire;

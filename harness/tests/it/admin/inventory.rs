@@ -15,7 +15,7 @@ const BOUND: Duration = Duration::from_secs(10);
 /// are refused with a clear text, the inventory lists the row the lifecycle holds, and a row
 /// narrowed to no reads leaves no mark (a later widening lets the lifecycle join again).
 ///
-/// Mutations seen failing: removing the `fences.begin` check in `rails/ops.rs` (the later join
+/// Mutations seen failing: removing the `fences.begin` check in `plane/durable.rs` (the later join
 /// succeeds); fencing unconditionally in `rails/inventory.rs` (bob's inventory reports
 /// `fenced: true`).
 #[tokio::test]

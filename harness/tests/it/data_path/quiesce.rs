@@ -22,7 +22,7 @@ use crate::support::data_path::*;
 /// after the daemon's 5 s request bound, so the release must come well before that.
 const HELD_BOUND: Duration = Duration::from_secs(3);
 
-/// Mutation caught: the in-flight checks removed (`still(epoch)` in `rails/ops.rs` and in the
+/// Mutation caught: the in-flight checks removed (`still(epoch)` in `plane/durable.rs` and in the
 /// rail's reply path always true) — the held join then completes and answers `ok`, and its
 /// member row appears on the broker. The drain's `not serving` refusal cannot stand in for it:
 /// the test demands the `stopped serving` text and the handler is proved admitted (its ACL read

@@ -6,8 +6,9 @@
 //! inventory that arrives while the row still allows reads *fences* the lifecycle on this
 //! daemon process: every later durable join and leave of it is refused. Either way the
 //! inventory's read waits until the joins and leaves already running for the lifecycle have
-//! finished. The registry lives for the process (a retired lifecycle never comes back); the
-//! seeds scope the fence to "that daemon process".
+//! finished. The registry lives for the process (a retired lifecycle never comes back; the fence
+//! is scoped to "that daemon process", docs/admin.md). The durable join and leave transactions
+//! (`plane::durable`) register here; the inventory verb (the rails ring) sets the fence.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
