@@ -329,7 +329,7 @@ pub struct DownArgs {
     pub root: Option<PathBuf>,
 }
 
-/// Timing overrides of `deliver` (defaults are the seeds'; tests shrink windows through these).
+/// Timing overrides of `deliver` (the documented defaults; tests shrink windows through these).
 const DELIVER_ENV_HELP: &str = "Environment (milliseconds; 0 or garbage keeps the default):
   COTAL_DELIVERY_BROKER_GONE_MS           broker-gone window, less event-loop stall [15000]
   COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS  wall-time backstop, never below the window [4 x window]

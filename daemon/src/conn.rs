@@ -4,7 +4,7 @@
 //! broker watch after start-up (no probe connections while healthy). It always presents the
 //! credential the daemon holds *now* (an auth callback reads the shared cell on every
 //! (re)connect, so an adopted renewal is what the next redial sends), uses the `_INBOX_<nkey>`
-//! reply prefix the `delivery` grant allows (DESIGN §6.1), and, when TLS is demanded, refuses a
+//! reply prefix the `delivery` grant allows (`provision/profiles.rs`), and, when TLS is demanded, refuses a
 //! plaintext listener instead of upgrading on the server's greeting.
 
 use std::fmt;

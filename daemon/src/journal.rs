@@ -1,4 +1,4 @@
-//! The daemon's human log: the exact lines the seeds quote (`✓ …`, `✗ …`, `! …`, `• …`).
+//! The daemon's human log: the exact lines docs/operations.md lists (`✓ …`, `✗ …`, `! …`, `• …`).
 //!
 //! These lines are an interface (operators grep them, tests snapshot them), so they are written
 //! verbatim, one per call, to stderr and appended with a UTC timestamp to the space's

@@ -1,7 +1,7 @@
 //! Leader-served KV rows.
 //!
 //! The `delivery` credential may read buckets only through `$JS.API.STREAM.MSG.GET` (no Direct
-//! Get, DESIGN §6.2), and freshness demands it anyway: the lease, an ACL re-check and a membership
+//! Get: docs/data-path.md), and freshness demands it anyway: the lease, an ACL re-check and a membership
 //! interval must be read from the stream leader, never from a replica or a cache. Writes go
 //! through plain JetStream publishes on `$KV.<bucket>.<key>` with an expected-revision header, so
 //! every write here is a compare-and-set the broker arbitrates.

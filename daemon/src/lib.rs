@@ -24,6 +24,9 @@
 //!   [`repeats`], [`metrics`], [`tuning`].
 //! - [`wire`]: names, token grammar, rows, entries and frames, the control rails' envelope.
 
+// Library paths never panic on a value they were handed: a refusal or a fault is a typed error.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 /// A hash of this crate's sources at build time (`build.rs`): the binary prints it with
 /// `cotal-delivery build-id`, so a test can tell a daemon binary built from other sources.
 pub const BUILD_ID: &str = env!("COTAL_DELIVERY_BUILD_ID");

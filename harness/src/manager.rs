@@ -1,4 +1,4 @@
-//! The `Manager` actor: the admin-rail side of the seeds, as a manager speaks it.
+//! The `Manager` actor: the admin rail as a manager speaks it (docs/admin.md).
 //!
 //! A manager needs the daemon while it starts: it waits up to 60 s for `ctl.delivery-admin` to
 //! answer, retrying only a request that timed out or found no responder, the first retry at
@@ -7,7 +7,7 @@
 //! eviction uses the same cadence within a 15 s total wait. A restart evicts the holders of its
 //! credential family in requests of 256, recording each verified request in a ledger, so a
 //! restart cut short resumes after the last recorded request. Every wait is overridable
-//! ([`ManagerWaits`]) so tests can shrink it; the defaults are the seeds'.
+//! ([`ManagerWaits`]) so tests can shrink it; the defaults are docs/admin.md's.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use crate::error::HarnessError;
 use crate::mesh::Mesh;
 
-/// The seeds' waits.
+/// The documented waits (docs/admin.md).
 #[derive(Debug, Clone)]
 pub struct ManagerWaits {
     /// How long start-up waits for the rail (60 s).

@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long, default_value_t = 20)]
     pub initial_creds_secs: u64,
     /// A standby's retry of a held lease, in milliseconds, passed to both hosts as
-    /// `COTAL_DELIVERY_STANDBY_RETRY_MS` (the seeds' 5 s by default; shortened only to make the
+    /// `COTAL_DELIVERY_STANDBY_RETRY_MS` (5 s by default; shortened only to make the
     /// suite fit in `ci/test`).
     #[arg(long, default_value_t = 5_000)]
     pub standby_retry_ms: u64,

@@ -26,9 +26,9 @@ pub enum TakeVerdict {
     Refused { why: String },
 }
 
-/// Why a call found no daemon: the words the seeds give.
+/// Why a call found no daemon (docs/anycast.md's words).
 pub const NO_DAEMON: &str = "no delivery daemon is answering";
-/// What a holder says when a daemon or its own seat predates takes (the seeds' words).
+/// What a holder says when a daemon or its own seat predates takes (docs/anycast.md).
 pub const PREDATES_FIX: &str = "restart the daemon or respawn the seat";
 /// Bound of the liveness probe that tells a daemon predating takes from no daemon at all.
 const PROBE_BOUND: std::time::Duration = std::time::Duration::from_secs(2);

@@ -1,7 +1,7 @@
 //! The host's kicker: on a multi-space host the host is the only process that kicks.
 //!
 //! Why: the evictor's KICK permission is broker-wide, so on a broker that hosts several spaces
-//! no space daemon (lane) may hold it (seeds, eviction credentials). A lane's verified eviction
+//! no space daemon (lane) may hold it (docs/host.md, "Kicks"). A lane's verified eviction
 //! still scans its own account through its own observer, but hands the live matches to the
 //! host through the rails' [`Kicker`] seam. Per call the host
 //! 1. finds a space on its root that retained the system-account signing seed (in manifest

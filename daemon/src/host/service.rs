@@ -24,7 +24,7 @@ use crate::store::{delivery_creds_key, SecretStore, StoreIdentity};
 use crate::tuning::Tuning;
 use crate::wire::{LifecycleUid, Space};
 
-/// What an embedding host assigns to one delivery service (the seeds' `HostedContextInputs`).
+/// What an embedding host assigns to one delivery service (docs/embedding.md).
 #[derive(Clone)]
 pub struct HostedContextInputs {
     /// The assigned data account's public key (`A…`): the delivery credential must be its.

@@ -6,7 +6,7 @@
 //! its copy. After the row is written the daemon therefore copies the posts of
 //! `(joinCursor, frontier-after-write]` itself. The fan-out writer copies every later post (it
 //! reads the row fresh), and a post it also copied lands twice under one dedup id, which the
-//! broker stores once (an id-less post may surface twice, as the seeds allow).
+//! broker stores once (an id-less post may surface twice, docs/data-path.md).
 
 use std::time::Duration;
 

@@ -10,7 +10,7 @@
 //! order without waiting (at most [`MAX_COPIES_IN_FLIGHT`] unacknowledged), and the post is
 //! acked only after every copy is stored; any failure naks it whole, and the copies'
 //! duplicate-suppression ids make the retry idempotent (an id-less post carries none, so its
-//! retry may surface twice, as the seed allows). A post's body is serialised once for all its
+//! retry may surface twice, docs/data-path.md). A post's body is serialised once for all its
 //! copies.
 
 use std::sync::Arc;

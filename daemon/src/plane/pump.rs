@@ -368,7 +368,7 @@ pub async fn bind_durable(
 /// sequence and its deleted sequences (per-subject retention, `max_msgs_per_subject` with
 /// discard old, removes from the middle too) say how many in the gap are really gone. Only
 /// those are reported; the guarantee is at-least-once *within retention*, and this makes its
-/// edge visible instead of a silent gap (DESIGN §6.8).
+/// edge visible instead of a silent gap (docs/data-path.md).
 #[derive(Debug, Default)]
 pub struct RetentionWatch {
     /// Highest first-delivery stream sequence seen in this run.

@@ -74,7 +74,7 @@ struct Reader {
     handoffs: Arc<Semaphore>,
 }
 
-/// Creates (or binds) the `reader` durable (exactly one filter subject, DESIGN §6.5).
+/// Creates (or binds) the `reader` durable (exactly one filter subject: the `delivery` grant names it).
 pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneError> {
     let err = |detail: String| PlaneError::new(PlaneErrorKind::Bucket, "trusted reader", detail);
     let config = pull::Config {
@@ -106,8 +106,8 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
 }
 
 impl Reader {
-    /// Whether `pulled` has been redelivered the ceiling's number of times: the seeds' "given
-    /// up after ten redeliveries" is the eleventh delivery (the reference terms at its tenth,
+    /// Whether `pulled` has been redelivered the ceiling's number of times: "given up after
+    /// ten redeliveries" (docs/operations.md) is the eleventh delivery (the reference terms at its tenth,
     /// docs/conformance.md says why this one does not).
     fn given_up(&self, pulled: &Pulled) -> bool {
         redeliveries(pulled) >= self.ctx.config.reader_max_redeliveries

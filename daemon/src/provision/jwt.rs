@@ -5,7 +5,7 @@
 //! the Go way: base32 (std alphabet, no padding) of SHA-512/256 over the JSON of the registered
 //! claims with an empty `jti`, with Go's HTML escaping. No JWT crate is used: the only one that
 //! can emit operator JWTs and JetStream limits is young, and the claims are short enough to keep
-//! explicit here (crates-digest §3).
+//! explicit here.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

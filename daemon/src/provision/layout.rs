@@ -1,4 +1,4 @@
-//! The reference `.cotal/` project layout (reference-digest §A.4): where a workspace root keeps
+//! The reference `.cotal/` project layout (docs/operations.md, "Files"): where a workspace root keeps
 //! the signer, `server.conf`, and each space's daemon material.
 //!
 //! ```text
@@ -136,7 +136,7 @@ pub struct SpaceMaterial {
     pub delivery: Credential,
     pub membership_rw: Credential,
     pub membership_observer: Credential,
-    /// Optional: without it eviction is refused (reference-digest §A.4).
+    /// Optional: without it eviction is refused (docs/admin.md).
     pub connection_evictor: Option<Credential>,
     /// The operator's read-only inspection credential (`pending`, `members`).
     pub inspect: Credential,

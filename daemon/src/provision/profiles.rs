@@ -1,11 +1,11 @@
 //! Permission profiles: the exact publish/subscribe allow and deny lists each credential
 //! carries.
 //!
-//! The lists are the reference `provision.ts` profiles (spec-digest §4) with the corrections
-//! found by running them against a real broker (DESIGN §6). Every Cotal name comes from
+//! The lists are the reference `provision.ts` profiles with the corrections found by running
+//! them against a real broker (each named at its profile below). Every Cotal name comes from
 //! [`SpaceNames`]; only NATS protocol subjects (`$JS.API…`, `$KV…`, `$SYS…`) are spelled here,
 //! through the small builders at the top of this file. Grants are never wider than the
-//! reference: a profile that needs more adds it together with the feature (DESIGN §6.9).
+//! reference: a profile that needs more adds it together with the feature.
 
 use crate::wire::{
     inbox_prefix, validate_channel, CtlService, LifecycleUid, Principal, Role, SpaceNames,
@@ -205,9 +205,9 @@ impl Roles {
 /// A data-account credential profile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Profile {
-    /// The delivery daemon (spec-digest §4.1 with DESIGN §6.1, §6.3, §6.4).
+    /// The delivery daemon.
     Delivery,
-    /// The derived membership-feed reader/writer (spec-digest §4.2).
+    /// The derived membership-feed reader/writer.
     MembershipRw,
     /// One agent instance: a principal in one lifecycle, reading `read` channels and serving
     /// `roles` (anycast).
@@ -315,9 +315,9 @@ impl SystemProfile {
     }
 }
 
-/// `delivery`: spec-digest §4.1 (reference `deliveryPermissions`, latest stored version), with
-/// DESIGN §6.1 (inbox is the user nkey), §6.3 (lease-bucket watch: consumer create/info/delete on
-/// `KV_cotal_delivery_<s>`) and §6.4 (`STREAM.MSG.DELETE` on `INBOX_<s>` for retired lifecycles).
+/// `delivery`: the reference `deliveryPermissions` (latest stored version), with the inbox on the
+/// user nkey, the lease-bucket watch (consumer create/info/delete on `KV_cotal_delivery_<s>`)
+/// and `STREAM.MSG.DELETE` on `INBOX_<s>` for retired lifecycles (docs/data-path.md).
 fn delivery(n: &SpaceNames, user_nkey: &str) -> Permissions {
     let chat = n.chat_stream();
     let inbox = n.inbox_stream();
@@ -341,7 +341,7 @@ fn delivery(n: &SpaceNames, user_nkey: &str) -> Permissions {
         .allow_pub(js::consumer_next_any(&chat))
         .allow_pub(js::consumer_delete_any(&chat))
         .allow_pub(js::ack_any(&chat))
-        // INBOX: name-pinned to `reader` (created with exactly one filter subject, §6.5).
+        // INBOX: name-pinned to `reader` (created with exactly one filter subject).
         .allow_pub(js::consumer_create_named(&inbox, reader))
         .allow_pub(js::consumer_durable_create(&inbox, reader))
         .allow_pub(js::consumer_info(&inbox, reader))
@@ -358,7 +358,7 @@ fn delivery(n: &SpaceNames, user_nkey: &str) -> Permissions {
         p.kv_read(&bucket);
     }
     p.allow_pub(js::kv_key(&n.members_bucket(), ">"))
-        // Lease bucket: leader-served reads, the lease keys, and (§6.3) the watch.
+        // Lease bucket: leader-served reads, the lease keys, and the watch.
         .allow_pub(js::stream_info(&lease_stream))
         .allow_pub(js::stream_msg_get(&lease_stream))
         .allow_pub(js::consumer_create_any(&lease_stream))
@@ -384,25 +384,25 @@ fn delivery(n: &SpaceNames, user_nkey: &str) -> Permissions {
         // Plane-3 data writes, any member and lifecycle.
         .allow_pub(n.dinbox_any_member())
         .allow_pub(n.dlv_any_member())
-        // §6.4: delete entries of retired lifecycles from the fan-out store.
+        // Delete entries of retired lifecycles from the fan-out store.
         .allow_pub(js::stream_msg_delete(&inbox))
         // Control replies only, never the request subjects.
         .allow_pub(n.ctl_reply_grant(CtlService::Delivery))
         .allow_pub(n.ctl_reply_grant(CtlService::DeliveryAdmin))
-        // §6.9: the `live.delivery` responder's replies (reply leaf only).
+        // The `live.delivery` responder's replies (reply leaf only).
         .allow_pub(n.live_delivery_reply_grant());
     anycast_records(&mut p, n, user_nkey);
     p.allow_sub(own_inbox(user_nkey))
         .allow_sub(n.ctl_serve(CtlService::Delivery))
         .allow_sub(n.ctl_serve(CtlService::DeliveryAdmin))
-        // §6.9: the anycast take rail (queue group `anycast`).
+        // The anycast take rail (queue group `anycast`).
         .allow_sub(n.ctl_serve(CtlService::Anycast))
-        // §6.9: the `live.delivery` responder (queue group `live.delivery`).
+        // The `live.delivery` responder (queue group `live.delivery`).
         .allow_sub(n.live_delivery_serve());
     p
 }
 
-/// §6.9, anycast take records (docs/anycast.md): leader-served reads of `TASK_<s>` (stream info
+/// Anycast take records (docs/anycast.md): leader-served reads of `TASK_<s>` (stream info
 /// for its creation time, message get by seq, never Direct Get) and deletes there (a cancel);
 /// the `cotal_anycast_<s>` rows (read leader-served, written by compare-and-set); DMs from the
 /// daemon's own principal `local.<user nkey>` only; the take rail's serve and reply leaf.
@@ -419,7 +419,7 @@ fn anycast_records(p: &mut Permissions, n: &SpaceNames, user_nkey: &str) {
     }
 }
 
-/// `membership-rw`: spec-digest §4.2. Reads the members registry and the feed, writes the feed.
+/// `membership-rw`: reads the members registry and the feed, writes the feed.
 fn membership_rw(n: &SpaceNames, user_nkey: &str) -> Permissions {
     let mut p = Permissions::default();
     p.allow_pub(js::API_INFO)
@@ -431,17 +431,17 @@ fn membership_rw(n: &SpaceNames, user_nkey: &str) -> Permissions {
     p
 }
 
-/// `agent`: one principal in one lifecycle (spec-digest §4.3, App. B abbreviated). Choices:
+/// `agent`: one principal in one lifecycle. Choices:
 ///
 /// - **Posts**: publish on its own chat subtree `cotal.<s>.chat.<o>.<a>.>` only (the broker
 ///   enforces sender authenticity). Publish acks arrive on its inbox `_INBOX_<user nkey>.>`,
-///   the same connId rule as every other data-account profile (DESIGN §6.1).
+///   the same connId rule as every other data-account profile.
 /// - **Live reads**: a core subscription `cotal.<s>.chat.*.*.<ch>` per allowed read channel; no
 ///   native `dinbox`/`dlv` subscription, and no grant at all on `INBOX_<s>`.
 /// - **Delivery rail**: publish its own `ctl.delivery.<o>.<a>` request subject and subscribe
 ///   its own `….reply.>` subtree; nothing on `ctl.delivery-admin`.
 /// - **Liveness probe**: publish its own `live.delivery.<o>.<a>` and subscribe its own
-///   `….reply.>` subtree (DESIGN §6.9).
+///   `….reply.>` subtree (docs/admin.md).
 /// - **Handoff**: bind-only on its own `dlv_<o>-<a>-<uid>` durable (INFO, MSG.NEXT, ACK). The
 ///   provisioner pre-creates it; creating any DLV consumer is explicitly denied, so a bug in an
 ///   agent cannot create a consumer that reads another member's frames.

@@ -2,7 +2,7 @@
 //! short-lived `$SYS` users the host mints from it.
 //!
 //! Why: on a broker that hosts several spaces no space daemon may hold the broker-wide
-//! evictor (seeds, eviction credentials). The multi-space host is the one process that kicks,
+//! evictor (docs/host.md, "Kicks"). The multi-space host is the one process that kicks,
 //! and only when a space on its root retained the system-account seed
 //! (`space.<key>/system-account.seed`). From it the host mints, per kick, a census user pinned
 //! to the lane's account (CONNZ of that account only) and a kick-only user whose grants name

@@ -1,5 +1,5 @@
 //! Provisioning for standby hosts: several multi-space hosts ready to serve the same spaces of
-//! one broker, each from its own root (seeds, "Standby provisioning").
+//! one broker, each from its own root (docs/host.md).
 //!
 //! Why a helper: the harness, the smoke suite and an operator's provisioner must prepare the
 //! roots the same way. Each host gets its own credentials (its own delivery nkey, distinct from

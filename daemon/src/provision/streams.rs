@@ -1,6 +1,6 @@
 //! A space's JetStream topology: streams, KV buckets and the per-agent `dlv_` durable.
 //!
-//! Names and configs are the reference's (spec-digest §1.3-1.5, reference-digest §F.1). Every
+//! Names and configs are the reference's (docs/data-path.md lists them). Every
 //! operation is idempotent so that a half-finished run leaves nothing a second run trips over:
 //! a missing stream is created; an existing one with the same managed fields is accepted; one
 //! that differs only in fields the broker can change in place (limits, ages, windows, direct
@@ -26,7 +26,7 @@ use crate::wire::{LifecycleUid, Principal, Role, SpaceNames};
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 /// Reference presence TTL (liveness window), the presence bucket's `max_age`.
 pub const DEFAULT_PRESENCE_TTL: Duration = Duration::from_secs(6);
-/// Per-subject retention of `INBOX_`/`DLV_`: the bound of the at-least-once guarantee (DESIGN §6.8).
+/// Per-subject retention of `INBOX_`/`DLV_`: the bound of the at-least-once guarantee (docs/data-path.md).
 pub const DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT: i64 = 1000;
 /// Per-subject retention of `CHAT_`.
 pub const DEFAULT_CHAT_MAX_MSGS_PER_SUBJECT: i64 = 1000;
@@ -266,7 +266,7 @@ pub fn space_stream_configs(n: &SpaceNames, opts: &ProvisionOptions) -> Vec<Conf
     chat.allow_direct = true;
     out.push(chat);
 
-    // DM and TASK must not enable Direct Get (spec §8).
+    // DM and TASK must not enable Direct Get (docs/data-path.md).
     out.push(stream(n.dm_stream(), vec![n.dm_all()], opts));
     let mut task = stream(n.task_stream(), vec![n.task_all()], opts);
     task.retention = RetentionPolicy::WorkQueue;

@@ -3,7 +3,7 @@
 //!
 //! Why: a process exit code cannot be the daemon's way out once a process hosts more than one
 //! space (the multi-space host's lanes) or embeds one (`start_delivery_service`). So
-//! [`SpaceDaemon::start`] returns only once the seeds' readiness holds (lease ready, fan-out,
+//! [`SpaceDaemon::start`] returns only once its readiness holds (lease ready, fan-out,
 //! reader and both rails bound, lease watch bound) or refuses with a [`StartError`] after
 //! closing what it opened; a running daemon ends in a [`Closed`] reason that every waiter sees.
 //! Nothing here reads a workspace root, writes a pid record or exits the process: those are
@@ -150,7 +150,7 @@ pub struct SpaceConfig {
 }
 
 impl SpaceConfig {
-    /// The seeds' defaults around the given inputs; the `$SYS` pair is read from `store`.
+    /// The documented defaults around the given inputs; the `$SYS` pair is read from `store`.
     pub fn new(
         space: Space,
         server: impl Into<String>,
@@ -241,7 +241,7 @@ impl SpaceDaemon {
         Box::pin(async move { CloseError::judge(end.await) })
     }
 
-    /// The same as [`SpaceDaemon::close`] (the seeds' `drain()` returns the same promise).
+    /// The same as [`SpaceDaemon::close`] (`drain()` returns the same promise, docs/embedding.md).
     pub fn drain(&self) -> BoxFuture<'static, Result<Closed, CloseError>> {
         self.close()
     }

@@ -1,4 +1,4 @@
-//! The membership feed: broker-sourced channel membership for the graph (reference §C.6).
+//! The membership feed: broker-sourced channel membership for the graph (docs/operations.md).
 //!
 //! Why a component of its own: it runs inside the space daemon on two connections of its own
 //! (the `$SYS` membership observer and the `membership-rw` writer, each under its own

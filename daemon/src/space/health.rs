@@ -1,8 +1,8 @@
 //! Transport health: the broker-gone watchdog and the credential-expiry state.
 //!
 //! Why: the daemon is coupled to its broker, so it must leave when the broker is gone, but it
-//! must not open probe connections to find out (seeds: "It opens no other connection to check
-//! the broker"), and a starved host must not make a live broker look gone. So the only inputs
+//! must not open probe connections to find out (it opens no other connection to check the
+//! broker, docs/operations.md), and a starved host must not make a live broker look gone. So the only inputs
 //! are the resident connection's own events: a disconnect starts a clock, a reconnect stops it.
 //! Time the daemon's own event loop was stalled (a `LoopLagMeter` on the 250 ms evaluation tick)
 //! is credited against the window; wall time has a backstop no credit can defer. An
@@ -30,7 +30,7 @@ pub const EVAL_TICK_MS: u64 = 250;
 /// exits a process; `cli.rs` applies it, a multi-space host retires only that lane.
 pub const HARD_EXIT_GRACE: Duration = Duration::from_millis(2_000);
 
-/// The seeds' lines, verbatim.
+/// The lines docs/operations.md lists, verbatim.
 pub const LINE_BROKER_GONE: &str = "✗ delivery: broker connection unavailable (broker unreachable), exiting (coupled to the broker)";
 pub const LINE_BACKSTOP: &str = "✗ delivery: broker connection unavailable past backstop (broker unreachable), exiting (coupled to the broker)";
 pub const LINE_EXPIRED: &str = "! delivery: credential expired, awaiting proved renewal";
@@ -119,7 +119,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// The seeds' line for this verdict.
+    /// The documented line for this verdict.
     pub fn line(self) -> &'static str {
         match self {
             Verdict::BrokerGone => LINE_BROKER_GONE,
@@ -333,7 +333,7 @@ impl HealthHandle {
 pub struct Watchdog;
 
 impl Watchdog {
-    /// Spawns the watchdog. It logs the episode lines itself; on a verdict it logs the seeds'
+    /// Spawns the watchdog. It logs the episode lines itself; on a verdict it logs the documented
     /// line and publishes the verdict (the daemon closes on it; nothing here exits a process).
     pub fn spawn(
         cfg: HealthConfig,

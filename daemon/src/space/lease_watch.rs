@@ -1,7 +1,8 @@
 //! The watch on the daemon's own lease key.
 //!
-//! Why: the seeds require the daemon to notice at once when its lease key changes under it (an
-//! operator's rewrite, a delete, another holder), not only at the next renew.
+//! Why: the daemon must notice at once when its lease key changes under it (an operator's
+//! rewrite, a delete, another holder), not only at the next renew (docs/architecture.md,
+//! "Start-up and the lease").
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ pub(crate) enum WatchEvent {
 }
 
 /// The watch on the daemon's own lease key: an ordered push consumer delivering into the
-/// daemon's inbox (the grant `$JS.API.CONSUMER.CREATE.KV_cotal_delivery_<s>.>`, DESIGN §6.3).
+/// daemon's inbox (the grant `$JS.API.CONSUMER.CREATE.KV_cotal_delivery_<s>.>`, `provision/profiles.rs`).
 pub(crate) struct LeaseWatch {
     me: Identity,
     messages: Option<jetstream::consumer::push::Ordered>,
@@ -107,8 +108,8 @@ impl LeaseWatch {
         self.messages = None;
     }
 
-    /// Deletes the watch consumer. A failed delete is said (seeds: "A failed delete emits a
-    /// warning") and leaves reclamation to the broker (five minutes of inactivity).
+    /// Deletes the watch consumer. A failed delete is said (a warning,
+    /// docs/operations.md) and leaves reclamation to the broker (five minutes of inactivity).
     pub(crate) async fn retire(&mut self) {
         self.messages = None;
         // A connection that is down cannot carry the delete: the broker reclaims the consumer.

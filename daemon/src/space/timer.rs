@@ -1,4 +1,4 @@
-//! The checkpoint timer writer (SPEC §13.9): the standing pump that turns workflow `.schedule`
+//! The checkpoint timer writer (docs/timer-writer.md): the standing pump that turns workflow `.schedule`
 //! requests into armed broker schedules. Without it no workflow pause on the space ever expires.
 //!
 //! Why a component of its own: it runs inside the space daemon but must never take delivery
@@ -30,7 +30,7 @@ pub const CONNECTION_NAME: &str = "cotal-delivery-timer-writer";
 /// The backoff doubles after each failed start up to this cap (the reference's 300 s).
 pub const RETRY_CAP: Duration = Duration::from_millis(300_000);
 const _: () = assert!(crate::tuning::DEFAULT_TIMER_RETRY.as_millis() <= RETRY_CAP.as_millis());
-/// `ack_wait` of `timerw_<s>` (spec-digest §1.4).
+/// `ack_wait` of `timerw_<s>` (docs/timer-writer.md).
 pub const ACK_WAIT: Duration = Duration::from_secs(60);
 /// Requests pulled per fetch.
 pub const FETCH_BATCH: usize = 16;
@@ -656,7 +656,7 @@ impl Arming {
         ))
     }
 
-    /// The re-read after the arm (admin-anycast-digest §7): the status is read once more,
+    /// The re-read after the arm (docs/timer-writer.md): the status is read once more,
     /// leader-served; if a heartbeat moved the live coordinate while the arm was in flight,
     /// that live coordinate is armed too, pinned on the `.armed` just published. A failed
     /// re-read or a lost pin keeps the first arm: the fire of a stale generation is discarded by

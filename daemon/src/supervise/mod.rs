@@ -687,7 +687,7 @@ async fn wait_serving(
     }
 }
 
-/// `code 9`, `signal SIGKILL`: how a daemon ended, for the seeds' restart line.
+/// `code 9`, `signal SIGKILL`: how a daemon ended, for the restart line (docs/operations.md).
 fn exit_cause(status: &std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     if let Some(code) = status.code() {

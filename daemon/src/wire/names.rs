@@ -264,7 +264,7 @@ impl SpaceNames {
 }
 
 /// Per-connection reply inbox prefix `_INBOX_<connId>` (no trailing dot). The matching grant is
-/// `_INBOX_<connId>.>`; for a credential holder the connId is its own user nkey (DESIGN §6.1).
+/// `_INBOX_<connId>.>`; for a credential holder the connId is its own user nkey.
 pub fn inbox_prefix(conn_id: &str) -> String {
     format!("_INBOX_{conn_id}")
 }
