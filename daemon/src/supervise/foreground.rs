@@ -17,7 +17,7 @@ use super::renewal::RenewalOwner;
 use super::stop::{self, Reservation};
 use super::{
     exit_cause, last_line, not_bound, start_daemon, BrokerChild, DaemonChild, LeaseWatch,
-    Transport, UpConfig, UpError, POLL,
+    Transport, UpConfig, UpError, UpErrorKind, POLL,
 };
 use crate::files;
 use crate::journal::Journal;
@@ -233,7 +233,7 @@ pub(super) async fn run(
                     "! up: nats-server exited ({}) - stopping the delivery daemon",
                     exit_cause(status)
                 ));
-                Err(UpError(format!(
+                Err(UpError::new(UpErrorKind::Broker, format!(
                     "✗ up: nats-server exited ({}) under up; the delivery daemon was stopped, nothing restarted",
                     exit_cause(status)
                 )))

@@ -90,15 +90,51 @@ struct DaemonChild {
     started_ms: u64,
 }
 
-/// Why `up` failed; the text is the operator's line.
+/// Why `up` failed: its kind, and the operator's line (`Display`).
 #[derive(Debug)]
-pub struct UpError(pub String);
+pub struct UpError {
+    kind: UpErrorKind,
+    text: String,
+}
+
+/// What `up` could not do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpErrorKind {
+    /// SIGINT/SIGTERM could not be watched.
+    Signals,
+    /// A file or directory of the root could not be created, opened or written.
+    Files,
+    /// The signer could not be loaded, created or saved, or a credential not minted.
+    Authority,
+    /// Provisioning the space (streams, buckets, its material) failed.
+    Provision,
+    /// nats-server did not start, exited, or could not be reached.
+    Broker,
+    /// The delivery daemon did not start, exited, or did not serve.
+    Daemon,
+    /// The main job's demonstration failed.
+    Demo,
+}
+
+impl UpError {
+    pub fn new(kind: UpErrorKind, text: impl Into<String>) -> UpError {
+        UpError {
+            kind,
+            text: text.into(),
+        }
+    }
+    pub fn kind(&self) -> UpErrorKind {
+        self.kind
+    }
+}
 
 impl std::fmt::Display for UpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
+
+impl std::error::Error for UpError {}
 
 /// A running mesh, handed to `after_serving` (the demo) while the daemon serves.
 pub struct RunningMesh {
@@ -136,23 +172,30 @@ where
     let root = files::absolute(&cfg.root, &std::env::current_dir().unwrap_or_default());
     let workspace = Workspace::new(&root);
     // Signals are ours from the start, so Ctrl-C during start-up still stops what was started.
-    let signals = foreground::Signals::install()
-        .map_err(|e| UpError(format!("✗ up: could not watch SIGINT/SIGTERM: {e}")))?;
+    let signals = foreground::Signals::install().map_err(|e| {
+        UpError::new(
+            UpErrorKind::Signals,
+            format!("✗ up: could not watch SIGINT/SIGTERM: {e}"),
+        )
+    })?;
     if let Some(mesh) = running_mesh(&root) {
         return relaunch(&cfg, &workspace, &mesh, &journal).await;
     }
     std::fs::create_dir_all(workspace.auth_dir()).map_err(|e| {
-        UpError(format!(
-            "✗ up: could not create {}: {e}",
-            workspace.auth_dir().display()
-        ))
+        UpError::new(
+            UpErrorKind::Files,
+            format!(
+                "✗ up: could not create {}: {e}",
+                workspace.auth_dir().display()
+            ),
+        )
     })?;
     let mut authority = MeshAuthority::load_or_create(&workspace.auth_dir())
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
     authority.add_space(&cfg.space);
     authority
         .save(&workspace.auth_dir())
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
     // A new `up` means the operator wants the daemon running again.
     let _ = std::fs::remove_file(files::down_marker_path(&root, &cfg.space));
 
@@ -241,16 +284,21 @@ where
     let report =
         provision::provision_space(authority, &url, cfg.tls_ca.as_deref(), space, &options)
             .await
-            .map_err(|e| UpError(format!("✗ up: provisioning space {space} failed: {e}")))?;
+            .map_err(|e| {
+                UpError::new(
+                    UpErrorKind::Provision,
+                    format!("✗ up: provisioning space {space} failed: {e}"),
+                )
+            })?;
     journal.line(format!(
         "✓ space {space} provisioned ({})",
         report.summary()
     ));
     let material = SpaceMaterial::mint_standing(authority, space, cfg.creds_lifetime)
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        .map_err(|e| UpError::new(UpErrorKind::Provision, format!("✗ up: {e}")))?;
     workspace
         .write_space_material(space, &material)
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        .map_err(|e| UpError::new(UpErrorKind::Provision, format!("✗ up: {e}")))?;
     journal.line(format!(
         "• delivery credential at {}",
         workspace.delivery_creds_path(space).display()
@@ -308,7 +356,7 @@ where
         stop_own(cfg, workspace, &mut daemon, journal).await;
     }
     watch.close().await;
-    demo.map_err(UpError)?;
+    demo.map_err(|text| UpError::new(UpErrorKind::Demo, text))?;
     outcome
 }
 
@@ -358,15 +406,15 @@ async fn relaunch(
         return Ok(());
     }
     let _ = std::fs::remove_file(files::down_marker_path(root, space));
-    let authority =
-        MeshAuthority::load(&workspace.auth_dir()).map_err(|e| UpError(format!("✗ up: {e}")))?;
+    let authority = MeshAuthority::load(&workspace.auth_dir())
+        .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
     if read_creds_file(&workspace.delivery_creds_path(space)).is_err() {
         // The stop removed it: mint the space's material again.
         let material = SpaceMaterial::mint_standing(&authority, space, cfg.creds_lifetime)
-            .map_err(|e| UpError(format!("✗ up: {e}")))?;
+            .map_err(|e| UpError::new(UpErrorKind::Provision, format!("✗ up: {e}")))?;
         workspace
             .write_space_material(space, &material)
-            .map_err(|e| UpError(format!("✗ up: {e}")))?;
+            .map_err(|e| UpError::new(UpErrorKind::Provision, format!("✗ up: {e}")))?;
     }
     let transport = Transport {
         tls: mesh.tls_required,
@@ -407,7 +455,7 @@ async fn start_broker(
 ) -> Result<BrokerChild, UpError> {
     let operator = authority
         .operator_auth()
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
     let cotal = workspace.cotal_dir();
     let mut conf = ServerConf::new()
         .jetstream(cotal.join("jetstream"))
@@ -420,14 +468,14 @@ async fn start_broker(
     }
     let conf_path = workspace
         .write_server_conf(&conf)
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        .map_err(|e| UpError::new(UpErrorKind::Files, format!("✗ up: {e}")))?;
     let ports_dir = cotal.join("ports");
     let _ = std::fs::remove_dir_all(&ports_dir);
     std::fs::create_dir_all(&ports_dir).map_err(|e| {
-        UpError(format!(
-            "✗ up: could not create {}: {e}",
-            ports_dir.display()
-        ))
+        UpError::new(
+            UpErrorKind::Files,
+            format!("✗ up: could not create {}: {e}", ports_dir.display()),
+        )
     })?;
     let log = open_append(&cotal.join("nats.log"))?;
     let mut cmd = Command::new(&cfg.nats_server);
@@ -438,11 +486,11 @@ async fn start_broker(
         .arg("--ports_file_dir")
         .arg(&ports_dir)
         .stdin(Stdio::null())
-        .stdout(Stdio::from(log.try_clone().map_err(|e| UpError(e.to_string()))?))
+        .stdout(Stdio::from(log.try_clone().map_err(|e| UpError::new(UpErrorKind::Files, e.to_string()))?))
         .stderr(Stdio::from(log))
         .spawn()
         .map_err(|e| {
-            UpError(format!(
+            UpError::new(UpErrorKind::Broker, format!(
                 "✗ up: could not start nats-server at {} ({e}); run ci/install-nats-server, or set NATS_SERVER_BIN",
                 cfg.nats_server.display()
             ))
@@ -463,18 +511,24 @@ async fn start_broker(
             return Ok(broker);
         }
         if let Ok(Some(status)) = broker.child.try_wait() {
-            return Err(UpError(format!(
-                "✗ up: nats-server exited ({status}) before it listened; see {}",
-                cotal.join("nats.log").display()
-            )));
+            return Err(UpError::new(
+                UpErrorKind::Broker,
+                format!(
+                    "✗ up: nats-server exited ({status}) before it listened; see {}",
+                    cotal.join("nats.log").display()
+                ),
+            ));
         }
         if Instant::now() > deadline {
             let _ = broker.child.kill().await;
-            return Err(UpError(format!(
-                "✗ up: nats-server did not listen within {} s; see {}",
-                BROKER_READY_BOUND.as_secs(),
-                cotal.join("nats.log").display()
-            )));
+            return Err(UpError::new(
+                UpErrorKind::Broker,
+                format!(
+                    "✗ up: nats-server did not listen within {} s; see {}",
+                    BROKER_READY_BOUND.as_secs(),
+                    cotal.join("nats.log").display()
+                ),
+            ));
         }
         tokio::time::sleep(POLL).await;
     }
@@ -513,7 +567,12 @@ fn open_append(path: &Path) -> Result<std::fs::File, UpError> {
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| UpError(format!("✗ up: could not open {}: {e}", path.display())))
+        .map_err(|e| {
+            UpError::new(
+                UpErrorKind::Files,
+                format!("✗ up: could not open {}: {e}", path.display()),
+            )
+        })
 }
 
 /// Starts `deliver` for `space` with the mesh's transport, its stdout and stderr on the space's
@@ -526,7 +585,8 @@ fn start_daemon(
     transport: &Transport,
     detach: bool,
 ) -> Result<DaemonChild, UpError> {
-    let exe = std::env::current_exe().map_err(|e| UpError(format!("✗ up: {e}")))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| UpError::new(UpErrorKind::Files, format!("✗ up: {e}")))?;
     let log_path = workspace.log_path(space);
     let log = open_append(&log_path)?;
     let mut cmd = Command::new(exe);
@@ -537,7 +597,8 @@ fn start_daemon(
         .current_dir(workspace.root())
         .stdin(Stdio::null())
         .stdout(Stdio::from(
-            log.try_clone().map_err(|e| UpError(e.to_string()))?,
+            log.try_clone()
+                .map_err(|e| UpError::new(UpErrorKind::Files, e.to_string()))?,
         ))
         .stderr(Stdio::from(log));
     // The mesh's transport on every launch: a TLS mesh always demands TLS of its daemon.
@@ -548,9 +609,12 @@ fn start_daemon(
         cmd.arg("--tls-ca").arg(ca);
     }
     let started_ms = crate::journal::epoch_ms();
-    let child = cmd
-        .spawn()
-        .map_err(|e| UpError(format!("✗ up: could not start the delivery daemon: {e}")))?;
+    let child = cmd.spawn().map_err(|e| {
+        UpError::new(
+            UpErrorKind::Daemon,
+            format!("✗ up: could not start the delivery daemon: {e}"),
+        )
+    })?;
     let pid = child.id().unwrap_or(0);
     let _ = files::write_atomic(
         &files::launched_path(workspace.root(), space),
@@ -582,7 +646,7 @@ impl LeaseWatch {
                 &Profile::Operator,
                 MintOptions::new().expires_in(Duration::from_secs(7 * 24 * 3600)),
             )
-            .map_err(|e| UpError(format!("✗ up: {e}")))?;
+            .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
         // Kept across a broker restart of the same URL; up watches the broker process itself.
         let options = crate::client::standing_credential_options(
             &operator,
@@ -591,15 +655,15 @@ impl LeaseWatch {
             &crate::wire::inbox_prefix(
                 &operator
                     .public_key()
-                    .map_err(|e| UpError(format!("✗ up: {e}")))?,
+                    .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?,
             ),
             crate::tuning::BROKER_BOUND,
         )
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
         let client =
             crate::client::connect_options(options, url, "cotal-up", crate::tuning::BROKER_BOUND)
                 .await
-                .map_err(|e| UpError(format!("✗ up: {e}")))?;
+                .map_err(|e| UpError::new(UpErrorKind::Broker, format!("✗ up: {e}")))?;
         let js = async_nats::jetstream::new(client.clone());
         let rows = Rows::open(
             &js,
@@ -607,7 +671,7 @@ impl LeaseWatch {
             Duration::from_secs(2),
         )
         .await
-        .map_err(|e| UpError(format!("✗ up: {e}")))?;
+        .map_err(|e| UpError::new(UpErrorKind::Broker, format!("✗ up: {e}")))?;
         Ok(LeaseWatch { client, rows })
     }
 
@@ -669,19 +733,22 @@ async fn wait_serving(
     loop {
         if let Ok(Some(status)) = daemon.child.try_wait() {
             let last = last_line(&workspace.log_path(space)).unwrap_or_else(|| "no output".into());
-            return Err(UpError(format!(
-                "✗ up: the delivery daemon exited ({}) without serving space {space}: {last}",
-                exit_cause(&status)
-            )));
+            return Err(UpError::new(
+                UpErrorKind::Daemon,
+                format!(
+                    "✗ up: the delivery daemon exited ({}) without serving space {space}: {last}",
+                    exit_cause(&status)
+                ),
+            ));
         }
         if watch.serving(space, workspace, daemon).await {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(UpError(format!(
-                "✗ up: {}",
-                not_bound(space, workspace, bound)
-            )));
+            return Err(UpError::new(
+                UpErrorKind::Daemon,
+                format!("✗ up: {}", not_bound(space, workspace, bound)),
+            ));
         }
         tokio::time::sleep(POLL).await;
     }
@@ -723,4 +790,37 @@ fn last_line(path: &Path) -> Option<String> {
         // The run's own last line says only how it ended; the reason is the line before it.
         .find(|l| !l.trim().is_empty() && !l.starts_with(RUN_ENDED))
         .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A nats-server binary that cannot be started ends `up` with a `Broker` error that names
+    /// the binary, before anything is provisioned. Mutation seen failing: the spawn failure's
+    /// kind set to `Files`.
+    #[tokio::test]
+    async fn a_broker_binary_that_cannot_start_is_a_broker_error() {
+        let root = tempfile::tempdir().unwrap();
+        let cfg = UpConfig {
+            space: Space::parse("demo").unwrap(),
+            root: root.path().to_path_buf(),
+            port: 0,
+            tls: None,
+            tls_ca: None,
+            nats_server: root.path().join("no-such-nats-server"),
+            lease_ttl: Duration::from_secs(30),
+            once: true,
+            detach: false,
+            creds_lifetime: None,
+            stop_grace: Duration::from_secs(1),
+            serving_bound: Duration::from_secs(1),
+        };
+        let e = up(cfg, |_| async { Ok(()) }).await.unwrap_err();
+        assert_eq!(e.kind(), UpErrorKind::Broker, "{e}");
+        assert!(
+            e.to_string().contains("could not start nats-server at"),
+            "{e}"
+        );
+    }
 }
