@@ -244,6 +244,24 @@ impl SysAuthority {
         .await
     }
 
+    /// The re-checked observer of this call, connected (dropped with the call).
+    pub async fn observer(&self, verb: &str) -> Result<async_nats::Client, Refusal> {
+        let credential = self.pair(verb).await?.observer;
+        self.dial(
+            &credential,
+            MEMBERSHIP_OBSERVER_INBOX_PREFIX,
+            "cotal-delivery-observer",
+        )
+        .await
+        .map_err(|e| {
+            Refusal::new(
+                RefusalKind::Unavailable,
+                format!("{verb}: the $SYS observer could not connect ({e})"),
+            )
+            .source(e)
+        })
+    }
+
     /// One complete-or-reported sweep of the account's connections through the observer.
     pub async fn sweep(&self, observer: &async_nats::Client) -> Sweep {
         sweep(observer, &self.account, &self.limits).await

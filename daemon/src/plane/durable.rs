@@ -112,6 +112,38 @@ async fn check_acl(
     }
 }
 
+/// A member row as a join or leave reads it.
+enum Row {
+    Present(MembershipRecord, u64),
+    /// No row; a create expects this revision (the bucket's marker, or none).
+    Absent {
+        marker_revision: u64,
+    },
+}
+
+/// The caller's member row of `channel` for `op`, read leader-served; a failed read or a row
+/// that does not parse refuses the verb.
+async fn member_row(
+    members: &Members,
+    op: &str,
+    channel: &str,
+    caller: &Principal,
+    uid: &LifecycleUid,
+) -> Result<Row, Refusal> {
+    match members
+        .read(channel, caller, uid)
+        .await
+        .map_err(|e| unavailable(format!("{op}: could not read the member row: {e}"), e))?
+    {
+        MemberRead::Present(rec, revision) => Ok(Row::Present(rec, revision)),
+        MemberRead::Absent { marker_revision } => Ok(Row::Absent { marker_revision }),
+        MemberRead::Garbled(e) => Err(Refusal::new(
+            RefusalKind::Unavailable,
+            format!("{op}: the member row does not parse ({e})"),
+        )),
+    }
+}
+
 /// The generation a join writes after `previous` (read from a stored row, so it may be anything):
 /// refused instead of wrapping or panicking at the top of the range.
 fn next_generation(previous: u64) -> Result<u64, Refusal> {
@@ -140,20 +172,9 @@ pub async fn durable_join(
         .map_err(|_| fenced(OP, caller, &uid))?;
     check_acl(&acls, caller, &uid, channel).await?;
 
-    let (previous, expected) = match members.read(channel, caller, &uid).await.map_err(|e| {
-        unavailable(
-            format!("durableJoin: could not read the member row: {e}"),
-            e,
-        )
-    })? {
-        MemberRead::Present(rec, revision) => (Some(rec), revision),
-        MemberRead::Absent { marker_revision } => (None, marker_revision),
-        MemberRead::Garbled(e) => {
-            return Err(Refusal::new(
-                RefusalKind::Unavailable,
-                format!("durableJoin: the member row does not parse ({e})"),
-            ))
-        }
+    let (previous, expected) = match member_row(&members, OP, channel, caller, &uid).await? {
+        Row::Present(rec, revision) => (Some(rec), revision),
+        Row::Absent { marker_revision } => (None, marker_revision),
     };
     // The join cursor is the CHAT frontier: posts after it are this membership's.
     let join_cursor = chat_frontier(ctx).await.map_err(|e| {
@@ -334,20 +355,9 @@ pub async fn durable_leave(
     let _running = fences
         .begin(caller, &uid)
         .map_err(|_| fenced(OP, caller, &uid))?;
-    let (mut record, revision) = match members.read(channel, caller, &uid).await.map_err(|e| {
-        unavailable(
-            format!("durableLeave: could not read the member row: {e}"),
-            e,
-        )
-    })? {
-        MemberRead::Present(rec, revision) => (rec, revision),
-        MemberRead::Absent { .. } => return Ok(left(true)),
-        MemberRead::Garbled(e) => {
-            return Err(Refusal::new(
-                RefusalKind::Unavailable,
-                format!("durableLeave: the member row does not parse ({e})"),
-            ))
-        }
+    let (mut record, revision) = match member_row(&members, OP, channel, caller, &uid).await? {
+        Row::Present(rec, revision) => (rec, revision),
+        Row::Absent { .. } => return Ok(left(true)),
     };
     if (record.generation as f64) != generation {
         return Err(Refusal::new(

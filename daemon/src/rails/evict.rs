@@ -121,21 +121,7 @@ pub async fn evict(
     kicker: &dyn Kicker,
     principals: &[Principal],
 ) -> Result<Vec<EvictionResult>, Refusal> {
-    let observer_cred = authority.pair(verb).await?.observer;
-    let observer = authority
-        .dial(
-            &observer_cred,
-            crate::wire::MEMBERSHIP_OBSERVER_INBOX_PREFIX,
-            "cotal-delivery-observer",
-        )
-        .await
-        .map_err(|e| {
-            Refusal::new(
-                RefusalKind::Unavailable,
-                format!("{verb}: the $SYS observer could not connect ({e})"),
-            )
-            .source(e)
-        })?;
+    let observer = authority.observer(verb).await?;
     let out = evict_with(verb, authority, kicker, &observer, principals).await;
     let _ = observer.drain().await;
     out

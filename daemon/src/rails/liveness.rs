@@ -20,7 +20,7 @@ use crate::rails::Handlers;
 use crate::sys::{Sweep, SysAuthority};
 use crate::wire::{
     ConnTuple, LivenessAnswer, PlaneConnQuery, PlaneLiveness, PrincipalLiveness,
-    PrincipalLivenessQuery, Refusal, RefusalKind, TupleState, LEASE_KEY,
+    PrincipalLivenessQuery, Refusal, TupleState, LEASE_KEY,
 };
 
 const UNDER_REPORTED: &str = "CONNZ sweep under-reported (no responder, truncation, an API error, or a malformed reply) - liveness UNKNOWN";
@@ -39,21 +39,7 @@ fn shortfall(sweep: &Sweep, decision: &str) -> Option<String> {
 }
 
 async fn observed_sweep(verb: &str, authority: &SysAuthority) -> Result<Sweep, Refusal> {
-    let cred = authority.pair(verb).await?.observer;
-    let client = authority
-        .dial(
-            &cred,
-            crate::wire::MEMBERSHIP_OBSERVER_INBOX_PREFIX,
-            "cotal-delivery-observer",
-        )
-        .await
-        .map_err(|e| {
-            Refusal::new(
-                RefusalKind::Unavailable,
-                format!("{verb}: the $SYS observer could not connect ({e})"),
-            )
-            .source(e)
-        })?;
+    let client = authority.observer(verb).await?;
     let sweep = authority.sweep(&client).await;
     let _ = client.drain().await;
     Ok(sweep)
@@ -161,17 +147,7 @@ pub async fn bind(
 ) -> Result<JoinHandle<()>, PlaneError> {
     let serve = ctx.names.live_delivery_serve();
     const WHAT: &str = "live.delivery responder";
-    let mut sub = ctx
-        .client
-        .queue_subscribe(serve.clone(), LIVE_QUEUE_GROUP.to_string())
-        .await
-        .map_err(|e| {
-            PlaneError::new(
-                PlaneErrorKind::Subscribe,
-                WHAT,
-                format!("subscribe {serve}: {e}"),
-            )
-        })?;
+    let mut sub = crate::rails::queue_subscribe(ctx, &serve, LIVE_QUEUE_GROUP, WHAT).await?;
     let rows = Rows::open(
         &ctx.js,
         &ctx.names.delivery_bucket(),

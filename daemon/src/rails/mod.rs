@@ -114,6 +114,25 @@ pub fn encode_reply<D: Serialize>(
 /// Bound on one reply publish.
 const REPLY_BOUND: Duration = crate::tuning::BROKER_BOUND;
 
+/// A queue-grouped subscription of `what` on `serve` (not yet proved bound at the broker).
+pub(crate) async fn queue_subscribe(
+    ctx: &PlaneCtx,
+    serve: &str,
+    group: &str,
+    what: &'static str,
+) -> Result<async_nats::Subscriber, PlaneError> {
+    ctx.client
+        .queue_subscribe(serve.to_string(), group.to_string())
+        .await
+        .map_err(|e| {
+            PlaneError::new(
+                PlaneErrorKind::Subscribe,
+                what,
+                format!("subscribe {serve}: {e}"),
+            )
+        })
+}
+
 /// Subscribes the rail (queue-grouped) and serves it until `stop`.
 pub async fn bind(
     ctx: &PlaneCtx,
@@ -123,17 +142,7 @@ pub async fn bind(
 ) -> Result<JoinHandle<()>, PlaneError> {
     const WHAT: &str = "control rail";
     let serve = ctx.names.ctl_serve(service);
-    let mut sub = ctx
-        .client
-        .queue_subscribe(serve.clone(), service.queue_group().to_string())
-        .await
-        .map_err(|e| {
-            PlaneError::new(
-                PlaneErrorKind::Subscribe,
-                WHAT,
-                format!("subscribe {serve}: {e}"),
-            )
-        })?;
+    let mut sub = queue_subscribe(ctx, &serve, service.queue_group(), WHAT).await?;
     // A subscription is bound only once the broker has processed it; `flush()` merely writes
     // the socket, so a request round trip (`$JS.API.INFO`, granted) proves it.
     match tokio::time::timeout(ctx.config.request_bound, ctx.js.query_account()).await {

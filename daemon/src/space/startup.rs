@@ -476,15 +476,8 @@ impl Wired {
                 return Err(StartError::of_verdict(verdict).at(PHASE));
             }
             Ok(Err(e)) => {
-                journal.line("✗ delivery: start-up failed - releasing the shard before exiting");
-                journal.line(format!("✗ delivery: {e}"));
                 let detail = format!("delivery: {e}");
-                self.keeper
-                    .leave(Closed::Fault {
-                        detail: detail.clone(),
-                    })
-                    .await;
-                return Err(StartError::new(StartErrorKind::Fault, detail).at(PHASE));
+                return Err(fault_after_claim(&journal, self.keeper, PHASE, detail).await);
             }
             Ok(Ok(())) => {}
         }
@@ -539,17 +532,8 @@ impl Armed {
         let watch = match LeaseWatch::bind(&js, &names, &identity, journal.clone()).await {
             Ok(w) => w,
             Err(e) => {
-                journal.line("✗ delivery: start-up failed - releasing the shard before exiting");
-                journal.line(format!(
-                    "✗ delivery: the lease watch could not be bound ({e})"
-                ));
                 let detail = format!("delivery: the lease watch could not be bound ({e})");
-                keeper
-                    .leave(Closed::Fault {
-                        detail: detail.clone(),
-                    })
-                    .await;
-                return Err(StartError::new(StartErrorKind::Fault, detail).at(PHASE));
+                return Err(fault_after_claim(&journal, keeper, PHASE, detail).await);
             }
         };
         startup_complete.store(true, Ordering::SeqCst);
@@ -635,6 +619,23 @@ impl Armed {
         });
         Ok(SpaceDaemon::running(space, close, end.shared(), health))
     }
+}
+
+/// A fault after the claim won: said, the claim released (the keeper's way out), refused.
+async fn fault_after_claim(
+    journal: &Journal,
+    keeper: Keeper,
+    phase: StartPhase,
+    detail: String,
+) -> StartError {
+    journal.line("✗ delivery: start-up failed - releasing the shard before exiting");
+    journal.line(format!("✗ {detail}"));
+    keeper
+        .leave(Closed::Fault {
+            detail: detail.clone(),
+        })
+        .await;
+    StartError::new(StartErrorKind::Fault, detail).at(phase)
 }
 
 /// The lease TTL: the bucket's `max_age` (set at provisioning), or the provisioning default

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 const BOUND: Duration = Duration::from_secs(10);
-const ROLE: &str = "review";
+pub(crate) const ROLE: &str = "review";
 
 async fn mesh() -> Mesh {
     Mesh::demo_builder()
@@ -37,7 +37,7 @@ async fn mesh() -> Mesh {
 }
 
 /// Publishes one `@review` request as `sender` (its own agent credential) and returns its seq.
-async fn send(sender: &Agent) -> u64 {
+pub(crate) async fn send(sender: &Agent) -> u64 {
     let js = jetstream::new(sender.client().clone());
     let subject = sender.names().anycast_subject(ROLE, sender.principal());
     js.publish(subject, "{\"parts\":[]}".into())

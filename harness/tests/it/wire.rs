@@ -12,18 +12,16 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream;
-use cotal_delivery::agent::Agent;
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{CtlService, Principal};
 use delivery_harness::agent;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use crate::anycast::{send, ROLE};
 use crate::support::data_path as s;
 
 const BOUND: Duration = Duration::from_secs(10);
-const ROLE: &str = "review";
 
 /// One request on `subject`, answered on `<subject>.reply.<nonce>`: the reply's bytes as
 /// published (or a probe's, for an empty `body`).
@@ -82,18 +80,6 @@ fn normalized(reply: &str, replace: &[(&str, &str)]) -> String {
             .into_owned();
     }
     out
-}
-
-/// Publishes one `@review` request as `sender` and returns its seq.
-async fn send(sender: &Agent) -> u64 {
-    let js = jetstream::new(sender.client().clone());
-    let subject = sender.names().anycast_subject(ROLE, sender.principal());
-    js.publish(subject, "{\"parts\":[]}".into())
-        .await
-        .expect("publish")
-        .await
-        .expect("stored")
-        .sequence
 }
 
 /// `ctl.delivery` (durable join, list, leave, the anycast sender verbs and a refusal), the
