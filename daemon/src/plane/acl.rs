@@ -8,8 +8,10 @@
 //! ms>`. Either field marks the row retired. A retired lifecycle never comes back, so entries
 //! addressed to it are deleted from `INBOX_<s>` the first time the reader meets them.
 
+use std::sync::Arc;
+
 use crate::kv::{Read, RowError, Rows};
-use crate::plane::cache::View;
+use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
 use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
@@ -91,6 +93,31 @@ impl Acls {
         }
     }
 
+    /// [`Acls::read_in`] for the hot path: the proved cache hands out the row as decoded once
+    /// per revision (`None` when absent, the parse error when garbled), the leader's read is
+    /// decoded here.
+    pub async fn read_shared_in(
+        &self,
+        view: &View<'_>,
+        member: &Principal,
+        uid: &LifecycleUid,
+    ) -> Result<Option<Arc<AclDecoded>>, RowError> {
+        match view {
+            View::Proved(cache) => {
+                let key = SpaceNames::acl_key(member, uid);
+                Ok(match cache.read_decoded(&key, |_, bytes| decode(bytes)) {
+                    DecodedRead::Present(row, _) => Some(row),
+                    DecodedRead::Absent { .. } => None,
+                })
+            }
+            View::Leader => Ok(match self.read(member, uid).await? {
+                AclRow::Present { record, .. } => Some(Arc::new(Ok(record))),
+                AclRow::Absent => None,
+                AclRow::Garbled(e) => Some(Arc::new(Err(e))),
+            }),
+        }
+    }
+
     /// [`Acls::single_live`] through `view`.
     pub async fn single_live_in(
         &self,
@@ -162,16 +189,23 @@ fn one_live(
     }
 }
 
+/// An ACL row's value as decoded: the record, or why it does not parse (a garbled row).
+pub type AclDecoded = Result<AclRecord, String>;
+
+fn decode(value: &[u8]) -> AclDecoded {
+    serde_json::from_slice::<AclRecord>(value).map_err(|e| e.to_string())
+}
+
 /// What one read of an ACL key means.
 fn acl_row(read: Read) -> AclRow {
     match read {
         Read::Absent { .. } => AclRow::Absent,
-        Read::Present(row) => match serde_json::from_slice::<AclRecord>(&row.value) {
+        Read::Present(row) => match decode(&row.value) {
             Ok(record) => AclRow::Present {
                 record,
                 revision: row.revision,
             },
-            Err(e) => AclRow::Garbled(e.to_string()),
+            Err(e) => AclRow::Garbled(e),
         },
     }
 }

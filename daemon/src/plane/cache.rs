@@ -18,6 +18,7 @@
 //! compares the cache with the stream's state and resets it when the stream lost something the
 //! cache holds (a stream purge, a deleted message) or went backwards (recreated).
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,6 +48,66 @@ pub struct CachedRow {
     pub revision: u64,
     /// Broker timestamp of the message (epoch ms), for local expiry of a bucket with max age.
     pub stored_at_ms: u64,
+    /// `value` as the last typed read decoded it: made from these bytes at this revision and
+    /// gone with them when a newer message of the key is applied.
+    decoded: Option<Decoded>,
+}
+
+impl CachedRow {
+    fn new(value: Option<Bytes>, revision: u64, stored_at_ms: u64) -> CachedRow {
+        CachedRow {
+            value,
+            revision,
+            stored_at_ms,
+            decoded: None,
+        }
+    }
+
+    /// The row's value decoded as a `T` by `decode` (from its key and bytes), decoded only the
+    /// first time it is read as a `T` at this revision.
+    fn decoded<T: Send + Sync + 'static>(
+        &mut self,
+        key: &str,
+        decode: impl FnOnce(&str, &Bytes) -> T,
+    ) -> Option<Arc<T>> {
+        let value = self.value.as_ref()?;
+        if let Some(held) = self
+            .decoded
+            .as_ref()
+            .and_then(|d| d.0.clone().downcast::<T>().ok())
+        {
+            return Some(held);
+        }
+        let fresh = Arc::new(decode(key, value));
+        self.decoded = Some(Decoded(fresh.clone()));
+        Some(fresh)
+    }
+}
+
+/// A decoded value kept beside its row's bytes.
+#[derive(Clone)]
+struct Decoded(Arc<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for Decoded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Decoded")
+    }
+}
+
+/// Decodings of equal bytes are equal; only the bytes and the revision tell rows apart.
+impl PartialEq for Decoded {
+    fn eq(&self, _: &Decoded) -> bool {
+        true
+    }
+}
+
+impl Eq for Decoded {}
+
+/// What a typed read of the cache found (as [`Read`], the value decoded).
+#[derive(Debug)]
+pub enum DecodedRead<T> {
+    Present(Arc<T>, u64),
+    Absent { marker_revision: Option<u64> },
 }
 
 #[derive(Debug, Default)]
@@ -306,6 +367,51 @@ impl RowCache {
             .collect()
     }
 
+    /// [`RowCache::read`] with the value decoded by `decode` (from the key and the bytes): each
+    /// revision is decoded once and the decoding kept beside its bytes, so what a decision reads
+    /// is always the decoding of the bytes the cache holds, only not parsed again.
+    pub fn read_decoded<T: Send + Sync + 'static>(
+        &self,
+        key: &str,
+        decode: impl FnOnce(&str, &Bytes) -> T,
+    ) -> DecodedRead<T> {
+        let mut st = self.lock();
+        let (max_age, now) = (st.max_age_ms, crate::journal::epoch_ms());
+        match st.rows.get_mut(key) {
+            None => DecodedRead::Absent {
+                marker_revision: None,
+            },
+            Some(row) if expired_at(max_age, row, now) => DecodedRead::Absent {
+                marker_revision: None,
+            },
+            Some(row) => {
+                let revision = row.revision;
+                match row.decoded(key, decode) {
+                    Some(value) => DecodedRead::Present(value, revision),
+                    None => DecodedRead::Absent {
+                        marker_revision: Some(revision),
+                    },
+                }
+            }
+        }
+    }
+
+    /// [`RowCache::scan`] with every value decoded as [`RowCache::read_decoded`] does.
+    pub fn scan_decoded<T: Send + Sync + 'static>(
+        &self,
+        prefix: &str,
+        decode: impl Fn(&str, &Bytes) -> T,
+    ) -> Vec<Arc<T>> {
+        let mut st = self.lock();
+        let (max_age, now) = (st.max_age_ms, crate::journal::epoch_ms());
+        st.rows
+            .range_mut(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, r)| !expired_at(max_age, r, now))
+            .filter_map(|(k, r)| r.decoded(k, &decode))
+            .collect()
+    }
+
     /// A write this daemon made, acknowledged at `revision`: applied at once when it is the very
     /// next message of the stream (nothing can be skipped), otherwise left to the watch and the
     /// fence (a later revision must not move `applied` past messages not yet seen).
@@ -315,11 +421,7 @@ impl RowCache {
             st.applied = revision;
             st.rows.insert(
                 key.to_string(),
-                CachedRow {
-                    value,
-                    revision,
-                    stored_at_ms: crate::journal::epoch_ms(),
-                },
+                CachedRow::new(value, revision, crate::journal::epoch_ms()),
             );
         }
     }
@@ -458,8 +560,11 @@ impl RowCache {
 }
 
 fn expired(st: &State, row: &CachedRow, now_ms: u64) -> bool {
-    st.max_age_ms
-        .is_some_and(|age| row.stored_at_ms.saturating_add(age) < now_ms)
+    expired_at(st.max_age_ms, row, now_ms)
+}
+
+fn expired_at(max_age_ms: Option<u64>, row: &CachedRow, now_ms: u64) -> bool {
+    max_age_ms.is_some_and(|age| row.stored_at_ms.saturating_add(age) < now_ms)
 }
 
 /// Applies one message in stream order (older or equal sequences are already applied).
@@ -481,14 +586,8 @@ fn apply(
     };
     let value = crate::kv::row_op(headers).is_row().then_some(payload);
     if st.rows.get(key).is_none_or(|r| r.revision < seq) {
-        st.rows.insert(
-            key.to_string(),
-            CachedRow {
-                value,
-                revision: seq,
-                stored_at_ms,
-            },
-        );
+        st.rows
+            .insert(key.to_string(), CachedRow::new(value, seq, stored_at_ms));
     }
 }
 
@@ -604,6 +703,59 @@ mod tests {
         apply(&mut st, "$KV.b.", "$KV.b.a", 7, Some(&h), Bytes::new(), 0);
         assert_eq!(st.rows["a"].value, None, "a delete marker applies");
         assert_eq!(st.applied, 7);
+    }
+
+    /// Mutations seen failing: `CachedRow::decoded` not keeping its decoding (the decode count),
+    /// `apply` carrying the replaced row's decoding over to the newer message (a stale value).
+    #[test]
+    fn a_row_is_decoded_once_per_revision_and_never_served_stale() {
+        let cache = RowCache::new("b");
+        let decodes = std::sync::atomic::AtomicUsize::new(0);
+        let number = |_: &str, v: &Bytes| {
+            decodes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            serde_json::from_slice::<serde_json::Value>(v).unwrap()["n"].as_u64()
+        };
+        let put = |rev: u64, n: u64, op: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(op) = op {
+                h.insert("KV-Operation", op);
+            }
+            let body = Bytes::from(format!("{{\"n\":{n}}}"));
+            apply(
+                &mut cache.lock(),
+                "$KV.b.",
+                "$KV.b.a",
+                rev,
+                Some(&h),
+                body,
+                0,
+            );
+        };
+        let read = |f: &dyn Fn(&str, &Bytes) -> Option<u64>| match cache.read_decoded("a", f) {
+            DecodedRead::Present(v, rev) => Some((*v, rev)),
+            DecodedRead::Absent { marker_revision } => {
+                assert!(marker_revision.is_some() || !cache.lock().rows.contains_key("a"));
+                None
+            }
+        };
+        put(3, 1, None);
+        assert_eq!(read(&number), Some((Some(1), 3)));
+        assert_eq!(read(&number), Some((Some(1), 3)));
+        assert_eq!(decodes.load(std::sync::atomic::Ordering::SeqCst), 1);
+        put(5, 2, None);
+        assert_eq!(read(&number), Some((Some(2), 5)), "the newer revision");
+        assert_eq!(decodes.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(
+            cache
+                .scan_decoded("", number)
+                .iter()
+                .map(|v| **v)
+                .collect::<Vec<_>>(),
+            vec![Some(2)]
+        );
+        put(6, 0, Some("DEL"));
+        assert_eq!(read(&number), None, "a delete marker reads as absent");
+        assert!(cache.scan_decoded("", number).is_empty());
     }
 
     /// Mutation: comparing `subjects_count` against rows without the `last == applied` guard

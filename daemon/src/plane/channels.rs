@@ -6,7 +6,7 @@
 use serde::Deserialize;
 
 use crate::kv::{Read, RowError, Rows};
-use crate::plane::cache::View;
+use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
 
 /// Key of the space defaults row.
@@ -57,10 +57,14 @@ impl Channels {
         channel: &str,
     ) -> Result<DeliveryClass, RowError> {
         match view {
-            View::Proved(cache) => Ok(resolve(
-                declared_in(cache.read(channel)),
-                declared_in(cache.read(DEFAULTS_KEY)),
-            )),
+            View::Proved(cache) => {
+                // Each row's class decoded once per revision the cache holds.
+                let class = |key: &str| match cache.read_decoded(key, |_, v| declared_by(v)) {
+                    DecodedRead::Present(class, _) => *class,
+                    DecodedRead::Absent { .. } => None,
+                };
+                Ok(resolve(class(channel), class(DEFAULTS_KEY)))
+            }
             View::Leader => self.class_of(channel).await,
         }
     }
@@ -74,11 +78,16 @@ impl Channels {
 fn declared_in(read: Read) -> Option<DeliveryClass> {
     match read {
         Read::Absent { .. } => None,
-        Read::Present(row) => serde_json::from_slice::<ClassOnly>(&row.value)
-            .ok()
-            .and_then(|c| c.delivery_class)
-            .and_then(|c| parse_class(&c)),
+        Read::Present(row) => declared_by(&row.value),
     }
+}
+
+/// The class a row's value declares (garbled or unknown = unset).
+fn declared_by(value: &[u8]) -> Option<DeliveryClass> {
+    serde_json::from_slice::<ClassOnly>(value)
+        .ok()
+        .and_then(|c| c.delivery_class)
+        .and_then(|c| parse_class(&c))
 }
 
 pub fn parse_class(raw: &str) -> Option<DeliveryClass> {

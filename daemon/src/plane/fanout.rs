@@ -219,13 +219,13 @@ impl Writer {
                 let rows = self.members.of_channel_in(members, channel).await?;
                 // Each post is judged by the interval it was posted in, kept closed or current.
                 Ok(rows
-                    .into_iter()
-                    .filter(|r| &r.member != sender)
+                    .iter()
                     .filter_map(|r| {
-                        let generation = r.record.generation_admitting(seq)?;
+                        let (member, uid) = r.key.as_ref().filter(|(m, _)| m != sender)?;
+                        let generation = r.record.as_ref().ok()?.generation_admitting(seq)?;
                         Some(Target {
-                            member: r.member,
-                            uid: r.uid,
+                            member: member.clone(),
+                            uid: uid.clone(),
                             reason: Reason::DurableChannel,
                             generation,
                         })

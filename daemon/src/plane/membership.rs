@@ -15,8 +15,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
 use crate::kv::{Read, RowError, Rows};
-use crate::plane::cache::View;
+use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
 use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
@@ -248,51 +250,65 @@ impl Members {
             .await
     }
 
-    /// [`Members::read`] through `view`.
+    async fn read_key(&self, key: &str) -> Result<MemberRead, RowError> {
+        Ok(member_read(self.rows.read(key).await?))
+    }
+
+    /// [`Members::read`] through `view`: the proved cache hands out the row as decoded once per
+    /// revision (`None` when absent), the leader's read is decoded here.
     pub async fn read_in(
         &self,
         view: &View<'_>,
         channel: &str,
         member: &Principal,
         uid: &LifecycleUid,
-    ) -> Result<MemberRead, RowError> {
+    ) -> Result<Option<Arc<MemberDecoded>>, RowError> {
         match view {
-            View::Proved(cache) => Ok(member_read(
-                cache.read(&SpaceNames::member_key(channel, member, uid)),
-            )),
-            View::Leader => self.read(channel, member, uid).await,
+            View::Proved(cache) => {
+                let key = SpaceNames::member_key(channel, member, uid);
+                Ok(match cache.read_decoded(&key, MemberDecoded::new) {
+                    DecodedRead::Present(row, _) => Some(row),
+                    DecodedRead::Absent { .. } => None,
+                })
+            }
+            View::Leader => Ok(match self.read(channel, member, uid).await? {
+                MemberRead::Present(record, _) => Some(Arc::new(MemberDecoded {
+                    key: Some((member.clone(), uid.clone())),
+                    record: Ok(record),
+                })),
+                MemberRead::Absent { .. } => None,
+                MemberRead::Garbled(e) => Some(Arc::new(MemberDecoded {
+                    key: Some((member.clone(), uid.clone())),
+                    record: Err(e),
+                })),
+            }),
         }
     }
 
-    async fn read_key(&self, key: &str) -> Result<MemberRead, RowError> {
-        Ok(member_read(self.rows.read(key).await?))
-    }
-
-    /// [`Members::of_channel`] through `view`.
+    /// [`Members::of_channel`] through `view`: from the proved cache, the live rows as decoded
+    /// once per revision (only rows whose key splits and whose record parses); from the leader,
+    /// decoded here.
     pub async fn of_channel_in(
         &self,
         view: &View<'_>,
         channel: &str,
-    ) -> Result<Vec<MemberRow>, RowError> {
+    ) -> Result<Vec<Arc<MemberDecoded>>, RowError> {
         let View::Proved(cache) = view else {
-            return self.of_channel(channel).await;
-        };
-        Ok(cache
-            .scan(&format!("{channel}/"))
-            .into_iter()
-            .filter_map(|(key, row)| {
-                let (_, member, uid) = split_member_key(&key)?;
-                let MemberRead::Present(record, revision) = member_read(Read::Present(row)) else {
-                    return None;
-                };
-                Some(MemberRow {
-                    member,
-                    uid,
-                    record,
-                    revision,
+            return Ok(self
+                .of_channel(channel)
+                .await?
+                .into_iter()
+                .map(|r| {
+                    Arc::new(MemberDecoded {
+                        key: Some((r.member, r.uid)),
+                        record: Ok(r.record),
+                    })
                 })
-            })
-            .collect())
+                .collect());
+        };
+        let mut rows = cache.scan_decoded(&format!("{channel}/"), MemberDecoded::new);
+        rows.retain(|r| r.key.is_some() && r.record.is_ok());
+        Ok(rows)
     }
 
     /// Writes `record` at its key if the row's revision is still `expected`.
@@ -386,6 +402,23 @@ impl Members {
             }
         }
         Ok(out)
+    }
+}
+
+/// A member row's value as decoded once per revision: the member and lifecycle its key names
+/// (`None` when the key does not split) and the record (or why it does not parse).
+#[derive(Debug)]
+pub struct MemberDecoded {
+    pub key: Option<(Principal, LifecycleUid)>,
+    pub record: Result<MembershipRecord, String>,
+}
+
+impl MemberDecoded {
+    fn new(key: &str, value: &bytes::Bytes) -> MemberDecoded {
+        MemberDecoded {
+            key: split_member_key(key).map(|(_, member, uid)| (member, uid)),
+            record: serde_json::from_slice(value).map_err(|e| e.to_string()),
+        }
     }
 }
 

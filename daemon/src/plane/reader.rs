@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::metrics::GiveUp;
-use crate::plane::acl::{AclRow, Acls};
+use crate::plane::acl::Acls;
 use crate::plane::boundary::Ticket;
 use crate::plane::cache::View;
 use crate::plane::membership::{MemberRead, Members};
@@ -225,27 +225,28 @@ impl Reader {
                 return Err(Settle::Term);
             }
         };
-        let record = match self.acls.read_in(acls, &member, &uid).await {
+        let acl = match self.acls.read_shared_in(acls, &member, &uid).await {
             Err(e) => {
                 tracing::warn!(error = %e, "reader: ACL read failed; nak");
                 return Err(Settle::Nak);
             }
-            Ok(AclRow::Absent) | Ok(AclRow::Garbled(_)) => {
-                if self.given_up(pulled) {
-                    if self.ctx.gate.still(epoch) {
-                        // One line per owner and window, however many entries it owes.
-                        let owner = SpaceNames::acl_key(&member, &uid);
-                        self.ctx.journal.repeated(
-                            &format!("give-up:unknown-owner:{}:{owner}", self.ctx.names.space()),
-                            format!("! {}", unknown_owner_warning(&owner, redeliveries(pulled))),
-                        );
-                    }
-                    self.ctx.metrics.gave_up(GiveUp::UnknownOwner);
-                    return Err(Settle::Term);
+            Ok(acl) => acl,
+        };
+        let Some(Ok(record)) = acl.as_deref() else {
+            // No (or a garbled) row: the owner is unknown.
+            if self.given_up(pulled) {
+                if self.ctx.gate.still(epoch) {
+                    // One line per owner and window, however many entries it owes.
+                    let owner = SpaceNames::acl_key(&member, &uid);
+                    self.ctx.journal.repeated(
+                        &format!("give-up:unknown-owner:{}:{owner}", self.ctx.names.space()),
+                        format!("! {}", unknown_owner_warning(&owner, redeliveries(pulled))),
+                    );
                 }
-                return Err(Settle::Nak);
+                self.ctx.metrics.gave_up(GiveUp::UnknownOwner);
+                return Err(Settle::Term);
             }
-            Ok(AclRow::Present { record, .. }) => record,
+            return Err(Settle::Nak);
         };
         if record.is_retired() {
             return Err(self.drop_retired(pulled, &member, &uid, &entry).await);
@@ -263,8 +264,11 @@ impl Reader {
                     tracing::warn!(error = %e, "reader: member row read failed; nak");
                     return Err(Settle::Nak);
                 }
-                Ok(MemberRead::Present(row, _))
-                    if row.admits_entry(entry.seq(), entry.generation()) => {}
+                Ok(Some(row))
+                    if row
+                        .record
+                        .as_ref()
+                        .is_ok_and(|r| r.admits_entry(entry.seq(), entry.generation())) => {}
                 Ok(_) => return Err(Settle::Ack),
             }
         }

@@ -2,7 +2,9 @@
 //! A sender that outruns the fan-out writer by more than `CHAT_<s>`'s per-subject retention
 //! (1000 messages, discard old) loses posts before they are copied; the daemon must say how many
 //! instead of leaving a silent gap. Checked on the broker: every post is either copied into the
-//! member's backstop or counted by the daemon as discarded, and nothing is counted twice.
+//! member's backstop or counted by the daemon as discarded, and nothing is counted twice. The
+//! writer is held while the burst outruns it (its durable paused on the broker), so the loss
+//! happens however fast the writer is.
 
 use cotal_delivery::agent::Backstop;
 use delivery_harness::agent;
@@ -28,7 +30,19 @@ async fn posts_discarded_by_retention_before_fan_out_are_reported_and_counted() 
     drop(joined);
     drop(bob);
 
-    burst(&insp, &alice, "general", POSTS).await;
+    // The writer is held (its durable paused on the broker) while the burst outruns retention,
+    // after its first post, so it has a first delivery to see the gap from: a writer fast
+    // enough to keep up with a pipelined burst would otherwise make the loss this test is
+    // about not happen at all.
+    burst(&insp, &alice, "general", 1).await;
+    eventually("the first post copied", SURFACE_BOUND, || async {
+        let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+        f.ack_floor.stream_sequence == 1
+    })
+    .await;
+    pause_fanout(&insp, Some("2099-01-01T00:00:00Z")).await;
+    burst(&insp, &alice, "general", POSTS - 1).await;
+    pause_fanout(&insp, None).await;
     eventually("the fan-out writer drained", SURFACE_BOUND * 6, || async {
         let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
         f.num_pending == 0 && f.num_ack_pending == 0
