@@ -249,7 +249,7 @@ async fn a_take_from_a_recreated_task_stream_is_refused_and_the_copy_naked() {
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let old = bob.task_created().await.unwrap();
-    // Recreate TASK_<s> (no daemon runs, as the seeds require) with the same config.
+    // Recreate TASK_<s> (no daemon runs, as docs/anycast.md requires) with the same config.
     let config = insp
         .js
         .get_stream(insp.names.task_stream())
@@ -591,7 +591,7 @@ async fn a_row_of_a_recreated_task_stream_is_marked_as_left() {
         .unwrap()
         .get("leftQueueAt")
         .is_none());
-    // Recreate TASK_<s> with every daemon stopped, as the seeds require.
+    // Recreate TASK_<s> with every daemon stopped, as docs/anycast.md requires.
     s::stop_daemon(&mut d).await;
     let config = insp
         .js
@@ -978,7 +978,7 @@ async fn role_durable_grants_are_confined() {
     assert_eq!(consumers, vec!["svc_deploy", "svc_review"]);
 }
 
-/// The seeds' other two cases of a holder whose takes cannot be recorded, each told apart on
+/// The other two cases of a holder whose takes cannot be recorded, each told apart on
 /// the broker: a seat minted before takes (its credential lacks the take subject, so the broker
 /// denies the publish) and a daemon whose credential predates takes (it serves delivery and
 /// answers the liveness probe `bound`, but no take rail is reachable). Both answer "restart the

@@ -1,8 +1,8 @@
 //! The broker-gone watchdog against real brokers and real faults (issue 5, "Must show").
 //!
-//! Windows are shrunk through the seeds' own overrides (`COTAL_DELIVERY_BROKER_GONE_MS`,
-//! `..._BACKSTOP_MS`, `COTAL_DELIVERY_PING_INTERVAL_MS`); measured delays are printed as
-//! `MEASURED …` lines (run with `--nocapture` to see them).
+//! Windows are shrunk through the documented overrides (docs/operations.md)
+//! (`COTAL_DELIVERY_BROKER_GONE_MS`, `..._BACKSTOP_MS`, `COTAL_DELIVERY_PING_INTERVAL_MS`);
+//! measured delays are printed as `MEASURED …` lines (run with `--nocapture` to see them).
 
 use std::time::{Duration, Instant};
 
@@ -261,13 +261,13 @@ async fn blackhole_without_stall_exits_at_the_window() {
 /// The window this test configures: long enough that a renew at the short lease TTL's half
 /// fails inside it (the renew tick lands while the broker is gone).
 const RENEWING_WINDOW: Duration = Duration::from_millis(3_000);
-/// The seeds' bound on the exit after the window (the issue's "window + 0.5 s").
+/// The bound on the exit after the window (issue 5's "window + 0.5 s").
 const AT_THE_WINDOW: Duration = Duration::from_millis(500);
 
 /// The broker SIGKILLed while the daemon renews its lease every second (2 s TTL): at the window
-/// it logs the seeds' line and exits 9, with no lease re-check or release against the broker
-/// that is gone after the verdict and without the host's hard-exit fallback; the exit is within
-/// the window plus 0.5 s of the kill.
+/// it logs the broker-gone line (docs/operations.md) and exits 9, with no lease re-check or release
+/// against the broker that is gone after the verdict and without the host's hard-exit fallback; the
+/// exit is within the window plus 0.5 s of the kill.
 /// Mutation seen failing: the serve loop's handlers not raced against the verdict (the renew
 /// tick's arbitration runs on: `stopped serving … re-checks who owns the lease` after the
 /// verdict, then `the run loop did not exit within 2000 ms of the verdict`, exit 5.3 s after the

@@ -1,7 +1,8 @@
 //! `smoke delivery-standby` inside `ci/test`: one round of each case with the lease TTL
 //! shortened through provisioning (3 s) and the standby retry through its documented override
 //! (`--standby-retry-ms 1000`, passed to the hosts as `COTAL_DELIVERY_STANDBY_RETRY_MS`),
-//! checked from its `--json` lines. The seeds' 5 s retry is the default of the suite itself.
+//! checked from its `--json` lines. The default 5 s retry (docs/host.md) is the default of the
+//! suite itself.
 //!
 //! Asserted: the three cases ran; every post of every case reached the offline member's DLV
 //! (`lost == 0`, `surfaced == posts`, and every case carried at least one post); both the

@@ -217,7 +217,7 @@ async fn expect_denied(events: &mut delivery_harness::ClientEvents, op: &str, su
         .unwrap_or_else(|e| panic!("expected the broker to deny {op} {subject}: {e}"));
 }
 
-/// The `live.delivery` grants (DESIGN §6.9) are confined, each denied one token outside: the
+/// The `live.delivery` grants (docs/admin.md) are confined, each denied one token outside: the
 /// `delivery` credential serves `live.delivery.*.*` but not a sibling rail, and replies under
 /// `….reply.>` but not on the request subject itself; an agent probes its own subject but not
 /// another principal's, and hears its own reply subtree but not another's. The allowed side is

@@ -13,8 +13,8 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::time::Instant;
 
-/// The seeds' cadence in the send times: at least `min` requests, the first retry at once, later
-/// ones at most 1 s apart (with scheduling slack).
+/// The documented cadence (docs/admin.md) in the send times: at least `min` requests, the first
+/// retry at once, later ones at most 1 s apart (with scheduling slack).
 fn assert_cadence(sent: &[Instant], min: usize) {
     assert!(sent.len() >= min, "{} requests", sent.len());
     let gaps: Vec<Duration> = sent.windows(2).map(|w| w[1] - w[0]).collect();
@@ -296,10 +296,10 @@ async fn inventories(
     times.into_iter().max().unwrap_or_default()
 }
 
-/// The verified-eviction wait is the seeds' 15 s total, with the start-up cadence: against a
-/// space whose daemon is not there (every request finds no responder) `evict_batch` retries at
-/// once, then at most 1 s apart, sends nothing after 15 s and gives up at 15 s with the line
-/// saying the lifecycle stays held. The default waits are used, not shrunk.
+/// The verified-eviction wait is 15 s in total (docs/admin.md), with the start-up cadence: against
+/// a space whose daemon is not there (every request finds no responder) `evict_batch` retries at
+/// once, then at most 1 s apart, sends nothing after 15 s and gives up at 15 s with the line saying
+/// the lifecycle stays held. The default waits are used, not shrunk.
 ///
 /// Mutation seen failing: `evict_batch` waiting `self.waits.startup` (60 s) instead of
 /// `self.waits.evict` (the 20 s outer bound expires).
@@ -307,7 +307,7 @@ async fn inventories(
 async fn an_unanswered_eviction_gives_up_after_fifteen_seconds_total() {
     let mesh = s::mesh().await;
     let m = a::manager(&mesh).await;
-    assert_eq!(m.waits.evict, Duration::from_secs(15), "the seeds' wait");
+    assert_eq!(m.waits.evict, Duration::from_secs(15), "documented");
     let started = Instant::now();
     let err = tokio::time::timeout(
         Duration::from_secs(20),

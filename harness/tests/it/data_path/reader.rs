@@ -234,10 +234,10 @@ impl RetiredEntry {
 
     /// [`RetiredEntry::spawn_held`], with the reader durable paused on the broker until the
     /// daemon's start-up is complete: its lease watch consumer exists and the broker sees its
-    /// subscription (`push_bound`). The lease watch binds after the plane (the seeds: start-up
-    /// completes once the watch is bound, after the lease turns ready), so an unpaused reader can
-    /// send the held delete first, and the watch's own subscription is then held with it: the
-    /// watch never sees a lease change and only the renew at TTL/2 would.
+    /// subscription (`push_bound`). The lease watch binds after the plane (docs/architecture.md:
+    /// start-up completes once the watch is bound, after the lease turns ready), so an unpaused
+    /// reader can send the held delete first, and the watch's own subscription is then held with
+    /// it: the watch never sees a lease change and only the renew at TTL/2 would.
     async fn spawn_held_once_started(&self, proxy: &TcpProxy) -> Daemon {
         let inbox = self.insp.names.inbox_stream();
         pause_durable(&self.insp, &inbox, "reader", Some("2099-01-01T00:00:00Z")).await;

@@ -441,8 +441,8 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
     });
 }
 
-/// A lane's lease row deleted from the test side: per the seeds ("A running daemon whose lease
-/// key expired creates it again") the lane re-creates its row in place, same incarnation,
+/// A lane's lease row deleted from the test side: as docs/host.md says (a running daemon whose
+/// lease key expired creates it again) the lane re-creates its row in place, same incarnation,
 /// without closing. A lane whose row is then taken by a foreign holder closes alone and stands
 /// by; once that row is gone the host reopens it and it re-takes the lease with a new
 /// incarnation and serves. Beta answers every probe throughout and writes no close line.

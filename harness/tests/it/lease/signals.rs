@@ -91,10 +91,10 @@ async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor
 /// the broker's answer and releases a claim that won. The daemon dials through a proxy that holds
 /// its outgoing bytes from the claim's create (`HPUB $KV.<bucket>.lease.0`) on, so the claim is
 /// proved in flight when SIGTERM lands. The daemon writes its signal line while the claim is
-/// still held (the seeds: the line comes before the release; it is written when the signal
-/// lands), is seen still running (waiting) for a quiet spell, then the hold is released. The
-/// broker then shows the claim written and deleted (the release), and the daemon exits as
-/// signalled, with the signal line written once.
+/// still held (the line comes before the release: it is written when the signal lands), is seen
+/// still running (waiting) for a quiet spell, then the hold is released. The broker then shows the
+/// claim written and deleted (the release), and the daemon exits as signalled, with the signal line
+/// written once.
 /// Mutations caught: the claim raced against the stop signal in `space/daemon.rs` (the daemon
 /// exits during the hold and the lease stream never sees the create); the signal line written
 /// only after the claim answered (as before this change: the line is not seen while the claim is

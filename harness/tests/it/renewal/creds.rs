@@ -1,7 +1,8 @@
 //! Credential expiry, renewal and store identity against a real broker (issue 5, "Must show").
 //!
 //! Short lifetimes are minted for real (the JWT `exp` the broker enforces), and the windows are
-//! shrunk through the seeds' overrides. Measured figures print as `MEASURED …` lines.
+//! shrunk through the documented overrides (docs/operations.md). Measured figures print as
+//! `MEASURED …` lines.
 
 use std::time::{Duration, Instant};
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::support::up::*;
 use nix::sys::signal::Signal;
 
-/// SIGKILL → one restart (the seeds' two lines), serving again under a new pid; Ctrl-C stops
-/// everything, removes the credential after the death.
+/// SIGKILL → one restart (the two lines of docs/operations.md), serving again under a new pid;
+/// Ctrl-C stops everything, removes the credential after the death.
 /// Mutation seen failing: the "restarting it" branch of the foreground tick answering
 /// `Phase::Stopped` instead of a restart (the line comes, "delivery daemon running again" never).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

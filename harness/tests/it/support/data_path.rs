@@ -56,8 +56,9 @@ pub async fn start_daemon_via_proxy(mesh: &Mesh) -> (delivery_harness::TcpProxy,
 
 /// Waits until the daemon's start-up is complete as the broker sees it: its lease watch
 /// consumer exists and the broker knows its subscription (`push_bound`). The watch binds after
-/// "delivery daemon up" (the seeds' order), so a proxy hold armed before this may keep the
-/// watch's subscription from the broker, and the watch would then never see a lease change.
+/// "delivery daemon up" (the start-up order of docs/architecture.md), so a proxy hold armed before
+/// this may keep the watch's subscription from the broker, and the watch would then never see a
+/// lease change.
 pub async fn wait_lease_watch_bound(insp: &delivery_harness::mesh::Inspector) {
     let lease_stream = cotal_delivery::wire::SpaceNames::kv_stream(&insp.names.delivery_bucket());
     eventually("the lease watch bound", UP_BOUND, || async {

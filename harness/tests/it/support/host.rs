@@ -19,7 +19,8 @@ use futures::StreamExt;
 
 /// The bound of every wait in these tests.
 pub const BOUND: Duration = Duration::from_secs(30);
-/// The standby retry the tests run with (the seeds' 5 s shrunk through its override).
+/// The standby retry the tests run with (the default 5 s of docs/host.md, shrunk through its
+/// override).
 pub const RETRY_MS: &str = "500";
 
 /// The lease holder (`local.<nkey>`) of `space`'s delivery credential on `root`.
