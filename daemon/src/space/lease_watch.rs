@@ -3,12 +3,33 @@
 //! Why: the daemon must notice at once when its lease key changes under it (an operator's
 //! rewrite, a delete, another holder), not only at the next renew (docs/architecture.md,
 //! "Start-up and the lease").
+//!
+//! The watch is a push consumer the daemon creates and names itself (`leasewatch_<incarnation>`,
+//! then `leasewatch_<incarnation>_<n>` for each rebind), delivering the key's last row and every
+//! later write into the daemon's inbox, with the broker's inactivity threshold at five minutes:
+//! a consumer whose connection closed before it could carry the delete is reclaimed by the broker
+//! that long after. A task of its own owns the consumer's whole life, so every retirement knows
+//! the name it deletes (async-nats's ordered consumer renames the consumer it recreates, and a
+//! retirement deleting the first name left the real one behind with a spurious warning):
+//!
+//! - a manual reconnect of the live connection (the move onto an adopted credential) first asks
+//!   the watch to retire: the watch finishes a bind in flight, deletes its consumer on the
+//!   connection still up, and only then lets the reconnect close it (bounded by the JetStream
+//!   request timeout); once the connection is back the watch binds again;
+//! - a connection replaced under it (a drop and redial) makes it bind a new consumer from the
+//!   key's last row, so a write made while it was down is still seen, and delete the old one;
+//! - a bind that finishes after its connection was replaced, or after a retirement was asked
+//!   for, deletes the consumer it created instead of installing it;
+//! - the endpoint's stop retires it the same way before the connection closes.
 
 use std::time::Duration;
 
 use async_nats::jetstream;
 use futures::StreamExt;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
 
+use crate::conn::ConnEvent;
 use crate::journal::Journal;
 use crate::kv::RowOp;
 use crate::space::lease::Identity;
@@ -20,112 +41,442 @@ pub(crate) enum WatchEvent {
     /// A row this process wrote.
     Own,
     /// Anything else: another holder's row, another incarnation's, a delete or a purge (not
-    /// the broker's expiry marker: see [`LeaseWatch::next`]).
+    /// the broker's expiry marker: see [`Watcher::classify`]).
     Foreign,
 }
 
-/// The watch on the daemon's own lease key: an ordered push consumer delivering into the
-/// daemon's inbox (the grant `$JS.API.CONSUMER.CREATE.KV_cotal_delivery_<s>.>`, `provision/profiles.rs`).
-pub(crate) struct LeaseWatch {
-    me: Identity,
-    messages: Option<jetstream::consumer::push::Ordered>,
-    stream: jetstream::stream::Stream<()>,
-    name: String,
-    journal: Journal,
-    client: async_nats::Client,
+/// The broker's inactivity threshold of the watch consumer: with no subscriber on its delivery
+/// subject for this long (its connection closed before the delete), the broker deletes it.
+pub const WATCH_INACTIVE_THRESHOLD: Duration = Duration::from_secs(5 * 60);
+/// Bound on the delete of a watch consumer.
+const DELETE_BOUND: Duration = Duration::from_secs(2);
+/// Pause before another bind once one failed (the renew interval arbitrates meanwhile).
+const REBIND_RETRY: Duration = Duration::from_secs(5);
+/// Watch events waiting for the serve loop; one more waits in the watch's task.
+const EVENTS_QUEUED: usize = 16;
+/// Retirement requests waiting for the watch's task.
+const COMMANDS_QUEUED: usize = 4;
+
+/// What the watch's task is asked to do.
+enum Command {
+    /// A manual reconnect of the live connection is about to close it: finish a bind in flight,
+    /// delete the consumer on the connection still up, answer, and bind again once reconnected.
+    RetireForReconnect(oneshot::Sender<()>),
+    /// The endpoint stops: finish a bind in flight, delete the consumer, answer, end.
+    Stop(oneshot::Sender<()>),
 }
 
-/// Bound on the delete of the watch consumer at retirement.
-const RETIRE_BOUND: Duration = Duration::from_secs(2);
+/// Asks the watch to retire before a manual reconnect (the renewal's move onto an adopted
+/// credential). Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct WatchRetirement {
+    commands: mpsc::Sender<Command>,
+    /// The JetStream request timeout: how long a reconnect waits for the retirement.
+    bound: Duration,
+}
+
+impl WatchRetirement {
+    /// Asks the watch to retire and waits for it, at most the JetStream request timeout: a
+    /// reconnect that waited that long goes ahead (a bind then finishing on the replaced
+    /// connection deletes its consumer instead of installing it).
+    pub(crate) async fn before_reconnect(&self) {
+        let (done, answered) = oneshot::channel();
+        if self
+            .commands
+            .send(Command::RetireForReconnect(done))
+            .await
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(self.bound, answered).await;
+        }
+    }
+}
+
+/// The watch on the daemon's own lease key, as the serve loop sees it.
+pub(crate) struct LeaseWatch {
+    events: Option<mpsc::Receiver<WatchEvent>>,
+    retirement: WatchRetirement,
+    task: JoinHandle<()>,
+}
 
 impl LeaseWatch {
+    /// Binds the watch (start-up is complete once it is bound) and starts its task, which
+    /// follows the resident connection through `conn` (its events).
     pub(crate) async fn bind(
         js: &jetstream::Context,
         names: &SpaceNames,
         me: &Identity,
         journal: Journal,
+        conn: &broadcast::Sender<ConnEvent>,
+        request_bound: Duration,
     ) -> Result<LeaseWatch, String> {
-        use jetstream::consumer::{push, DeliverPolicy};
         let stream = js
             .get_stream_no_info(SpaceNames::kv_stream(&names.delivery_bucket()))
             .await
             .map_err(|e| e.to_string())?;
-        let name = format!("leasewatch_{}", me.incarnation);
-        let consumer = stream
-            .create_consumer(push::OrderedConfig {
-                name: Some(name.clone()),
-                deliver_subject: js.client().new_inbox(),
-                filter_subject: format!("$KV.{}.{LEASE_KEY}", names.delivery_bucket()),
-                deliver_policy: DeliverPolicy::LastPerSubject,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| crate::kv::broker_words(&e))?;
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(|e| crate::kv::broker_words(&e))?;
-        Ok(LeaseWatch {
+        let mut watcher = Watcher {
             me: me.clone(),
-            messages: Some(messages),
             stream,
-            name,
-            journal,
             client: js.client(),
+            filter: format!("$KV.{}.{LEASE_KEY}", names.delivery_bucket()),
+            journal,
+            request_bound,
+            binds: 0,
+            installed: None,
+            conn: conn.subscribe(),
+            dropped: false,
+        };
+        let first = watcher.bind_consumer().await?;
+        watcher.installed = Some(first);
+        let (events_tx, events) = mpsc::channel(EVENTS_QUEUED);
+        let (commands, commands_rx) = mpsc::channel(COMMANDS_QUEUED);
+        let task = tokio::spawn(watcher.run(commands_rx, events_tx));
+        Ok(LeaseWatch {
+            events: Some(events),
+            retirement: WatchRetirement {
+                commands,
+                bound: request_bound,
+            },
+            task,
         })
     }
 
-    /// The next change; `None` when the consumer ended (then parked: never ready again).
+    /// The handle a manual reconnect retires the watch through.
+    pub(crate) fn retirement(&self) -> WatchRetirement {
+        self.retirement.clone()
+    }
+
+    /// The next change; `None` when the watch's task ended (then parked: never ready again).
     pub(crate) async fn next(&mut self) -> Option<WatchEvent> {
-        let Some(messages) = self.messages.as_mut() else {
-            return std::future::pending().await;
-        };
-        loop {
-            match messages.next().await {
-                None => return None,
-                Some(Err(_)) => continue,
-                Some(Ok(msg)) => {
-                    match crate::kv::row_op(msg.headers.as_ref()) {
-                        // The broker's expiry marker: the row ran out its TTL. The keeper's
-                        // renew counts as failed once the row may have expired (docs/
-                        // architecture.md, "Start-up and the lease"), never later than this
-                        // marker, so the marker is no news; taken as news it would stop a
-                        // daemon that has just re-created its row.
-                        RowOp::Expired => continue,
-                        RowOp::Deleted | RowOp::Purged => return Some(WatchEvent::Foreign),
-                        RowOp::Put => {}
-                    }
-                    return match serde_json::from_slice::<LeaseInfo>(&msg.payload) {
-                        Ok(info) if self.me.owns(&info) => Some(WatchEvent::Own),
-                        _ => Some(WatchEvent::Foreign),
-                    };
-                }
-            }
+        match self.events.as_mut() {
+            Some(events) => events.recv().await,
+            None => std::future::pending().await,
         }
     }
 
     pub(crate) fn park(&mut self) {
-        self.messages = None;
+        self.events = None;
     }
 
-    /// Deletes the watch consumer. A failed delete is said (a warning,
-    /// docs/operations.md) and leaves reclamation to the broker (five minutes of inactivity).
-    pub(crate) async fn retire(&mut self) {
-        self.messages = None;
-        // A connection that is down cannot carry the delete: the broker reclaims the consumer.
-        if self.client.connection_state() != async_nats::connection::State::Connected {
+    /// Retires the watch for good, before the connection closes: a bind in flight is finished
+    /// and its consumer deleted, as is the installed one (a failed delete is said, a warning in
+    /// docs/operations.md, and leaves reclamation to the broker). Bounded by the
+    /// JetStream request timeout; past it the task is ended where it is.
+    pub(crate) async fn retire(self) {
+        let (done, answered) = oneshot::channel();
+        if self
+            .retirement
+            .commands
+            .send(Command::Stop(done))
+            .await
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(self.retirement.bound, answered).await;
+        }
+    }
+}
+
+impl Drop for LeaseWatch {
+    /// A watch dropped without [`LeaseWatch::retire`] (the broker is gone) ends its task; its
+    /// consumer is left to the broker's inactivity threshold.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One watch consumer: its name and the subscription it delivers into.
+struct Installed {
+    name: String,
+    deliveries: async_nats::Subscriber,
+}
+
+/// The watch's task: binds, rebinds and deletes its consumers.
+struct Watcher {
+    me: Identity,
+    stream: jetstream::stream::Stream<()>,
+    client: async_nats::Client,
+    filter: String,
+    journal: Journal,
+    request_bound: Duration,
+    /// Consumers bound so far (names the next one).
+    binds: u64,
+    installed: Option<Installed>,
+    conn: broadcast::Receiver<ConnEvent>,
+    /// The connection dropped since the installed consumer was bound (writes made meanwhile
+    /// reached no subscriber): the next `Connected` rebinds.
+    dropped: bool,
+}
+
+/// What a bind was told while it was in flight.
+#[derive(Default)]
+struct WhileBinding {
+    /// The connection it was bound on dropped (replaced by a redial).
+    replaced: bool,
+    /// A retirement asked for meanwhile, answered once the bind is dealt with.
+    command: Option<Command>,
+}
+
+impl Watcher {
+    async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Command>,
+        events: mpsc::Sender<WatchEvent>,
+    ) {
+        let mut retry: Option<tokio::time::Instant> = None;
+        loop {
+            let command = tokio::select! {
+                command = commands.recv() => command,
+                ev = self.conn.recv() => {
+                    match ev {
+                        Ok(ConnEvent::Disconnected) | Ok(ConnEvent::Closed) => self.dropped = true,
+                        Ok(ConnEvent::Connected) if self.dropped || self.installed.is_none() => {
+                            retry = None;
+                            if let Some(command) = self.rebind(&mut commands).await {
+                                if self.obey(command).await {
+                                    return;
+                                }
+                            }
+                            if self.installed.is_none() {
+                                retry = Some(tokio::time::Instant::now() + REBIND_RETRY);
+                            }
+                        }
+                        // Missed events may have hidden a drop: bind again from the last row.
+                        Err(broadcast::error::RecvError::Lagged(_)) => self.dropped = true,
+                        // The connection's owner is gone: only a command can come now.
+                        Err(broadcast::error::RecvError::Closed) => {
+                            let command = commands.recv().await;
+                            if let Some(command) = command {
+                                self.obey(command).await;
+                            }
+                            return;
+                        }
+                        Ok(_) => {}
+                    }
+                    continue;
+                }
+                _ = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
+                    retry = None;
+                    if self.connected() {
+                        if let Some(command) = self.rebind(&mut commands).await {
+                            if self.obey(command).await {
+                                return;
+                            }
+                        }
+                    }
+                    if self.installed.is_none() {
+                        retry = Some(tokio::time::Instant::now() + REBIND_RETRY);
+                    }
+                    continue;
+                }
+                delivered = next_delivery(&mut self.installed) => {
+                    match delivered {
+                        Some(msg) => {
+                            if let Some(event) = self.classify(&msg) {
+                                if events.send(event).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        // The subscription ended under it: bind again.
+                        None => {
+                            self.installed = None;
+                            retry = Some(tokio::time::Instant::now());
+                        }
+                    }
+                    continue;
+                }
+            };
+            let Some(command) = command else {
+                return;
+            };
+            let retired_for_reconnect = matches!(command, Command::RetireForReconnect(_));
+            if self.obey(command).await {
+                return;
+            }
+            if retired_for_reconnect {
+                // Bound again on the `Connected` of the reconnect; if that never comes (the
+                // reconnect was not made), on the retry.
+                retry = Some(tokio::time::Instant::now() + REBIND_RETRY);
+            }
+        }
+    }
+
+    /// Carries out a retirement; `true` when the task should end (a stop).
+    async fn obey(&mut self, command: Command) -> bool {
+        let installed = self.installed.take();
+        if let Some(i) = installed {
+            self.delete(i).await;
+        }
+        match command {
+            Command::RetireForReconnect(done) => {
+                let _ = done.send(());
+                false
+            }
+            Command::Stop(done) => {
+                let _ = done.send(());
+                true
+            }
+        }
+    }
+
+    /// Binds a new consumer from the key's last row (a write missed while the connection was
+    /// replaced is then seen) and deletes the one it replaces. A bind whose connection dropped
+    /// meanwhile, or during which a retirement was asked for, deletes what it created instead
+    /// of installing it; that retirement is returned to be carried out.
+    async fn rebind(&mut self, commands: &mut mpsc::Receiver<Command>) -> Option<Command> {
+        let mut told = WhileBinding::default();
+        let name = self.next_name();
+        let result = {
+            let bind = create(
+                &self.stream,
+                &self.client,
+                &self.filter,
+                &name,
+                self.request_bound,
+            );
+            tokio::pin!(bind);
+            loop {
+                tokio::select! {
+                    r = &mut bind => break r,
+                    ev = self.conn.recv() => {
+                        if matches!(ev, Ok(ConnEvent::Disconnected) | Ok(ConnEvent::Closed) | Err(broadcast::error::RecvError::Lagged(_))) {
+                            told.replaced = true;
+                        }
+                    }
+                    // A retirement waits for this bind (and then for its consumer's delete).
+                    command = commands.recv(), if told.command.is_none() => {
+                        told.command = command;
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(fresh) if told.replaced || told.command.is_some() => self.delete(fresh).await,
+            Ok(fresh) => {
+                self.dropped = false;
+                if let Some(old) = self.installed.replace(fresh) {
+                    self.delete(old).await;
+                }
+            }
+            // The create may have landed although its answer was lost: delete the name.
+            Err(_) => self.delete_name(&name).await,
+        }
+        if told.replaced {
+            self.dropped = true;
+        }
+        told.command
+    }
+
+    /// The first bind: a consumer, subscribed.
+    async fn bind_consumer(&mut self) -> Result<Installed, String> {
+        let name = self.next_name();
+        create(
+            &self.stream,
+            &self.client,
+            &self.filter,
+            &name,
+            self.request_bound,
+        )
+        .await
+    }
+
+    fn next_name(&mut self) -> String {
+        let name = match self.binds {
+            0 => format!("leasewatch_{}", self.me.incarnation),
+            n => format!("leasewatch_{}_{n}", self.me.incarnation),
+        };
+        self.binds += 1;
+        name
+    }
+
+    fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Deletes `installed`'s consumer and drops its subscription.
+    async fn delete(&self, installed: Installed) {
+        let Installed {
+            name,
+            mut deliveries,
+        } = installed;
+        let _ = tokio::time::timeout(DELETE_BOUND, deliveries.unsubscribe()).await;
+        self.delete_name(&name).await;
+    }
+
+    /// Deletes the consumer `name`. A connection that is down cannot carry the delete: the
+    /// broker reclaims the consumer after its inactivity threshold. A failed delete is said.
+    async fn delete_name(&self, name: &str) {
+        if !self.connected() {
             return;
         }
-        let why = match tokio::time::timeout(RETIRE_BOUND, self.stream.delete_consumer(&self.name))
-            .await
+        let why = match tokio::time::timeout(DELETE_BOUND, self.stream.delete_consumer(name)).await
         {
             Ok(Ok(_)) => return,
             Ok(Err(e)) => crate::kv::broker_words(&e),
-            Err(_) => format!("no answer within {} ms", RETIRE_BOUND.as_millis()),
+            Err(_) => format!("no answer within {} ms", DELETE_BOUND.as_millis()),
         };
         self.journal.line(format!(
-            "! delivery: could not delete the lease watch consumer {} ({why}); the broker reclaims it after five minutes of inactivity",
-            self.name
+            "! delivery: could not delete the lease watch consumer {name} ({why}); the broker reclaims it after five minutes of inactivity"
         ));
+    }
+
+    /// What a delivered message says about the key.
+    fn classify(&self, msg: &async_nats::Message) -> Option<WatchEvent> {
+        match crate::kv::row_op(msg.headers.as_ref()) {
+            // The broker's expiry marker: the row ran out its TTL. The keeper's renew counts as
+            // failed once the row may have expired (docs/architecture.md, "Start-up and the
+            // lease"), never later than this marker, so the marker is no news; taken as news it
+            // would stop a daemon that has just re-created its row.
+            RowOp::Expired => None,
+            RowOp::Deleted | RowOp::Purged => Some(WatchEvent::Foreign),
+            RowOp::Put => match serde_json::from_slice::<LeaseInfo>(&msg.payload) {
+                Ok(info) if self.me.owns(&info) => Some(WatchEvent::Own),
+                _ => Some(WatchEvent::Foreign),
+            },
+        }
+    }
+}
+
+/// Subscribes a fresh inbox, then creates the consumer `name` delivering into it from the key's
+/// last row (the create's round trip follows the SUB on the same connection, so that row is not
+/// missed), within `bound`.
+async fn create(
+    stream: &jetstream::stream::Stream<()>,
+    client: &async_nats::Client,
+    filter: &str,
+    name: &str,
+    bound: Duration,
+) -> Result<Installed, String> {
+    use jetstream::consumer::{push, AckPolicy, DeliverPolicy};
+    let inbox = client.new_inbox();
+    let deliveries = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let create = stream.create_consumer(push::Config {
+        name: Some(name.to_string()),
+        deliver_subject: inbox,
+        filter_subject: filter.to_string(),
+        deliver_policy: DeliverPolicy::LastPerSubject,
+        ack_policy: AckPolicy::None,
+        memory_storage: true,
+        inactive_threshold: WATCH_INACTIVE_THRESHOLD,
+        ..Default::default()
+    });
+    match tokio::time::timeout(bound, create).await {
+        Ok(Ok(_)) => Ok(Installed {
+            name: name.to_string(),
+            deliveries,
+        }),
+        Ok(Err(e)) => Err(crate::kv::broker_words(&e)),
+        Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
+    }
+}
+
+/// The next message delivered to the installed consumer; never while none is installed.
+async fn next_delivery(installed: &mut Option<Installed>) -> Option<async_nats::Message> {
+    match installed.as_mut() {
+        Some(i) => i.deliveries.next().await,
+        None => std::future::pending().await,
     }
 }

@@ -18,6 +18,7 @@ use crate::journal::Journal;
 use crate::provision::{BrokerAccepted, Preflight};
 use crate::rails::RECONNECT_WAIT_BOUND;
 use crate::space::health::HealthHandle;
+use crate::space::lease_watch::WatchRetirement;
 use crate::store::{delivery_creds_key, membership_rw_creds_key, SecretStore};
 use crate::wire::{Accepted, CredentialOutcome, Skipped, Space};
 
@@ -50,6 +51,8 @@ pub fn renew_point_secs(claims: &JwtClaims) -> Result<Option<i64>, String> {
 #[derive(Clone)]
 pub struct ReconnectGate {
     in_flight: Arc<watch::Sender<bool>>,
+    /// The lease watch, retired before the reconnect closes the connection it is bound on.
+    lease_watch: Arc<Mutex<Option<WatchRetirement>>>,
     /// True from a `reloadCreds` adoption until the rail says its reply was published: the
     /// reconnect counts its 250 ms from the reply, not from the adoption decision.
     awaiting_reply: Arc<watch::Sender<bool>>,
@@ -59,6 +62,7 @@ impl Default for ReconnectGate {
     fn default() -> Self {
         ReconnectGate {
             in_flight: Arc::new(watch::channel(false).0),
+            lease_watch: Arc::default(),
             awaiting_reply: Arc::new(watch::channel(false).0),
         }
     }
@@ -91,10 +95,21 @@ impl ReconnectGate {
         }
         let mut replied = self.awaiting_reply.subscribe();
         let gate = self.in_flight.clone();
+        let lease_watch = self
+            .lease_watch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
         tokio::spawn(async move {
             if after_reply {
                 let _ = tokio::time::timeout(RECONNECT_WAIT_BOUND, replied.wait_for(|w| !*w)).await;
                 tokio::time::sleep(RECONNECT_AFTER_REPLY).await;
+            }
+            // A manual reconnect of a live connection: the lease watch finishes a bind in flight
+            // and deletes its consumer while this connection can still carry the delete (bounded
+            // by the JetStream request timeout); it binds again once reconnected.
+            if let Some(w) = lease_watch {
+                w.before_reconnect().await;
             }
             let mut rx = events.subscribe();
             if client.force_reconnect().await.is_ok() {
@@ -477,6 +492,15 @@ impl Renewal {
         self.reconnect
             .schedule(self.client.clone(), self.events.clone(), from_admin);
         Reread::Adopted(accepted)
+    }
+
+    /// The lease watch a reconnect onto an adopted credential retires first.
+    pub(crate) fn attach_lease_watch(&self, watch: WatchRetirement) {
+        *self
+            .reconnect
+            .lease_watch
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(watch);
     }
 
     /// Hands the running membership feed's rw connection to `reloadCreds`.

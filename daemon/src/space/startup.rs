@@ -527,15 +527,26 @@ impl Armed {
             account,
             spec,
             names,
+            plane,
             ..
         } = plan;
-        let watch = match LeaseWatch::bind(&js, &names, &identity, journal.clone()).await {
+        let bound = LeaseWatch::bind(
+            &js,
+            &names,
+            &identity,
+            journal.clone(),
+            &keeper.resident.events,
+            plane.request_bound,
+        );
+        let watch = match bound.await {
             Ok(w) => w,
             Err(e) => {
                 let detail = format!("delivery: the lease watch could not be bound ({e})");
                 return Err(fault_after_claim(&journal, keeper, PHASE, detail).await);
             }
         };
+        // A manual reconnect (the move onto an adopted credential) retires the watch first.
+        renewal.attach_lease_watch(watch.retirement());
         startup_complete.store(true, Ordering::SeqCst);
         let mut feed_parts = FeedParts::new(
             spec.clone(),

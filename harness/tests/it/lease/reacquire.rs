@@ -3,13 +3,11 @@
 //! through the harness proxy, which holds its re-create in flight (the first create expecting
 //! no history at all) while the test changes the broker under it.
 
-use crate::support::data_path::{
-    set_max_msg_size, wait_lease_watch_bound, ACK_WAIT_MS, NAK_DELAY_MS, UP_BOUND,
-};
+use crate::support::data_path::{set_max_msg_size, start_daemon_via_proxy};
 use crate::support::BOUND;
 use cotal_delivery::kv::Rows;
 use cotal_delivery::wire::{LeaseInfo, SpaceNames, LEASE_KEY};
-use delivery_harness::daemon::{Daemon, DaemonSpec};
+use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
 use delivery_harness::TcpProxy;
 
@@ -22,17 +20,7 @@ const CREATE: &str = "Nats-Expected-Last-Subject-Sequence: 0\r\n";
 async fn reacquire_held() -> (Mesh, Inspector, TcpProxy, Daemon) {
     let mesh = Mesh::demo().await.expect("mesh");
     let insp = mesh.inspector(mesh.space()).await.expect("inspector");
-    let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
-    let mut d = DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
-        .server(&proxy.url())
-        .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
-        .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
-        .spawn()
-        .expect("spawn");
-    d.wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
-    wait_lease_watch_bound(&insp).await;
+    let (proxy, d) = start_daemon_via_proxy(&mesh).await;
     proxy.hold_from(CREATE.as_bytes());
     insp.delete_lease().await.expect("delete the row");
     proxy
@@ -59,8 +47,8 @@ fn closing_line(d: &Daemon) -> String {
 /// The row found gone is re-created, but another daemon took the key first (the test writes a
 /// rival's row while the create is held): the create is refused because a live row exists, so
 /// the daemon says another daemon has taken the shard, exits 6 without touching the row.
-/// Mutation seen failing: the `ClaimError::Held` arm of `Keeper::reacquire` removed (the
-/// refusal is quoted as "could not re-acquire the lease", exit 8).
+/// Mutation seen failing: the `ClaimError::Held` arms of `Keeper::reacquire`'s line removed (the
+/// refusal is quoted as "could not re-acquire the lease": the snapshot differs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_create_refused_by_a_live_lease_says_another_daemon_has_taken_the_shard() {
     let (_mesh, insp, proxy, mut d) = reacquire_held().await;

@@ -363,23 +363,9 @@ async fn daemon_connection_start_ms(mesh: &Mesh) -> i64 {
     rfc3339_ms(&start).unwrap_or_else(|| panic!("unreadable start {start:?}"))
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.fraction]Z` as unix ms (the broker reports UTC).
+/// A broker timestamp as unix ms.
 fn rfc3339_ms(text: &str) -> Option<i64> {
-    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
-    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut t = hms.split(':').map(|p| p.parse::<i64>().ok());
-    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
-    let ms: i64 = format!("{frac:0<3}")[..3].parse().ok()?;
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 24 + hh) * 60 + mm) * 60_000 + ss * 1000 + ms)
+    crate::support::rfc3339_us(text).map(|us| us / 1000)
 }
 
 #[test]
