@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::support::admin as a;
 use crate::support::data_path as s;
+use cotal_delivery::wire::MEMBERSHIP_OBSERVER_INBOX_PREFIX;
 use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::manager::{Manager, Outcome};
 use delivery_harness::TcpProxy;
@@ -46,17 +47,24 @@ async fn sent(m: &Manager, n: usize) {
 /// the broker, then B (`reloadStoreIdentity`) and C (an unknown verb), which need no broker
 /// round trip at all. While A is held neither B nor C is answered; once A's CONNZ is released
 /// the answers reach the test as A, B, C: B's handling starts only after A's reply, C's after
-/// B's. Mutation seen failing: the rail's dispatch spawning every admin request beside the
-/// queue (as it does inventories): B and C are answered at once while A is still held.
+/// B's. The hold names the rail sweep's own reply inbox, so the membership feed's CONNZ sweep
+/// (same subject, its own connection) can never be the request held. Mutation seen failing:
+/// the rail's dispatch spawning every admin request beside the queue (as it does inventories):
+/// B and C are answered at once while A is still held. With the hold armed on the CONNZ subject
+/// instead and A sent 380 ms after the manager connected, the feed's sweep was held in 3 of 3
+/// runs and the test failed the same way with the daemon's order intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_requests_are_answered_one_at_a_time_in_arrival_order() {
     let mesh = s::mesh().await;
     let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
     let mut d = start_via(&mesh, &proxy).await;
     let m = a::manager(&mesh).await;
-    // A's sweep opens its own observer connection through the proxy; its CONNZ request is
-    // the first `$SYS.REQ.ACCOUNT.` bytes any connection sends.
-    proxy.hold_from(b"$SYS.REQ.ACCOUNT.");
+    // A's sweep opens its own observer connection through the proxy and subscribes its reply
+    // inbox just before it sends the CONNZ request. The hold names that inbox, not the CONNZ
+    // subject: the membership feed sends the same subject on its own observer connection
+    // (every interval, and 400 ms after the manager's connect event), and a hold armed on the
+    // subject alone caught the feed's sweep instead whenever it came first, leaving A free.
+    proxy.hold_from(format!("{MEMBERSHIP_OBSERVER_INBOX_PREFIX}.evict.").as_bytes());
     let first = timed(&m, "principalLiveness", json!({"principal": "local.ghost"}));
     let rest = async {
         proxy
