@@ -220,6 +220,37 @@ impl Rows {
         }
     }
 
+    /// A leader-served read of the live row for `key` and when the broker stored it (unix ms):
+    /// a lease row expires its TTL after that, whatever its value says.
+    pub async fn read_dated(&self, key: &str) -> Result<Option<(Row, u64)>, RowError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        match self
+            .stream
+            .get_last_raw_message_by_subject(&self.subject(key))
+            .await
+        {
+            Ok(msg) if row_op(Some(&msg.headers)).is_row() => {
+                let written_ms = (msg.time.unix_timestamp_nanos() / 1_000_000).max(0) as u64;
+                Ok(Some((
+                    Row {
+                        value: msg.payload,
+                        revision: msg.sequence,
+                    },
+                    written_ms,
+                )))
+            }
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => {
+                let kind = match e.kind() {
+                    LastRawMessageErrorKind::JetStream(_) => RowErrorKind::Refused,
+                    _ => RowErrorKind::Transport,
+                };
+                Err(RowError::new(kind, broker_words(&e)))
+            }
+        }
+    }
+
     /// Writes `value` only if the row's last revision is `expected` (0 = never written).
     pub async fn put_expecting(
         &self,

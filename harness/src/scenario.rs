@@ -781,6 +781,7 @@ pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
         (r"wrong last sequence: \d+", "wrong last sequence: [SEQ]"),
         (r"\bpid \d+", "pid [PID]"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
+        (r"expires in \d+ s\b", "expires in [N] s"),
         (r"\b\d+ ms\b", "[N] ms"),
         (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
     ];

@@ -133,7 +133,13 @@ async fn serve(
             Err(e) => {
                 let refusal = Refusal {
                     kind: e.kind(),
-                    detail: e.to_string(),
+                    // A holder that is not running is said with the seconds until its row
+                    // expires, which change on every retry: the outcome is that it is not
+                    // running, not the count.
+                    detail: match e.not_running_holder_expires_in() {
+                        Some(_) => "a holder that is not running".to_string(),
+                        None => e.to_string(),
+                    },
                     holder: e.holder().map(str::to_string),
                 };
                 let repeated = last.as_ref() == Some(&refusal);
@@ -180,6 +186,15 @@ fn report(e: &StartError, own: Option<&str>, timing: &Tuning, wait: Duration) ->
         StartErrorKind::LeaseHeld if e.holder().is_some() && e.holder() == own => format!(
             "• delivery host: the lease still holds this host's own row ({}), which a closed lane could not release; it expires with the bucket TTL. No lane opened, retrying every {} ms (reported once)",
             e.holder().unwrap_or_default(),
+            timing.standby_retry.as_millis()
+        ),
+        StartErrorKind::LeaseHeld if e.not_running_holder_expires_in().is_some() => format!(
+            "• delivery host: standing by — the lease row is held by {}, a holder that is not running; it expires in {} s and a retry then takes it. No lane opened, retrying every {} ms (reported once)",
+            e.holder().unwrap_or("a holder"),
+            e.not_running_holder_expires_in()
+                .unwrap_or_default()
+                .as_millis()
+                .div_ceil(1000),
             timing.standby_retry.as_millis()
         ),
         StartErrorKind::LeaseHeld => format!(

@@ -26,7 +26,7 @@ use crate::wire::{
 const UNDER_REPORTED: &str = "CONNZ sweep under-reported (no responder, truncation, an API error, or a malformed reply) - liveness UNKNOWN";
 
 /// The note of a sweep that cannot prove `gone`, for `decision`; `None` when it can.
-fn shortfall(sweep: &Sweep, decision: &str) -> Option<String> {
+pub(crate) fn shortfall(sweep: &Sweep, decision: &str) -> Option<String> {
     if !sweep.complete() {
         Some(UNDER_REPORTED.into())
     } else if sweep.cluster_declared {
@@ -38,7 +38,7 @@ fn shortfall(sweep: &Sweep, decision: &str) -> Option<String> {
     }
 }
 
-async fn observed_sweep(verb: &str, authority: &SysAuthority) -> Result<Sweep, Refusal> {
+pub(crate) async fn observed_sweep(verb: &str, authority: &SysAuthority) -> Result<Sweep, Refusal> {
     let client = authority.observer(verb).await?;
     let sweep = authority.sweep(&client).await;
     let _ = client.drain().await;

@@ -33,7 +33,7 @@ pub(crate) use anycast::bind_sweeper;
 pub(crate) use evict::{kick_all, EvictorKicker, KickOutcome, Kicker};
 pub(crate) use handlers::{Handlers, HANDLER_JOIN_BOUND};
 pub use handlers::{Unbound, RAIL_IN_FLIGHT_REQUESTS};
-pub(crate) use liveness::{bind as bind_liveness, LeaseSelf};
+pub(crate) use liveness::{bind as bind_liveness, observed_sweep, shortfall, LeaseSelf};
 
 use crate::sys::SysAuthority;
 use inventory::Inventories;

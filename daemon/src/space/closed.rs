@@ -102,6 +102,9 @@ pub struct StartError {
     detail: String,
     /// The live holder of the lease, when a `LeaseHeld` refusal could read its row.
     holder: Option<String>,
+    /// For a `LeaseHeld` refusal whose row belongs to a holder proved not running: how long
+    /// until the row expires (a start after that claims it).
+    not_running: Option<std::time::Duration>,
 }
 
 /// The phase of the start that refused (`space/startup.rs`). Each phase refuses with its own
@@ -166,6 +169,7 @@ impl StartError {
             phase: StartPhase::Inputs,
             detail: detail.into(),
             holder: None,
+            not_running: None,
         }
     }
     pub fn kind(&self) -> StartErrorKind {
@@ -182,6 +186,15 @@ impl StartError {
     pub(crate) fn held_by(mut self, holder: Option<String>) -> StartError {
         self.holder = holder;
         self
+    }
+    pub(crate) fn holder_not_running(mut self, expires_in: std::time::Duration) -> StartError {
+        self.not_running = Some(expires_in);
+        self
+    }
+    /// For a `LeaseHeld` refusal: `Some(time until the row expires)` when the row's holder was
+    /// proved not running (a crashed daemon's row), `None` for a live holder or no proof.
+    pub fn not_running_holder_expires_in(&self) -> Option<std::time::Duration> {
+        self.not_running
     }
     /// Who holds the lease, for a `LeaseHeld` refusal (read from the row after the claim lost;
     /// `None` when that read did not answer or the row was gone by then).

@@ -241,6 +241,11 @@ impl Lease {
         }
     }
 
+    /// The bucket the lease row lives in (a refused claim dates its row there).
+    pub fn rows(&self) -> &Rows {
+        &self.rows
+    }
+
     /// Re-reads the key from the leader.
     pub async fn read_own(&self) -> Reading {
         match self.rows.read(LEASE_KEY).await {

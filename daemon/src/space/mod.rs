@@ -14,6 +14,7 @@ mod closed;
 mod daemon;
 mod feed;
 mod health;
+mod holder;
 mod keeper;
 mod lease;
 mod lease_watch;
@@ -26,6 +27,9 @@ pub use admission::{evictor_key, observer_key};
 pub use feed::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
 pub(crate) use health::HARD_EXIT_GRACE;
 pub use health::{HealthConfig, Verdict};
+pub(crate) use holder::{
+    held_row, holder_state, lease_ttl, HeldRow, HolderState, NOT_RUNNING_HOLDER,
+};
 pub(crate) use keeper::RELEASE_REDIAL_BOUND;
 pub use lease::{ReleaseError, ReleaseErrorKind, Released};
 pub use timer::{

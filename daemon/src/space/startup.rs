@@ -33,6 +33,7 @@ use crate::space::closed::{
 use crate::space::daemon::{Serving, SpaceConfig, SpaceDaemon, Stop, Stops};
 use crate::space::feed::{FeedParts, MembershipFeed};
 use crate::space::health::{HealthHandle, Watchdog};
+use crate::space::holder::{HolderState, NOT_RUNNING_HOLDER};
 use crate::space::keeper::Keeper;
 use crate::space::lease::{self, ClaimError, Identity, Lease};
 use crate::space::lease_watch::LeaseWatch;
@@ -199,6 +200,74 @@ impl Dialed {
         refuse(&self.plan.journal, phase, kind, text)
     }
 
+    /// The claim lost to a live row: whose, judged from the broker. A holder with a connection
+    /// on the broker is another daemon running (the refusal says so); a holder with none is not
+    /// running, and its row expires with the bucket TTL (the refusal says when, and never that
+    /// another daemon runs); a holder that could not be judged is named with why.
+    async fn refuse_held(&self, lease: &Lease, ttl: Duration) -> StartError {
+        const PHASE: StartPhase = StartPhase::Claim;
+        let plan = &self.plan;
+        // A read only: a standby host names the holder it stands by for.
+        let by = match lease.read_own().await {
+            lease::Reading::Taken { by } => Some(by),
+            _ => None,
+        };
+        let row = super::holder::held_row(lease.rows(), ttl).await;
+        let authority = SysAuthority {
+            store: plan.cfg.sys_store.clone(),
+            space: plan.space.clone(),
+            account: plan.account.clone(),
+            server_url: plan.cfg.server.clone(),
+            tls_ca: plan.cfg.tls_ca.clone(),
+            limits: SweepLimits::of(&plan.cfg.tuning),
+        };
+        let info = self.resident.client.server_info();
+        let own = (info.server_id.as_str(), info.client_id);
+        let state = match &row {
+            Some(r) => {
+                Some(super::holder::holder_state(&authority, &r.info.holder, Some(own)).await)
+            }
+            None => None,
+        };
+        let held = StartErrorKind::LeaseHeld;
+        match (row, state) {
+            (Some(row), Some(HolderState::NotRunning { account })) => self
+                .refuse(
+                    PHASE,
+                    held,
+                    format!(
+                        "delivery: the lease row for shard {SHARD} {NOT_RUNNING_HOLDER} ({}, incarnation {}): no connection of its credential is on the broker ($SYS CONNZ of account {account}); the row expires in {} s. Not binding; start the daemon again once it has expired.",
+                        row.info.holder,
+                        if row.info.incarnation.is_empty() { "-" } else { &row.info.incarnation },
+                        row.expires_in_secs()
+                    ),
+                )
+                .held_by(by)
+                .holder_not_running(row.expires_in),
+            (Some(row), Some(HolderState::Unproved { why })) => self
+                .refuse(
+                    PHASE,
+                    held,
+                    format!(
+                        "delivery: a live lease already exists for shard {SHARD}, held by {} (incarnation {}); whether its holder runs could not be proved ({why}); the row expires in {} s unless it is renewed. Not binding.",
+                        row.info.holder,
+                        if row.info.incarnation.is_empty() { "-" } else { &row.info.incarnation },
+                        row.expires_in_secs()
+                    ),
+                )
+                .held_by(by),
+            // A connected holder, or a row gone by the time it was read (taken or expired
+            // since): the claim lost to a live daemon.
+            _ => self
+                .refuse(
+                    PHASE,
+                    held,
+                    format!("delivery: a live lease already exists for shard {SHARD} — another delivery daemon is running. Not binding."),
+                )
+                .held_by(by),
+        }
+    }
+
     /// `$SYS` observer admission, before the endpoint or the lease. The store read runs off the
     /// async workers (a store may be a remote backend); a health fault during it rejects the
     /// start once it returned.
@@ -257,7 +326,7 @@ impl Admitted {
         let js = jetstream::context::ContextBuilder::new()
             .timeout(d.plan.plane.request_bound)
             .build(d.resident.client.clone());
-        let ttl = lease_ttl(&js, &d.plan.names).await;
+        let ttl = super::holder::lease_ttl(&js, &d.plan.names).await;
         let bucket = d.plan.names.delivery_bucket();
         let rows = match Rows::open(&js, &bucket, d.plan.plane.request_bound).await {
             Ok(r) => r,
@@ -292,20 +361,11 @@ impl Admitted {
             }
         };
         if let Err(e) = claimed {
-            // A read only: a standby host names the holder it stands by for.
-            let holder = match &e {
-                ClaimError::Held { .. } => match lease.read_own().await {
-                    lease::Reading::Taken { by } => Some(by),
-                    _ => None,
-                },
-                _ => None,
+            let err = match &e {
+                ClaimError::Held { .. } => d.refuse_held(&lease, ttl).await,
+                ClaimError::Denied { operation, subject } => d.refuse(PHASE, claim_outcome(&e).0, format!("delivery: the lease write for shard {SHARD} was refused ({operation} \"{subject}\") — this credential cannot write {bucket}.{LEASE_KEY}. Not binding. Use a credential holding the \"delivery\" profile.")),
+                ClaimError::Refused { detail } => d.refuse(PHASE, claim_outcome(&e).0, format!("delivery: acquiring the lease for shard {SHARD} failed: {detail}. Not binding.")),
             };
-            let text = match &e {
-                ClaimError::Held { .. } => format!("delivery: a live lease already exists for shard {SHARD} — another delivery daemon is running. Not binding."),
-                ClaimError::Denied { operation, subject } => format!("delivery: the lease write for shard {SHARD} was refused ({operation} \"{subject}\") — this credential cannot write {bucket}.{LEASE_KEY}. Not binding. Use a credential holding the \"delivery\" profile."),
-                ClaimError::Refused { detail } => format!("delivery: acquiring the lease for shard {SHARD} failed: {detail}. Not binding."),
-            };
-            let err = d.refuse(PHASE, claim_outcome(&e).0, text).held_by(holder);
             return Err(d.unwind(err).await);
         }
         Ok(Claimed {
@@ -647,17 +707,4 @@ async fn fault_after_claim(
         })
         .await;
     StartError::new(StartErrorKind::Fault, detail).at(phase)
-}
-
-/// The lease TTL: the bucket's `max_age` (set at provisioning), or the provisioning default
-/// when the bucket declares none (the reference `LEASE_TTL_MS`).
-async fn lease_ttl(js: &jetstream::Context, names: &SpaceNames) -> Duration {
-    let stream = SpaceNames::kv_stream(&names.delivery_bucket());
-    match js.get_stream(stream).await {
-        Ok(mut s) => match s.info().await {
-            Ok(info) if info.config.max_age > Duration::ZERO => info.config.max_age,
-            _ => crate::provision::DEFAULT_LEASE_TTL,
-        },
-        Err(_) => crate::provision::DEFAULT_LEASE_TTL,
-    }
 }

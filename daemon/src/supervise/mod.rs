@@ -114,6 +114,9 @@ pub enum UpErrorKind {
     Daemon,
     /// The main job's demonstration failed.
     Demo,
+    /// The daemon could not claim the lease yet: its row belongs to a holder that is not
+    /// running and expires soon. A broker `up` started for a detached mesh keeps running.
+    NotClaimedYet,
 }
 
 impl UpError {
@@ -125,6 +128,11 @@ impl UpError {
     }
     pub fn kind(&self) -> UpErrorKind {
         self.kind
+    }
+    /// The same error, its line ending with `more`.
+    fn ending(mut self, more: &str) -> UpError {
+        self.text.push_str(more);
+        self
     }
 }
 
@@ -219,6 +227,25 @@ where
     if cfg.detach && result.is_ok() {
         return result;
     }
+    let bare = format!(
+        "`cotal-delivery up --space {} --root {}`",
+        cfg.space,
+        root.display()
+    );
+    let result = match result {
+        // Only the daemon could not claim yet: a detached mesh keeps the broker it started.
+        Err(e) if e.kind() == UpErrorKind::NotClaimedYet && cfg.detach => {
+            return Err(e.ending(&format!(
+                "; nats-server keeps running (pid {}, {}); {bare} serves once it has expired",
+                broker.child.id().unwrap_or(0),
+                broker.url
+            )));
+        }
+        Err(e) if e.kind() == UpErrorKind::NotClaimedYet => Err(e.ending(&format!(
+            "; nats-server is stopped with up; run {bare} again once it has expired"
+        ))),
+        other => other,
+    };
     if let Ok(None) = broker.child.try_wait() {
         stop::terminate(
             stop::Target::Child(&mut broker.child),
@@ -432,7 +459,13 @@ async fn relaunch(
     let watch = LeaseWatch::open(&authority, space, &mesh.server, mesh.tls_ca.as_deref()).await?;
     let served = wait_serving(&watch, space, workspace, &mut daemon, cfg.serving_bound).await;
     watch.close().await;
-    served?;
+    served.map_err(|e| match e.kind() {
+        UpErrorKind::NotClaimedYet => e.ending(&format!(
+            "; nats-server keeps running; run `cotal-delivery up --space {space} --root {}` again once it has expired",
+            root.display()
+        )),
+        _ => e,
+    })?;
     journal.line(format!(
         "✓ delivery daemon serving space {space} (pid {}, log {})",
         daemon.pid,
@@ -630,6 +663,8 @@ fn start_daemon(
 /// `up`'s view of the lease row, on one operator connection kept for the whole run.
 struct LeaseWatch {
     client: async_nats::Client,
+    js: async_nats::jetstream::Context,
+    names: SpaceNames,
     rows: Rows,
 }
 
@@ -665,14 +700,22 @@ impl LeaseWatch {
                 .await
                 .map_err(|e| UpError::new(UpErrorKind::Broker, format!("✗ up: {e}")))?;
         let js = async_nats::jetstream::new(client.clone());
-        let rows = Rows::open(
-            &js,
-            &SpaceNames::new(space).delivery_bucket(),
-            Duration::from_secs(2),
-        )
-        .await
-        .map_err(|e| UpError::new(UpErrorKind::Broker, format!("✗ up: {e}")))?;
-        Ok(LeaseWatch { client, rows })
+        let names = SpaceNames::new(space);
+        let rows = Rows::open(&js, &names.delivery_bucket(), Duration::from_secs(2))
+            .await
+            .map_err(|e| UpError::new(UpErrorKind::Broker, format!("✗ up: {e}")))?;
+        Ok(LeaseWatch {
+            client,
+            js,
+            names,
+            rows,
+        })
+    }
+
+    /// The live lease row, dated by the broker (when it expires).
+    async fn held_row(&self) -> Option<crate::space::HeldRow> {
+        let ttl = crate::space::lease_ttl(&self.js, &self.names).await;
+        crate::space::held_row(&self.rows, ttl).await
     }
 
     /// Serving = this process recorded itself (it holds the lease) and the row it claimed after
@@ -733,6 +776,20 @@ async fn wait_serving(
     loop {
         if let Ok(Some(status)) = daemon.child.try_wait() {
             let last = last_line(&workspace.log_path(space)).unwrap_or_else(|| "no output".into());
+            // Refused by a row whose holder is not running: not a failure of the mesh, only a
+            // wait until the row expires.
+            if last.contains(crate::space::NOT_RUNNING_HOLDER) {
+                if let Some(row) = watch.held_row().await {
+                    return Err(UpError::new(
+                        UpErrorKind::NotClaimedYet,
+                        format!(
+                            "✗ up: the delivery daemon could not claim the lease of space {space} yet: its row belongs to a holder that is not running ({}) and expires in {} s",
+                            row.info.holder,
+                            row.expires_in_secs()
+                        ),
+                    ));
+                }
+            }
             return Err(UpError::new(
                 UpErrorKind::Daemon,
                 format!(

@@ -12,10 +12,12 @@ use serde_json::{json, Value};
 use crate::creds::read_creds_file;
 use crate::files::{self, MeshRecord, PidLiveness};
 use crate::journal::{epoch_ms, utc_timestamp};
-use crate::kv::{Read, Rows};
+use crate::kv::Rows;
 use crate::provision::{MeshAuthority, MintOptions, Profile, Workspace};
-use crate::wire::LeaseInfo;
-use crate::wire::{CtlService, Principal, Space, SpaceNames, LEASE_KEY};
+use crate::space::HolderState;
+use crate::store::FsStore;
+use crate::sys::SysAuthority;
+use crate::wire::{CtlService, Principal, Space, SpaceNames};
 
 /// Bound on each broker check (connect, row read, rail request).
 const CHECK_BOUND: Duration = Duration::from_secs(2);
@@ -27,6 +29,17 @@ pub struct LeaseView {
     pub incarnation: String,
     pub ready: bool,
     pub age_ms: u64,
+    /// Seconds until the bucket's TTL expires the row unless its holder renews it.
+    pub expires_in_secs: Option<u64>,
+    /// What the broker shows of the holder (`None`: not checked).
+    pub holder_state: Option<HolderState>,
+}
+
+impl LeaseView {
+    /// The holder was proved not running: its row only waits for the TTL.
+    fn holder_gone(&self) -> bool {
+        matches!(self.holder_state, Some(HolderState::NotRunning { .. }))
+    }
 }
 
 /// Everything `status` found.
@@ -49,7 +62,10 @@ impl StatusReport {
     pub fn healthy(&self) -> bool {
         let now = (epoch_ms() / 1000) as i64;
         self.broker.is_ok()
-            && self.lease.as_ref().is_some_and(|l| l.ready)
+            && self
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.ready && !l.holder_gone())
             && self.pid.daemon_pid().is_some()
             && matches!(self.credential_exp, Ok(exp) if exp.is_none_or(|e| e > now))
             && self.ctl_answers
@@ -70,6 +86,12 @@ impl StatusReport {
                 "incarnation": l.incarnation,
                 "ready": l.ready,
                 "ageMs": l.age_ms,
+                "expiresInS": l.expires_in_secs,
+                "holderRunning": match &l.holder_state {
+                    Some(HolderState::Connected) => json!(true),
+                    Some(HolderState::NotRunning { .. }) => json!(false),
+                    _ => Value::Null,
+                },
             })),
             "pidRecord": {
                 "verdict": self.pid.verdict(),
@@ -112,17 +134,32 @@ impl StatusReport {
             Err(e) => format!("broker:       not reachable at {} ({e})", self.server),
         };
         let lease = match &self.lease {
-            Some(l) => format!(
-                "lease:        held by {}, incarnation {}, {}, age {} s",
-                l.holder,
-                if l.incarnation.is_empty() {
-                    "-"
-                } else {
-                    &l.incarnation
-                },
-                if l.ready { "ready" } else { "not ready" },
-                l.age_ms / 1000
-            ),
+            Some(l) => {
+                let expires = l
+                    .expires_in_secs
+                    .map(|s| format!("; the row expires in {s} s"))
+                    .unwrap_or_default();
+                let judged = match &l.holder_state {
+                    Some(HolderState::NotRunning { .. }) => format!(
+                        " - its holder is not running (no connection of its credential is on the broker){expires}"
+                    ),
+                    Some(HolderState::Unproved { why }) => {
+                        format!(" - whether its holder runs could not be proved ({why}){expires}")
+                    }
+                    Some(HolderState::Connected) | None => String::new(),
+                };
+                format!(
+                    "lease:        held by {}, incarnation {}, {}, age {} s{judged}",
+                    l.holder,
+                    if l.incarnation.is_empty() {
+                        "-"
+                    } else {
+                        &l.incarnation
+                    },
+                    if l.ready { "ready" } else { "not ready" },
+                    l.age_ms / 1000
+                )
+            }
             // No row read is not "no row" when the broker was never reached.
             None if self.broker.is_err() => {
                 "lease:        not checked (the broker was not reached)".to_string()
@@ -224,22 +261,56 @@ pub async fn status(root: &Path, space: &Space) -> StatusReport {
         }
     };
     let js = async_nats::jetstream::new(client.clone());
-    if let Ok(rows) = Rows::open(&js, &SpaceNames::new(space).delivery_bucket(), CHECK_BOUND).await
-    {
-        if let Ok(Read::Present(row)) = rows.read(LEASE_KEY).await {
-            if let Ok(info) = serde_json::from_slice::<LeaseInfo>(&row.value) {
-                report.lease = Some(LeaseView {
-                    holder: info.holder,
-                    incarnation: info.incarnation,
-                    ready: info.ready,
-                    age_ms: epoch_ms().saturating_sub(info.since),
-                });
-            }
+    let names = SpaceNames::new(space);
+    if let Ok(rows) = Rows::open(&js, &names.delivery_bucket(), CHECK_BOUND).await {
+        let ttl = crate::space::lease_ttl(&js, &names).await;
+        if let Some(row) = crate::space::held_row(&rows, ttl).await {
+            let holder_state = match sys_authority(root, space, &server, tls_ca.as_deref()) {
+                Some(authority) => {
+                    crate::space::holder_state(&authority, &row.info.holder, None).await
+                }
+                None => HolderState::Unproved {
+                    why: "no $SYS observer credential of the space's account in this root".into(),
+                },
+            };
+            report.lease = Some(LeaseView {
+                expires_in_secs: Some(row.expires_in_secs()),
+                age_ms: epoch_ms().saturating_sub(row.info.since),
+                holder: row.info.holder,
+                incarnation: row.info.incarnation,
+                ready: row.info.ready,
+                holder_state: Some(holder_state),
+            });
         }
     }
     report.ctl_answers = ctl_delivery_answers(&client, space).await;
     let _ = client.drain().await;
     report
+}
+
+/// The `$SYS` observer of the root's space, to judge a lease row's holder by CONNZ: its
+/// account is the one the observer's scan grant names.
+fn sys_authority(
+    root: &Path,
+    space: &Space,
+    server: &str,
+    tls_ca: Option<&Path>,
+) -> Option<SysAuthority> {
+    let store = std::sync::Arc::new(FsStore::new(root.to_path_buf()));
+    let observer = crate::sys::SysPair::read(&*store, space)
+        .observer
+        .value
+        .ok()??;
+    let claims = observer.claims().ok()?;
+    let [account] = crate::sys::connz_accounts(&claims.nats).try_into().ok()?;
+    Some(SysAuthority {
+        store,
+        space: space.clone(),
+        account,
+        server_url: server.to_string(),
+        tls_ca: tls_ca.map(Path::to_path_buf),
+        limits: crate::sys::SweepLimits::default(),
+    })
 }
 
 /// An operator connection minted from the root's signer (status reads, it never writes).

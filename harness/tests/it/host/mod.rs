@@ -306,11 +306,19 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
         r.as_ref().is_some_and(|i| i.holder == b_holder && i.ready)
     })
     .await;
-    let reports = lane_lines(&b, "alpha")
-        .iter()
-        .filter(|l| l.contains("standing by"))
-        .count();
-    assert_eq!(reports, 1, "held lease reported once:\n{}", b.transcript());
+    let count = |needle: &str| {
+        lane_lines(&b, "alpha")
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    };
+    let live = count("standing by — the lease is held by");
+    assert_eq!(live, 1, "held lease reported once:\n{}", b.transcript());
+    // Between A's death and its row's expiry, a retry may meet the row of a holder that is not
+    // running: that outcome is reported once too.
+    let gone = count("standing by — the lease row is held by");
+    println!("RACE: B met A's row with A not running {gone} time(s) before it expired");
+    assert!(gone <= 1, "reported once:\n{}", b.transcript());
     // Until B's takeover, every write was A's renewal, a delete/expiry, or B's claim.
     let b_row = insp.lease().await.expect("read").expect("row");
 
@@ -372,10 +380,23 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
         .filter(|(op, _)| *op != Operation::Put)
         .count();
     assert_eq!(deletes_after, 1, "only B's own release deletes: {writes:?}");
+    // The attempt that met A's row after A's death (when there was one) is judged above; the
+    // snapshot is the rest, the same either way.
+    let mut b_lines = lane_lines(&b, "alpha");
+    if let Some(at) = b_lines
+        .iter()
+        .position(|l| l.contains("standing by — the lease row is held by"))
+    {
+        assert!(
+            at >= 2 && b_lines[at - 1].contains("belongs to a holder that is not running"),
+            "{b_lines:?}"
+        );
+        b_lines.drain(at - 2..=at);
+    }
     crate::support::snapshot_base().bind(|| {
         insta::assert_snapshot!(
             "host__standby_b",
-            normalise(&lane_lines(&b, "alpha").join("\n"), b_root, b_root)
+            normalise(&b_lines.join("\n"), b_root, b_root)
         )
     });
     crate::support::snapshot_base().bind(|| {

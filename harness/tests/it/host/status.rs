@@ -48,6 +48,9 @@ fn scrub(mut v: Value, root: &Path) -> String {
             if s["lease"].is_object() {
                 s["lease"]["ageMs"] = "[N]".into();
                 s["lease"]["incarnation"] = "[INCARNATION]".into();
+                if s["lease"]["expiresInS"].is_number() {
+                    s["lease"]["expiresInS"] = "[N]".into();
+                }
             }
             if s["credential"]["expires"].is_number() {
                 s["credential"]["expires"] = "[EXP]".into();

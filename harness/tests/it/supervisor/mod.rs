@@ -1,5 +1,6 @@
 //! `up` and `down`: the supervisor, foreground and detached.
 
 mod down;
+mod holder;
 mod log;
 mod up;
