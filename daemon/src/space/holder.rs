@@ -20,6 +20,11 @@ use crate::wire::{LeaseInfo, SpaceNames, LEASE_KEY};
 /// refusal from a live holder's by them).
 pub const NOT_RUNNING_HOLDER: &str = "belongs to a holder that is not running";
 
+/// What proved a holder not running, as every line that says so names it: the broker's CONNZ
+/// sweep, not the holder's pid record (a pid record says nothing of a holder on another host,
+/// nor of a `--spaces` lane, which writes none).
+pub const NOT_RUNNING_PROOF: &str = "no connection of its credential is on the broker";
+
 /// The live lease row and how long until the bucket's TTL expires it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldRow {

@@ -28,7 +28,7 @@ pub use feed::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
 pub(crate) use health::HARD_EXIT_GRACE;
 pub use health::{HealthConfig, Verdict};
 pub(crate) use holder::{
-    held_row, holder_state, lease_ttl, HeldRow, HolderState, NOT_RUNNING_HOLDER,
+    held_row, holder_state, lease_ttl, HeldRow, HolderState, NOT_RUNNING_HOLDER, NOT_RUNNING_PROOF,
 };
 pub(crate) use keeper::RELEASE_REDIAL_BOUND;
 pub use lease::{ReleaseError, ReleaseErrorKind, Released};

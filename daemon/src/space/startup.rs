@@ -33,7 +33,7 @@ use crate::space::closed::{
 use crate::space::daemon::{Serving, SpaceConfig, SpaceDaemon, Stop, Stops};
 use crate::space::feed::{FeedParts, MembershipFeed};
 use crate::space::health::{HealthHandle, Watchdog};
-use crate::space::holder::{HolderState, NOT_RUNNING_HOLDER};
+use crate::space::holder::{HolderState, NOT_RUNNING_HOLDER, NOT_RUNNING_PROOF};
 use crate::space::keeper::Keeper;
 use crate::space::lease::{self, ClaimError, Identity, Lease};
 use crate::space::lease_watch::LeaseWatch;
@@ -236,7 +236,7 @@ impl Dialed {
                     PHASE,
                     held,
                     format!(
-                        "delivery: the lease row for shard {SHARD} {NOT_RUNNING_HOLDER} ({}, incarnation {}): no connection of its credential is on the broker ($SYS CONNZ of account {account}); the row expires in {} s. Not binding; start the daemon again once it has expired.",
+                        "delivery: the lease row for shard {SHARD} {NOT_RUNNING_HOLDER} ({}, incarnation {}): {NOT_RUNNING_PROOF} ($SYS CONNZ of account {account}); the row expires in {} s. Not binding; start the daemon again once it has expired.",
                         row.info.holder,
                         if row.info.incarnation.is_empty() { "-" } else { &row.info.incarnation },
                         row.expires_in_secs()

@@ -783,8 +783,9 @@ async fn wait_serving(
                     return Err(UpError::new(
                         UpErrorKind::NotClaimedYet,
                         format!(
-                            "✗ up: the delivery daemon could not claim the lease of space {space} yet: its row belongs to a holder that is not running ({}) and expires in {} s",
+                            "✗ up: the delivery daemon could not claim the lease of space {space} yet: its row belongs to a holder that is not running ({}: {}) and expires in {} s",
                             row.info.holder,
+                            crate::space::NOT_RUNNING_PROOF,
                             row.expires_in_secs()
                         ),
                     ));

@@ -141,7 +141,8 @@ impl StatusReport {
                     .unwrap_or_default();
                 let judged = match &l.holder_state {
                     Some(HolderState::NotRunning { .. }) => format!(
-                        " - its holder is not running (no connection of its credential is on the broker){expires}"
+                        " - its holder is not running ({}){expires}",
+                        crate::space::NOT_RUNNING_PROOF
                     ),
                     Some(HolderState::Unproved { why }) => {
                         format!(" - whether its holder runs could not be proved ({why}){expires}")

@@ -134,9 +134,14 @@ fn cluster_gaps_ms(times: &[u64]) -> Vec<u64> {
 /// `normalise` plus the credential's expiry time.
 fn normalised(lines: &[String], mesh: &Mesh) -> String {
     let text = normalise(&lines.join("\n"), mesh.root(), mesh.root());
-    regex::Regex::new(r"exp \d+")
+    let text = regex::Regex::new(r"exp \d+")
         .expect("regex")
         .replace_all(&text, "exp [EXP]")
+        .into_owned();
+    // A killed lane's incarnation, named by the next daemon's refusal.
+    regex::Regex::new(r"incarnation [0-9a-f]{32}\b")
+        .expect("regex")
+        .replace_all(&text, "incarnation [INCARNATION]")
         .into_owned()
 }
 
