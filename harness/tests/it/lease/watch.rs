@@ -1,6 +1,7 @@
 //! The lease watch's consumer over its life, read from the broker: its inactivity threshold,
 //! its retirement before a manual reconnect of the live connection (the move onto an adopted
-//! credential) and its rebind after it, and a bind in flight when that reconnect is asked for.
+//! credential) and its rebind after it, and a bind in flight when that reconnect or the stop is
+//! asked for.
 //! The broker's consumer advisories (`CREATED`/`DELETED`, with their timestamps) and its
 //! `/connz` of closed connections (their `stop`) give the order of what happened.
 
@@ -323,5 +324,70 @@ async fn a_manual_reconnect_waits_for_a_bind_in_flight_and_deletes_what_it_bound
         advisories.all()
     );
     the_watch_still_sees_the_key(&insp, &mut d).await;
+    assert!(!d.has_line(NO_DELETE_WARNING), "{}", d.transcript());
+}
+
+/// The endpoint's stop waits for a bind in flight and its cleanup before the connection closes.
+/// The daemon dials through the proxy; a cut makes it redial, so the watch binds again
+/// (`leasewatch_<inc>_1`), and the proxy holds that bind's create. SIGTERM then asks the watch
+/// to retire while the create is held: for a second nothing is created and the daemon is still
+/// running. Released, the create reaches the broker, and the watch deletes that consumer
+/// instead of installing it (it is deleted before `leasewatch_<inc>`, which it would otherwise
+/// have replaced first: the proof that the stop was asked while the bind was in flight), then
+/// the installed one, both on the connection still up; only then is the lease released and the
+/// connection closed. Exit 0, no watch consumer left, no warning. Mutations seen failing:
+/// `LeaseWatch::retire` not waiting for the watch's answer (the watch dropped at once, its task
+/// ended: `leasewatch_<inc>_1` is created and never deleted); `Watcher::rebind` not reading a
+/// retirement while its bind is in flight (the bind installs `_1` and deletes `leasewatch_<inc>`
+/// first: the deletes' order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stop_waits_for_a_bind_in_flight_and_deletes_what_it_bound() {
+    let mesh = Mesh::demo().await.expect("mesh");
+    let insp = mesh.inspector(mesh.space()).await.expect("inspector");
+    let (proxy, mut d) = start_daemon_via_proxy(&mesh).await;
+    let inc = incarnation(&insp).await;
+    let (first, held) = (format!("leasewatch_{inc}"), format!("leasewatch_{inc}_1"));
+    let advisories = Advisories::record(&insp).await;
+    let stream = SpaceNames::kv_stream(&insp.names.delivery_bucket());
+    let create = format!("$JS.API.CONSUMER.CREATE.{stream}.{held}");
+    proxy.hold_from(create.as_bytes());
+    proxy.cut_established();
+    proxy
+        .wait_held(&create, BOUND)
+        .await
+        .expect("the rebind's create is held");
+    d.terminate().expect("SIGTERM");
+    // The stop is waiting for the watch: the daemon runs on, nothing created yet.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(d.is_running(), "{}", d.transcript());
+    assert!(advisories.find("CREATED", &held).is_none());
+    proxy.release();
+    let status = d.wait_exit(BOUND).await.expect("exits");
+    assert_eq!(status.code(), Some(0), "{}", d.transcript());
+    let created = advisories.at("CREATED", &held).await;
+    let deleted = advisories.at("DELETED", &held).await;
+    let deleted_first = advisories.at("DELETED", &first).await;
+    let closed = mesh
+        .broker
+        .connz_named(ConnState::Closed, "cotal:delivery")
+        .await
+        .expect("/connz closed");
+    let stop = closed
+        .iter()
+        .filter_map(|c| c.raw["stop"].as_str().and_then(rfc3339_us))
+        .max()
+        .expect("the daemon's connections closed");
+    println!(
+        "MEASURED held bind created -> deleted {} µs; the last delete -> the connection closed {} µs",
+        deleted - created,
+        stop - deleted_first
+    );
+    assert!(
+        created <= deleted && deleted <= deleted_first && deleted_first <= stop,
+        "{:?}, stop {stop}",
+        advisories.all()
+    );
+    assert!(watch_consumers(&insp).await.is_empty());
+    assert!(insp.lease().await.expect("read").is_none(), "released");
     assert!(!d.has_line(NO_DELETE_WARNING), "{}", d.transcript());
 }
