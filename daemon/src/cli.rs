@@ -770,18 +770,25 @@ fn run_remint(args: RemintArgs) -> i32 {
             .map(|s| std::time::Duration::from_secs(s.max(1))),
         offline: args.offline,
     };
+    // Under `up` stderr is the owner's log: from here on every line written there is stamped.
+    let stamped = args
+        .watch
+        .then(|| crate::supervise::stamp_remint_stderr(&cfg))
+        .flatten();
     let rt = match runtime("remint") {
         Ok(rt) => rt,
         Err(code) => return code,
     };
     if args.watch {
-        return match rt.block_on(crate::supervise::remint_watch(&cfg)) {
-            crate::supervise::WatchEnded::Stopped => 0,
-            crate::supervise::WatchEnded::Refused(line) => {
-                eprintln!("{line}");
-                1
-            }
+        let run = rt.block_on(crate::supervise::remint_watch(&cfg));
+        let code = match &run.ended {
+            crate::supervise::WatchEnded::Stopped(_) => 0,
+            crate::supervise::WatchEnded::Refused(_) => 1,
         };
+        run.close(code);
+        rt.shutdown_background();
+        drop(stamped);
+        return code;
     }
     let pass = rt.block_on(crate::supervise::remint_once(&cfg));
     if let Some(e) = pass.refused_before() {

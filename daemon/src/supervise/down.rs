@@ -1,7 +1,7 @@
-//! `cotal-delivery down`: stops what `up` started at a root, the delivery daemon first (with the
-//! stop `up` uses, so it holds the same reservation), then the broker. It leaves a marker first,
-//! so a foreground `up` never restarts a daemon `down` stopped: not one it had to kill, not a
-//! replacement still starting, not one between two restart attempts.
+//! `cotal-delivery down`: stops what `up` started at a root, its renewal owner and the delivery
+//! daemon first (the daemon with the stop `up` uses, so it holds the same reservation), then the
+//! broker. It leaves a marker first, so a foreground `up` never restarts a daemon `down` stopped:
+//! not one it had to kill, not a replacement still starting, not one between two restart attempts.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -27,6 +27,8 @@ pub async fn down(
         &files::down_marker_path(root, space),
         format!("{}\n", std::process::id()).as_bytes(),
     );
+    // The renewal owner first: it would otherwise re-sign a credential the stop removes.
+    super::remint::stop_renewal_owner(root, space, grace, "down", journal).await;
     let deadline = Instant::now() + RESERVATION_RETRY;
     loop {
         match stop::stop_daemon(root, space, None, grace, "down", journal).await {

@@ -24,7 +24,8 @@ mod stop;
 pub(crate) use demo::offline_member_receives;
 pub(crate) use down::down;
 pub(crate) use remint::{
-    pass_json, pass_lines, remint_once, remint_watch, RemintConfig, WatchEnded,
+    pass_json, pass_lines, remint_once, remint_watch, stamp_stderr as stamp_remint_stderr,
+    RemintConfig, WatchEnded,
 };
 pub(crate) use status::{status, StatusReport};
 
@@ -112,6 +113,8 @@ pub enum UpErrorKind {
     Broker,
     /// The delivery daemon did not start, exited, or did not serve.
     Daemon,
+    /// A detached mesh's renewal owner (`remint --watch`) did not start or did not record itself.
+    Renewal,
     /// The main job's demonstration failed.
     Demo,
     /// The daemon could not claim the lease yet: its row belongs to a holder that is not
@@ -351,8 +354,15 @@ where
         workspace.log_path(space).display()
     ));
     if cfg.detach {
+        // Nothing else renews a detached mesh: without its owner it stops at the lifetime.
+        if let Err(e) = remint::ensure_renewal_owner(workspace.root(), space, false, journal).await
+        {
+            stop_own(cfg, workspace, &mut daemon, journal).await;
+            watch.close().await;
+            return Err(e);
+        }
         journal.line(format!(
-            "• detached: nats-server and the delivery daemon keep running; stop them with: cotal-delivery down --space {space} --root {}",
+            "• detached: nats-server, the delivery daemon and its renewal owner keep running; stop them with: cotal-delivery down --space {space} --root {}",
             workspace.root().display()
         ));
         return Ok(());
@@ -426,6 +436,21 @@ async fn relaunch(
             ""
         }
     ));
+    let served = relaunch_daemon(cfg, workspace, mesh, journal).await;
+    // Also when the daemon could not serve yet: its credentials keep being renewed.
+    let owner = remint::ensure_renewal_owner(root, space, true, journal).await;
+    served.and(owner)
+}
+
+/// The daemon half of a bare `up`: relaunched when it is missing.
+async fn relaunch_daemon(
+    cfg: &UpConfig,
+    workspace: &Workspace,
+    mesh: &MeshRecord,
+    journal: &Journal,
+) -> Result<(), UpError> {
+    let space = &cfg.space;
+    let root = workspace.root();
     if let Some(pid) = files::pid_liveness(&workspace.pid_path(space)).daemon_pid() {
         journal.line(format!(
             "✓ delivery daemon already serving space {space} (pid {pid})"

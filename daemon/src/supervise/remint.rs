@@ -7,15 +7,19 @@
 //! its credentials' lifetime; and under systemd a timer running the one-shot pass is the
 //! renewal owner instead.
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use super::renewal::{OwnerEvent, Pass, Reload, RenewalOwner};
-use crate::files::{self, PidRecord};
+use super::stop::{terminate, Ended, Target};
+use super::{exit_cause, last_line, open_append, tie_to_up, UpError, UpErrorKind};
+use crate::files::{self, PidLiveness, PidRecord};
 use crate::journal::{utc_timestamp, Journal};
 use crate::provision::RemintOutcome;
 use crate::store::{FsStore, RemintTarget, SecretStore};
@@ -166,62 +170,112 @@ pub fn pass_json(cfg: &RemintConfig, pass: &Pass) -> Value {
 /// How a `remint --watch` ended.
 #[derive(Debug)]
 pub enum WatchEnded {
-    /// Stopped by a signal; its record removed.
-    Stopped,
+    /// Stopped by this signal; its record removed.
+    Stopped(&'static str),
     /// Refused at start: another live renewal owner is recorded, or the record could not be
     /// written, or the signals could not be installed (the line says which).
     Refused(String),
 }
 
-/// `remint --watch` for a workspace root: records itself, logs to `.cotal/remint.<key>.log`,
-/// re-signs at half of the credentials' lifetime until SIGTERM/SIGINT (SIGHUP: re-sign now).
-pub async fn remint_watch(cfg: &RemintConfig) -> WatchEnded {
+/// A finished `remint --watch`: how it ended, and its log, for the run's last line.
+pub struct WatchRun {
+    pub ended: WatchEnded,
+    journal: Journal,
+}
+
+impl WatchRun {
+    /// Writes the run's last line: the exit code and its reason (the daemon's convention).
+    pub fn close(&self, code: i32) {
+        let reason = match &self.ended {
+            WatchEnded::Stopped(by) => format!("stopped by {by}"),
+            WatchEnded::Refused(line) => line.trim_start_matches("✗ remint: ").to_string(),
+        };
+        self.journal.file_line(format!(
+            "• remint: run ended — exit code {code}: {reason} (pid {})",
+            std::process::id()
+        ));
+    }
+}
+
+/// When this process's stderr is the owner's log (`up` redirected it there), stamps every line
+/// written to it, as the daemon's does; the redirect stands until the value is dropped.
+pub fn stamp_stderr(cfg: &RemintConfig) -> Option<crate::journal::StampedStderr> {
+    let RemintTarget::Workspace(root) = &cfg.target else {
+        return None;
+    };
+    let path = files::remint_log_path(root, &cfg.space);
+    if !files::stderr_is_path(&path) {
+        return None;
+    }
+    let file = std::fs::OpenOptions::new().append(true).open(&path).ok()?;
+    crate::journal::StampedStderr::install(file).ok()
+}
+
+/// `remint --watch` for a workspace root: records itself, logs to `.cotal/remint.<key>.log`
+/// (each run framed by a first and a last line, every line stamped), re-signs at half of the
+/// credentials' lifetime until SIGTERM/SIGINT (SIGHUP: re-sign now).
+pub async fn remint_watch(cfg: &RemintConfig) -> WatchRun {
     let journal = Journal::stderr_only();
+    let ended = watch(cfg, &journal).await;
+    WatchRun { ended, journal }
+}
+
+async fn watch(cfg: &RemintConfig, journal: &Journal) -> WatchEnded {
     let RemintTarget::Workspace(root) = &cfg.target else {
         return WatchEnded::Refused("✗ remint: --watch serves a workspace root (--root)".into());
     };
     let space = &cfg.space;
-    let record_path = files::remint_pid_path(root, space);
-    let me = std::process::id();
-    let recorded = files::pid_liveness_of(&record_path, files::argv_names_renewal_owner);
-    if let Some(pid) = recorded.daemon_pid().filter(|p| *p != me) {
-        return WatchEnded::Refused(format!(
-            "✗ remint: a renewal owner already runs for space {space} (pid {pid}, {}) - not starting another",
-            record_path.display()
-        ));
-    }
-    let (tx, mut events) = mpsc::channel(4);
-    if let Err(e) = install_signals(tx) {
-        return WatchEnded::Refused(format!("✗ remint: could not watch its signals: {e}"));
-    }
-    let record = match PidRecord::write(record_path, me) {
-        Ok(r) => r,
-        Err(e) => return WatchEnded::Refused(format!("✗ remint: {e}")),
-    };
     match files::open_log(&files::remint_log_path(root, space)) {
+        // Stderr is the log: lines reach it through stderr, stamped (`stamp_stderr`).
+        Ok(_) if crate::journal::stderr_is_stamped() => {}
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! remint: {e}")),
     }
     let owner = cfg.owner();
+    let me = std::process::id();
     let broker = match owner.broker() {
         Ok(b) => format!("{} ({})", b.url, b.source),
         Err(e) => format!("unresolved ({e})"),
     };
-    journal.line(format!(
-        "• remint: renewal owner of space {space} started (cotal-delivery {}, build {}, pid {me}, root {}, broker {broker})",
+    journal.file_line(format!(
+        "• remint: run started — cotal-delivery {} (build {}), pid {me}, space {space}, root {}, broker {broker}",
         env!("CARGO_PKG_VERSION"),
         crate::BUILD_ID,
         root.display()
     ));
-    let by = owner.watch(&journal, &mut events).await;
+    let record_path = files::remint_pid_path(root, space);
+    let recorded = files::pid_liveness_of(&record_path, files::argv_names_renewal_owner);
+    if let Some(pid) = recorded.daemon_pid().filter(|p| *p != me) {
+        let line = format!(
+            "✗ remint: a renewal owner already runs for space {space} (pid {pid}, {}) - not starting another",
+            record_path.display()
+        );
+        journal.line(&line);
+        return WatchEnded::Refused(line);
+    }
+    let (tx, mut events) = mpsc::channel(4);
+    if let Err(e) = install_signals(tx) {
+        let line = format!("✗ remint: could not watch its signals: {e}");
+        journal.line(&line);
+        return WatchEnded::Refused(line);
+    }
+    let record = match PidRecord::write(record_path, me) {
+        Ok(r) => r,
+        Err(e) => {
+            let line = format!("✗ remint: {e}");
+            journal.line(&line);
+            return WatchEnded::Refused(line);
+        }
+    };
+    journal.line(format!(
+        "✓ remint: renewal owner of space {space} running (pid {me}); it re-signs the standing credentials at half their lifetime"
+    ));
+    let by = owner.watch(journal, &mut events).await;
     journal.line(format!("• remint: received {by}, exiting (space {space})"));
     journal.flush_repeats();
     record.remove();
-    journal.line(format!(
-        "• remint: renewal owner of space {space} exited (code 0: stopped by {by})"
-    ));
-    WatchEnded::Stopped
+    WatchEnded::Stopped(by)
 }
 
 /// SIGTERM/SIGINT stop the owner; SIGHUP makes it re-sign now.
@@ -241,4 +295,144 @@ fn install_signals(tx: mpsc::Sender<OwnerEvent>) -> std::io::Result<()> {
         }
     });
     Ok(())
+}
+
+/// How long `up` waits for a renewal owner it launched to record itself.
+const OWNER_READY_BOUND: Duration = Duration::from_secs(10);
+/// Poll period of that wait.
+const OWNER_POLL: Duration = Duration::from_millis(50);
+
+/// The renewal owner of a detached mesh: relaunched when none runs, named when one does.
+/// `relaunch` says so in the line (a bare `up`); `Err` is the operator's line.
+pub(super) async fn ensure_renewal_owner(
+    root: &Path,
+    space: &Space,
+    relaunch: bool,
+    journal: &Journal,
+) -> Result<(), UpError> {
+    let record = files::remint_pid_path(root, space);
+    if let Some(pid) = files::pid_liveness_of(&record, files::argv_names_renewal_owner).daemon_pid()
+    {
+        journal.line(format!(
+            "✓ renewal owner already running for space {space} (pid {pid})"
+        ));
+        return Ok(());
+    }
+    if relaunch {
+        journal.line(format!(
+            "• relaunching the missing renewal owner for space {space}"
+        ));
+    }
+    let pid = launch_renewal_owner(root, space).await?;
+    journal.line(format!(
+        "✓ renewal owner running for space {space} (pid {pid}, log {}): it re-signs the standing credentials at half their lifetime",
+        files::remint_log_path(root, space).display()
+    ));
+    Ok(())
+}
+
+/// Starts `remint --watch` in its own process group (it outlives `up`), its stdout and stderr
+/// on `.cotal/remint.<key>.log`, and waits (bounded) until it has recorded itself.
+async fn launch_renewal_owner(root: &Path, space: &Space) -> Result<u32, UpError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| UpError::new(UpErrorKind::Files, format!("✗ up: {e}")))?;
+    let log_path = files::remint_log_path(root, space);
+    let log = open_append(&log_path)?;
+    let mut cmd = Command::new(exe);
+    tie_to_up(&mut cmd, true);
+    cmd.args(["remint", "--watch", "--space", space.as_str(), "--root"])
+        .arg(root)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(
+            log.try_clone()
+                .map_err(|e| UpError::new(UpErrorKind::Files, e.to_string()))?,
+        ))
+        .stderr(Stdio::from(log));
+    let mut child = cmd.spawn().map_err(|e| {
+        UpError::new(
+            UpErrorKind::Renewal,
+            format!("✗ up: could not start the renewal owner: {e}"),
+        )
+    })?;
+    let pid = child.id().unwrap_or(0);
+    let record = files::remint_pid_path(root, space);
+    let deadline = Instant::now() + OWNER_READY_BOUND;
+    loop {
+        if files::read_pid(&record) == Some(pid) {
+            return Ok(pid);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let last = last_line(&log_path).unwrap_or_else(|| "no output".into());
+            return Err(UpError::new(
+                UpErrorKind::Renewal,
+                format!(
+                    "✗ up: the renewal owner exited ({}) before it ran: {last}",
+                    exit_cause(&status)
+                ),
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(UpError::new(
+                UpErrorKind::Renewal,
+                format!(
+                    "✗ up: the renewal owner (pid {pid}) did not record itself within {} s; see {}",
+                    OWNER_READY_BOUND.as_secs(),
+                    log_path.display()
+                ),
+            ));
+        }
+        tokio::time::sleep(OWNER_POLL).await;
+    }
+}
+
+/// Stops the space's renewal owner for `down`: a `remint --watch` the record proves is
+/// signalled (SIGTERM, SIGKILL after the grace); a foreground `up` running it is left (it ends
+/// with its broker); a stale or foreign record is cleared.
+pub(super) async fn stop_renewal_owner(
+    root: &Path,
+    space: &Space,
+    grace: Duration,
+    who: &str,
+    journal: &Journal,
+) {
+    let path = files::remint_pid_path(root, space);
+    match files::pid_liveness_of(&path, files::argv_names_renewal_owner) {
+        PidLiveness::Alive(pid) | PidLiveness::Unverified(pid) => {
+            let is_remint =
+                files::process_argv(pid).is_none_or(|argv| files::argv_names_remint_watch(&argv));
+            if !is_remint {
+                journal.line(format!(
+                    "• {who}: the renewal owner is the foreground up (pid {pid}); it stops with it"
+                ));
+                return;
+            }
+            if terminate(Target::Pid(pid), grace, "renewal owner", who, journal).await
+                != Ended::Survived
+            {
+                // A SIGKILLed owner left its record behind.
+                if files::read_pid(&path) == Some(pid) {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        PidLiveness::Stale(pid) => {
+            let _ = std::fs::remove_file(&path);
+            journal.line(format!(
+                "• {who}: {} named pid {pid}, which is not running - stale record cleared",
+                path.display()
+            ));
+        }
+        PidLiveness::Foreign(pid) => {
+            let _ = std::fs::remove_file(&path);
+            journal.line(format!(
+                "• {who}: {} named pid {pid}, which is now another program - record cleared, nothing signalled",
+                path.display()
+            ));
+        }
+        PidLiveness::Unreadable => {
+            let _ = std::fs::remove_file(&path);
+        }
+        PidLiveness::Absent => {}
+    }
 }

@@ -523,7 +523,10 @@ impl RenewalOwner {
                 event = events.recv() => match event {
                     Some(OwnerEvent::Stop(by)) => return by,
                     None => return "the end of its host",
-                    Some(OwnerEvent::RenewNow) => {}
+                    Some(OwnerEvent::RenewNow) => journal.line(format!(
+                        "• {}: received SIGHUP, re-signing now",
+                        self.who
+                    )),
                 },
                 _ = tokio::time::sleep(wait) => {}
             }

@@ -55,6 +55,11 @@ pub struct StatusReport {
     /// Expiry (unix seconds) of the delivery credential; `Err` when it cannot be read.
     pub credential_exp: Result<Option<i64>, String>,
     pub ctl_answers: bool,
+    /// The renewal owner's record (`.cotal/remint.<key>.pid`): a `remint --watch`, or a
+    /// foreground `up` running the owner itself. Shown, not part of `healthy`.
+    pub renewal: PidLiveness,
+    /// The live owner is a foreground `up` (not a `remint --watch`).
+    pub renewal_by_up: bool,
 }
 
 impl StatusReport {
@@ -102,6 +107,11 @@ impl StatusReport {
                 Err(e) => json!({"error": e}),
             },
             "ctlDelivery": {"answers": self.ctl_answers},
+            "renewalOwner": {
+                "verdict": self.renewal.verdict(),
+                "pid": self.renewal.recorded_pid(),
+                "foregroundUp": self.renewal_by_up,
+            },
         })
     }
 
@@ -114,6 +124,7 @@ impl StatusReport {
             lease,
             self.pid_line(),
             cred,
+            self.renewal_line(),
             ctl,
             format!(
                 "status: {}",
@@ -193,6 +204,33 @@ impl StatusReport {
         [broker, lease, cred, ctl]
     }
 
+    /// The renewal owner's line: who re-signs the standing credentials, or that nobody does.
+    fn renewal_line(&self) -> String {
+        let nobody = format!(
+            "nothing re-signs the credentials before they expire; run cotal-delivery remint --space {space} --root {root}, or a bare cotal-delivery up --space {space} --root {root} to relaunch a detached mesh's owner",
+            space = self.space,
+            root = self.root.display()
+        );
+        match &self.renewal {
+            PidLiveness::Alive(p) | PidLiveness::Unverified(p) if self.renewal_by_up => {
+                format!("renewal:      owner running in the foreground up (pid {p})")
+            }
+            PidLiveness::Alive(p) => format!("renewal:      owner running (pid {p})"),
+            PidLiveness::Unverified(p) => format!(
+                "renewal:      owner alive-unverified (pid {p}); its command line could not be read, trusted"
+            ),
+            PidLiveness::Stale(p) => {
+                format!("renewal:      no owner (stale record, pid {p} is not running) - {nobody}")
+            }
+            PidLiveness::Foreign(p) => format!(
+                "renewal:      no owner (stale record, pid {p} is now another program) - {nobody}"
+            ),
+            PidLiveness::Absent | PidLiveness::Unreadable => {
+                format!("renewal:      no owner - {nobody}")
+            }
+        }
+    }
+
     /// The pid record's line.
     fn pid_line(&self) -> String {
         // Each verdict also says, in words scripts have matched since the first `status`,
@@ -236,6 +274,14 @@ pub async fn status(root: &Path, space: &Space) -> StatusReport {
     let workspace = Workspace::new(root);
     let (server, tls_ca) = mesh_of(root, space);
     let pid = files::pid_liveness(&workspace.pid_path(space));
+    let renewal = files::pid_liveness_of(
+        &files::remint_pid_path(root, space),
+        files::argv_names_renewal_owner,
+    );
+    let renewal_by_up = renewal
+        .daemon_pid()
+        .and_then(files::process_argv)
+        .is_some_and(|argv| !files::argv_names_remint_watch(&argv));
     let credential_exp = read_creds_file(&workspace.delivery_creds_path(space))
         .map_err(|_| {
             format!(
@@ -253,6 +299,8 @@ pub async fn status(root: &Path, space: &Space) -> StatusReport {
         pid,
         credential_exp,
         ctl_answers: false,
+        renewal,
+        renewal_by_up,
     };
     let client = match connect(&workspace, space, &server, tls_ca.as_deref()).await {
         Ok(c) => c,

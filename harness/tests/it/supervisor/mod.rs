@@ -3,4 +3,5 @@
 mod down;
 mod holder;
 mod log;
+mod renewal;
 mod up;

@@ -15,7 +15,7 @@ use delivery_harness::nats_server_bin;
 pub const BOUND: Duration = Duration::from_secs(60);
 
 /// Kills (SIGKILL) what a detached mesh left at `root` when a test ends early: the recorded
-/// broker and daemon, only while their command lines prove what they are.
+/// broker, daemon and renewal owner, only while their command lines prove what they are.
 pub struct MeshGuard(pub PathBuf);
 
 impl Drop for MeshGuard {
@@ -37,6 +37,17 @@ impl Drop for MeshGuard {
                         nix::sys::signal::Signal::SIGKILL,
                     );
                 }
+            }
+        }
+        // The renewal owner a detached up leaves (never a foreground up's record).
+        if let Some(pid) = files::read_pid(&files::remint_pid_path(root, &space)) {
+            if let PidLiveness::Alive(p) =
+                files::process_liveness(pid, files::argv_names_remint_watch)
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
         }
         if let Some(pid) = files::read_pid(&files::broker_pid_path(root)) {
