@@ -207,8 +207,7 @@ pub fn stamp_stderr(cfg: &RemintConfig) -> Option<crate::journal::StampedStderr>
     if !files::stderr_is_path(&path) {
         return None;
     }
-    let file = std::fs::OpenOptions::new().append(true).open(&path).ok()?;
-    crate::journal::StampedStderr::install(file).ok()
+    crate::journal::StampedStderr::install(&path).ok()
 }
 
 /// `remint --watch` for a workspace root: records itself, logs to `.cotal/remint.<key>.log`
@@ -255,7 +254,8 @@ async fn watch(cfg: &RemintConfig, journal: &Journal) -> WatchEnded {
         return WatchEnded::Refused(line);
     }
     let (tx, mut events) = mpsc::channel(4);
-    if let Err(e) = install_signals(tx) {
+    let log = files::remint_log_path(root, space);
+    if let Err(e) = install_signals(tx, journal.clone(), log) {
         let line = format!("✗ remint: could not watch its signals: {e}");
         journal.line(&line);
         return WatchEnded::Refused(line);
@@ -278,17 +278,40 @@ async fn watch(cfg: &RemintConfig, journal: &Journal) -> WatchEnded {
     WatchEnded::Stopped(by)
 }
 
-/// SIGTERM/SIGINT stop the owner; SIGHUP makes it re-sign now.
-fn install_signals(tx: mpsc::Sender<OwnerEvent>) -> std::io::Result<()> {
+/// SIGTERM/SIGINT stop the owner; SIGHUP makes it re-sign now; SIGUSR1 reopens its log at `log`
+/// (logrotate), the stamped stderr when stderr is the log, as the daemon does.
+fn install_signals(
+    tx: mpsc::Sender<OwnerEvent>,
+    journal: Journal,
+    log: PathBuf,
+) -> std::io::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
     tokio::spawn(async move {
         loop {
             let event = tokio::select! {
                 _ = term.recv() => OwnerEvent::Stop("SIGTERM"),
                 _ = int.recv() => OwnerEvent::Stop("SIGINT"),
                 _ = hup.recv() => OwnerEvent::RenewNow,
+                _ = usr1.recv() => {
+                    let reopened = match crate::journal::reopen_stamped() {
+                        Some(r) => r.map(|_| true),
+                        None => journal.reopen(&log),
+                    };
+                    match reopened {
+                        Ok(_) => journal.line(format!(
+                            "• remint: received SIGUSR1, reopened the log {}",
+                            log.display()
+                        )),
+                        Err(e) => journal.line(format!(
+                            "! remint: received SIGUSR1 but could not reopen {} ({e}); lines go on to the file it had open",
+                            log.display()
+                        )),
+                    }
+                    continue;
+                }
             };
             // A renewal already asked for is enough; a stop is never dropped (room for 4).
             let _ = tx.try_send(event);

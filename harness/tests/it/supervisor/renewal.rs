@@ -119,10 +119,11 @@ async fn a_detached_mesh_outlives_its_credentials_through_its_renewal_owner() {
 
 /// The owner SIGKILLed: `status` says nobody renews (verdict `stale`, naming the commands); a
 /// bare `up` relaunches it (and leaves the serving daemon alone); a second `remint --watch` is
-/// refused while it runs (exit 1); SIGHUP makes it re-sign at once; `down` stops it (a record
-/// left by a SIGKILLed owner is cleared). Mutations seen failing: the bare `up` not ensuring
+/// refused while it runs (exit 1); SIGHUP makes it re-sign at once; SIGUSR1 reopens its log
+/// (logrotate); `down` stops it (a record left by a SIGKILLed owner is cleared). Mutations seen failing: the bare `up` not ensuring
 /// the owner (its transcript lacks the relaunch: snapshot `up_bare_relaunch_owner`); `down` not
-/// stopping it (the owner outlives `down`).
+/// stopping it (the owner outlives `down`); SIGUSR1 not handled (the owner dies of it: no line
+/// at the log's path).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
     let root = tempfile::tempdir().expect("root");
@@ -181,6 +182,14 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
     })
     .await;
     assert!(owner_log(root.path()).contains("• remint: received SIGHUP, re-signing now"));
+    // logrotate: the log renamed, SIGUSR1, the next line in a new file at the log's path.
+    let log_path = files::remint_log_path(root.path(), &demo());
+    std::fs::rename(&log_path, log_path.with_extension("log.1")).expect("rotate");
+    signal(second, Signal::SIGUSR1);
+    until("the owner reopened its log", BOUND, || {
+        std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("reopened the log"))
+    })
+    .await;
 
     let (st, t) = down(root.path(), &[]).await;
     assert_eq!(st.code(), Some(0), "{t}");
