@@ -227,11 +227,13 @@ fn classify(event: &Event) -> ConnEvent {
     }
 }
 
-/// Why a dial failed.
+/// Why a dial failed: its kind, the text the start-up line quotes (`Display`), and the
+/// client's or the socket's error behind it (`source()`).
 #[derive(Debug)]
 pub struct DialError {
     kind: DialErrorKind,
     detail: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +247,18 @@ pub enum DialErrorKind {
 }
 
 impl DialError {
+    fn new(kind: DialErrorKind, detail: impl Into<String>) -> DialError {
+        DialError {
+            kind,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+    /// The same error, keeping `source` as its cause.
+    fn source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> DialError {
+        self.source = Some(Box::new(source));
+        self
+    }
     pub fn kind(&self) -> DialErrorKind {
         self.kind
     }
@@ -256,7 +270,61 @@ impl fmt::Display for DialError {
     }
 }
 
-impl std::error::Error for DialError {}
+impl std::error::Error for DialError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Why [`Resident::close_drained`] could not drain (the connection is retired all the same).
+#[derive(Debug)]
+pub struct DrainError {
+    kind: DrainErrorKind,
+    text: String,
+    source: Option<async_nats::client::DrainError>,
+}
+
+/// What kept a drain from completing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainErrorKind {
+    /// The connection is down, so a drain cannot be flushed.
+    Down,
+    /// The client refused the drain.
+    Refused,
+    /// The connection's event feed ended before the drain closed it.
+    EventsEnded,
+    /// The drain did not close the connection within its bound.
+    TimedOut,
+}
+
+impl DrainError {
+    fn new(kind: DrainErrorKind, text: impl Into<String>) -> DrainError {
+        DrainError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    pub fn kind(&self) -> DrainErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for DrainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for DrainError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// The daemon's resident connection with its event feed.
 pub struct Resident {
@@ -317,17 +385,22 @@ impl Resident {
     /// first, whatever the drain then does, so a failed drain never leaves it redialing. A
     /// connection that is down cannot flush a drain (the client would only queue it until a
     /// redial that the retirement refuses): that is a failed drain, reported at once.
-    pub async fn close_drained(&self, bound: Duration) -> Result<(), String> {
+    pub async fn close_drained(&self, bound: Duration) -> Result<(), DrainError> {
+        use DrainErrorKind as K;
         self.link.retire();
         use async_nats::connection::State;
         if self.client.connection_state() != State::Connected {
-            return Err("the connection is down, so its drain cannot be flushed".into());
+            return Err(DrainError::new(
+                K::Down,
+                "the connection is down, so its drain cannot be flushed",
+            ));
         }
         let mut events = self.events.subscribe();
-        self.client
-            .drain()
-            .await
-            .map_err(|e| format!("the drain was refused ({e})"))?;
+        self.client.drain().await.map_err(|e| DrainError {
+            kind: K::Refused,
+            text: format!("the drain was refused ({e})"),
+            source: Some(e),
+        })?;
         let closed = async {
             while let Ok(ev) = events.recv().await {
                 if matches!(ev, ConnEvent::Closed) {
@@ -338,20 +411,29 @@ impl Resident {
         };
         match tokio::time::timeout(bound, closed).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err("its event feed ended before the drain closed it".into()),
-            Err(_) => Err(format!(
-                "the drain did not close it within {} ms",
-                bound.as_millis()
+            Ok(false) => Err(DrainError::new(
+                K::EventsEnded,
+                "its event feed ended before the drain closed it",
+            )),
+            Err(_) => Err(DrainError::new(
+                K::TimedOut,
+                format!("the drain did not close it within {} ms", bound.as_millis()),
             )),
         }
     }
 }
 
-/// The user public key (`U…`) of a seed.
-pub fn user_public_key(seed: &str) -> Result<String, String> {
+/// The user public key (`U…`) of a seed; an unusable seed is a refused dial.
+fn user_public_key(seed: &str) -> Result<String, DialError> {
     nkeys::KeyPair::from_seed(seed)
         .map(|kp| kp.public_key())
-        .map_err(|e| format!("the credential's nkey seed is unusable: {e}"))
+        .map_err(|e| {
+            DialError::new(
+                DialErrorKind::Refused,
+                format!("the credential's nkey seed is unusable: {e}"),
+            )
+            .source(e)
+        })
 }
 
 /// Reads the listener's INFO greeting and refuses when TLS is demanded but not offered, so the
@@ -368,16 +450,13 @@ pub async fn check_listener_offers_tls(spec: &DialSpec) -> Result<(), DialError>
     let line = match tokio::time::timeout(spec.connect_bound, probe).await {
         Ok(Ok(line)) => line,
         Ok(Err(e)) => {
-            return Err(DialError {
-                kind: DialErrorKind::Unreachable,
-                detail: e.to_string(),
-            })
+            return Err(DialError::new(DialErrorKind::Unreachable, e.to_string()).source(e))
         }
         Err(_) => {
-            return Err(DialError {
-                kind: DialErrorKind::Unreachable,
-                detail: format!("no greeting within {} ms", spec.connect_bound.as_millis()),
-            })
+            return Err(DialError::new(
+                DialErrorKind::Unreachable,
+                format!("no greeting within {} ms", spec.connect_bound.as_millis()),
+            ))
         }
     };
     let info: serde_json::Value = line
@@ -389,13 +468,13 @@ pub async fn check_listener_offers_tls(spec: &DialSpec) -> Result<(), DialError>
     if offers {
         Ok(())
     } else {
-        Err(DialError {
-            kind: DialErrorKind::PlaintextRefused,
-            detail: format!(
+        Err(DialError::new(
+            DialErrorKind::PlaintextRefused,
+            format!(
                 "TLS is required but the listener at {} offers none (its greeting has no tls_required); refusing a plaintext connection",
                 spec.server
             ),
-        })
+        ))
     }
 }
 
@@ -416,15 +495,12 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
     if spec.tls_required {
         check_listener_offers_tls(spec).await?;
     }
-    let nkey = user_public_key(&credential.get().seed).map_err(|detail| DialError {
-        kind: DialErrorKind::Refused,
-        detail,
-    })?;
+    let nkey = user_public_key(&credential.get().seed)?;
     if credential_expired(&credential.get()) {
-        return Err(DialError {
-            kind: DialErrorKind::Refused,
-            detail: "the credential has expired; renew it before starting the daemon".into(),
-        });
+        return Err(DialError::new(
+            DialErrorKind::Refused,
+            "the credential has expired; renew it before starting the daemon",
+        ));
     }
     let (events, _) = broadcast::channel(256);
     let violations = Violations::default();
@@ -512,12 +588,12 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
                 | async_nats::ConnectErrorKind::Tls => DialErrorKind::Refused,
                 _ => DialErrorKind::Unreachable,
             };
-            Err(DialError { kind, detail: text })
+            Err(DialError::new(kind, text).source(e))
         }
-        Err(_) => Err(DialError {
-            kind: DialErrorKind::Unreachable,
-            detail: format!("no connection within {} ms", spec.connect_bound.as_millis()),
-        }),
+        Err(_) => Err(DialError::new(
+            DialErrorKind::Unreachable,
+            format!("no connection within {} ms", spec.connect_bound.as_millis()),
+        )),
     }
 }
 

@@ -136,7 +136,7 @@ impl StoreIdentity {
     pub fn from_json(v: &Value) -> Result<StoreIdentity, StoreError> {
         StoreChallenge::parse(v)
             .map(StoreIdentity::from)
-            .map_err(|text| StoreError::new(StoreErrorKind::Identity, text))
+            .map_err(|e| StoreError::new(StoreErrorKind::Identity, e.text()))
     }
 
     /// Whether two identities name the same store. Filesystem roots must be equal and so must

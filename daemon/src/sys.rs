@@ -18,8 +18,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::creds::Credential;
-use crate::store::SecretStore;
+use crate::creds::{Credential, CredsError};
+use crate::store::{SecretStore, StoreError};
 use crate::store::{CONNECTION_EVICTOR_CREDS_FILE, MEMBERSHIP_OBSERVER_CREDS_FILE};
 use crate::wire::{Principal, Refusal, RefusalKind, Space, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 
@@ -80,7 +80,52 @@ pub fn evictor_key(space: &Space) -> String {
 /// One credential of the `$SYS` pair as the store holds it, with where it lives (for messages).
 pub struct Held {
     pub at: String,
-    pub value: Result<Option<Credential>, String>,
+    pub value: Result<Option<Credential>, HeldError>,
+}
+
+/// Why a credential of the `$SYS` pair could not be read: its kind, the text the refusals and
+/// the admission line quote (`credential file <at>: …`), and the store's or the parser's error.
+#[derive(Debug)]
+pub struct HeldError {
+    kind: HeldErrorKind,
+    text: String,
+    source: HeldSource,
+}
+
+#[derive(Debug)]
+enum HeldSource {
+    Store(StoreError),
+    Creds(CredsError),
+}
+
+/// What kept a `$SYS` credential from being read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldErrorKind {
+    /// The store could not be read at its key.
+    Store,
+    /// The store's text is not a usable `.creds` document.
+    Unreadable,
+}
+
+impl HeldError {
+    pub fn kind(&self) -> HeldErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for HeldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for HeldError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(match &self.source {
+            HeldSource::Store(e) => e,
+            HeldSource::Creds(e) => e,
+        })
+    }
 }
 
 impl Held {
@@ -89,10 +134,16 @@ impl Held {
         let at = store.locate(key);
         let value = match store.get(key) {
             Ok(None) => Ok(None),
-            Ok(Some(text)) => Credential::parse(&text)
-                .map(Some)
-                .map_err(|e| format!("credential file {at}: {}", e.detail())),
-            Err(e) => Err(format!("credential file {at}: {e}")),
+            Ok(Some(text)) => Credential::parse(&text).map(Some).map_err(|e| HeldError {
+                kind: HeldErrorKind::Unreadable,
+                text: format!("credential file {at}: {}", e.detail()),
+                source: HeldSource::Creds(e),
+            }),
+            Err(e) => Err(HeldError {
+                kind: HeldErrorKind::Store,
+                text: format!("credential file {at}: {e}"),
+                source: HeldSource::Store(e),
+            }),
         };
         Held { at, value }
     }

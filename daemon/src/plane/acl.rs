@@ -27,8 +27,70 @@ pub enum AclRow {
     /// No live row: the owner is unknown (which does not prove it is gone).
     Absent,
     /// A row that does not parse: treated like an absent one (defer), with the parse error.
-    Garbled(String),
+    Garbled(RowDecodeError),
 }
+
+/// A stored row that does not parse as its record (a garbled ACL or member row). `kind()` says
+/// how; `Display` is the parser's own words (what the reader's and the rails' texts quote) and
+/// `source()` the parser's error.
+#[derive(Debug, Clone)]
+pub struct RowDecodeError {
+    kind: RowDecodeErrorKind,
+    source: Arc<serde_json::Error>,
+}
+
+/// How a stored row failed to parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowDecodeErrorKind {
+    /// The value is not JSON.
+    Syntax,
+    /// JSON, but not the record's shape (a field missing or of another type).
+    Shape,
+    /// The value ends before the JSON does.
+    Truncated,
+}
+
+impl RowDecodeError {
+    pub fn kind(&self) -> RowDecodeErrorKind {
+        self.kind
+    }
+}
+
+impl From<serde_json::Error> for RowDecodeError {
+    fn from(e: serde_json::Error) -> RowDecodeError {
+        use serde_json::error::Category;
+        let kind = match e.classify() {
+            Category::Data => RowDecodeErrorKind::Shape,
+            Category::Eof => RowDecodeErrorKind::Truncated,
+            Category::Syntax | Category::Io => RowDecodeErrorKind::Syntax,
+        };
+        RowDecodeError {
+            kind,
+            source: Arc::new(e),
+        }
+    }
+}
+
+impl std::fmt::Display for RowDecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for RowDecodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.source.as_ref())
+    }
+}
+
+/// Two decode errors are the same when they say the same of the same kind (rows compare by value).
+impl PartialEq for RowDecodeError {
+    fn eq(&self, other: &RowDecodeError) -> bool {
+        self.kind == other.kind && self.source.to_string() == other.source.to_string()
+    }
+}
+
+impl Eq for RowDecodeError {}
 
 /// Why resolving a principal's single live lifecycle failed.
 #[derive(Debug, Clone)]
@@ -190,10 +252,10 @@ fn one_live(
 }
 
 /// An ACL row's value as decoded: the record, or why it does not parse (a garbled row).
-pub type AclDecoded = Result<AclRecord, String>;
+pub type AclDecoded = Result<AclRecord, RowDecodeError>;
 
 fn decode(value: &[u8]) -> AclDecoded {
-    serde_json::from_slice::<AclRecord>(value).map_err(|e| e.to_string())
+    serde_json::from_slice::<AclRecord>(value).map_err(RowDecodeError::from)
 }
 
 /// What one read of an ACL key means.
@@ -226,6 +288,24 @@ mod tests {
         r.retired_at = Some(5);
         assert!(!r.covers("general"));
         assert!(r.is_retired());
+    }
+
+    /// Mutation seen failing: a JSON value of another shape classified as `Syntax`.
+    #[test]
+    fn a_garbled_row_says_how_it_failed_to_parse() {
+        let kind = |v: &[u8]| decode(v).map(|_| ()).map_err(|e| e.kind());
+        assert_eq!(kind(b"not json"), Err(RowDecodeErrorKind::Syntax));
+        assert_eq!(
+            kind(br#"{"allowSubscribe": 3}"#),
+            Err(RowDecodeErrorKind::Shape)
+        );
+        assert_eq!(
+            kind(br#"{"allowSubscribe": ["#),
+            Err(RowDecodeErrorKind::Truncated)
+        );
+        let e = decode(b"not json").expect_err("garbled");
+        assert_eq!(e.to_string(), "expected ident at line 1 column 2");
+        assert!(std::error::Error::source(&e).is_some());
     }
 
     #[test]

@@ -14,6 +14,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use futures::StreamExt;
 use serde_json::Value;
 
+use crate::kv::RowError;
 use crate::plane::channels::{Channels, DeliveryClass};
 use crate::plane::fanout::{store_copies, Target};
 use crate::plane::membership::chat_frontier;
@@ -26,6 +27,66 @@ pub const CATCH_UP_MAX_POSTS: usize = 10_000;
 /// Bound on the whole catch-up.
 const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
 
+/// Why a catch-up did not finish: its kind, the text the join's warning and reply quote
+/// (`Display`), and the broker's or the client's error behind it (`source()`).
+#[derive(Debug)]
+pub struct CatchUpError {
+    kind: CatchUpErrorKind,
+    text: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What a catch-up could not do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatchUpErrorKind {
+    /// The CHAT frontier could not be read.
+    Frontier,
+    /// The channel's delivery class could not be read.
+    ChannelClass,
+    /// The stored join cursor has no sequence after it.
+    Cursor,
+    /// `CHAT_<s>` could not be looked up, or the activation consumer not created.
+    Consumer,
+    /// A fetch of the activation consumer failed.
+    Fetch,
+    /// A copy into `INBOX_<s>` was not stored.
+    Copy,
+    /// The whole catch-up did not finish within its bound.
+    TimedOut,
+}
+
+impl CatchUpError {
+    fn new(kind: CatchUpErrorKind, text: impl Into<String>) -> CatchUpError {
+        CatchUpError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    /// The same error, keeping `source` as its cause.
+    fn source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> CatchUpError {
+        self.source = Some(Box::new(source));
+        self
+    }
+    pub fn kind(&self) -> CatchUpErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for CatchUpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for CatchUpError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
 /// Copies to `member` the posts on `channel` in `(join_cursor, frontier]` (frontier read now).
 /// Returns the `INBOX_<s>` sequences of the copies stored (so a refused join can take them back).
 pub async fn activate(
@@ -35,20 +96,19 @@ pub async fn activate(
     uid: &LifecycleUid,
     generation: u64,
     join_cursor: u64,
-) -> Result<Vec<u64>, String> {
+) -> Result<Vec<u64>, CatchUpError> {
+    use CatchUpErrorKind as K;
     let frontier = chat_frontier(ctx)
         .await
-        .map_err(|e| format!("the CHAT frontier: {e}"))?;
+        .map_err(|e| CatchUpError::new(K::Frontier, format!("the CHAT frontier: {e}")).source(e))?;
     if frontier <= join_cursor {
         return Ok(Vec::new());
     }
-    let channels = Channels::open(ctx)
-        .await
-        .map_err(|e| format!("the channel class: {e}"))?;
-    let class = channels
-        .class_of(channel)
-        .await
-        .map_err(|e| format!("the channel class: {e}"))?;
+    let class_error = |e: RowError| {
+        CatchUpError::new(K::ChannelClass, format!("the channel class: {e}")).source(e)
+    };
+    let channels = Channels::open(ctx).await.map_err(class_error)?;
+    let class = channels.class_of(channel).await.map_err(class_error)?;
     if class != DeliveryClass::Durable {
         return Ok(Vec::new());
     }
@@ -59,19 +119,38 @@ pub async fn activate(
     .await
     {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "not finished within {} ms",
-            CATCH_UP_BOUND.as_millis()
-        )),
+        Err(elapsed) => Err(CatchUpError::new(
+            K::TimedOut,
+            format!("not finished within {} ms", CATCH_UP_BOUND.as_millis()),
+        )
+        .source(elapsed)),
     }
 }
 
 /// The first sequence after a join cursor read from a stored row; a cursor at `u64::MAX` is
 /// refused instead of overflowing.
-fn first_after(join_cursor: u64) -> Result<u64, String> {
-    join_cursor
-        .checked_add(1)
-        .ok_or_else(|| format!("the stored join cursor {join_cursor} has no sequence after it"))
+fn first_after(join_cursor: u64) -> Result<u64, CatchUpError> {
+    join_cursor.checked_add(1).ok_or_else(|| {
+        CatchUpError::new(
+            CatchUpErrorKind::Cursor,
+            format!("the stored join cursor {join_cursor} has no sequence after it"),
+        )
+    })
+}
+
+/// A broker refusal while setting up the activation consumer, in the broker's words.
+fn consumer_error(e: impl std::error::Error + Send + Sync + 'static) -> CatchUpError {
+    CatchUpError::new(CatchUpErrorKind::Consumer, crate::kv::broker_words(&e)).source(e)
+}
+
+/// A failed fetch of the activation consumer, in the client's words.
+fn fetch_error(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> CatchUpError {
+    let e = e.into();
+    CatchUpError {
+        kind: CatchUpErrorKind::Fetch,
+        text: e.to_string(),
+        source: Some(e),
+    }
 }
 
 async fn copy_range(
@@ -82,12 +161,12 @@ async fn copy_range(
     generation: u64,
     join_cursor: u64,
     frontier: u64,
-) -> Result<Vec<u64>, String> {
+) -> Result<Vec<u64>, CatchUpError> {
     let stream = ctx
         .js
         .get_stream_no_info(ctx.names.chat_stream())
         .await
-        .map_err(|e| crate::kv::broker_words(&e))?;
+        .map_err(consumer_error)?;
     // The reference's activation consumer: `cu_<o>-<a>-<uid>_<generation>`, one filter.
     let name = format!(
         "cu_{}_{generation}",
@@ -106,7 +185,7 @@ async fn copy_range(
             ..Default::default()
         })
         .await
-        .map_err(|e| crate::kv::broker_words(&e))?;
+        .map_err(consumer_error)?;
     let result = async {
         let mut copied = Vec::new();
         let mut seen = 0usize;
@@ -117,12 +196,12 @@ async fn copy_range(
                 .expires(Duration::from_millis(500))
                 .messages()
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(fetch_error)?;
             let mut batch = Box::pin(batch);
             let mut got = 0usize;
             let mut past = false;
             while let Some(msg) = batch.next().await {
-                let msg = msg.map_err(|e| e.to_string())?;
+                let msg = msg.map_err(fetch_error)?;
                 got += 1;
                 seen += 1;
                 let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(u64::MAX);
@@ -149,9 +228,11 @@ async fn copy_range(
                     reason: Reason::DurableChannel,
                     generation,
                 };
-                copied.extend(
-                    store_copies(ctx, &body, channel, seq, std::slice::from_ref(&target)).await?,
-                );
+                // The copy's failure is only its text (fan-out's own result), kept as it reads.
+                let stored = store_copies(ctx, &body, channel, seq, std::slice::from_ref(&target))
+                    .await
+                    .map_err(|text| CatchUpError::new(CatchUpErrorKind::Copy, text))?;
+                copied.extend(stored);
             }
             if past || got == 0 {
                 break;
@@ -168,13 +249,20 @@ async fn copy_range(
 mod tests {
     use super::*;
 
-    /// Mutation seen failing: `Ok(join_cursor + 1)` (debug build: "attempt to add with
-    /// overflow" at the top of the range).
+    /// Mutations seen failing: `Ok(join_cursor + 1)` (debug build: "attempt to add with
+    /// overflow" at the top of the range); the refusal's kind set to `Fetch`.
     #[test]
     fn a_join_cursor_at_the_top_of_the_range_is_refused_not_overflowed() {
-        assert_eq!(first_after(0), Ok(1));
-        assert_eq!(first_after(u64::MAX - 1), Ok(u64::MAX));
+        assert_eq!(first_after(0).ok(), Some(1));
+        assert_eq!(first_after(u64::MAX - 1).ok(), Some(u64::MAX));
         let e = first_after(u64::MAX).expect_err("refused");
-        assert!(e.contains("has no sequence after it"), "{e}");
+        assert_eq!(e.kind(), CatchUpErrorKind::Cursor);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the stored join cursor {} has no sequence after it",
+                u64::MAX
+            )
+        );
     }
 }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::kv::{Read, RowError, Rows};
+use crate::plane::acl::RowDecodeError;
 use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
 use crate::wire::{LifecycleUid, Principal, SpaceNames};
@@ -195,7 +196,7 @@ pub enum MemberRead {
     Absent {
         marker_revision: u64,
     },
-    Garbled(String),
+    Garbled(RowDecodeError),
 }
 
 /// Splits a member key `<channel>/<o>.<a>.<uid>`.
@@ -410,14 +411,14 @@ impl Members {
 #[derive(Debug)]
 pub struct MemberDecoded {
     pub key: Option<(Principal, LifecycleUid)>,
-    pub record: Result<MembershipRecord, String>,
+    pub record: Result<MembershipRecord, RowDecodeError>,
 }
 
 impl MemberDecoded {
     fn new(key: &str, value: &bytes::Bytes) -> MemberDecoded {
         MemberDecoded {
             key: split_member_key(key).map(|(_, member, uid)| (member, uid)),
-            record: serde_json::from_slice(value).map_err(|e| e.to_string()),
+            record: serde_json::from_slice(value).map_err(RowDecodeError::from),
         }
     }
 }
@@ -430,7 +431,7 @@ fn member_read(read: Read) -> MemberRead {
         },
         Read::Present(row) => match serde_json::from_slice(&row.value) {
             Ok(rec) => MemberRead::Present(rec, row.revision),
-            Err(e) => MemberRead::Garbled(e.to_string()),
+            Err(e) => MemberRead::Garbled(e.into()),
         },
     }
 }

@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use super::authority::{account_file_text, broker_file_text};
 use crate::creds::verify_signature;
-use crate::store::{account_signer_key, SecretStore, BROKER_SIGNER_KEY};
+use crate::store::{account_signer_key, SecretStore, StoreError, BROKER_SIGNER_KEY};
 use crate::wire::Space;
 
 /// The store key of the pre-split bundle.
@@ -71,10 +71,68 @@ pub(crate) struct BundleSigner {
     system_seed: Option<String>,
 }
 
-fn seed_of(seed: &str, want: KeyPairType, field: &str) -> Result<KeyPair, String> {
+/// Why the bundle cannot be used: its kind and the refusal's text (`Display`), which names the
+/// store key, the expected space and the check, never a value read from the bundle. So the only
+/// cause kept (`source()`) is the store's; a parser's or a key's error could quote the bundle.
+#[derive(Debug)]
+pub struct BundleError {
+    kind: BundleErrorKind,
+    text: String,
+    source: Option<StoreError>,
+}
+
+/// Which check the bundle failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BundleErrorKind {
+    /// The store could not be read at the bundle's key.
+    Store,
+    /// The text is not the bundle's JSON shape.
+    Shape,
+    /// It names another space.
+    Space,
+    /// A seed is not a valid seed of its type.
+    Seed,
+    /// A seed does not match its public key, or the two accounts share an nkey.
+    Mismatch,
+    /// A JWT is not signed, or its subject, issuer, type, name or signing keys are not the
+    /// bundle's.
+    Jwt,
+}
+
+impl BundleError {
+    fn new(kind: BundleErrorKind, text: impl Into<String>) -> BundleError {
+        BundleError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    pub fn kind(&self) -> BundleErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for BundleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for BundleError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+fn seed_of(seed: &str, want: KeyPairType, field: &str) -> Result<KeyPair, BundleError> {
     match KeyPair::from_seed(seed) {
         Ok(kp) if kp.key_pair_type() == want => Ok(kp),
-        _ => Err(format!("{field} is not a valid {want:?} seed")),
+        _ => Err(BundleError::new(
+            BundleErrorKind::Seed,
+            format!("{field} is not a valid {want:?} seed"),
+        )),
     }
 }
 
@@ -83,29 +141,47 @@ fn seed_of(seed: &str, want: KeyPairType, field: &str) -> Result<KeyPair, String
 pub(crate) fn read_bundle(
     store: &dyn SecretStore,
     space: &Space,
-) -> Result<Option<BundleSigner>, String> {
+) -> Result<Option<BundleSigner>, BundleError> {
     let where_ = store.locate(SIGNER_BUNDLE_KEY);
     let raw = match store.get(SIGNER_BUNDLE_KEY) {
         Ok(Some(raw)) => raw,
         Ok(None) => return Ok(None),
-        Err(e) => return Err(format!("the signer bundle: {e}")),
+        Err(e) => {
+            return Err(BundleError {
+                kind: BundleErrorKind::Store,
+                text: format!("the signer bundle: {e}"),
+                source: Some(e),
+            })
+        }
     };
-    let failed = |why: String| {
-        format!("the signer bundle {where_} failed its checks for space {space:?}: {why}")
+    let failed = |e: BundleError| BundleError {
+        text: format!(
+            "the signer bundle {where_} failed its checks for space {space:?}: {}",
+            e.text
+        ),
+        ..e
     };
     let bundle: Bundle = serde_json::from_str(&raw).map_err(|e| {
-        failed(format!(
-            "it is not the bundle's JSON shape (line {}, column {})",
-            e.line(),
-            e.column()
+        failed(BundleError::new(
+            BundleErrorKind::Shape,
+            format!(
+                "it is not the bundle's JSON shape (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
         ))
     })?;
     check(&bundle, space).map(Some).map_err(failed)
 }
 
-fn check(b: &Bundle, space: &Space) -> Result<BundleSigner, String> {
+fn check(b: &Bundle, space: &Space) -> Result<BundleSigner, BundleError> {
+    use BundleErrorKind as K;
+    let refuse = |kind, text: &str| Err(BundleError::new(kind, text));
     if b.space != space.as_str() {
-        return Err("its space is another one; it cannot sign this space's credentials".into());
+        return refuse(
+            K::Space,
+            "its space is another one; it cannot sign this space's credentials",
+        );
     }
     let operator = seed_of(&b.operator.seed, KeyPairType::Operator, "operator.seed")?;
     let account = seed_of(&b.account.seed, KeyPairType::Account, "account.seed")?;
@@ -115,60 +191,79 @@ fn check(b: &Bundle, space: &Space) -> Result<BundleSigner, String> {
         "account.signingSeed",
     )?;
     if account.public_key() != b.account.public {
-        return Err("account.seed does not match account.pub".into());
+        return refuse(K::Mismatch, "account.seed does not match account.pub");
     }
     if signing.public_key() != b.account.signing_pub {
-        return Err("account.signingSeed does not match account.signingPub".into());
+        return refuse(
+            K::Mismatch,
+            "account.signingSeed does not match account.signingPub",
+        );
     }
     if b.sys.public == b.account.public || b.sys.public == b.account.signing_pub {
-        return Err("the data account and the system account share an nkey".into());
+        return refuse(
+            K::Mismatch,
+            "the data account and the system account share an nkey",
+        );
     }
     let system = match &b.sys.signing_seed {
         Some(seed) => {
             let kp = seed_of(seed, KeyPairType::Account, "sys.signingSeed")?;
             if kp.public_key() != b.sys.public {
-                return Err("sys.signingSeed does not match sys.pub".into());
+                return refuse(K::Mismatch, "sys.signingSeed does not match sys.pub");
             }
             Some(seed.clone())
         }
         None => None,
     };
     let op = verify_signature(&b.operator.jwt)
-        .map_err(|_| "operator.jwt is not a signed NATS JWT".to_string())?;
+        .map_err(|_| BundleError::new(K::Jwt, "operator.jwt is not a signed NATS JWT"))?;
     if op.claim_type() != "operator"
         || op.sub != operator.public_key()
         || op.iss != operator.public_key()
     {
-        return Err("operator.jwt's subject, issuer or type is not operator.seed's".into());
+        return refuse(
+            K::Jwt,
+            "operator.jwt's subject, issuer or type is not operator.seed's",
+        );
     }
     if op.nats["system_account"].as_str() != Some(b.sys.public.as_str()) {
-        return Err("operator.jwt names another system account than sys.pub".into());
+        return refuse(
+            K::Jwt,
+            "operator.jwt names another system account than sys.pub",
+        );
     }
     let acc = verify_signature(&b.account.jwt)
-        .map_err(|_| "account.jwt is not a signed NATS JWT".to_string())?;
+        .map_err(|_| BundleError::new(K::Jwt, "account.jwt is not a signed NATS JWT"))?;
     if acc.claim_type() != "account"
         || acc.sub != b.account.public
         || acc.iss != operator.public_key()
     {
-        return Err(
-            "account.jwt's subject, issuer or type is not the bundle's operator and account".into(),
+        return refuse(
+            K::Jwt,
+            "account.jwt's subject, issuer or type is not the bundle's operator and account",
         );
     }
     if acc.name != space.as_str() {
-        return Err("account.jwt names another space".into());
+        return refuse(K::Jwt, "account.jwt names another space");
     }
     let trusted = acc.nats["signing_keys"].as_array().is_some_and(|keys| {
         keys.iter()
             .any(|k| k.as_str() == Some(b.account.signing_pub.as_str()))
     });
     if !trusted {
-        return Err("account.jwt does not trust account.signingPub as a signing key".into());
+        return refuse(
+            K::Jwt,
+            "account.jwt does not trust account.signingPub as a signing key",
+        );
     }
-    let sys =
-        verify_signature(&b.sys.jwt).map_err(|_| "sys.jwt is not a signed NATS JWT".to_string())?;
+    let sys = verify_signature(&b.sys.jwt)
+        .map_err(|_| BundleError::new(K::Jwt, "sys.jwt is not a signed NATS JWT"))?;
     if sys.claim_type() != "account" || sys.sub != b.sys.public || sys.iss != operator.public_key()
     {
-        return Err("sys.jwt's subject, issuer or type is not the bundle's system account".into());
+        return refuse(
+            K::Jwt,
+            "sys.jwt's subject, issuer or type is not the bundle's system account",
+        );
     }
     Ok(BundleSigner {
         account,
@@ -294,12 +389,17 @@ pub(crate) mod tests {
         // Another space's bundle, relabelled or not, is refused without echoing its bytes.
         let other = Space::parse("other").unwrap();
         let e = read_bundle(&store, &other).err().unwrap();
-        assert!(e.contains("its space is another one"), "{e}");
+        assert_eq!(e.kind(), BundleErrorKind::Space, "{e}");
+        assert!(e.to_string().contains("its space is another one"), "{e}");
         let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
         v["space"] = json!("other");
         store.put(SIGNER_BUNDLE_KEY, &v.to_string()).unwrap();
         let e = read_bundle(&store, &other).err().unwrap();
-        assert!(e.contains("account.jwt names another space"), "{e}");
+        assert_eq!(e.kind(), BundleErrorKind::Jwt, "{e}");
+        assert!(
+            e.to_string().contains("account.jwt names another space"),
+            "{e}"
+        );
         // An account JWT that does not trust the signing key.
         let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
         let (foreign, _) = reference_bundle(&demo(), false);
@@ -308,11 +408,20 @@ pub(crate) mod tests {
         v["account"]["signingPub"] = foreign["account"]["signingPub"].clone();
         store.put(SIGNER_BUNDLE_KEY, &v.to_string()).unwrap();
         let e = read_bundle(&store, &demo()).err().unwrap();
-        assert!(e.contains("does not trust account.signingPub"), "{e}");
+        assert_eq!(e.kind(), BundleErrorKind::Jwt, "{e}");
+        assert!(
+            e.to_string().contains("does not trust account.signingPub"),
+            "{e}"
+        );
         // A seed is never echoed.
         store.put(SIGNER_BUNDLE_KEY, "{\"space\": 1}").unwrap();
         let e = read_bundle(&store, &demo()).err().unwrap();
-        assert!(e.contains("not the bundle's JSON shape"), "{e}");
+        assert_eq!(e.kind(), BundleErrorKind::Shape, "{e}");
+        assert!(e.to_string().contains("not the bundle's JSON shape"), "{e}");
+        assert!(
+            std::error::Error::source(&e).is_none(),
+            "no parser's words: {e:?}"
+        );
     }
 
     /// Mutation seen failing: `migrate` overwriting an existing `broker.json`.

@@ -15,7 +15,7 @@ mod standby;
 mod streams;
 
 pub use agent::{provision_agent, remove_acl, retire, set_read_acl, AgentMaterial};
-pub use bundle::SIGNER_BUNDLE_KEY;
+pub use bundle::{BundleError, BundleErrorKind, SIGNER_BUNDLE_KEY};
 pub use jwt::{encode_account_with_signing_keys, encode_operator, encode_user, UserClaimsSpec};
 pub(crate) use manifest::ManifestError;
 pub use manifest::{manifest_path, Manifest};

@@ -175,7 +175,7 @@ impl SpaceSigner {
     }
 
     fn from_bundle(store: &dyn SecretStore, space: &Space) -> Result<Option<SpaceSigner>, String> {
-        let Some(bundle) = read_bundle(store, space)? else {
+        let Some(bundle) = read_bundle(store, space).map_err(|e| e.to_string())? else {
             return Ok(None);
         };
         let notes = migrate(store, space, &bundle);

@@ -43,18 +43,21 @@ pub trait CredentialAdmin: Send + Sync {
     /// The reply to the request just answered has been published (or could not be): a reconnect
     /// onto a credential that request adopted may start its 250 ms count now.
     fn replied(&self);
-    /// Proves and adopts a renewed delivery credential; what the broker accepted.
+    /// Proves and adopts a renewed delivery credential; what the broker accepted. The `Err` is
+    /// a `String` because the text is the value: the component's `error` in the reply.
     fn reload_delivery<'a>(
         &'a self,
         expected: Option<&'a str>,
     ) -> BoxFuture<'a, Result<BrokerAccepted, String>>;
-    /// Proves and adopts a renewed membership credential; the component's result.
+    /// Proves and adopts a renewed membership credential; the component's result (its `Err`,
+    /// as the delivery one's, is the text of the component's `error`).
     fn reload_membership<'a>(
         &'a self,
         expected: Option<&'a str>,
     ) -> BoxFuture<'a, Result<CredentialOutcome, String>>;
-    /// The identity of the store the daemon reloads its credential from.
-    fn store_identity(&self) -> Result<StoreIdentity, String>;
+    /// The identity of the store the daemon reloads its credential from, or the refusal that
+    /// answers `reloadStoreIdentity` when it is unusable.
+    fn store_identity(&self) -> Result<StoreIdentity, Refusal>;
 }
 
 /// Answers one admin request: waits for a reconnect in flight (a reply sent while the
@@ -204,9 +207,7 @@ fn reload_store_identity(
             "delivery: this daemon has no renewal source",
         ));
     };
-    let ours = renewal
-        .store_identity()
-        .map_err(|text| Refusal::new(RefusalKind::Unavailable, text))?;
+    let ours = renewal.store_identity()?;
     if let Some(challenge) = &args.expected {
         let theirs = StoreIdentity::from(challenge.clone());
         check_same_store(&ours, &theirs)

@@ -25,7 +25,8 @@ pub const KICK_BOUND: Duration = Duration::from_millis(2000);
 /// Verify re-scans after the kicks.
 pub const MAX_VERIFY_ROUNDS: usize = 3;
 
-/// One target's kick: `Err` is the note its result carries.
+/// One target's kick: `Err` is the note its result carries (a `String` because the text is the
+/// value: the eviction result's `note`, composed by the single-space and the host kickers alike).
 pub type KickOutcome = Result<(), String>;
 
 /// Kicks connections a sweep found. One outcome per target, in order; `Err` refuses the whole

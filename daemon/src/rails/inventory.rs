@@ -15,6 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::oneshot;
 
+use crate::kv::RowError;
 use crate::plane::PlaneCtx;
 use crate::plane::{split_member_key, MemberRead, MemberRow, Members};
 use crate::plane::{AclRow, Acls};
@@ -29,11 +30,15 @@ pub const RUNNING_WRITES_BOUND: Duration = Duration::from_secs(35);
 /// Row reads of one shared read kept in flight together.
 const READS_IN_FLIGHT: usize = 32;
 
+/// What one shared read answers a waiter: the read's number and the lifecycle's rows, or the
+/// read's refusal, shared by every request that joined it.
+type Shared = Result<(u64, Vec<MemberRow>), Arc<Refusal>>;
+
 /// One lifecycle waiting for the next shared read.
 struct Waiter {
     member: Principal,
     uid: LifecycleUid,
-    answer: oneshot::Sender<Result<(u64, Vec<MemberRow>), String>>,
+    answer: oneshot::Sender<Shared>,
 }
 
 #[derive(Default)]
@@ -62,7 +67,7 @@ impl Inventories {
         ctx: &PlaneCtx,
         member: &Principal,
         uid: &LifecycleUid,
-    ) -> Result<(u64, Vec<MemberRow>), String> {
+    ) -> Result<(u64, Vec<MemberRow>), Refusal> {
         let (tx, rx) = oneshot::channel();
         let lead = {
             let mut q = self.lock();
@@ -79,8 +84,17 @@ impl Inventories {
             let ctx = ctx.clone();
             tokio::spawn(async move { this.read_loop(&ctx).await });
         }
-        rx.await
-            .unwrap_or_else(|_| Err("lifecycleMemberships: the shared read was abandoned".into()))
+        match rx.await {
+            Ok(answer) => answer.map_err(|shared| {
+                // One refusal per request, caused by the read it shared.
+                Refusal::new(shared.kind(), shared.text()).source(shared)
+            }),
+            Err(abandoned) => Err(Refusal::new(
+                RefusalKind::Unavailable,
+                "lifecycleMemberships: the shared read was abandoned",
+            )
+            .source(abandoned)),
+        }
     }
 
     /// Serves batches until none is waiting: each batch is everything that waited when its read
@@ -100,7 +114,7 @@ impl Inventories {
                 .iter()
                 .map(|w| format!("/{}.{}", w.member.dot_form(), w.uid))
                 .collect();
-            let read = shared_read(ctx, &wanted).await;
+            let read = shared_read(ctx, &wanted).await.map_err(Arc::new);
             for w in batch {
                 let mine = read.as_ref().map(|rows| {
                     let rows = rows
@@ -118,11 +132,15 @@ impl Inventories {
 
 /// One read of the members bucket: every key, leader-served, then the rows whose key ends with
 /// one of `suffixes` (`/<o>.<a>.<uid>`).
-async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRow>, String> {
+async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRow>, Refusal> {
     let fail = |e: &dyn std::fmt::Display| {
-        format!("lifecycleMemberships: could not read the members registry: {e}")
+        Refusal::new(
+            RefusalKind::Unavailable,
+            format!("lifecycleMemberships: could not read the members registry: {e}"),
+        )
     };
-    let members = Members::open(ctx).await.map_err(|e| fail(&e))?;
+    let broker = |e: RowError| fail(&e).source(e);
+    let members = Members::open(ctx).await.map_err(broker)?;
     let keys = crate::kv::keys(
         &ctx.js,
         members.rows().bucket(),
@@ -130,7 +148,7 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
         ctx.config.request_bound,
     )
     .await
-    .map_err(|e| fail(&e))?;
+    .map_err(broker)?;
     let wanted: Vec<String> = keys
         .into_iter()
         .filter(|k| suffixes.iter().any(|s| k.ends_with(s.as_str())))
@@ -141,9 +159,9 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
             let members = members.clone();
             async move {
                 let (channel, member, uid) = split_member_key(&key)
-                    .ok_or_else(|| format!("a member key does not parse: {key}"))?;
+                    .ok_or_else(|| fail(&format!("a member key does not parse: {key}")))?;
                 let read = members.read(&channel, &member, &uid).await;
-                Ok::<_, String>((member, uid, read))
+                Ok::<_, Refusal>((member, uid, read))
             }
         })
         .collect();
@@ -153,8 +171,8 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
         .await;
     let mut out = Vec::new();
     for r in reads {
-        let (member, uid, read) = r.map_err(|e| fail(&e))?;
-        match read.map_err(|e| fail(&e))? {
+        let (member, uid, read) = r?;
+        match read.map_err(broker)? {
             MemberRead::Present(record, revision) => out.push(MemberRow {
                 member,
                 uid,
@@ -163,7 +181,7 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
             }),
             MemberRead::Absent { .. } => {}
             MemberRead::Garbled(e) => {
-                return Err(fail(&format!("a member row does not parse ({e})")))
+                return Err(fail(&format!("a member row does not parse ({e})")).source(e))
             }
         }
     }
@@ -222,10 +240,7 @@ pub async fn lifecycle_memberships(
                 format!("lifecycleMemberships: {other:?}"),
             ),
         })?;
-    let (read, rows) = inventories
-        .rows_of(ctx, member, uid)
-        .await
-        .map_err(|text| Refusal::new(RefusalKind::Unavailable, text))?;
+    let (read, rows) = inventories.rows_of(ctx, member, uid).await?;
     Ok(Inventory {
         principal: member.dot_form(),
         lifecycle_uid: uid.as_str().to_string(),

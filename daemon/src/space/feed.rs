@@ -23,10 +23,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::conn::{self, credential_expired, CredentialCell, DialSpec, Resident};
+use crate::conn::{self, credential_expired, CredentialCell, DialSpec, DrainError, Resident};
 use crate::creds::Credential;
 use crate::journal::{epoch_ms, Journal};
-use crate::kv::{Read, Rows};
+use crate::kv::{Read, RowError, Rows};
 use crate::space::admission::{self, SysPair};
 use crate::store::{membership_rw_creds_key, SecretStore};
 use crate::wire::{Principal, Space, SpaceNames, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
@@ -100,8 +100,68 @@ pub struct MembershipFeed {
 /// How each connection's drain went at [`MembershipFeed::close`] (both are retired either way).
 #[derive(Debug)]
 pub struct FeedClosed {
-    pub observer: Result<(), String>,
-    pub rw: Result<(), String>,
+    pub observer: Result<(), DrainError>,
+    pub rw: Result<(), DrainError>,
+}
+
+/// Why a sweep wrote nothing, or stopped part-way: its kind, the problem the degraded line
+/// quotes (`Display`), and the broker's or the client's error behind it (`source()`).
+#[derive(Debug)]
+pub struct FeedError {
+    kind: FeedErrorKind,
+    text: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What a sweep could not do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedErrorKind {
+    /// The CONNZ sweep had no responder, was truncated, or did not list the feed's own rw
+    /// connection: nothing is written.
+    UnderReported,
+    /// The CONNZ request (its inbox or its publish) failed.
+    Connz,
+    /// A bucket could not be opened or its keys listed.
+    Bucket,
+    /// A row or the heartbeat was not written (refused, or no answer within [`BOUND`]).
+    Write,
+}
+
+impl FeedError {
+    fn new(kind: FeedErrorKind, text: impl Into<String>) -> FeedError {
+        FeedError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    /// The same error, keeping `source` as its cause.
+    fn source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> FeedError {
+        self.source = Some(Box::new(source));
+        self
+    }
+    pub fn kind(&self) -> FeedErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for FeedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for FeedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A bucket that could not be opened or listed, as the degraded line names it.
+fn bucket_error(text: String, e: RowError) -> FeedError {
+    FeedError::new(FeedErrorKind::Bucket, text).source(e)
 }
 
 /// Where a feed that did not start says why (the reference's lines, written by `start`).
@@ -321,7 +381,7 @@ async fn run(
             Ok(()) => {}
             Err(e) if !failing => {
                 failing = true;
-                degraded(&journal, &e);
+                degraded(&journal, &e.to_string());
             }
             Err(_) => {}
         }
@@ -347,12 +407,12 @@ struct Conn {
 }
 
 impl Sweeper {
-    async fn sweep(&mut self) -> Result<(), String> {
+    async fn sweep(&mut self) -> Result<(), FeedError> {
         // The rw nkey can change only with a renewal of another nkey; follow the cell.
         self.rw_self = self.rw_cell.get().public_key().unwrap_or_default();
         let conns = self.connz().await?;
         if !conns.iter().any(|c| c.user == self.rw_self) {
-            return Err("CONNZ sweep under-reported (the feed's own rw connection was not listed) - nothing written".into());
+            return Err(FeedError::new(FeedErrorKind::UnderReported, "CONNZ sweep under-reported (the feed's own rw connection was not listed) - nothing written"));
         }
         let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for c in &conns {
@@ -398,10 +458,10 @@ impl Sweeper {
         // Prune rows of principals no longer live or durable (complete sweeps only).
         let existing = crate::kv::keys(&self.js, &bucket, ">", BOUND)
             .await
-            .map_err(|e| format!("listing {bucket}: {e}"))?;
+            .map_err(|e| bucket_error(format!("listing {bucket}: {e}"), e))?;
         let rows = Rows::open(&self.js, &bucket, BOUND)
             .await
-            .map_err(|e| format!("{bucket}: {e}"))?;
+            .map_err(|e| bucket_error(format!("{bucket}: {e}"), e))?;
         for key in existing {
             if key == HEARTBEAT_KEY || principals.contains(&key) {
                 continue;
@@ -421,7 +481,7 @@ impl Sweeper {
         key: &str,
         body: Vec<u8>,
         delete: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), FeedError> {
         let mut headers = HeaderMap::new();
         if delete {
             headers.insert("KV-Operation", "DEL");
@@ -430,29 +490,30 @@ impl Sweeper {
             let ack = self
                 .js
                 .publish_with_headers(format!("$KV.{bucket}.{key}"), headers, body.into())
-                .await
-                .map_err(|e| e.to_string())?;
-            ack.await.map(|_| ()).map_err(|e| e.to_string())
+                .await?;
+            ack.await.map(|_| ())
         };
+        let write = |text: String| FeedError::new(FeedErrorKind::Write, text);
         match tokio::time::timeout(BOUND, send).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("writing {bucket}.{key}: {e}")),
-            Err(_) => Err(format!(
+            Ok(Err(e)) => Err(write(format!("writing {bucket}.{key}: {e}")).source(e)),
+            Err(elapsed) => Err(write(format!(
                 "writing {bucket}.{key}: no answer within {} ms",
                 BOUND.as_millis()
-            )),
+            ))
+            .source(elapsed)),
         }
     }
 
     /// Durable channels per principal from the members registry (rows in a `durable-*` state).
-    async fn durable(&self) -> Result<BTreeMap<String, BTreeSet<String>>, String> {
+    async fn durable(&self) -> Result<BTreeMap<String, BTreeSet<String>>, FeedError> {
         let bucket = self.names.members_bucket();
         let keys = crate::kv::keys(&self.js, &bucket, ">", BOUND)
             .await
-            .map_err(|e| format!("listing {bucket}: {e}"))?;
+            .map_err(|e| bucket_error(format!("listing {bucket}: {e}"), e))?;
         let rows = Rows::open(&self.js, &bucket, BOUND)
             .await
-            .map_err(|e| format!("{bucket}: {e}"))?;
+            .map_err(|e| bucket_error(format!("{bucket}: {e}"), e))?;
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for key in keys {
             let Some((channel, member)) = key.split_once('/') else {
@@ -478,14 +539,15 @@ impl Sweeper {
     }
 
     /// Every connection of the account, paged; an under-reported sweep is an error.
-    async fn connz(&self) -> Result<Vec<Conn>, String> {
+    async fn connz(&self) -> Result<Vec<Conn>, FeedError> {
+        let connz = |text: String| FeedError::new(FeedErrorKind::Connz, text);
         let nonce = uuid::Uuid::new_v4().simple().to_string();
         let inbox = format!("{MEMBERSHIP_OBSERVER_INBOX_PREFIX}.{nonce}");
         let mut replies = self
             .observer
             .subscribe(format!("{inbox}.>"))
             .await
-            .map_err(|e| format!("CONNZ inbox: {e}"))?;
+            .map_err(|e| connz(format!("CONNZ inbox: {e}")).source(e))?;
         let mut out = Vec::new();
         let mut got_any = false;
         let mut complete = false;
@@ -500,7 +562,7 @@ impl Sweeper {
                     body.to_string().into(),
                 )
                 .await
-                .map_err(|e| format!("CONNZ request: {e}"))?;
+                .map_err(|e| connz(format!("CONNZ request: {e}")).source(e))?;
             let started = tokio::time::Instant::now();
             let mut owes = false;
             let mut deadline = started + MAX_WAIT;
@@ -525,9 +587,10 @@ impl Sweeper {
         }
         let _ = replies.unsubscribe().await;
         if !got_any || !complete {
-            return Err(
-                "CONNZ sweep under-reported (no responder or truncated) - nothing written".into(),
-            );
+            return Err(FeedError::new(
+                FeedErrorKind::UnderReported,
+                "CONNZ sweep under-reported (no responder or truncated) - nothing written",
+            ));
         }
         Ok(out)
     }

@@ -24,7 +24,9 @@ mod startup;
 mod timer;
 
 pub use admission::{evictor_key, observer_key};
-pub use feed::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
+pub use feed::{
+    FeedError, FeedErrorKind, FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME,
+};
 pub(crate) use health::HARD_EXIT_GRACE;
 pub use health::{HealthConfig, Verdict};
 pub(crate) use holder::{
@@ -33,7 +35,8 @@ pub(crate) use holder::{
 pub(crate) use keeper::RELEASE_REDIAL_BOUND;
 pub use lease::{ReleaseError, ReleaseErrorKind, Released};
 pub use timer::{
-    status_key, Armed, ScheduleRequest, TimerStatus, TimerWriter, TimerWriterParts, WriterState,
+    status_key, Armed, ScheduleRefusal, ScheduleRefusalKind, ScheduleRequest, TimerStatus,
+    TimerWriter, TimerWriterParts, WriterFault, WriterFaultKind, WriterState,
     CONNECTION_NAME as TIMER_CONNECTION_NAME,
 };
 

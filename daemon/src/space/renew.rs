@@ -626,10 +626,14 @@ impl crate::rails::CredentialAdmin for Renewal {
     ) -> futures::future::BoxFuture<'a, Result<CredentialOutcome, String>> {
         Box::pin(Renewal::reload_membership(self, expected))
     }
-    fn store_identity(&self) -> Result<crate::store::StoreIdentity, String> {
-        self.store()
-            .identity()
-            .map_err(|e| format!("delivery: the store identity is unusable: {e}"))
+    fn store_identity(&self) -> Result<crate::store::StoreIdentity, crate::wire::Refusal> {
+        self.store().identity().map_err(|e| {
+            crate::wire::Refusal::new(
+                crate::wire::RefusalKind::Unavailable,
+                format!("delivery: the store identity is unusable: {e}"),
+            )
+            .source(e)
+        })
     }
 }
 

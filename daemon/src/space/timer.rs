@@ -100,6 +100,146 @@ pub fn status_key(endpoint: &str, timer_id: &str) -> String {
     format!("cp.{endpoint}.{timer_id}.status")
 }
 
+/// Why a `.schedule` request is refused for good (terminated, never redelivered): its kind,
+/// the reason the writer's line quotes (`Display`), and the parser's error behind it.
+#[derive(Debug)]
+pub struct ScheduleRefusal {
+    kind: ScheduleRefusalKind,
+    text: String,
+    source: Option<serde_json::Error>,
+}
+
+/// What is wrong with a refused `.schedule` request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleRefusalKind {
+    /// It carries a scheduling header: only the writer schedules.
+    Header,
+    /// Its subject is not `<endpoint>.<instance>.<epoch>.<timerId>.schedule` of this space.
+    Subject,
+    /// Its body is not a schedule request.
+    Body,
+    /// Its `v` is not 1.
+    Version,
+    /// Its `timerId` differs from the subject's.
+    TimerId,
+    /// Its `generation` is below 1.
+    Generation,
+    /// Its `deadline` is outside `0..=MAX_DEADLINE_MS`.
+    Deadline,
+    /// Its `plane`, `phase` or `space` says something else than `timer`, `schedule`, this space.
+    Field,
+}
+
+impl ScheduleRefusal {
+    fn new(kind: ScheduleRefusalKind, text: impl Into<String>) -> ScheduleRefusal {
+        ScheduleRefusal {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    pub fn kind(&self) -> ScheduleRefusalKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for ScheduleRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for ScheduleRefusal {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A fault of the writer: the session ends and restarts after the backoff, or (a read or a
+/// publish of one request) the request is handed back for redelivery. Its kind, the text the
+/// writer's line quotes (`Display`), and the broker's or the client's error behind it.
+#[derive(Debug)]
+pub struct WriterFault {
+    kind: WriterFaultKind,
+    text: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What the writer could not do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriterFaultKind {
+    /// Its own connection could not be dialed.
+    Dial,
+    /// `EPT_REQ_<s>` or `EPT_<s>` could not be looked up.
+    Stream,
+    /// `timerw_<s>` could not be bound, fetched from, or is gone.
+    Durable,
+    /// The records bucket could not be opened.
+    Bucket,
+    /// The last `.armed` sequence could not be read.
+    Read,
+    /// The `.armed` publish failed.
+    Publish,
+    /// No answer within the bound.
+    TimedOut,
+}
+
+impl WriterFault {
+    fn new(kind: WriterFaultKind, text: impl Into<String>) -> WriterFault {
+        WriterFault {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    /// The same fault, keeping `source` as its cause.
+    fn source(
+        mut self,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> WriterFault {
+        self.source = Some(source.into());
+        self
+    }
+    /// The same fault named in its context: `context(text)` says where, this one is its cause.
+    fn within(self, context: impl FnOnce(&str) -> String) -> WriterFault {
+        WriterFault::new(self.kind, context(&self.text)).source(self)
+    }
+    /// An answer that did not come within `bound`.
+    fn timed_out(bound: Duration) -> WriterFault {
+        WriterFault::new(
+            WriterFaultKind::TimedOut,
+            format!("no answer within {} ms", bound.as_millis()),
+        )
+    }
+    pub fn kind(&self) -> WriterFaultKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for WriterFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for WriterFault {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A broker refusal of `kind`, in the broker's words (`what: words`).
+fn broker_fault<E: std::error::Error + Send + Sync + 'static>(
+    kind: WriterFaultKind,
+    what: impl FnOnce(&str) -> String,
+) -> impl FnOnce(E) -> WriterFault {
+    move |e| WriterFault::new(kind, what(&broker_words(&e))).source(e)
+}
+
 /// The coordinate a `.schedule` subject names: `cotal.<s>.ept.<endpoint>.<instance>.<epoch>.<timerId>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimerSubject {
@@ -112,11 +252,12 @@ pub struct TimerSubject {
 impl TimerSubject {
     /// Parses a request subject of `space`; only the six tokens after the prefix and the
     /// `schedule` leaf are accepted.
-    pub fn parse(space: &Space, subject: &str) -> Result<TimerSubject, String> {
+    pub fn parse(space: &Space, subject: &str) -> Result<TimerSubject, ScheduleRefusal> {
+        let refused = |text: String| ScheduleRefusal::new(ScheduleRefusalKind::Subject, text);
         let prefix = format!("{}.ept.", space.prefix());
         let rest = subject
             .strip_prefix(&prefix)
-            .ok_or_else(|| format!("{subject} is not an ept subject of space {space}"))?;
+            .ok_or_else(|| refused(format!("{subject} is not an ept subject of space {space}")))?;
         let tokens: Vec<&str> = rest.split('.').collect();
         match tokens.as_slice() {
             [endpoint, instance, epoch, timer, "schedule"]
@@ -130,9 +271,9 @@ impl TimerSubject {
                     timer_id: timer.to_string(),
                 })
             }
-            _ => Err(format!(
+            _ => Err(refused(format!(
                 "{subject} is not <endpoint>.<instance>.<epoch>.<timerId>.schedule"
-            )),
+            ))),
         }
     }
     /// The sibling the writer publishes: `….armed`.
@@ -150,23 +291,34 @@ pub fn check_request(
     space: &Space,
     subject: &TimerSubject,
     body: &[u8],
-) -> Result<ScheduleRequest, String> {
-    let req: ScheduleRequest = serde_json::from_slice(body)
-        .map_err(|e| format!("the body is not a schedule request ({e})"))?;
+) -> Result<ScheduleRequest, ScheduleRefusal> {
+    use ScheduleRefusalKind as K;
+    let req: ScheduleRequest = serde_json::from_slice(body).map_err(|e| ScheduleRefusal {
+        kind: K::Body,
+        text: format!("the body is not a schedule request ({e})"),
+        source: Some(e),
+    })?;
+    let refused = |kind, text: String| Err(ScheduleRefusal::new(kind, text));
     if req.v != 1 {
-        return Err(format!("version {} is not 1", req.v));
+        return refused(K::Version, format!("version {} is not 1", req.v));
     }
     if req.timer_id != subject.timer_id {
-        return Err(format!(
-            "timerId {:?} differs from the subject's {:?}",
-            req.timer_id, subject.timer_id
-        ));
+        return refused(
+            K::TimerId,
+            format!(
+                "timerId {:?} differs from the subject's {:?}",
+                req.timer_id, subject.timer_id
+            ),
+        );
     }
     if req.generation < 1 {
-        return Err("generation must be at least 1".into());
+        return refused(K::Generation, "generation must be at least 1".into());
     }
     if !(0..=MAX_DEADLINE_MS).contains(&req.deadline) {
-        return Err(format!("deadline {} is out of range", req.deadline));
+        return refused(
+            K::Deadline,
+            format!("deadline {} is out of range", req.deadline),
+        );
     }
     let fields = [
         ("plane", req.plane.as_deref(), "timer"),
@@ -176,7 +328,7 @@ pub fn check_request(
     for (name, got, want) in fields {
         if let Some(got) = got {
             if got != want {
-                return Err(format!("{name} {got:?} is not {want:?}"));
+                return refused(K::Field, format!("{name} {got:?} is not {want:?}"));
             }
         }
     }
@@ -350,14 +502,16 @@ async fn session(
     stop: &mut watch::Receiver<bool>,
     state: &watch::Sender<WriterState>,
     backoff: &mut Duration,
-) -> Option<String> {
+) -> Option<WriterFault> {
     let dialed = tokio::select! {
         _ = stopped(stop) => return None,
         r = conn::dial(&parts.dial, parts.credential.clone()) => r,
     };
     let resident = match dialed {
         Ok(r) => r,
-        Err(e) => return Some(format!("dial: {e}")),
+        Err(e) => {
+            return Some(WriterFault::new(WriterFaultKind::Dial, format!("dial: {e}")).source(e))
+        }
     };
     // The pump watches the stop itself (between requests), so a request being armed settles.
     let outcome = pump(parts, &resident.client, stop.clone(), state, backoff).await;
@@ -373,7 +527,7 @@ async fn pump(
     mut stop: watch::Receiver<bool>,
     state: &watch::Sender<WriterState>,
     backoff: &mut Duration,
-) -> Option<String> {
+) -> Option<WriterFault> {
     let names = SpaceNames::new(&parts.space);
     let js = jetstream::context::ContextBuilder::new()
         .timeout(REQUEST_BOUND)
@@ -381,7 +535,7 @@ async fn pump(
     let setup = async {
         let consumer = bind(&js, &names).await?;
         let arming = Arming::open(&js, &names, &parts.space).await?;
-        Ok::<_, String>((consumer, arming))
+        Ok::<_, WriterFault>((consumer, arming))
     };
     let (consumer, arming) = tokio::select! {
         _ = stopped(&mut stop) => return None,
@@ -414,20 +568,19 @@ async fn pump(
                 continue;
             }
             b = fetch(&consumer, parts.poll) => b.map_err(|e| {
-                format!("fetching from its durable {}: {e}", names.timer_writer_durable())
+                e.within(|e| format!("fetching from its durable {}: {e}", names.timer_writer_durable()))
             }),
         };
         let result = match fetched {
             Ok(batch) if batch.is_empty() => {
                 // An idle fetch does not prove the durable still exists: ask.
                 let mut c = consumer.clone();
-                c.info().await.map(|_| ()).map_err(|e| {
-                    format!(
-                        "its durable {}: {}",
-                        names.timer_writer_durable(),
-                        broker_words(&e)
-                    )
-                })
+                c.info()
+                    .await
+                    .map(|_| ())
+                    .map_err(broker_fault(WriterFaultKind::Durable, |words| {
+                        format!("its durable {}: {words}", names.timer_writer_durable())
+                    }))
             }
             Ok(batch) => {
                 for msg in batch {
@@ -474,11 +627,13 @@ async fn reconnected(client: &async_nats::Client, stop: &mut watch::Receiver<boo
 async fn bind(
     js: &jetstream::Context,
     names: &SpaceNames,
-) -> Result<Consumer<pull::Config>, String> {
+) -> Result<Consumer<pull::Config>, WriterFault> {
     let stream = js
         .get_stream_no_info(names.ept_req_stream())
         .await
-        .map_err(|e| format!("{}: {}", names.ept_req_stream(), broker_words(&e)))?;
+        .map_err(broker_fault(WriterFaultKind::Stream, |words| {
+            format!("{}: {words}", names.ept_req_stream())
+        }))?;
     let durable = names.timer_writer_durable();
     let config = pull::Config {
         durable_name: Some(durable.clone()),
@@ -491,7 +646,9 @@ async fn bind(
     stream
         .create_consumer(config)
         .await
-        .map_err(|e| format!("binding its durable {durable}: {}", broker_words(&e)))
+        .map_err(broker_fault(WriterFaultKind::Durable, |words| {
+            format!("binding its durable {durable}: {words}")
+        }))
 }
 
 /// The client ends a pull whose answer never came (a pull written to a socket that a reconnect
@@ -504,7 +661,13 @@ const CLIENT_PULL_GRACE: Duration = Duration::from_secs(5);
 const FETCH_MARGIN: Duration = Duration::from_secs(1);
 
 /// One fetch, bounded by the poll plus the client's own pull grace plus a margin.
-async fn fetch(consumer: &Consumer<pull::Config>, poll: Duration) -> Result<Vec<Message>, String> {
+async fn fetch(
+    consumer: &Consumer<pull::Config>,
+    poll: Duration,
+) -> Result<Vec<Message>, WriterFault> {
+    let failed = |e: Box<dyn std::error::Error + Send + Sync>| {
+        WriterFault::new(WriterFaultKind::Durable, e.to_string()).source(e)
+    };
     let pull = async {
         let mut batch = consumer
             .fetch()
@@ -512,28 +675,28 @@ async fn fetch(consumer: &Consumer<pull::Config>, poll: Duration) -> Result<Vec<
             .expires(poll)
             .messages()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| failed(e.into()))?;
         let mut out = Vec::new();
         while let Some(m) = batch.next().await {
-            out.push(m.map_err(|e| e.to_string())?);
+            out.push(m.map_err(failed)?);
         }
         Ok(out)
     };
     let bound = poll + CLIENT_PULL_GRACE + FETCH_MARGIN;
     tokio::time::timeout(bound, pull)
         .await
-        .unwrap_or_else(|_| Err(format!("no answer within {} ms", bound.as_millis())))
+        .unwrap_or_else(|_| Err(WriterFault::timed_out(bound)))
 }
 
 /// What one request came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Outcome {
     /// `.armed` published at this stream sequence.
     Armed(u64),
     /// Not armed, and never will be: `unknown`, `settled` or `stale`.
     Discarded(&'static str),
     /// Malformed or carrying scheduling headers: terminated, never redelivered.
-    Refused(String),
+    Refused(ScheduleRefusal),
     /// Could not be decided now (a read or publish failed, or the pin moved every time).
     Retry(String),
 }
@@ -551,14 +714,22 @@ impl Arming {
         js: &jetstream::Context,
         names: &SpaceNames,
         space: &Space,
-    ) -> Result<Arming, String> {
+    ) -> Result<Arming, WriterFault> {
         let records = Rows::open(js, &names.records_bucket(), REQUEST_BOUND)
             .await
-            .map_err(|e| format!("{}: {e}", names.records_bucket()))?;
+            .map_err(|e| {
+                WriterFault::new(
+                    WriterFaultKind::Bucket,
+                    format!("{}: {e}", names.records_bucket()),
+                )
+                .source(e)
+            })?;
         let ept = js
             .get_stream_no_info(names.ept_stream())
             .await
-            .map_err(|e| format!("{}: {}", names.ept_stream(), broker_words(&e)))?;
+            .map_err(broker_fault(WriterFaultKind::Stream, |words| {
+                format!("{}: {words}", names.ept_stream())
+            }))?;
         Ok(Arming {
             js: js.clone(),
             space: space.clone(),
@@ -602,7 +773,10 @@ impl Arming {
 
     async fn decide(&self, msg: &Message) -> Outcome {
         if let Some(h) = scheduling_header(msg.headers.as_ref()) {
-            return Outcome::Refused(format!("it carries the scheduling header {h}"));
+            return Outcome::Refused(ScheduleRefusal::new(
+                ScheduleRefusalKind::Header,
+                format!("it carries the scheduling header {h}"),
+            ));
         }
         // The target comes from the authenticated subject only, never from body or headers.
         let subject = match TimerSubject::parse(&self.space, msg.subject.as_str()) {
@@ -690,7 +864,7 @@ impl Arming {
     }
 
     /// Leader-served last sequence of `subject` on `EPT_<s>` (0 when none).
-    async fn last_seq(&self, subject: &str) -> Result<u64, String> {
+    async fn last_seq(&self, subject: &str) -> Result<u64, WriterFault> {
         match tokio::time::timeout(
             REQUEST_BOUND,
             self.ept.get_last_raw_message_by_subject(subject),
@@ -699,8 +873,8 @@ impl Arming {
         {
             Ok(Ok(m)) => Ok(m.sequence),
             Ok(Err(e)) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
-            Ok(Err(e)) => Err(broker_words(&e)),
-            Err(_) => Err(format!("no answer within {} ms", REQUEST_BOUND.as_millis())),
+            Ok(Err(e)) => Err(broker_fault(WriterFaultKind::Read, str::to_string)(e)),
+            Err(_) => Err(WriterFault::timed_out(REQUEST_BOUND)),
         }
     }
 
@@ -735,11 +909,11 @@ impl Arming {
         match tokio::time::timeout(REQUEST_BOUND, send).await {
             Ok(Ok(ack)) => Ok(ack.sequence),
             Ok(Err(e)) if e.kind() == PublishErrorKind::WrongLastSequence => Err(ArmError::Moved),
-            Ok(Err(e)) => Err(ArmError::Failed(broker_words(&e))),
-            Err(_) => Err(ArmError::Failed(format!(
-                "no answer within {} ms",
-                REQUEST_BOUND.as_millis()
-            ))),
+            Ok(Err(e)) => Err(ArmError::Failed(broker_fault(
+                WriterFaultKind::Publish,
+                str::to_string,
+            )(e))),
+            Err(_) => Err(ArmError::Failed(WriterFault::timed_out(REQUEST_BOUND))),
         }
     }
 }
@@ -747,7 +921,7 @@ impl Arming {
 enum ArmError {
     /// The pin lost: another `.armed` landed since it was read.
     Moved,
-    Failed(String),
+    Failed(WriterFault),
 }
 
 #[cfg(test)]
@@ -770,27 +944,65 @@ mod tests {
             "cotal.demo.ept.wf.i1.3.t9.armed",
             "cotal.demo.ept.wf.i1.3.t9.x.schedule",
         ] {
-            assert!(TimerSubject::parse(&demo(), bad).is_err(), "{bad}");
+            let e = TimerSubject::parse(&demo(), bad).expect_err(bad);
+            assert_eq!(e.kind(), ScheduleRefusalKind::Subject, "{bad}");
         }
     }
 
+    /// Each refusal names what is wrong (its kind) in the writer's words. Mutation seen failing:
+    /// the deadline check refusing with the generation's kind.
     #[test]
     fn request_bodies_are_checked_against_the_subject() {
+        use ScheduleRefusalKind as K;
         let s = TimerSubject::parse(&demo(), "cotal.demo.ept.wf.i1.3.t9.schedule").expect("parse");
         let ok = br#"{"v":1,"timerId":"t9","generation":2,"deadline":1000}"#;
         assert_eq!(check_request(&demo(), &s, ok).expect("ok").generation, 2);
-        for bad in [
-            &br#"{"v":2,"timerId":"t9","generation":2,"deadline":1000}"#[..],
-            br#"{"v":1,"timerId":"other","generation":2,"deadline":1000}"#,
-            br#"{"v":1,"timerId":"t9","generation":0,"deadline":1000}"#,
-            br#"{"v":1,"timerId":"t9","generation":1,"deadline":-1}"#,
-            br#"{"v":1,"timerId":"t9","generation":1,"deadline":253402300800000}"#,
-            br#"{"v":1,"timerId":"t9","generation":1,"deadline":1,"space":"other"}"#,
-            br#"{"v":1,"timerId":"t9","generation":1,"deadline":1,"plane":"chat"}"#,
-            b"not json",
+        for (bad, kind) in [
+            (
+                &br#"{"v":2,"timerId":"t9","generation":2,"deadline":1000}"#[..],
+                K::Version,
+            ),
+            (
+                br#"{"v":1,"timerId":"other","generation":2,"deadline":1000}"#,
+                K::TimerId,
+            ),
+            (
+                br#"{"v":1,"timerId":"t9","generation":0,"deadline":1000}"#,
+                K::Generation,
+            ),
+            (
+                br#"{"v":1,"timerId":"t9","generation":1,"deadline":-1}"#,
+                K::Deadline,
+            ),
+            (
+                br#"{"v":1,"timerId":"t9","generation":1,"deadline":253402300800000}"#,
+                K::Deadline,
+            ),
+            (
+                br#"{"v":1,"timerId":"t9","generation":1,"deadline":1,"space":"other"}"#,
+                K::Field,
+            ),
+            (
+                br#"{"v":1,"timerId":"t9","generation":1,"deadline":1,"plane":"chat"}"#,
+                K::Field,
+            ),
+            (b"not json", K::Body),
         ] {
-            assert!(check_request(&demo(), &s, bad).is_err());
+            let e = check_request(&demo(), &s, bad).expect_err("refused");
+            assert_eq!(e.kind(), kind, "{e}");
         }
+        let e = check_request(
+            &demo(),
+            &s,
+            br#"{"v":1,"timerId":"t9","generation":1,"deadline":-1}"#,
+        )
+        .expect_err("refused");
+        assert_eq!(e.to_string(), "deadline -1 is out of range");
+        let e = check_request(&demo(), &s, b"not json").expect_err("refused");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the parser's error is kept"
+        );
     }
 
     /// The re-read after the arm: only a still-waiting status at a moved, not older coordinate

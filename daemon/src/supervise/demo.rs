@@ -18,12 +18,77 @@ const CHANNEL: &str = "general";
 /// Bound on each wait of the demo.
 const STEP_BOUND: Duration = Duration::from_secs(20);
 
+/// Why the demonstration failed: its kind, the line `up` prints (`Display`), and the error
+/// behind it (`source()`).
+#[derive(Debug)]
+pub struct DemoError {
+    kind: DemoErrorKind,
+    text: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// Which step of the demonstration failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemoErrorKind {
+    /// The signer could not be loaded, or the operator's credential not minted.
+    Authority,
+    /// The operator or an agent could not connect.
+    Connect,
+    /// An agent could not be provisioned.
+    Provision,
+    /// Bob's durable join failed or left the backstop unestablished.
+    Join,
+    /// Alice's post failed.
+    Post,
+    /// The post did not reach bob's durable, or bob could not bind or surface it in time.
+    Delivery,
+}
+
+impl DemoError {
+    fn new(kind: DemoErrorKind, text: impl Into<String>) -> DemoError {
+        DemoError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    pub fn kind(&self) -> DemoErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for DemoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for DemoError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A step's failure of `kind`, the line `text(error)`, the error kept as its cause.
+fn failed<E: std::error::Error + Send + Sync + 'static>(
+    kind: DemoErrorKind,
+    text: impl FnOnce(&E) -> String,
+) -> impl FnOnce(E) -> DemoError {
+    move |e| DemoError {
+        kind,
+        text: text(&e),
+        source: Some(Box::new(e)),
+    }
+}
+
 /// Demo lines go where `up`'s own lines go (stderr), so the story reads in order.
 fn say(line: impl AsRef<str>) {
     eprintln!("{}", line.as_ref());
 }
 
-async fn connect(mesh: &RunningMesh, m: &AgentMaterial, name: &str) -> Result<Agent, String> {
+async fn connect(mesh: &RunningMesh, m: &AgentMaterial, name: &str) -> Result<Agent, DemoError> {
     Agent::connect(AgentSpec {
         server_url: mesh.url.clone(),
         tls_ca: mesh.tls_ca.clone(),
@@ -34,7 +99,9 @@ async fn connect(mesh: &RunningMesh, m: &AgentMaterial, name: &str) -> Result<Ag
         name: name.to_string(),
     })
     .await
-    .map_err(|e| format!("demo: {name} could not connect: {e}"))
+    .map_err(failed(DemoErrorKind::Connect, |e| {
+        format!("demo: {name} could not connect: {e}")
+    }))
 }
 
 /// Frames waiting in `member`'s handoff durable, read from the broker.
@@ -53,12 +120,15 @@ async fn pending_frames(js: &jetstream::Context, names: &SpaceNames, m: &AgentMa
 }
 
 /// Bob joins `general` durably and goes offline; alice posts; bob comes back and surfaces it.
-pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
+pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), DemoError> {
+    use DemoErrorKind as K;
     let authority = MeshAuthority::load(&mesh.workspace.auth_dir())
-        .map_err(|e| format!("demo: could not load the signer: {e}"))?;
+        .map_err(failed(K::Authority, |e| {
+            format!("demo: could not load the signer: {e}")
+        }))?;
     let operator = authority
         .mint(&mesh.space, &Profile::Operator, MintOptions::new())
-        .map_err(|e| format!("demo: {e}"))?;
+        .map_err(failed(K::Authority, |e| format!("demo: {e}")))?;
     let client = crate::client::connect_with_credential(
         &mesh.url,
         mesh.tls_ca.as_deref(),
@@ -67,13 +137,15 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
         crate::tuning::BROKER_BOUND,
     )
     .await
-    .map_err(|e| format!("demo: {e}"))?;
+    .map_err(failed(K::Connect, |e| format!("demo: {e}")))?;
     let js = jetstream::new(client.clone());
     let names = SpaceNames::new(&mesh.space);
-    let read = ReadChannels::new([CHANNEL]).map_err(|e| format!("demo: {e}"))?;
+    let read =
+        ReadChannels::new([CHANNEL]).map_err(failed(K::Provision, |e| format!("demo: {e}")))?;
     let mut material = Vec::new();
     for actor in ["alice", "bob"] {
-        let principal = Principal::new("local", actor).map_err(|e| format!("demo: {e}"))?;
+        let principal = Principal::new("local", actor)
+            .map_err(failed(K::Provision, |e| format!("demo: {e}")))?;
         let m = provision_agent(
             &authority,
             &js,
@@ -84,7 +156,9 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
             MintOptions::new(),
         )
         .await
-        .map_err(|e| format!("demo: provisioning {actor} failed: {e}"))?;
+        .map_err(failed(K::Provision, |e| {
+            format!("demo: provisioning {actor} failed: {e}")
+        }))?;
         material.push(m);
     }
     let (alice_m, bob_m) = (&material[0], &material[1]);
@@ -97,14 +171,17 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
     let joined = bob
         .durable_join(CHANNEL)
         .await
-        .map_err(|e| format!("demo: bob's join failed: {e}"))?;
+        .map_err(failed(K::Join, |e| format!("demo: bob's join failed: {e}")))?;
     match &joined.backstop {
         Backstop::Durable { generation } => say(format!(
             "• demo: bob joined {CHANNEL} durably (generation {generation}; the daemon wrote the membership row)"
         )),
         Backstop::Unestablished { reason } => {
-            return Err(format!(
-                "demo: bob joined {CHANNEL} live with the durable backstop unestablished ({reason})"
+            return Err(DemoError::new(
+                K::Join,
+                format!(
+                    "demo: bob joined {CHANNEL} live with the durable backstop unestablished ({reason})"
+                ),
             ))
         }
     }
@@ -118,7 +195,9 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
     let seq = alice
         .post(CHANNEL, &msg)
         .await
-        .map_err(|e| format!("demo: alice's post failed: {e}"))?;
+        .map_err(failed(K::Post, |e| {
+            format!("demo: alice's post failed: {e}")
+        }))?;
     say(format!(
         "• demo: alice posts on {CHANNEL} (CHAT sequence {seq}) while bob is offline"
     ));
@@ -134,19 +213,21 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
             break;
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(format!(
-                "demo: no frame reached bob's durable within {} s",
-                STEP_BOUND.as_secs()
+            return Err(DemoError::new(
+                K::Delivery,
+                format!(
+                    "demo: no frame reached bob's durable within {} s",
+                    STEP_BOUND.as_secs()
+                ),
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     let bob = connect(mesh, bob_m, "bob").await?;
-    let mut delivery = bob
-        .bind_delivery()
-        .await
-        .map_err(|e| format!("demo: bob could not bind his durable: {e}"))?;
+    let mut delivery = bob.bind_delivery().await.map_err(failed(K::Delivery, |e| {
+        format!("demo: bob could not bind his durable: {e}")
+    }))?;
     say("• demo: bob comes back online and binds his durable");
     let frame = delivery
         .surface(STEP_BOUND, |f| {
@@ -158,11 +239,14 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), String> {
             ));
         })
         .await
-        .map_err(|e| format!("demo: {e}"))?;
+        .map_err(failed(K::Delivery, |e| format!("demo: {e}")))?;
     if frame.is_none() {
-        return Err(format!(
-            "demo: bob surfaced nothing within {} s",
-            STEP_BOUND.as_secs()
+        return Err(DemoError::new(
+            K::Delivery,
+            format!(
+                "demo: bob surfaced nothing within {} s",
+                STEP_BOUND.as_secs()
+            ),
         ));
     }
     let left = pending_frames(&js, &names, bob_m).await;

@@ -22,6 +22,7 @@ mod status;
 mod stop;
 
 pub(crate) use demo::offline_member_receives;
+pub use demo::{DemoError, DemoErrorKind};
 pub(crate) use down::down;
 pub(crate) use remint::{
     pass_json, pass_lines, remint_once, remint_watch, stamp_stderr as stamp_remint_stderr,
@@ -177,7 +178,7 @@ pub fn running_mesh(root: &Path) -> Option<MeshRecord> {
 pub async fn up<F, Fut>(cfg: UpConfig, after_serving: F) -> Result<(), UpError>
 where
     F: FnOnce(RunningMesh) -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
+    Fut: std::future::Future<Output = Result<(), DemoError>>,
 {
     let journal = Journal::stderr_only();
     let root = files::absolute(&cfg.root, &std::env::current_dir().unwrap_or_default());
@@ -306,7 +307,7 @@ async fn serve<F, Fut>(
 ) -> Result<(), UpError>
 where
     F: FnOnce(RunningMesh) -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
+    Fut: std::future::Future<Output = Result<(), DemoError>>,
 {
     let space = &cfg.space;
     let url = broker.url.clone();
@@ -393,7 +394,7 @@ where
         stop_own(cfg, workspace, &mut daemon, journal).await;
     }
     watch.close().await;
-    demo.map_err(|text| UpError::new(UpErrorKind::Demo, text))?;
+    demo.map_err(|e| UpError::new(UpErrorKind::Demo, e.to_string()))?;
     outcome
 }
 

@@ -201,9 +201,9 @@ pub enum StoreChallenge {
 }
 
 impl StoreChallenge {
-    /// Parses an identity; the refusal text names what is missing.
-    pub fn parse(v: &Value) -> Result<StoreChallenge, String> {
-        let bad = |what: &str| format!("a store identity needs {what}");
+    /// Parses an identity; the refusal (of kind [`RefusalKind::Argument`]) names what is missing.
+    pub fn parse(v: &Value) -> Result<StoreChallenge, Refusal> {
+        let bad = |what: &str| argument(format!("a store identity needs {what}"));
         match v.get("kind").and_then(Value::as_str) {
             Some("fs") => Ok(StoreChallenge::Fs {
                 root: v
@@ -281,10 +281,9 @@ impl AdminRequest {
             "reloadStoreIdentity" => AdminRequest::ReloadStoreIdentity(ReloadStoreIdentity {
                 expected: match args.get("expected").filter(|v| !v.is_null()) {
                     None => None,
-                    Some(v) => Some(
-                        StoreChallenge::parse(v)
-                            .map_err(|e| argument(format!("delivery: reloadStoreIdentity: {e}")))?,
-                    ),
+                    Some(v) => Some(StoreChallenge::parse(v).map_err(|e| {
+                        e.map_text(|t| format!("delivery: reloadStoreIdentity: {t}"))
+                    })?),
                 },
             }),
             "lifecycleMemberships" => AdminRequest::LifecycleMemberships(inventory_args(args)?),

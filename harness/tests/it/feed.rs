@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::BOUND;
-use cotal_delivery::conn::{self, CredentialCell, DialSpec};
+use cotal_delivery::conn::{self, CredentialCell, DialSpec, DrainErrorKind};
 use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
 use cotal_delivery::journal::Journal;
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
@@ -424,7 +424,11 @@ async fn close_retires_both_feed_connections_even_when_their_drains_fail() {
     let closed = feed.close().await;
     for (name, r) in [("observer", &closed.observer), ("rw", &closed.rw)] {
         let e = r.as_ref().expect_err(name);
-        assert!(e.contains("the connection is down"), "{name}: {e}");
+        assert_eq!(e.kind(), DrainErrorKind::Down, "{name}: {e}");
+        assert!(
+            e.to_string().contains("the connection is down"),
+            "{name}: {e}"
+        );
     }
 
     proxy.heal();

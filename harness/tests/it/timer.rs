@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::BOUND;
 use async_nats::HeaderMap;
-use cotal_delivery::conn::{CredentialCell, DialSpec};
+use cotal_delivery::conn::{CredentialCell, DialSpec, DrainErrorKind};
 use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
 use cotal_delivery::journal::Journal;
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
@@ -1183,7 +1183,11 @@ async fn a_connection_closed_while_its_redial_waits_never_comes_back() {
     .await;
     let mut events = resident.events.subscribe();
     let drained = resident.close_drained(Duration::from_secs(1)).await;
-    assert!(drained.is_err(), "the connection is down: {drained:?}");
+    assert_eq!(
+        drained.as_ref().map_err(|e| e.kind()),
+        Err(DrainErrorKind::Down),
+        "the connection is down: {drained:?}"
+    );
     let renewed = mesh
         .mint(
             mesh.space(),
