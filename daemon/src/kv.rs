@@ -24,7 +24,7 @@ const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequenc
 
 /// What one message of a bucket did to its key. Every reader of a bucket classifies with
 /// [`row_op`], so a marker reads as absent everywhere, as async-nats (`Operation::Purge` /
-/// `Delete`) and nats.js (`"PURGE"`) present it to the reference's readers.
+/// `Delete`) and nats.js (`"PURGE"`, what a TypeScript peer reads) read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowOp {
     /// A live row.

@@ -10,6 +10,11 @@
 //! forwarded, and the test can read what was kept (which requests the client made meanwhile)
 //! before it releases them in order. It pins one request of the client in flight while the
 //! broker-to-client direction keeps flowing.
+//!
+//! A *swallow* is its sibling for every connection at once: from the first client chunk that
+//! contains the pattern on, that connection's client-to-broker bytes are dropped, on each
+//! connection that sends it, until [`TcpProxy::stop_swallowing`]. A request that must never be
+//! answered however often the client retries it on a new connection.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -68,6 +73,32 @@ impl Hold {
     }
 }
 
+/// The content-triggered swallow of client-to-broker bytes (see the module doc).
+#[derive(Debug, Default)]
+struct Swallow {
+    /// Armed pattern.
+    pattern: Option<Vec<u8>>,
+    /// The connections swallowing, in the order they sent the pattern.
+    ids: Vec<u64>,
+}
+
+impl Swallow {
+    /// Whether connection `id` drops `chunk` (it is, or now becomes, a swallowing one).
+    fn drops(&mut self, id: u64, chunk: &[u8]) -> bool {
+        let Some(p) = self.pattern.as_deref() else {
+            return false;
+        };
+        if self.ids.contains(&id) {
+            return true;
+        }
+        if chunk.windows(p.len()).any(|w| w == p) {
+            self.ids.push(id);
+            return true;
+        }
+        false
+    }
+}
+
 /// Fault state shared with every connection task. Connections are numbered from 1 in accept
 /// order; "established" faults apply to the numbers handed out before the fault was set.
 #[derive(Debug, Clone, Copy, Default)]
@@ -100,6 +131,7 @@ pub struct TcpProxy {
     hold: Arc<Mutex<Hold>>,
     /// Bumped at each release, so a holding pump flushes even while its client is silent.
     released: watch::Sender<u64>,
+    swallow: Arc<Mutex<Swallow>>,
     accept_task: JoinHandle<()>,
 }
 
@@ -118,6 +150,7 @@ impl TcpProxy {
         let active = Arc::new(AtomicUsize::new(0));
         let hold = Arc::new(Mutex::new(Hold::default()));
         let (released, released_rx) = watch::channel(0u64);
+        let swallow = Arc::new(Mutex::new(Swallow::default()));
         let accept_task = tokio::spawn(accept_loop(
             listener,
             upstream_port,
@@ -125,6 +158,7 @@ impl TcpProxy {
                 state: state_rx,
                 hold: Arc::clone(&hold),
                 released: released_rx,
+                swallow: Arc::clone(&swallow),
             },
             Arc::clone(&next_id),
             Arc::clone(&active),
@@ -137,6 +171,7 @@ impl TcpProxy {
             active,
             hold,
             released,
+            swallow,
             accept_task,
         })
     }
@@ -210,6 +245,29 @@ impl TcpProxy {
         })
         .await
     }
+    /// Arms a swallow: every connection that sends a client chunk containing `pattern` drops
+    /// that chunk and all its later client bytes (see the module doc).
+    pub fn swallow_from(&self, pattern: &[u8]) {
+        let mut s = self.swallow.lock().unwrap_or_else(|p| p.into_inner());
+        *s = Swallow {
+            pattern: Some(pattern.to_vec()),
+            ids: Vec::new(),
+        };
+    }
+    /// How many connections have swallowed so far.
+    pub fn swallowed_count(&self) -> usize {
+        self.swallow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .len()
+    }
+    /// Disarms the swallow; a swallowing connection forwards its later bytes again (what it
+    /// dropped is gone).
+    pub fn stop_swallowing(&self) {
+        let mut s = self.swallow.lock().unwrap_or_else(|p| p.into_inner());
+        s.pattern = None;
+    }
     /// Disarms the hold; the kept bytes go to the broker, in order, before any later ones.
     pub fn release(&self) {
         {
@@ -241,6 +299,7 @@ struct Shared {
     state: watch::Receiver<FaultState>,
     hold: Arc<Mutex<Hold>>,
     released: watch::Receiver<u64>,
+    swallow: Arc<Mutex<Swallow>>,
 }
 
 async fn accept_loop(
@@ -373,6 +432,13 @@ async fn pump(
             return;
         }
         if let Some(h) = hold {
+            if h.swallow
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .drops(id, &buf[..n])
+            {
+                continue;
+            }
             if !flush_hold(&h.hold, id, &mut to).await {
                 return;
             }

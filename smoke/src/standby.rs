@@ -1,6 +1,8 @@
 //! `smoke delivery-standby`: two complete `deliver --spaces` hosts for one space on one broker,
 //! through the holder-killed, holder-returns and holder-stopped cases, with observed takeover
-//! times and a durable sender whose every post must reach an offline member's DLV.
+//! times, what the lease did in each (`lease`: when the row ended, as the broker stamped it, and
+//! the standby's answer and first post after that; one create per end), and a durable sender
+//! whose every post must reach an offline member's DLV.
 //!
 //! Why a suite and not only tests: integrators run it before a release to watch takeover happen
 //! on their machine. The times are observations on one machine and one broker: not an SLA, and
@@ -10,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use cotal_delivery::agent::Agent;
 use cotal_delivery::creds::read_creds_file;
@@ -25,6 +27,8 @@ use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
 
 use crate::cluster::CLUSTER_NODES;
+
+mod lease;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -68,6 +72,10 @@ const BOUND: Duration = Duration::from_secs(120);
 /// One ctl.delivery probe's wait for its answer (the takeover resolution is about this).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 const CASES: [&str; 3] = ["kill", "return", "stop"];
+/// The suite's target for the standby's first `ctl.delivery` answer: after a graceful stop,
+/// counted from the holder's SIGTERM; after a kill, from the row's expiry as the broker stamped
+/// it. A target the run reports against, not a bound it fails on.
+const ANSWER_TARGET: Duration = Duration::from_secs(1);
 /// Posts the sender may make: the DLV stream keeps at most
 /// `DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT` (1000) copies per member and discards the oldest
 /// beyond it (a documented bound, not a takeover loss); the rounds' markers share that subject,
@@ -329,6 +337,8 @@ async fn suite(args: Args) -> Result<(), String> {
     let space = mesh.space().clone();
     let insp = mesh.inspector(&space).await.map_err(err)?;
     let replicas_line = crate::cluster::replicas(&insp, nodes).await?;
+    // Every write to the lease key from here on, from the broker (the suite's own connection).
+    let recorder = lease::Recorder::start(&insp).await?;
     let roots = [
         tempfile::tempdir().map_err(err)?,
         tempfile::tempdir().map_err(err)?,
@@ -493,6 +503,8 @@ async fn suite(args: Args) -> Result<(), String> {
     let mut takeover: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
     let mut rail: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
     let mut post: BTreeMap<&str, Vec<u128>> = BTreeMap::new();
+    // Each run's times on the wall clock, for the lease's facts read from the broker's log.
+    let mut runs: Vec<(&str, lease::Run)> = Vec::new();
     // Node case: whether the holder's lane rode the failover or the standby took over.
     let mut kept = 0usize;
     let mut moved = 0usize;
@@ -514,7 +526,7 @@ async fn suite(args: Args) -> Result<(), String> {
                 let node = node_of(&mut mesh, &hosts[h].nkey)
                     .await?
                     .ok_or("the holder is connected to no running node")?;
-                let t0 = Instant::now();
+                let (t0, t0_wall) = (Instant::now(), SystemTime::now());
                 mesh.node_mut(node).ok_or("no node")?.kill().map_err(err)?;
                 let mark = format!("mark-{case}-{round}");
                 post_mark(&sender, channel, &mark).await?;
@@ -546,6 +558,8 @@ async fn suite(args: Args) -> Result<(), String> {
                     answered,
                     delivered,
                 );
+                let times = lease::Times::new(t0, t0_wall, answered, delivered);
+                runs.push((case, times.run(hosts[h].holder.clone(), None)));
                 eprintln!(
                     "delivery-standby: {case} round {round}: node {node} (the holder's) killed; ctl.delivery answered after {} ms, post delivered after {} ms; {outcome}",
                     answered.duration_since(t0).as_millis(),
@@ -558,8 +572,9 @@ async fn suite(args: Args) -> Result<(), String> {
                 continue;
             }
             let holder_nkey = hosts[h].nkey.clone();
+            let (old_holder, new_holder) = (hosts[h].holder.clone(), hosts[s].holder.clone());
             let holder_proc = hosts[h].proc.as_mut().ok_or("holder not running")?;
-            let t0 = Instant::now();
+            let (t0, t0_wall) = (Instant::now(), SystemTime::now());
             match case {
                 "stop" => holder_proc.terminate().map_err(err)?,
                 _ => holder_proc.kill().map_err(err)?,
@@ -582,6 +597,8 @@ async fn suite(args: Args) -> Result<(), String> {
                 answered,
                 delivered,
             );
+            let times = lease::Times::new(t0, t0_wall, answered, delivered);
+            runs.push((case, times.run(old_holder, Some(new_holder))));
             eprintln!(
                 "delivery-standby: {case} round {round}: ctl.delivery answered after {} ms, post delivered after {} ms",
                 answered.duration_since(t0).as_millis(),
@@ -618,6 +635,23 @@ async fn suite(args: Args) -> Result<(), String> {
             hosts[h].proc = Some(back);
             wait_posted(&posted, case, posted_before).await?;
         }
+    }
+
+    // What the lease did in each run, from the broker's log of the key (before any host stops).
+    let writes = recorder.writes();
+    let mut facts: BTreeMap<&str, Vec<lease::Facts>> = BTreeMap::new();
+    let mut lease_faults: Vec<String> = Vec::new();
+    for (i, (case, run)) in runs.iter().enumerate() {
+        let until = runs.get(i + 1).map(|(_, next)| next.t0);
+        match lease::facts(&writes, run, until, ttl) {
+            Ok(Some(f)) => facts.entry(case).or_default().push(f),
+            Ok(None) if *case == NODE_CASE => {}
+            Ok(None) => lease_faults.push(format!("{case}: the holder's row never ended")),
+            Err(e) => lease_faults.push(format!("{case}: {e}")),
+        }
+    }
+    for fault in &lease_faults {
+        eprintln!("delivery-standby: the lease broke a rule: {fault}");
     }
 
     // Every post must be in the offline member's DLV.
@@ -708,8 +742,23 @@ async fn suite(args: Args) -> Result<(), String> {
         let (min, med, max) = stats(takeover.get(case).map(Vec::as_slice).unwrap_or(&[0]));
         let r = stats(rail.get(case).map(Vec::as_slice).unwrap_or(&[0]));
         let p = stats(post.get(case).map(Vec::as_slice).unwrap_or(&[0]));
+        let summary = lease::Summary {
+            case,
+            facts: facts.get(case).map(Vec::as_slice).unwrap_or(&[]),
+            rail_max_ms: r.2,
+            faults: lease_faults
+                .iter()
+                .filter(|f| f.starts_with(&format!("{case}:")))
+                .count(),
+            target: ANSWER_TARGET,
+        };
         if args.json {
             let mut line = serde_json::json!({"case": case, "rounds": args.rounds, "takeover_ms": {"min": min, "median": med, "max": max}, "posts": ids.len(), "surfaced": surfaced, "lost": lost, "duplicates": dups, "bound_ms": bound_ms, "rail_ms": {"min": r.0, "median": r.1, "max": r.2}, "post_ms": {"min": p.0, "median": p.1, "max": p.2}, "rail_within_bound": r.2 <= bound_ms, "post_within_bound": p.2 <= bound_ms, "cluster": args.cluster});
+            if let (Some(line), serde_json::Value::Object(fields)) =
+                (line.as_object_mut(), summary.json())
+            {
+                line.extend(fields);
+            }
             if case == NODE_CASE {
                 // Which outcome each round had, proved by the row's holder and incarnation.
                 line["lane_kept"] = kept.into();
@@ -734,6 +783,7 @@ async fn suite(args: Args) -> Result<(), String> {
                 "        first ctl.delivery answer {}/{}/{} ms ({} the bound); first delivered post {}/{}/{} ms ({} the bound) (min/med/max)",
                 r.0, r.1, r.2, within(r.2), p.0, p.1, p.2, within(p.2)
             );
+            println!("{}", summary.line());
             if case == NODE_CASE {
                 println!(
                     "        after the holder's node died: its lane rode the failover {kept} time(s), the standby took over {moved} time(s) (from the row's holder and incarnation)"
@@ -755,6 +805,13 @@ async fn suite(args: Args) -> Result<(), String> {
         return Err(format!(
             "{all_lost} of {} posts never reached the offline member's DLV",
             want.len()
+        ));
+    }
+    if !lease_faults.is_empty() {
+        return Err(format!(
+            "the lease broke a rule in {} run(s): {}",
+            lease_faults.len(),
+            lease_faults.join("; ")
         ));
     }
     Ok(())

@@ -13,18 +13,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::creds::{read_creds_file, CredsErrorKind};
+use crate::conn::DialSpec;
+use crate::creds::{read_creds_file, Credential, CredsErrorKind};
 use crate::files;
 use crate::host::kicker::HostKicker;
 use crate::host::signal::ProcessSignals;
+use crate::host::standby_watch::{News, StandbyWatch, WatchSpec, STANDBY_WATCH_CONNECTION};
 use crate::journal::{epoch_ms, Journal};
+use crate::kv::RowOp;
 use crate::provision::Workspace;
 use crate::space::HARD_EXIT_GRACE;
 use crate::space::RELEASE_REDIAL_BOUND;
 use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind};
 use crate::store::{FsStore, SecretStore};
 use crate::tuning::{Tuning, LANE_BACKOFF_MIN};
-use crate::wire::{Principal, Space};
+use crate::wire::{Principal, Space, SpaceNames};
 
 /// What every lane of a host shares.
 #[derive(Clone)]
@@ -100,22 +103,28 @@ async fn serve(
     let journal = journal.prefixed(format!("lane {space}: "));
     let mut last: Option<Refusal> = None;
     let mut backoff = LANE_BACKOFF_MIN;
+    let mut watching = Watching::default();
     loop {
         if stop.cause().is_some() {
+            watching.retire().await;
             return;
         }
         let attempt = journal.held();
         let mut own = None;
+        let mut credential = None;
         let started = match config(&space, inputs, &kicker, &attempt) {
             Ok(mut cfg) => {
                 own = own_holder(&cfg);
                 cfg.reread = signals.reread.clone();
+                credential = Some(cfg.credential.clone());
                 SpaceDaemon::start(cfg, stop.clone()).await
             }
             Err(e) => Err(e),
         };
         let wait = match started {
             Ok(daemon) => {
+                // Serving: the daemon's own lease watch takes over.
+                watching.retire_in_background();
                 attempt.release();
                 last = None;
                 backoff = LANE_BACKOFF_MIN;
@@ -129,7 +138,10 @@ async fn serve(
                 ));
                 next_backoff(&mut backoff, inputs.tuning.lane_backoff_max)
             }
-            Err(e) if e.kind() == StartErrorKind::Stopped => return,
+            Err(e) if e.kind() == StartErrorKind::Stopped => {
+                watching.retire().await;
+                return;
+            }
             Err(e) => {
                 let refusal = Refusal {
                     kind: e.kind(),
@@ -155,12 +167,131 @@ async fn serve(
                     attempt.line(report(&e, own.as_deref(), &inputs.tuning, wait));
                 }
                 last = Some(refusal);
+                match (e.kind(), credential) {
+                    // A standby: watch the row it stands by for (bound once, kept across
+                    // retries; its redials present the credential read on this attempt).
+                    (StartErrorKind::LeaseHeld, Some(credential)) => {
+                        watching.watch(&space, inputs, &credential)
+                    }
+                    // A refused lane is on its backoff: nothing to wake it for.
+                    _ => watching.retire_in_background(),
+                }
                 wait
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.stopped() => return,
+        // The retry's wait; a watched row that goes ends it early. A wake only shortens the
+        // wait: the claim on the next attempt still decides.
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                news = watching.next() => {
+                    if watching.heard(news, &journal, &inputs.tuning, &space) {
+                        break;
+                    }
+                }
+                _ = stop.stopped() => {
+                    watching.retire().await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A standby lane's watch on its lease row, and what the lane has said about it.
+#[derive(Default)]
+struct Watching {
+    watch: Option<StandbyWatch>,
+    /// The loss was reported; said again only after the watch was bound again.
+    lost_said: bool,
+    /// The bucket's missing expiry markers were reported.
+    no_markers_said: bool,
+}
+
+impl Watching {
+    /// Binds the watch if there is none (a lost one is bound again on the next retry).
+    fn watch(&mut self, space: &Space, inputs: &LaneInputs, credential: &Credential) {
+        match &self.watch {
+            Some(w) => w.credential(credential),
+            None => {
+                let spec = WatchSpec {
+                    space: space.clone(),
+                    dial: DialSpec::new(inputs.server.clone())
+                        .tls(inputs.tls, inputs.tls_ca.clone())
+                        .ping_interval(inputs.tuning.ping_interval)
+                        .name(STANDBY_WATCH_CONNECTION),
+                };
+                self.watch = Some(StandbyWatch::spawn(spec, credential.clone()));
+            }
+        }
+    }
+
+    /// The watch's next news; pending while there is no watch.
+    async fn next(&mut self) -> News {
+        match self.watch.as_mut() {
+            Some(w) => w.next().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Reports `news` as the lane's lines say it; `true` when the lane should claim now.
+    fn heard(&mut self, news: News, journal: &Journal, timing: &Tuning, space: &Space) -> bool {
+        match news {
+            News::Bound { markers } => {
+                if self.lost_said {
+                    self.lost_said = false;
+                    journal.line("• delivery host: this standby's lease watch is bound again; a deleted, purged or expired lease row wakes it at once");
+                }
+                if markers {
+                    self.no_markers_said = false;
+                } else if !self.no_markers_said {
+                    self.no_markers_said = true;
+                    journal.line(format!(
+                        "! delivery host: the lease bucket {} leaves no marker when a row expires (it has no subject_delete_marker_ttl), so this standby sees an expired row only on its {} ms retry; provisioning the space again (cotal-delivery up, or the provisioner's provision_space) migrates it in place (reported once)",
+                        SpaceNames::kv_stream(&SpaceNames::new(space).delivery_bucket()),
+                        timing.standby_retry.as_millis()
+                    ));
+                }
+                false
+            }
+            News::Gone(gone) => {
+                let what = match gone.op {
+                    RowOp::Expired => "expired",
+                    RowOp::Purged => "was purged",
+                    _ => "was deleted",
+                };
+                journal.line(format!(
+                    "• delivery host: the lease row {what} (revision {}, seen by this standby's lease watch); claiming the lease now",
+                    gone.revision
+                ));
+                true
+            }
+            News::Lost(why) => {
+                self.watch = None;
+                if !self.lost_said {
+                    self.lost_said = true;
+                    journal.line(format!(
+                        "! delivery host: this standby's lease watch is lost ({why}); standing by on the {} ms retry alone, binding it again on each retry (reported once)",
+                        timing.standby_retry.as_millis()
+                    ));
+                }
+                false
+            }
+        }
+    }
+
+    /// Retires the watch and waits for it (bounded): a lane that stops leaves no consumer.
+    async fn retire(&mut self) {
+        if let Some(w) = self.watch.take() {
+            w.retire().await;
+        }
+    }
+
+    /// Retires the watch without holding up the lane (a takeover, a refused lane).
+    fn retire_in_background(&mut self) {
+        if let Some(w) = self.watch.take() {
+            tokio::spawn(w.retire());
         }
     }
 }

@@ -15,6 +15,7 @@ mod process;
 mod service;
 mod signal;
 mod spaces;
+mod standby_watch;
 mod status;
 
 pub use kicker::{HostKicker, HOST_CENSUS_CONNECTION, HOST_KICKER_CONNECTION};
@@ -26,4 +27,5 @@ pub use spaces::{
     HostConfig, HostEnded, HostError, HostErrorKind, HostRun, HOST_CLOSE_BOUND, HOST_LOG_FILE,
     HOST_PID_FILE,
 };
+pub use standby_watch::STANDBY_WATCH_CONNECTION;
 pub use status::{host_status, HostStatus, HostStatusError, HostStatusErrorKind, LaneStatus, Role};

@@ -14,3 +14,45 @@ fn one_suite() -> std::sync::MutexGuard<'static, ()> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// The lease fields of one `--json` case line of `smoke delivery-standby`, run with
+/// `--lease-ttl-secs 3` (`ttl_ms`) at one round: the row's end as the case predicts it (a stop's
+/// release deletes it; a kill leaves it to the broker's expiry marker, within a second of its
+/// nominal expiry), one create by the standby after it and no other write (`single_winner`), and
+/// the standby's first answer and first post never before the row's end and within the case's
+/// bound plus the machine's margin. A node case whose lane rode the failover has no row's end.
+fn assert_lease_facts(c: &serde_json::Value, rounds: &str, ttl_ms: i64) {
+    let case = c["case"].as_str().unwrap_or_default();
+    assert_eq!(c["single_winner"], true, "{c}\n{rounds}");
+    assert_eq!(c["answer_target_ms"], 1000, "{c}");
+    let gone = &c["gone_by"];
+    let stat = |k: &str, s: &str| c[k][s].as_i64();
+    let (deletes, expiries) = (gone["delete"].as_u64(), gone["expiry"].as_u64());
+    match case {
+        "stop" => assert_eq!((deletes, expiries), (Some(1), Some(0)), "{c}\n{rounds}"),
+        "kill" | "return" => {
+            assert_eq!((deletes, expiries), (Some(0), Some(1)), "{c}\n{rounds}");
+            let lag = stat("expiry_lag_ms", "max").expect("expiry_lag_ms");
+            assert!((0..=1_000).contains(&lag), "{c}\n{rounds}");
+            let gone_ms = stat("row_gone_ms", "max").expect("row_gone_ms");
+            assert!((0..=ttl_ms + 1_000).contains(&gone_ms), "{c}\n{rounds}");
+        }
+        _ => {}
+    }
+    if c["answer_after_gone_ms"].is_null() {
+        assert_eq!(
+            case, "node",
+            "only a lane that rode the failover has no row's end: {c}"
+        );
+        return;
+    }
+    let bound = c["bound_ms"].as_i64().expect("bound_ms");
+    for k in ["answer_after_gone_ms", "post_after_gone_ms"] {
+        let (min, max) = (stat(k, "min").expect(k), stat(k, "max").expect(k));
+        assert!(min >= 0, "{k}: served before the row ended: {c}\n{rounds}");
+        if case != "node" {
+            assert!(max <= bound + 3_000, "{k}: {c}\n{rounds}");
+        }
+    }
+    assert!(c["answer_within_target"].is_boolean(), "{c}");
+}

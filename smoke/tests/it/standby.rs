@@ -17,8 +17,15 @@
 //! outside the 8 s allowed, whatever the machine's load. Nothing legitimate waits on it here:
 //! the marker post is sent after the holder left the broker, so no gone holder ever owned it.
 //!
-//! Mutations seen failing: a standby lane that returns after its first held-lease report
-//! instead of retrying (`host/lane.rs`): no takeover, the suite exits 1. `plane/pump.rs` put
+//! The lease's own facts, read by the suite from a broker watch of every write to the key, are
+//! checked too (`assert_lease_facts`): how each row ended (the release's delete after a stop,
+//! the broker's expiry marker after a kill), one create after each end by the standby and no
+//! other write, and the standby's first answer never before the row's end.
+//!
+//! Mutations seen failing: the lease bucket provisioned without expiry markers (the two fields
+//! dropped in `provision/streams.rs`): the kill and return rows end with no write, the suite
+//! says "the holder's row never ended" and exits 1. A standby lane that returns after its
+//! first held-lease report instead of retrying (`host/lane.rs`): no takeover, the suite exits 1. `plane/pump.rs` put
 //! back as it was before the pull loops waited for the gate (an unadmitted message left
 //! pending), with the marker then sent right after the signal: the return case's first post
 //! came after 18.5 s, against 8 s allowed. Since the marker is sent once the holder left the
@@ -79,5 +86,6 @@ fn one_round_of_each_case_takes_over_within_the_bound_and_loses_nothing() {
         assert!(post <= bound + 3_000, "{c}\n{rounds}");
         let takeover = c["takeover_ms"]["max"].as_u64().expect("takeover_ms");
         assert_eq!(takeover, rail.max(post), "{c}\n{rounds}");
+        crate::assert_lease_facts(c, &rounds, 3_000);
     }
 }

@@ -84,5 +84,6 @@ fn cluster_round_takes_over_or_rides_the_failover_and_loses_nothing() {
             assert!(rail <= n("bound_ms") + 3_000, "{c}\n{rounds}");
             assert!(post <= n("bound_ms") + 3_000, "{c}\n{rounds}");
         }
+        crate::assert_lease_facts(c, &rounds, 3_000);
     }
 }

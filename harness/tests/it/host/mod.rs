@@ -6,13 +6,15 @@
 mod lanes;
 mod service;
 mod signals;
+mod standby;
 mod status;
 
 use std::path::Path;
 use std::time::Duration;
 
 use crate::support::host::{
-    drain, foreign_row, holder_of, lane_lines, lease_history, wait_row, BOUND, RETRY_MS,
+    drain, foreign_row, holder_of, lane_lines, lane_lines_without_wakes, lease_history, wait_row,
+    BOUND, RETRY_MS,
 };
 use async_nats::jetstream::kv::Operation;
 use cotal_delivery::provision::Workspace;
@@ -382,7 +384,7 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
     assert_eq!(deletes_after, 1, "only B's own release deletes: {writes:?}");
     // The attempt that met A's row after A's death (when there was one) is judged above; the
     // snapshot is the rest, the same either way.
-    let mut b_lines = lane_lines(&b, "alpha");
+    let mut b_lines = lane_lines_without_wakes(&b, "alpha");
     if let Some(at) = b_lines
         .iter()
         .position(|l| l.contains("standing by — the lease row is held by"))

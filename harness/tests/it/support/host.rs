@@ -42,6 +42,21 @@ pub fn lane_lines(d: &Daemon, space: &str) -> Vec<String> {
         .collect()
 }
 
+/// [`lane_lines`] without a standby's wake line (`• delivery host: the lease row … claiming the
+/// lease now`). With a short retry the row may go while the lane waits (its watch wakes it and
+/// says so) or while an attempt is under way (that attempt's own claim takes it, and nothing
+/// wakes): a test about something else snapshots only the lines that do not hang on that
+/// timing. `host::standby` proves the wake line itself, its retry a minute away.
+pub fn lane_lines_without_wakes(d: &Daemon, space: &str) -> Vec<String> {
+    lane_lines(d, space)
+        .into_iter()
+        .filter(|l| {
+            !(l.starts_with("• delivery host: the lease row ")
+                && l.ends_with("claiming the lease now"))
+        })
+        .collect()
+}
+
 /// How many of the lane's lines contain `needle`.
 pub fn count_lines(d: &Daemon, space: &str, needle: &str) -> usize {
     lane_lines(d, space)
@@ -197,5 +212,38 @@ pub async fn quiet_lane_then_stop(
     assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
     for ins in inspectors {
         assert!(ins.lease().await.expect("read").is_none(), "released");
+    }
+}
+
+/// How many consumers named `<prefix>…` on the lease stream the broker knows a subscription of
+/// (`push_bound`): a standby's lease watch is `standbywatch_<id>`, a daemon's `leasewatch_<inc>`.
+pub async fn bound_watches(insp: &Inspector, prefix: &str) -> usize {
+    let lease_stream = cotal_delivery::wire::SpaceNames::kv_stream(&insp.names.delivery_bucket());
+    let Ok(stream) = insp.js.get_stream(&lease_stream).await else {
+        return 0;
+    };
+    let mut infos = stream.consumers();
+    let mut n = 0;
+    while let Some(Ok(info)) = infos.next().await {
+        if info.name.starts_with(prefix) && info.push_bound {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Waits (bounded) until exactly `n` standby watches are bound on the broker.
+pub async fn wait_standby_watches(insp: &Inspector, n: usize) {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let have = bound_watches(insp, "standbywatch_").await;
+        if have == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{have} standby watches bound on the broker, wanted {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -1,0 +1,301 @@
+//! What the lease did in each case of `smoke delivery-standby`, read from a broker watch of
+//! every write to the lease key (`delivery_harness::lease_log`, the suite's own connection): when
+//! the holder's row ended (its release's delete, or the broker's expiry marker), as the broker
+//! stamped it; how long after that the standby answered and delivered; and whether exactly one
+//! create followed, by the expected host, with nobody else writing the key until the next case.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use cotal_delivery::kv::RowOp;
+use delivery_harness::lease_log::{LeaseWrite, LogFrom};
+use delivery_harness::mesh::Inspector;
+
+/// How long the recorder waits for one write (it runs for the whole suite).
+const RECORD_WAIT: Duration = Duration::from_secs(3600);
+
+/// Records every write to the lease key from its start until it is dropped.
+pub struct Recorder {
+    writes: Arc<Mutex<Vec<LeaseWrite>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    pub async fn start(insp: &Inspector) -> Result<Recorder, String> {
+        let mut log = insp
+            .lease_log(LogFrom::Last)
+            .await
+            .map_err(|e| e.to_string())?;
+        let writes: Arc<Mutex<Vec<LeaseWrite>>> = Arc::default();
+        let into = writes.clone();
+        let task = tokio::spawn(async move {
+            // An error ends the record; the gap check then reports the writes it missed.
+            while let Ok(next) = log.next(RECORD_WAIT).await {
+                if let (Some(w), Ok(mut v)) = (next, into.lock()) {
+                    v.push(w);
+                }
+            }
+        });
+        Ok(Recorder { writes, task })
+    }
+
+    /// The writes recorded so far, in the broker's order.
+    pub fn writes(&self) -> Vec<LeaseWrite> {
+        self.writes.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One case of one round as the suite ran it, in wall-clock time (the broker's stamps share the
+/// machine's clock, on one broker and on the loopback cluster).
+pub struct Run {
+    /// The holder's SIGKILL or SIGTERM (or its node's).
+    pub t0: SystemTime,
+    pub answered: SystemTime,
+    pub delivered: SystemTime,
+    /// The holder at `t0`: the only writer of the key before its row ends.
+    pub holder: String,
+    /// The host that must create the row after it ended; `None`: any (the node case, where the
+    /// old holder's lane may re-create its own expired row).
+    pub winner: Option<String>,
+}
+
+/// A run's moments as the suite took them (monotonic), with the wall-clock time of its start.
+pub struct Times {
+    t0: Instant,
+    t0_wall: SystemTime,
+    answered: Instant,
+    delivered: Instant,
+}
+
+impl Times {
+    pub fn new(t0: Instant, t0_wall: SystemTime, answered: Instant, delivered: Instant) -> Times {
+        Times {
+            t0,
+            t0_wall,
+            answered,
+            delivered,
+        }
+    }
+
+    /// The run on the wall clock, for the holder at `t0` and the expected winner.
+    pub fn run(&self, holder: String, winner: Option<String>) -> Run {
+        let wall = |t: Instant| self.t0_wall + t.duration_since(self.t0);
+        Run {
+            t0: self.t0_wall,
+            answered: wall(self.answered),
+            delivered: wall(self.delivered),
+            holder,
+            winner,
+        }
+    }
+}
+
+/// What the broker's log says about one run.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    /// How the holder's row ended: `Deleted` (its release) or `Expired` (the broker's marker).
+    pub gone_by: RowOp,
+    /// From the holder's end to the row's end.
+    pub row_gone_ms: i64,
+    /// From the row's nominal expiry (its last write's stamp + TTL) to the marker: the broker's
+    /// own granularity. For an expiry only.
+    pub expiry_lag_ms: Option<i64>,
+    pub answer_after_gone_ms: i64,
+    pub post_after_gone_ms: i64,
+}
+
+/// `later - earlier` in milliseconds, negative when `later` is earlier.
+pub fn ms_between(later: SystemTime, earlier: SystemTime) -> i64 {
+    match later.duration_since(earlier) {
+        Ok(d) => d.as_millis() as i64,
+        Err(e) => -(e.duration().as_millis() as i64),
+    }
+}
+
+/// The run's facts from the writes stamped between its `t0` and `until` (the next run's `t0`,
+/// or the end). `Ok(None)`: no row ended in the window (a lane that rode its node's failover).
+/// `Err`: the window breaks the lease's rules (more than one end, a create by another host, a
+/// write by anyone but the one winner after it) or the log missed writes in it.
+pub fn facts(
+    writes: &[LeaseWrite],
+    run: &Run,
+    until: Option<SystemTime>,
+    ttl: Duration,
+) -> Result<Option<Facts>, String> {
+    let window: Vec<&LeaseWrite> = writes
+        .iter()
+        .filter(|w| w.stamped >= run.t0 && until.is_none_or(|u| w.stamped < u))
+        .collect();
+    for pair in window.windows(2) {
+        if pair[1].revision != pair[0].revision + 1 {
+            return Err(format!(
+                "the broker watch of the key missed writes (revision {} then {})",
+                pair[0].revision, pair[1].revision
+            ));
+        }
+    }
+    let ends: Vec<usize> = (0..window.len())
+        .filter(|&i| !window[i].op.is_row())
+        .collect();
+    let at = match ends.as_slice() {
+        [] => return Ok(None),
+        [at] => *at,
+        _ => {
+            return Err(format!(
+                "the row ended {} times between two cases: {:?}",
+                ends.len(),
+                window
+            ))
+        }
+    };
+    if let Some(other) = window[..at].iter().find(|w| !w.is_row_of(&run.holder)) {
+        return Err(format!(
+            "a write before the row ended that is not the holder's: {other:?}"
+        ));
+    }
+    let gone = window[at];
+    let after = &window[at + 1..];
+    let Some(create) = after.first() else {
+        return Err(format!(
+            "no create after the row ended at revision {}",
+            gone.revision
+        ));
+    };
+    let winner = create.info.as_ref().map(|i| (&i.holder, &i.incarnation));
+    if let (Some(want), Some((holder, _))) = (&run.winner, winner) {
+        if want != holder {
+            return Err(format!(
+                "the row was created by {holder}, not by the standby {want}"
+            ));
+        }
+    }
+    if winner.is_none() || create.revision != gone.revision + 1 {
+        return Err(format!(
+            "the write after the row's end is not one create over it: {create:?}"
+        ));
+    }
+    if let Some(other) = after
+        .iter()
+        .find(|w| w.info.as_ref().map(|i| (&i.holder, &i.incarnation)) != winner)
+    {
+        return Err(format!(
+            "a write after the one create that is not the winner's: {other:?}"
+        ));
+    }
+    let expiry_lag_ms = match gone.op {
+        RowOp::Expired => window[..at]
+            .iter()
+            .rev()
+            .copied()
+            .chain(writes.iter().rev().filter(|w| w.stamped < run.t0))
+            .find(|w| w.op.is_row())
+            .map(|last| ms_between(gone.stamped, last.stamped + ttl)),
+        _ => None,
+    };
+    Ok(Some(Facts {
+        gone_by: gone.op,
+        row_gone_ms: ms_between(gone.stamped, run.t0),
+        expiry_lag_ms,
+        answer_after_gone_ms: ms_between(run.answered, gone.stamped),
+        post_after_gone_ms: ms_between(run.delivered, gone.stamped),
+    }))
+}
+
+/// (min, median, max) of `v`, `None` when it is empty.
+fn stats(v: impl Iterator<Item = i64>) -> Option<(i64, i64, i64)> {
+    let mut v: Vec<i64> = v.collect();
+    v.sort_unstable();
+    Some((*v.first()?, v[v.len() / 2], *v.last()?))
+}
+
+fn stats_json(s: Option<(i64, i64, i64)>) -> serde_json::Value {
+    match s {
+        Some((min, median, max)) => serde_json::json!({"min": min, "median": median, "max": max}),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// One case's facts over its rounds.
+pub struct Summary<'a> {
+    pub case: &'a str,
+    pub facts: &'a [Facts],
+    /// The case's slowest first answer, from the holder's end.
+    pub rail_max_ms: u128,
+    /// Rounds whose log broke a rule (reported on stderr, and the suite fails).
+    pub faults: usize,
+    pub target: Duration,
+}
+
+impl Summary<'_> {
+    fn gone_by(&self, op: RowOp) -> usize {
+        self.facts.iter().filter(|f| f.gone_by == op).count()
+    }
+
+    /// Whether the first answer met the target: a graceful stop counted from the holder's
+    /// SIGTERM, any other case from the row's end. `None` without a row's end (a node case
+    /// whose lane rode every failover).
+    pub fn within_target(&self) -> Option<bool> {
+        let target = self.target.as_millis();
+        if self.case == "stop" {
+            return Some(self.rail_max_ms <= target);
+        }
+        stats(self.facts.iter().map(|f| f.answer_after_gone_ms))
+            .map(|(_, _, max)| max <= target as i64)
+    }
+
+    /// The case's lease fields of `--json`.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "row_gone_ms": stats_json(stats(self.facts.iter().map(|f| f.row_gone_ms))),
+            "gone_by": {"delete": self.gone_by(RowOp::Deleted), "expiry": self.gone_by(RowOp::Expired), "purge": self.gone_by(RowOp::Purged)},
+            "expiry_lag_ms": stats_json(stats(self.facts.iter().filter_map(|f| f.expiry_lag_ms))),
+            "answer_after_gone_ms": stats_json(stats(self.facts.iter().map(|f| f.answer_after_gone_ms))),
+            "post_after_gone_ms": stats_json(stats(self.facts.iter().map(|f| f.post_after_gone_ms))),
+            "answer_target_ms": self.target.as_millis(),
+            "answer_within_target": self.within_target(),
+            "single_winner": self.faults == 0,
+        })
+    }
+
+    /// The case's lease line of the table.
+    pub fn line(&self) -> String {
+        let mmm = |s: Option<(i64, i64, i64)>| match s {
+            Some((a, b, c)) => format!("{a}/{b}/{c} ms"),
+            None => "-".into(),
+        };
+        let target = match self.within_target() {
+            Some(true) => "within",
+            Some(false) => "beyond",
+            None => "not measured against",
+        };
+        let from = if self.case == "stop" {
+            "the SIGTERM"
+        } else {
+            "the row's end"
+        };
+        let lag = match stats(self.facts.iter().filter_map(|f| f.expiry_lag_ms)) {
+            Some(s) => format!(", the expiry {} after its nominal time", mmm(Some(s))),
+            None => String::new(),
+        };
+        format!(
+            "        the row ended {} after the holder's end ({} by its delete, {} by the broker's expiry marker{lag}); after the row's end, first ctl.delivery answer {} and first delivered post {}; first answer {target} the {} ms target (from {from}); {}",
+            mmm(stats(self.facts.iter().map(|f| f.row_gone_ms))),
+            self.gone_by(RowOp::Deleted),
+            self.gone_by(RowOp::Expired),
+            mmm(stats(self.facts.iter().map(|f| f.answer_after_gone_ms))),
+            mmm(stats(self.facts.iter().map(|f| f.post_after_gone_ms))),
+            self.target.as_millis(),
+            if self.faults == 0 {
+                "one create after each end, by the standby, and no other write (broker log)"
+            } else {
+                "THE LEASE BROKE A RULE (see above)"
+            }
+        )
+    }
+}
