@@ -369,6 +369,8 @@ pub struct ConnRow {
     pub server_id: String,
     pub principal: Option<Principal>,
     pub user_nkey: Option<String>,
+    /// The name the client gave its connection (`None` when it gave none).
+    pub name: Option<String>,
 }
 
 /// What a sweep saw, and how complete it was.
@@ -508,6 +510,7 @@ pub async fn sweep(observer: &async_nats::Client, account: &str, limits: &SweepL
                     server_id: server_id.to_string(),
                     principal: attribute(c),
                     user_nkey: c["authorized_user"].as_str().map(str::to_string),
+                    name: c["name"].as_str().map(str::to_string),
                 });
             }
             answered.insert(server_id.to_string(), (offset, conns.len() as u64, total));

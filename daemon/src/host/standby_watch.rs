@@ -30,8 +30,9 @@ use crate::wire::{Space, SpaceNames, LEASE_KEY};
 const NEWS_KEPT: usize = 8;
 /// Bound on the delete of the watch consumer and on the drain of its connection at retirement.
 const RETIRE_BOUND: Duration = Duration::from_secs(2);
-/// The connection name the broker's `/connz` shows for a standby's watch.
-pub const STANDBY_WATCH_CONNECTION: &str = "cotal:delivery-standby-watch";
+/// The connection name the broker's `/connz` shows for a standby's watch (never counted as its
+/// credential's holder running).
+pub use crate::space::STANDBY_WATCH_CONNECTION;
 
 /// What the watch needs to dial and bind.
 #[derive(Clone)]

@@ -25,6 +25,12 @@ pub const NOT_RUNNING_HOLDER: &str = "belongs to a holder that is not running";
 /// nor of a `--spaces` lane, which writes none).
 pub const NOT_RUNNING_PROOF: &str = "no connection of its credential is on the broker";
 
+/// The connection name of a standby lane's lease watch (`host/standby_watch.rs`). It presents
+/// the lane's own credential but serves nothing, so it never proves a holder running: a host
+/// standing by for the row its own closed lane left behind would otherwise read that row's
+/// holder as live on every retry.
+pub const STANDBY_WATCH_CONNECTION: &str = "cotal:delivery-standby-watch";
+
 /// The live lease row and how long until the bucket's TTL expires it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeldRow {
@@ -66,7 +72,8 @@ pub enum HolderState {
 
 /// Judges `holder` (`local.<user nkey>`) by one CONNZ sweep of the account through the `$SYS`
 /// observer. `except` is a connection not to count (`(server id, cid)`): the caller's own,
-/// which presents the same credential.
+/// which presents the same credential. A standby's lease watch is never counted either
+/// ([`STANDBY_WATCH_CONNECTION`]).
 pub async fn holder_state(
     authority: &SysAuthority,
     holder: &str,
@@ -85,6 +92,7 @@ pub async fn holder_state(
         let its = r.user_nkey.as_deref() == Some(nkey)
             || r.principal.as_ref().map(|p| p.dot_form()).as_deref() == Some(holder);
         its && except != Some((r.server_id.as_str(), r.cid))
+            && r.name.as_deref() != Some(STANDBY_WATCH_CONNECTION)
     });
     if connected {
         return HolderState::Connected;

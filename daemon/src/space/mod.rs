@@ -29,6 +29,7 @@ pub use feed::{
 };
 pub(crate) use health::HARD_EXIT_GRACE;
 pub use health::{HealthConfig, Verdict};
+pub use holder::STANDBY_WATCH_CONNECTION;
 pub(crate) use holder::{
     held_row, holder_state, lease_ttl, HeldRow, HolderState, NOT_RUNNING_HOLDER, NOT_RUNNING_PROOF,
 };

@@ -143,6 +143,7 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
         server_id,
         principal: Some(Principal::parse("local.bob").unwrap()),
         user_nkey: bob_conn.raw["authorized_user"].as_str().map(str::to_string),
+        name: None,
     };
     let kicker = HostKicker::new(
         mesh.root().to_path_buf(),

@@ -286,7 +286,10 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
 /// Mutations seen failing: a closed lane not reopened (`return` after the close line in
 /// `host/lane.rs`: no refused reopen while the broker is gone); the own-row branch of `report`
 /// removed (the line is the foreign-holder standby line: the own-row wait fails);
-/// `next_backoff` without the doubling (a retry every 500 ms: the accepts form one round).
+/// `next_backoff` without the doubling (a retry every 500 ms: the accepts form one round); the
+/// lane's own standby watch counted as its credential's holder running (the
+/// `STANDBY_WATCH_CONNECTION` exception of `space/holder.rs` removed): the second attempt reads
+/// its own row as a live lease, and the own-row line is said twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_returns() {
     let ttl = Duration::from_secs(20);
