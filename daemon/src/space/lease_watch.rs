@@ -19,7 +19,9 @@
 //! - a connection replaced under it (a drop and redial) makes it bind a new consumer from the
 //!   key's last row, so a write made while it was down is still seen, and delete the old one;
 //! - a bind that finishes after its connection was replaced, or after a retirement was asked
-//!   for, deletes the consumer it created instead of installing it;
+//!   for, deletes the consumer it created instead of installing it (a bind whose answer was
+//!   lost deletes its name in case it landed, silently when it had not); after a replacement
+//!   it binds again at once on the new connection;
 //! - the endpoint's stop retires it the same way before the connection closes.
 
 use std::time::Duration;
@@ -125,6 +127,7 @@ impl LeaseWatch {
             installed: None,
             conn: conn.subscribe(),
             dropped: false,
+            replaced_while_binding: false,
         };
         let first = watcher.bind_consumer().await?;
         watcher.installed = Some(first);
@@ -205,6 +208,17 @@ struct Watcher {
     /// The connection dropped since the installed consumer was bound (writes made meanwhile
     /// reached no subscriber): the next `Connected` rebinds.
     dropped: bool,
+    /// The last bind's connection dropped while it was in flight (see [`Watcher::next_retry`]).
+    replaced_while_binding: bool,
+}
+
+/// What a delete answered "consumer not found" means.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Absent {
+    /// The consumer was installed: someone else removed it, a failed delete (said).
+    Failure,
+    /// Its create's answer was lost, so it may never have been created: nothing to say.
+    Expected,
 }
 
 /// What a bind was told while it was in flight.
@@ -230,15 +244,12 @@ impl Watcher {
                     match ev {
                         Ok(ConnEvent::Disconnected) | Ok(ConnEvent::Closed) => self.dropped = true,
                         Ok(ConnEvent::Connected) if self.dropped || self.installed.is_none() => {
-                            retry = None;
                             if let Some(command) = self.rebind(&mut commands).await {
                                 if self.obey(command).await {
                                     return;
                                 }
                             }
-                            if self.installed.is_none() {
-                                retry = Some(tokio::time::Instant::now() + REBIND_RETRY);
-                            }
+                            retry = self.next_retry();
                         }
                         // Missed events may have hidden a drop: bind again from the last row.
                         Err(broadcast::error::RecvError::Lagged(_)) => self.dropped = true,
@@ -255,7 +266,6 @@ impl Watcher {
                     continue;
                 }
                 _ = tokio::time::sleep_until(retry.unwrap_or_else(tokio::time::Instant::now)), if retry.is_some() => {
-                    retry = None;
                     if self.connected() {
                         if let Some(command) = self.rebind(&mut commands).await {
                             if self.obey(command).await {
@@ -263,9 +273,7 @@ impl Watcher {
                             }
                         }
                     }
-                    if self.installed.is_none() {
-                        retry = Some(tokio::time::Instant::now() + REBIND_RETRY);
-                    }
+                    retry = self.next_retry();
                     continue;
                 }
                 delivered = next_delivery(&mut self.installed) => {
@@ -298,6 +306,22 @@ impl Watcher {
                 // reconnect was not made), on the retry.
                 retry = Some(tokio::time::Instant::now() + REBIND_RETRY);
             }
+        }
+    }
+
+    /// When to bind again after a bind: at once when its connection was replaced while it was
+    /// in flight and is back already (the bind read that `Connected` itself, so no event will
+    /// ask again), after [`REBIND_RETRY`] when no consumer is installed or the installed one
+    /// predates a drop (the bind failed), else not.
+    fn next_retry(&mut self) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        let replaced = std::mem::take(&mut self.replaced_while_binding);
+        if replaced && self.connected() {
+            Some(now)
+        } else if self.installed.is_none() || self.dropped {
+            Some(now + REBIND_RETRY)
+        } else {
+            None
         }
     }
 
@@ -358,11 +382,13 @@ impl Watcher {
                     self.delete(old).await;
                 }
             }
-            // The create may have landed although its answer was lost: delete the name.
-            Err(_) => self.delete_name(&name).await,
+            // The create may have landed although its answer was lost: delete the name. If it
+            // never landed the broker has no such consumer, and there is nothing to say.
+            Err(_) => self.delete_name(&name, Absent::Expected).await,
         }
         if told.replaced {
             self.dropped = true;
+            self.replaced_while_binding = true;
         }
         told.command
     }
@@ -400,18 +426,26 @@ impl Watcher {
             mut deliveries,
         } = installed;
         let _ = tokio::time::timeout(DELETE_BOUND, deliveries.unsubscribe()).await;
-        self.delete_name(&name).await;
+        self.delete_name(&name, Absent::Failure).await;
     }
 
     /// Deletes the consumer `name`. A connection that is down cannot carry the delete: the
     /// broker reclaims the consumer after its inactivity threshold. A failed delete is said.
-    async fn delete_name(&self, name: &str) {
+    async fn delete_name(&self, name: &str, absent: Absent) {
+        use async_nats::jetstream::{stream::ConsumerErrorKind, ErrorCode};
         if !self.connected() {
             return;
         }
         let why = match tokio::time::timeout(DELETE_BOUND, self.stream.delete_consumer(name)).await
         {
             Ok(Ok(_)) => return,
+            Ok(Err(e))
+                if absent == Absent::Expected
+                    && matches!(e.kind(), ConsumerErrorKind::JetStream(js)
+                        if js.error_code() == ErrorCode::CONSUMER_NOT_FOUND) =>
+            {
+                return
+            }
             Ok(Err(e)) => crate::kv::broker_words(&e),
             Err(_) => format!("no answer within {} ms", DELETE_BOUND.as_millis()),
         };

@@ -23,6 +23,19 @@ use serde_json::json;
 /// The watch consumer's inactivity threshold (docs/operations.md).
 const FIVE_MINUTES: Duration = Duration::from_secs(5 * 60);
 const NO_DELETE_WARNING: &str = "could not delete the lease watch consumer";
+/// A bind whose answer is lost ends the daemon's JetStream request bound (5 s) after its create
+/// was sent. Bound again at once, the next consumer is created just after that; after the
+/// watch's rebind retry (5 s more, `space/lease_watch.rs`) it would be 10 s after. This bound,
+/// counted from when the create was seen held, lies between the two.
+const AT_ONCE_BEFORE: Duration = Duration::from_millis(7_500);
+
+/// The wall clock in µs since the epoch (the broker's advisories are stamped on the same clock).
+fn unix_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
 
 /// A mesh and its daemon, serving with its lease watch bound.
 async fn serving() -> (Mesh, Inspector, Daemon) {
@@ -389,5 +402,65 @@ async fn the_stop_waits_for_a_bind_in_flight_and_deletes_what_it_bound() {
     );
     assert!(watch_consumers(&insp).await.is_empty());
     assert!(insp.lease().await.expect("read").is_none(), "released");
+    assert!(!d.has_line(NO_DELETE_WARNING), "{}", d.transcript());
+}
+
+/// Replacement during binding: a cut makes the watch bind again (`leasewatch_<inc>_1`) and the
+/// proxy holds that bind's create; a second cut then replaces the connection the bind is on, so
+/// the create never reaches the broker and its answer never comes. The bind ends with its
+/// connection replaced: the watch asks the broker to delete the name in case it landed (it did
+/// not, so nothing is said), and binds again on the new connection (`leasewatch_<inc>_2`, from
+/// the key's last row), deleting `leasewatch_<inc>`, as soon as that bind ended (its 5 s
+/// request bound), not a rebind retry later. That watch is the one in use, and no warning is
+/// written. Mutations seen failing: the bind's lost answer treated like a failed delete of an
+/// installed consumer (`Absent::Failure` for it: a warning that `leasewatch_<inc>_1` could not
+/// be deleted, "consumer not found", although it never existed); `Watcher::next_retry` as it
+/// was, a bind again only when no consumer is installed (the bind read the new connection's
+/// `Connected` itself, so `_2` is never bound and `leasewatch_<inc>` stays); `next_retry`
+/// without its at-once arm (`_2` bound a rebind retry later, 9993 ms after the held create).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_whose_connection_is_replaced_binds_again_on_the_new_one() {
+    let mesh = Mesh::demo().await.expect("mesh");
+    let insp = mesh.inspector(mesh.space()).await.expect("inspector");
+    let (proxy, mut d) = start_daemon_via_proxy(&mesh).await;
+    let inc = incarnation(&insp).await;
+    let (first, held, last) = (
+        format!("leasewatch_{inc}"),
+        format!("leasewatch_{inc}_1"),
+        format!("leasewatch_{inc}_2"),
+    );
+    let advisories = Advisories::record(&insp).await;
+    let stream = SpaceNames::kv_stream(&insp.names.delivery_bucket());
+    let create = format!("$JS.API.CONSUMER.CREATE.{stream}.{held}");
+    proxy.hold_from(create.as_bytes());
+    proxy.cut_established();
+    proxy
+        .wait_held(&create, BOUND)
+        .await
+        .expect("the rebind's create is held");
+    let held_at = unix_us();
+    // The held create goes with the connection it was written on (never released: a release
+    // racing the cut could still hand it to the broker).
+    proxy.cut_established();
+    only_watch(&insp, &last).await;
+    let deleted = advisories.at("DELETED", &first).await;
+    let created = advisories.at("CREATED", &last).await;
+    println!(
+        "MEASURED {last} created {} ms after the held create, {} µs before {first} was deleted",
+        (created - held_at) / 1000,
+        deleted - created
+    );
+    assert!(created <= deleted, "{:?}", advisories.all());
+    assert!(
+        created - held_at < AT_ONCE_BEFORE.as_micros() as i64,
+        "bound again at once once its bind ended: {} ms after the held create",
+        (created - held_at) / 1000
+    );
+    assert!(
+        advisories.find("CREATED", &held).is_none(),
+        "{:?}",
+        advisories.all()
+    );
+    the_watch_still_sees_the_key(&insp, &mut d).await;
     assert!(!d.has_line(NO_DELETE_WARNING), "{}", d.transcript());
 }
