@@ -104,10 +104,19 @@ impl Exit {
     }
 }
 
+/// `--version`: the package version and the build id of the sources (`cotal-delivery build-id`),
+/// the pair a run's first log line names too.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (build ",
+    env!("COTAL_DELIVERY_BUILD_ID"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "cotal-delivery",
-    version,
+    version = VERSION,
     about = "The Cotal delivery daemon (Plane-3): the durable backstop of an agent mesh on NATS JetStream",
     long_about = "The Cotal delivery daemon (Plane-3): the durable backstop of an agent mesh on NATS JetStream.\n\nOne daemon serves a space, guarded by a single-flight lease in the broker. Exit codes are listed in docs/operations.md."
 )]
@@ -163,20 +172,24 @@ const UP_HELP: &str = "Environment:
   NATS_SERVER_BIN                nats-server binary (when --nats-server is not given)
 Files under <root>/.cotal/: nats.pid, nats.log, mesh.json, delivery.<key>.{pid,log,launched,down,stopping}.
 Exit codes: 0 stopped cleanly (or launched, with --detach); 1 the daemon did not serve, the broker
-exited under up, or start-up failed; 3 bad flags.";
+exited under up, or start-up failed; 2 bad flags, or a flag that only the up starting a mesh
+uses (--port, --demo, --once, --lease-ttl-secs, --tls-cert, --nats-server; --metrics-addr while
+the daemon serves) given on a root whose mesh already runs; 3 a malformed --space.";
 
 const DOWN_HELP: &str = "Environment:
   COTAL_DELIVERY_STOP_GRACE_MS   SIGTERM grace before SIGKILL [15000]
 Exit codes: 0 stopped (or nothing was running); 1 another stop holds the reservation, or the
-daemon outlived SIGKILL (its credential is kept); 3 bad flags or no workspace root.";
+daemon outlived SIGKILL (its credential is kept); 2 bad flags; 3 a malformed --space or no
+workspace root.";
 
 const STATUS_HELP: &str =
     "Exit codes: 0 healthy (broker reachable, lease ready, pid record alive, credential valid,
-ctl.delivery answers); 1 not healthy (the report says which check failed); 3 bad flags or no
-workspace root.
+ctl.delivery answers); 1 not healthy (the report says which check failed); 2 bad flags; 3 a
+malformed --space or no workspace root.
 With --spaces: 0 the host's record names a live host; 1 it does not (no record, stale or
-foreign, unreadable); 3 no workspace root, or the manifest is missing or malformed. See
-docs/host.md for the --json shape.";
+foreign, unreadable); 2 bad flags; 3 no workspace root, or the manifest is missing or malformed.
+With --json every outcome is one JSON object on stdout, a failure included ({\"error\": {\"kind\",
+\"detail\"}, \"exitCode\"}). See docs/host.md for the --json shape.";
 
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
@@ -206,8 +219,8 @@ pub struct UpArgs {
     #[arg(long, value_name = "PATH")]
     pub nats_server: Option<PathBuf>,
     /// After the daemon serves, show a durable post reaching an agent that was offline when it
-    /// was posted.
-    #[arg(long)]
+    /// was posted (a foreground up that starts the mesh; refused with --detach).
+    #[arg(long, conflicts_with = "detach")]
     pub demo: bool,
     /// Stop once the mesh is serving (and the demo ran) instead of waiting for Ctrl-C.
     #[arg(long, conflicts_with = "detach")]
@@ -221,6 +234,10 @@ pub struct UpArgs {
     /// adopt them (reloadCreds).
     #[arg(long, value_name = "SECS")]
     pub creds_lifetime_secs: Option<u64>,
+    /// Start the daemon with `deliver --metrics-addr ADDR` (Prometheus metrics at
+    /// http://ADDR/metrics), at start-up, on every restart and on a bare up's relaunch.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
 }
 
 const REMINT_HELP: &str =
@@ -275,9 +292,10 @@ pub struct RemintArgs {
 
 const INSPECT_HELP: &str =
     "Exit codes: 0 the report was printed; 1 the member or channel is unknown to the
-broker; 3 a malformed space, member or channel, no workspace root, or no inspection credential;
-4 the broker could not be reached, refused the credential, or refused a read. Every failure is
-one line on stderr; nothing is written anywhere.";
+broker; 2 bad flags; 3 a malformed space, member or channel, no workspace root, or no inspection
+credential; 4 the broker could not be reached, refused the credential, or refused a read. Every
+failure is one line on stderr (with --json also one JSON object on stdout: {\"error\": {\"kind\",
+\"detail\"}, \"exitCode\"}); nothing is written anywhere.";
 
 /// Where `pending` and `members` look.
 #[derive(Debug, clap::Args)]
@@ -421,12 +439,76 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
+/// Parses `args` (the process's own, program name first) and runs the command; returns the exit
+/// code. A command line that does not parse exits with clap's usage code (2) after clap's own
+/// message on stderr; one that asked for `--json` also gets one JSON object on stdout.
+pub fn main_with(args: Vec<std::ffi::OsString>) -> i32 {
+    use clap::error::ErrorKind;
+    use clap::{CommandFactory, FromArgMatches};
+    let json = args.iter().skip(1).any(|a| a == "--json");
+    let parsed = Cli::command()
+        .try_get_matches_from(args)
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+    match parsed {
+        Ok((
+            Cli {
+                command: Command::Up(args),
+            },
+            m,
+        )) => {
+            let typed = m
+                .subcommand_matches("up")
+                .map(typed_flags)
+                .unwrap_or_default();
+            run_up(args, typed)
+        }
+        Ok((cli, _)) => run(cli),
+        Err(e) => {
+            let code = e.exit_code();
+            let asked = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+                || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
+            if json && !asked {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                let detail = first.strip_prefix("error: ").unwrap_or(first);
+                println!("{}", json_failure("usage", detail, code, None));
+            }
+            let _ = e.print();
+            code
+        }
+    }
+}
+
+/// The flags of `matches` typed on the command line (not defaulted), by their long names.
+fn typed_flags(matches: &clap::ArgMatches) -> Vec<String> {
+    matches
+        .ids()
+        .filter(|id| {
+            matches.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+        })
+        .map(|id| format!("--{}", id.as_str().replace('_', "-")))
+        .collect()
+}
+
+/// The one JSON object a `--json` command prints when it fails before (or instead of) its
+/// report: `{"error": {"kind", "detail"}, "exitCode"}`, with `space` when it was read.
+fn json_failure(kind: &str, detail: &str, code: i32, space: Option<&str>) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "error": {"kind": kind, "detail": detail},
+        "exitCode": code,
+    });
+    if let Some(s) = space {
+        v["space"] = s.into();
+    }
+    v
+}
+
 /// Runs a parsed command; returns the process exit code.
 pub fn run(cli: Cli) -> i32 {
     match cli.command {
         Command::Deliver(args) => run_deliver(args),
         Command::Status(args) => run_status(args),
-        Command::Up(args) => run_up(args),
+        Command::Up(args) => run_up(args, Vec::new()),
         Command::Down(args) => run_down(args),
         Command::Remint(args) => run_remint(args),
         Command::BuildId => {
@@ -448,7 +530,7 @@ enum Query {
 /// `INSPECT_HELP`. Read-only: nothing is written.
 fn run_inspect(at: &InspectArgs, query: Query) -> i32 {
     use crate::inspect::{members, parse_channel, parse_member, pending, InspectErrorKind};
-    let (space, root) = match space_and_root("inspect", &at.space, at.root.as_deref()) {
+    let (space, root) = match space_and_root("inspect", &at.space, at.root.as_deref(), at.json) {
         Ok(v) => v,
         Err(code) => return code,
     };
@@ -494,12 +576,17 @@ fn run_inspect(at: &InspectArgs, query: Query) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("✗ inspect: {e}");
-            match e.kind() {
-                InspectErrorKind::Unknown => 1,
-                InspectErrorKind::Input => Exit::Config.code(),
-                InspectErrorKind::Broker => Exit::Unreachable.code(),
+            let (kind, code) = match e.kind() {
+                InspectErrorKind::Unknown => ("unknown", 1),
+                InspectErrorKind::Input => ("input", Exit::Config.code()),
+                InspectErrorKind::Broker => ("broker", Exit::Unreachable.code()),
+            };
+            if json {
+                let detail = e.to_string();
+                println!("{}", json_failure(kind, &detail, code, Some(&at.space)));
             }
+            eprintln!("✗ inspect: {e}");
+            code
         }
     }
 }
@@ -671,21 +758,26 @@ fn registry_dial(
     Ok(dial)
 }
 
-/// A space and workspace root from flags, or the exit code of the refusal.
+/// A space and workspace root from flags, or the exit code of the refusal (its line on stderr;
+/// with `json` also its JSON object on stdout).
 fn space_and_root(
     who: &str,
     space: &str,
     root: Option<&std::path::Path>,
+    json: bool,
 ) -> Result<(Space, PathBuf), i32> {
-    let space = Space::parse(space).map_err(|e| {
-        eprintln!("✗ {who}: --space: {e}");
-        Exit::Config.code()
-    })?;
-    let root = files::resolve_root(root, &current_dir()).map_err(|e| {
-        eprintln!("✗ {who}: {e}");
-        Exit::Config.code()
-    })?;
-    Ok((space, root))
+    let refuse = |kind: &str, detail: String| {
+        let code = Exit::Config.code();
+        if json {
+            println!("{}", json_failure(kind, &detail, code, Some(space)));
+        }
+        eprintln!("✗ {who}: {detail}");
+        code
+    };
+    let parsed = Space::parse(space).map_err(|e| refuse("space", format!("--space: {e}")))?;
+    let root =
+        files::resolve_root(root, &current_dir()).map_err(|e| refuse("root", e.to_string()))?;
+    Ok((parsed, root))
 }
 
 fn run_status(args: StatusArgs) -> i32 {
@@ -693,7 +785,7 @@ fn run_status(args: StatusArgs) -> i32 {
         return run_host_status(args.root, args.json);
     }
     let space = args.space.as_deref().unwrap_or_default();
-    let (space, root) = match space_and_root("status", space, args.root.as_deref()) {
+    let (space, root) = match space_and_root("status", space, args.root.as_deref(), args.json) {
         Ok(v) => v,
         Err(code) => return code,
     };
@@ -717,7 +809,7 @@ fn run_status(args: StatusArgs) -> i32 {
 }
 
 fn run_down(args: DownArgs) -> i32 {
-    let (space, root) = match space_and_root("down", &args.space, args.root.as_deref()) {
+    let (space, root) = match space_and_root("down", &args.space, args.root.as_deref(), false) {
         Ok(v) => v,
         Err(code) => return code,
     };
@@ -832,16 +924,34 @@ fn run_host_status(root: Option<PathBuf>, as_json: bool) -> i32 {
             }
         }
         Err(e) => {
+            let code = Exit::Config.code();
             if as_json {
-                println!("{}", e.to_json());
+                let mut v = e.to_json();
+                v["exitCode"] = code.into();
+                println!("{v}");
             }
             eprintln!("✗ status: {e}");
-            Exit::Config.code()
+            code
         }
     }
 }
 
-fn run_up(args: UpArgs) -> i32 {
+/// `up`'s flags that only the `up` which starts the mesh uses: typed on a root whose mesh already
+/// runs they would do nothing, so `up` refuses them there (`--port` only when it names another
+/// port than the running broker's, `--metrics-addr` only when the daemon already serves).
+const START_ONLY: &[&str] = &[
+    "--port",
+    "--demo",
+    "--once",
+    "--lease-ttl-secs",
+    "--tls-cert",
+    "--tls-key",
+    "--nats-server",
+];
+
+/// `up`; `typed` are the flags given on the command line (to refuse those a running mesh
+/// ignores).
+fn run_up(args: UpArgs, typed: Vec<String>) -> i32 {
     let space = match Space::parse(&args.space) {
         Ok(s) => s,
         Err(e) => {
@@ -872,6 +982,11 @@ fn run_up(args: UpArgs) -> i32 {
             .map(|s| std::time::Duration::from_secs(s.max(1))),
         stop_grace: tuning.stop_grace,
         serving_bound: tuning.serving_bound,
+        metrics_addr: args.metrics_addr,
+        start_only: typed
+            .into_iter()
+            .filter(|f| START_ONLY.contains(&f.as_str()))
+            .collect(),
     };
     let runtime = match runtime("up") {
         Ok(rt) => rt,
@@ -889,7 +1004,10 @@ fn run_up(args: UpArgs) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("{e}");
-            1
+            match e.kind() {
+                crate::supervise::UpErrorKind::Usage => Exit::Usage.code(),
+                _ => 1,
+            }
         }
     }
 }

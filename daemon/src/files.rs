@@ -317,8 +317,9 @@ pub fn resolve_dial(
         return Err(FilesError::new(
             FilesErrorKind::RegistryRootMismatch,
             format!(
-                "delivery: space \"{space}\" is registered for root {} but this daemon serves root {} - the recorded broker belongs to another workspace; run the daemon from that root, or re-register with `cotal meshes add`",
+                "delivery: space \"{space}\" is registered for root {} but this daemon serves root {} - the recorded broker belongs to another workspace; run the daemon from that root, or re-register the space from this one with `cotal-delivery up --space {space} --root {}`",
                 rec.root.display(),
+                root.display(),
                 root.display()
             ),
         ));

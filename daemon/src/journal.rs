@@ -420,9 +420,9 @@ mod tests {
         let path = dir.path().join("d.log");
         let j = Journal::stderr_only();
         j.attach_file(File::create(&path).unwrap());
-        j.line("✓ delivery daemon up (space demo) — stop with: cotal down");
+        j.line("✓ delivery daemon up (space demo) — stop with: cotal-delivery down --space demo --root /srv/mesh");
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.ends_with(" ✓ delivery daemon up (space demo) — stop with: cotal down\n"));
+        assert!(text.ends_with(" ✓ delivery daemon up (space demo) — stop with: cotal-delivery down --space demo --root /srv/mesh\n"));
     }
 
     /// Mutation seen failing: `line` writing through while held (the discarded line appears).

@@ -1,7 +1,5 @@
 //! `cotal-delivery`: parses arguments and calls the library. Nothing else lives here.
 
-use clap::Parser;
-
 fn main() {
     // Structured diagnostics beside the human lines, only when asked for (`RUST_LOG`): the human
     // lines are the interface and stay unmixed by default.
@@ -12,6 +10,7 @@ fn main() {
             .with_ansi(false)
             .init();
     }
-    let cli = cotal_delivery::cli::Cli::parse();
-    std::process::exit(cotal_delivery::cli::run(cli));
+    std::process::exit(cotal_delivery::cli::main_with(
+        std::env::args_os().collect(),
+    ));
 }

@@ -24,10 +24,24 @@ enum Command {
         /// Scenario files to run, in order.
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
-        /// The daemon binary to qualify (default: the workspace's own build).
+        /// The daemon binary to qualify (default: the workspace's own build). A relative path
+        /// is taken from the working directory `harness` runs in (the scenarios run the daemon
+        /// in their own roots); a bare name with no such file there is looked up on PATH.
         #[arg(long, value_name = "PATH")]
         daemon: Option<PathBuf>,
     },
+}
+
+/// `--daemon` as the caller meant it: the scenarios spawn the daemon with their own roots as its
+/// working directory, so a relative path typed in a shell is made absolute against the caller's
+/// (`target/release/cotal-delivery`); a bare name that is no file here stays a PATH lookup.
+fn from_caller(path: PathBuf, cwd: &std::path::Path) -> PathBuf {
+    let bare = path.components().count() == 1 && !cwd.join(&path).exists();
+    if path.is_absolute() || bare {
+        path
+    } else {
+        cwd.join(path)
+    }
 }
 
 fn main() {
@@ -43,7 +57,10 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let options = RunOptions { daemon_bin: daemon };
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let options = RunOptions {
+        daemon_bin: daemon.map(|d| from_caller(d, &cwd)),
+    };
     let mut failed = 0usize;
     let total = files.len();
     for (i, file) in files.iter().enumerate() {

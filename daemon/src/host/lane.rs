@@ -463,6 +463,11 @@ fn config(
     let store: Arc<dyn SecretStore> = Arc::new(FsStore::new(inputs.root.clone()));
     let mut cfg = SpaceConfig::new(space.clone(), inputs.server.clone(), credential, store);
     cfg.sweeps_bound_to = format!("{}/{}", inputs.root.display(), files::COTAL_DIR);
+    // A lane writes no pid record: it stops with its host.
+    cfg.stop_with = format!(
+        "SIGTERM to the delivery host (pid {}), which stops every lane",
+        std::process::id()
+    );
     cfg.tls = inputs.tls;
     cfg.tls_ca = inputs.tls_ca.clone();
     cfg.tuning = inputs.tuning.clone();

@@ -289,6 +289,14 @@ async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
     );
     space_cfg.sys_store = source.sys_store;
     space_cfg.sweeps_bound_to = source.sweeps_bound_to;
+    if let Some(root) = &source.root {
+        // The pid record this daemon writes is what `down` signals.
+        space_cfg.stop_with = format!(
+            "cotal-delivery down --space {} --root {}",
+            cfg.space,
+            root.display()
+        );
+    }
     space_cfg.tls = cfg.tls;
     space_cfg.tls_ca = cfg.tls_ca.clone();
     space_cfg.tuning = cfg.tuning.clone();

@@ -245,6 +245,7 @@ pub async fn start_delivery_service(
         inputs.store.clone(),
     );
     cfg.sweeps_bound_to = declared.to_string();
+    cfg.stop_with = "the embedder's DeliveryService::close()".to_string();
     cfg.tls = inputs.tls;
     cfg.tls_ca = inputs.tls_ca.clone();
     cfg.redial_wait = Duration::from_millis(inputs.tuning.health.window_ms());

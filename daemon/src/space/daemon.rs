@@ -127,6 +127,9 @@ pub struct SpaceConfig {
     pub sys_store: Arc<dyn SecretStore>,
     /// What the admission line names as the place the `$SYS` sweeps are bound to.
     pub sweeps_bound_to: String,
+    /// How this daemon is stopped, as its serving line names it (`— stop with: …`): the host
+    /// knows whether that is `cotal-delivery down`, its own SIGTERM or an embedder's close.
+    pub stop_with: String,
     /// Every overridable timing (ping interval, broker-gone window, the plane's nak delay and
     /// ack wait, the re-read retry, the feed, timer writer, metrics and `$SYS` sweep knobs).
     pub tuning: Tuning,
@@ -168,6 +171,7 @@ impl SpaceConfig {
             sys_store: store.clone(),
             store,
             sweeps_bound_to,
+            stop_with: format!("SIGTERM to pid {}", std::process::id()),
             tuning: Tuning::default(),
             redial_wait: RELEASE_REDIAL_BOUND,
             journal: Journal::stderr_only(),

@@ -135,7 +135,7 @@ impl Plan {
                 let server = &self.cfg.server;
                 let text = match e.kind() {
                     DialErrorKind::Unreachable => {
-                        format!("delivery: can't reach NATS at {server}. Run: cotal up ({e})")
+                        format!("delivery: can't reach NATS at {server}. Start its broker (a local mesh: cotal-delivery up --space {}) ({e})", self.cfg.space)
                     }
                     DialErrorKind::PlaintextRefused => format!("delivery: {e}"),
                     DialErrorKind::Refused => format!(
@@ -551,8 +551,8 @@ impl Wired {
             ));
         }
         journal.line(format!(
-            "✓ delivery daemon up (space {}) — stop with: cotal down",
-            self.plan.space
+            "✓ delivery daemon up (space {}) — stop with: {}",
+            self.plan.space, self.plan.cfg.stop_with
         ));
         Ok(Armed(self))
     }

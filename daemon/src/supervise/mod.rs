@@ -76,6 +76,11 @@ pub struct UpConfig {
     /// its responder bound and its lease ready, before the not-bound warning
     /// (`COTAL_DELIVERY_SERVING_BOUND_MS`, 30 s by default).
     pub serving_bound: Duration,
+    /// `--metrics-addr` of every daemon `up` starts (at start-up, on a restart, on a relaunch).
+    pub metrics_addr: Option<String>,
+    /// The flags typed that only an `up` starting the mesh uses (`--port`, `--demo`, …): on a
+    /// root whose mesh already runs they are refused instead of ignored.
+    pub start_only: Vec<String>,
 }
 
 /// A running broker started by `up`.
@@ -121,6 +126,9 @@ pub enum UpErrorKind {
     /// The daemon could not claim the lease yet: its row belongs to a holder that is not
     /// running and expires soon. A broker `up` started for a detached mesh keeps running.
     NotClaimedYet,
+    /// A flag that would do nothing here (one only an `up` starting the mesh uses, on a root
+    /// whose mesh already runs): refused, the usage exit code.
+    Usage,
 }
 
 impl UpError {
@@ -279,6 +287,19 @@ fn record_mesh(cfg: &UpConfig, root: &Path, url: &str, journal: &Journal) {
     match files::cotal_home() {
         Some(home) => {
             let path = files::registry_path(&home, &cfg.space);
+            // A record of this space from another root is replaced: said, with both roots.
+            if let Ok(Some(old)) = MeshRecord::read(&path) {
+                if old.root != record.root {
+                    journal.line(format!(
+                        "! up: the mesh registry record of space {} named root {} (broker {}); it now names root {} - a daemon typed by hand at {} is refused from now on (registered for another root)",
+                        cfg.space,
+                        old.root.display(),
+                        old.server,
+                        root.display(),
+                        old.root.display()
+                    ));
+                }
+            }
             match record.write(&path) {
                 Ok(()) => journal.line(format!(
                     "• mesh registry: space {} recorded at {} ({})",
@@ -338,6 +359,7 @@ where
     let transport = Transport {
         tls: cfg.tls.is_some(),
         tls_ca: cfg.tls_ca.clone(),
+        metrics_addr: cfg.metrics_addr.clone(),
     };
     let mut daemon = start_daemon(space, workspace, &url, &transport, cfg.detach)?;
     let watch = LeaseWatch::open(authority, space, &url, cfg.tls_ca.as_deref()).await?;
@@ -437,10 +459,54 @@ async fn relaunch(
             ""
         }
     ));
+    refuse_start_only(cfg, workspace, mesh)?;
     let served = relaunch_daemon(cfg, workspace, mesh, journal).await;
     // Also when the daemon could not serve yet: its credentials keep being renewed.
     let owner = remint::ensure_renewal_owner(root, space, true, journal).await;
     served.and(owner)
+}
+
+/// The flags a running mesh would ignore, refused before anything is touched: those only an
+/// `up` starting the mesh uses, and `--metrics-addr` while the daemon already serves.
+fn refuse_start_only(
+    cfg: &UpConfig,
+    workspace: &Workspace,
+    mesh: &MeshRecord,
+) -> Result<(), UpError> {
+    let space = &cfg.space;
+    let root = workspace.root();
+    let serving = files::pid_liveness(&workspace.pid_path(space)).daemon_pid();
+    let mut ignored: Vec<String> = cfg
+        .start_only
+        .iter()
+        // `--port` of the running broker's own port, or 0 (any free one), changes nothing.
+        .filter(|f| {
+            f.as_str() != "--port"
+                || cfg.port != 0 && !mesh.server.ends_with(&format!(":{}", cfg.port))
+        })
+        .map(|f| match f.as_str() {
+            "--port" => format!("--port {}", cfg.port),
+            _ => f.clone(),
+        })
+        .collect();
+    if let (Some(pid), Some(_)) = (serving, &cfg.metrics_addr) {
+        ignored.push(format!(
+            "--metrics-addr (the daemon already serving, pid {pid}, keeps the address it was started with)"
+        ));
+    }
+    if ignored.is_empty() {
+        return Ok(());
+    }
+    Err(UpError::new(
+        UpErrorKind::Usage,
+        format!(
+            "✗ up: {} would do nothing: the mesh at {} already runs (root {}); they apply when up starts it. Run up without them, or stop the mesh first: cotal-delivery down --space {space} --root {}",
+            ignored.join(", "),
+            mesh.server,
+            root.display(),
+            root.display()
+        ),
+    ))
 }
 
 /// The daemon half of a bare `up`: relaunched when it is missing.
@@ -472,6 +538,7 @@ async fn relaunch_daemon(
     let transport = Transport {
         tls: mesh.tls_required,
         tls_ca: mesh.tls_ca.clone(),
+        metrics_addr: cfg.metrics_addr.clone(),
     };
     journal.line(format!(
         "• relaunching the missing delivery daemon for space {space}{}",
@@ -505,6 +572,8 @@ async fn relaunch_daemon(
 struct Transport {
     tls: bool,
     tls_ca: Option<PathBuf>,
+    /// Where the daemon serves its metrics (`up --metrics-addr`), on every launch too.
+    metrics_addr: Option<String>,
 }
 
 async fn start_broker(
@@ -666,6 +735,9 @@ fn start_daemon(
     }
     if let Some(ca) = &transport.tls_ca {
         cmd.arg("--tls-ca").arg(ca);
+    }
+    if let Some(addr) = &transport.metrics_addr {
+        cmd.args(["--metrics-addr", addr]);
     }
     let started_ms = crate::journal::epoch_ms();
     let child = cmd.spawn().map_err(|e| {
@@ -899,6 +971,8 @@ mod tests {
             creds_lifetime: None,
             stop_grace: Duration::from_secs(1),
             serving_bound: Duration::from_secs(1),
+            metrics_addr: None,
+            start_only: Vec::new(),
         };
         let e = up(cfg, |_| async { Ok(()) }).await.unwrap_err();
         assert_eq!(e.kind(), UpErrorKind::Broker, "{e}");

@@ -80,3 +80,39 @@ scenarios! {
     admission_without_an_evictor_is_deny_new_only => "admission-no-evictor",
     lease_expired_while_frozen_is_recreated => "lease-expired-while-frozen",
 }
+
+/// `harness run` with `--daemon` given as an integrator types it from the README, relative to
+/// the directory they are in (`target/<profile>/cotal-delivery` from the directory above the
+/// target dir): the scenario runs the daemon in its own root, and passes.
+/// Mutation seen failing: `from_caller` returning the path unchanged (`spawn
+/// target/debug/cotal-delivery: No such file or directory`, `0 passed, 1 failed`, exit 1).
+#[test]
+fn harness_run_resolves_a_relative_daemon_path_against_the_callers_directory() {
+    let bin = delivery_harness::daemon::daemon_bin().expect("the workspace's daemon binary");
+    // <base>/<target>/<profile>/cotal-delivery: run from <base>, name it relative to it.
+    let profile = bin.parent().expect("profile dir");
+    let target = profile.parent().expect("target dir");
+    let base = target.parent().expect("the directory above the target dir");
+    let relative = PathBuf::from(target.file_name().expect("target"))
+        .join(profile.file_name().expect("profile"))
+        .join(bin.file_name().expect("name"));
+    assert!(relative.is_relative() && base.join(&relative) == bin);
+    let scenario = scenarios_dir().join("clean-start-sigterm.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .arg("run")
+        .arg(&scenario)
+        .arg("--daemon")
+        .arg(&relative)
+        .current_dir(base)
+        .output()
+        .expect("run harness");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "harness run --daemon {}:\n{stdout}\n{stderr}",
+        relative.display()
+    );
+    assert!(stdout.contains("harness: 1 passed, 0 failed"), "{stdout}");
+}

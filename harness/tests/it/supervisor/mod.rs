@@ -3,5 +3,6 @@
 mod down;
 mod holder;
 mod log;
+mod noop;
 mod renewal;
 mod up;
