@@ -73,6 +73,94 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
     up_snapshot!("up_sigkill_restart_then_ctrl_c", t);
 }
 
+/// The stamped log's runs of the daemon: `(pid, started ms, ended ms)` from each run's first
+/// and last line (`run started — …, pid <n>, …` / `run ended — … (pid <n>)`), in order.
+fn runs(log: &str) -> Vec<(u32, i64, Option<i64>)> {
+    fn stamp_ms(line: &str) -> i64 {
+        // `2026-12-01T15:46:27.370Z …`: seconds of the day are enough within one test.
+        let t = &line[11..23];
+        let h: i64 = t[0..2].parse().expect("hour");
+        let m: i64 = t[3..5].parse().expect("minute");
+        let s: i64 = t[6..8].parse().expect("second");
+        let ms: i64 = t[9..12].parse().expect("millis");
+        ((h * 60 + m) * 60 + s) * 1000 + ms
+    }
+    fn pid_of(line: &str) -> u32 {
+        let at = line.rfind("pid ").expect("a pid") + 4;
+        line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .expect("numeric pid")
+    }
+    let mut out: Vec<(u32, i64, Option<i64>)> = Vec::new();
+    for line in log.lines() {
+        if line.contains("• delivery: run started — ") {
+            out.push((pid_of(line), stamp_ms(line), None));
+        } else if line.contains("• delivery: run ended — ") {
+            let pid = pid_of(line);
+            if let Some(run) = out.iter_mut().rev().find(|r| r.0 == pid) {
+                run.2 = Some(stamp_ms(line));
+            }
+        }
+    }
+    out
+}
+
+/// A failed restart is retried after the lease TTL, not at once (shortened to 3 s through
+/// `--lease-ttl-secs`, the documented override of the 30 s default): the daemon's credential is
+/// made unreadable and the daemon SIGKILLed; up restarts it at once (a daemon that died), that
+/// replacement is refused at start (exit 3) and up logs `retrying after the lease TTL (3 s)`;
+/// by the log's own stamps each next replacement's run starts no earlier than the TTL after the
+/// refused one's run ended.
+/// Mutation seen failing: the failed-restart branch of the foreground tick answering
+/// `Phase::RetryAt(Instant::now())` instead of `Instant::now() + cfg.lease_ttl` (the next run
+/// started 125 ms after the refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_restart_is_retried_after_the_lease_ttl_not_at_once() {
+    const TTL_MS: i64 = 3000;
+    let root = tempfile::tempdir().expect("root");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let (mut up, first) = serving_up(root.path(), &["--lease-ttl-secs", "3"], &[]).await;
+    std::fs::write(creds_path(root.path()), "not a credential\n").expect("spoil the credential");
+    signal(first, Signal::SIGKILL);
+    up.wait_for_line("while nats-server is running - restarting it", BOUND)
+        .await
+        .expect("the immediate restart");
+    // Three refused runs: the immediate restart and two retries, two gaps to measure.
+    until("three failed restarts", BOUND, || {
+        count(&up.transcript(), "retrying after the lease TTL (3 s)") >= 3
+    })
+    .await;
+    let log = std::fs::read_to_string(cotal_delivery::files::log_path(root.path(), &demo()))
+        .expect("log");
+    let runs = runs(&log);
+    let killed_run = runs
+        .iter()
+        .position(|r| r.0 == first)
+        .unwrap_or_else(|| panic!("the first daemon's run in:\n{log}"));
+    let after: Vec<_> = runs[killed_run + 1..].to_vec();
+    assert!(after.len() >= 3, "the restart and two retries:\n{log}");
+    assert!(
+        log.contains("run ended — exit code 3"),
+        "the replacements were refused at start:\n{log}"
+    );
+    for pair in after.windows(2) {
+        let ended = pair[0]
+            .2
+            .unwrap_or_else(|| panic!("run {} ended:\n{log}", pair[0].0));
+        let gap = pair[1].1 - ended;
+        assert!(
+            gap >= TTL_MS,
+            "the retry came {gap} ms after the refusal, before the {TTL_MS} ms TTL:\n{log}"
+        );
+    }
+    up.interrupt().expect("Ctrl-C");
+    let status = up.wait_exit(BOUND).await.expect("up exits");
+    assert_eq!(status.code(), Some(0), "{}", up.transcript());
+}
+
 /// SIGTERM to the daemon → it stays stopped and nats-server keeps running (status: broker
 /// reachable, no lease, record absent, exit 1).
 /// Mutation seen failing: `stays_stopped` returning false (the daemon is restarted, the "stays
