@@ -128,6 +128,7 @@ impl LeaseWatch {
             conn: conn.subscribe(),
             dropped: false,
             replaced_while_binding: false,
+            seen: 0,
         };
         let first = watcher.bind_consumer().await?;
         watcher.installed = Some(first);
@@ -210,6 +211,10 @@ struct Watcher {
     dropped: bool,
     /// The last bind's connection dropped while it was in flight (see [`Watcher::next_retry`]).
     replaced_while_binding: bool,
+    /// The highest stream sequence of the key already passed on: a rebind starts from the
+    /// key's last row, which the serve loop may already have been told about (a delete it is
+    /// still arbitrating); told twice, it would stop serving again for a change it has seen.
+    seen: u64,
 }
 
 /// What a delete answered "consumer not found" means.
@@ -279,6 +284,12 @@ impl Watcher {
                 delivered = next_delivery(&mut self.installed) => {
                     match delivered {
                         Some(msg) => {
+                            if let Some(seq) = stream_sequence(&msg) {
+                                if seq <= self.seen {
+                                    continue;
+                                }
+                                self.seen = seq;
+                            }
                             if let Some(event) = self.classify(&msg) {
                                 if events.send(event).await.is_err() {
                                     return;
@@ -471,6 +482,19 @@ impl Watcher {
     }
 }
 
+/// The stream sequence of a delivered message, from the reply subject the broker gives every
+/// JetStream delivery (`$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>…`, or with a domain and
+/// account hash ahead of the stream: `$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>…`).
+fn stream_sequence(msg: &async_nats::Message) -> Option<u64> {
+    let reply = msg.reply.as_ref()?;
+    let tokens: Vec<&str> = reply.split('.').collect();
+    if tokens.len() < 9 || tokens[0] != "$JS" || tokens[1] != "ACK" {
+        return None;
+    }
+    let at = if tokens.len() == 9 { 5 } else { 7 };
+    tokens.get(at)?.parse().ok()
+}
+
 /// Subscribes a fresh inbox, then creates the consumer `name` delivering into it from the key's
 /// last row (the create's round trip follows the SUB on the same connection, so that row is not
 /// missed), within `bound`.
@@ -512,5 +536,39 @@ async fn next_delivery(installed: &mut Option<Installed>) -> Option<async_nats::
     match installed.as_mut() {
         Some(i) => i.deliveries.next().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivered(reply: &str) -> async_nats::Message {
+        async_nats::Message {
+            subject: "$KV.b.k".into(),
+            reply: Some(reply.into()),
+            payload: Default::default(),
+            headers: None,
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    /// The stream sequence is read from both reply forms; anything else is not a delivery.
+    /// Mutation seen failing: the domain form read at the first form's position.
+    #[test]
+    fn the_stream_sequence_is_read_from_either_reply_form() {
+        assert_eq!(
+            stream_sequence(&delivered("$JS.ACK.KV_b.leasewatch_1.1.42.7.1700000000.0")),
+            Some(42)
+        );
+        assert_eq!(
+            stream_sequence(&delivered(
+                "$JS.ACK.hub.ACCHASH.KV_b.leasewatch_1.1.42.7.1700000000.0.xyz"
+            )),
+            Some(42)
+        );
+        assert_eq!(stream_sequence(&delivered("_INBOX.abc")), None);
     }
 }
