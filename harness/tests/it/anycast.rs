@@ -27,14 +27,9 @@ use serde_json::Value;
 const BOUND: Duration = Duration::from_secs(10);
 pub(crate) const ROLE: &str = "review";
 
-async fn mesh() -> Mesh {
-    Mesh::demo_builder()
-        .expect("space")
-        .lease_ttl(Duration::from_secs(2))
-        .start()
-        .await
-        .expect("mesh")
-}
+/// The lease TTL of these tests' mesh (2 s): short, so a killed predecessor's lease expires
+/// within a respawn or two of the next daemon ([`daemon_with`]).
+const LEASE_TTL: Duration = Duration::from_secs(2);
 
 /// Publishes one `@review` request as `sender` (its own agent credential) and returns its seq.
 pub(crate) async fn send(sender: &Agent) -> u64 {
@@ -186,7 +181,7 @@ async fn daemon_with(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
 /// instead of re-reading: trial 0 had both the take and the cancel answered ok.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn take_and_cancel_race_with_exactly_one_winner_over_200_trials() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(&mesh, &[]).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
@@ -245,7 +240,7 @@ async fn take_and_cancel_race_with_exactly_one_winner_over_200_trials() {
 /// Mutation seen failing: the daemon's creation-time check removed (the take was recorded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_from_a_recreated_task_stream_is_refused_and_the_copy_naked() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let old = bob.task_created().await.unwrap();
@@ -309,7 +304,7 @@ async fn a_take_from_a_recreated_task_stream_is_refused_and_the_copy_naked() {
 /// was refused as "already taken by local.bob".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_dms_reach_the_sender_from_the_daemon_principal() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(&mesh, &[]).await;
     role_consumer(&insp, Duration::from_secs(1)).await;
@@ -398,7 +393,7 @@ async fn both_dms_reach_the_sender_from_the_daemon_principal() {
 /// Mutation seen failing: the sweep's resend of unsent notices removed (no DM after restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notice_a_sigkill_left_unsent_is_resent_at_start() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(&mesh, &[(ENV_FAULT_HOLD_AFTER_ANYCAST_ROW, "1")]).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
@@ -452,7 +447,7 @@ async fn a_notice_a_sigkill_left_unsent_is_resent_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
     const AGE_MS: u64 = 3000;
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(
         &mesh,
@@ -519,7 +514,7 @@ async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
     use cotal_delivery::plane::AnycastRow;
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
@@ -579,7 +574,7 @@ async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
 /// for the new stream's seq 1 and never marked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_of_a_recreated_task_stream_is_marked_as_left() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(&mesh, &[]).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
@@ -626,7 +621,7 @@ async fn a_row_of_a_recreated_task_stream_is_marked_as_left() {
 /// Mutation seen failing: the sender check in `own()` made to pass (carol read alice's status).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_cancel_are_the_senders_and_a_cancelled_copy_is_forgotten() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(&mesh, &[]).await;
     let (alice, bob, carol) = three(&mesh, &insp).await;
@@ -695,7 +690,7 @@ async fn status_and_cancel_are_the_senders_and_a_cancelled_copy_is_forgotten() {
 /// Mutation seen failing: `no_daemon()` returning the error unchanged (the rail's generic text).
 #[tokio::test]
 async fn the_agent_reports_no_delivery_daemon_is_answering() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
@@ -734,7 +729,7 @@ async fn expect_denied(events: &mut ClientEvents, op: &str, subject: &str) {
 /// Mutation seen failing: the DM grant widened to `inst.>` (the forged-sender DM was stored).
 #[tokio::test]
 async fn every_new_anycast_grant_is_confined() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let names: &SpaceNames = &insp.names;
     let cred =
@@ -813,7 +808,7 @@ async fn every_new_anycast_grant_is_confined() {
 /// recorded: "expected a refusal, got Ok").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_holder_of_the_role_takes_its_request() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = daemon_with(&mesh, &[]).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
@@ -909,7 +904,7 @@ async fn only_a_holder_of_the_role_takes_its_request() {
 /// `consumer_next_any` on `TASK_<s>` (bob's INFO of `svc_deploy` was not denied).
 #[tokio::test]
 async fn role_durable_grants_are_confined() {
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let names: &SpaceNames = &insp.names;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
@@ -992,7 +987,7 @@ async fn role_durable_grants_are_confined() {
 async fn a_holder_says_to_restart_the_daemon_or_respawn_the_seat_when_either_predates_takes() {
     use cotal_delivery::agent::PREDATES_FIX;
     use cotal_delivery::provision::{MintOptions, Profile, ReadChannels, Roles};
-    let mesh = mesh().await;
+    let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let no_take = |p: &mut cotal_delivery::provision::Permissions| {
         p.pub_allow.retain(|s| !s.contains(".ctl.anycast."));

@@ -185,10 +185,7 @@ async fn a_feed_fault_does_not_disturb_delivery() {
 /// the writer's forced reconnect on `renewals.changed()` removed (the writer kept the old JWT).
 #[tokio::test]
 async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
-    let mesh = crate::support::data_path::mesh().await;
-    mesh.authority
-        .save(&mesh.workspace().auth_dir())
-        .expect("save signer");
+    let mesh = crate::support::data_path::mesh_with_signer().await;
     let mut d = start(&mesh).await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
@@ -277,10 +274,7 @@ async fn close_with_the_broker_gone_closes_both_feed_connections_within_a_bound(
 /// broker closed it at the expiry).
 #[tokio::test]
 async fn the_feed_renews_its_own_writer_key_at_three_quarters_of_its_lifetime() {
-    let mesh = crate::support::data_path::mesh().await;
-    mesh.authority
-        .save(&mesh.workspace().auth_dir())
-        .expect("save signer");
+    let mesh = crate::support::data_path::mesh_with_signer().await;
     let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
     let current = read_creds_file(&rw_path).unwrap();
     let short = mesh

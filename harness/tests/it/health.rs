@@ -11,6 +11,7 @@ use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::Mesh;
 use delivery_harness::proxy::TcpProxy;
 
+use crate::support::data_path::mesh;
 use crate::support::health::{measured, own_lines, total_connections, wait_started};
 
 const UP: &str = "delivery daemon up";
@@ -33,10 +34,6 @@ const FROZEN: Duration = Duration::from_millis(1_500);
 
 fn ms(d: Duration) -> String {
     d.as_millis().to_string()
-}
-
-async fn mesh() -> Mesh {
-    Mesh::demo().await.expect("mesh")
 }
 
 fn exit_code(status: std::process::ExitStatus) -> Option<i32> {

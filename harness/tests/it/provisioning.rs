@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::support::data_path::mesh_with_lease_ttl;
 use async_nats::Event;
 use cotal_delivery::kv::Rows;
 use cotal_delivery::provision::{MintOptions, Profile};
@@ -15,18 +16,9 @@ use futures::StreamExt;
 
 const BOUND: Duration = Duration::from_secs(5);
 
-async fn mesh() -> Mesh {
-    mesh_with_lease_ttl(Duration::from_secs(7)).await
-}
-
-async fn mesh_with_lease_ttl(ttl: Duration) -> Mesh {
-    Mesh::demo_builder()
-        .expect("valid space")
-        .lease_ttl(ttl)
-        .start()
-        .await
-        .expect("mesh starts")
-}
+/// The lease TTL these tests provision (7 s): not the default, so the bucket's `max_age`
+/// proves the option was applied.
+const LEASE_TTL: Duration = Duration::from_secs(7);
 
 /// Waits for the broker's `Permissions Violation for <op> to "<subject>"`.
 async fn expect_denied(events: &mut ClientEvents, op: &str, subject: &str) {
@@ -42,7 +34,7 @@ async fn expect_denied(events: &mut ClientEvents, op: &str, subject: &str) {
 
 #[tokio::test]
 async fn operator_mode_broker_holds_the_provisioned_space() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_lease_ttl(LEASE_TTL).await;
     let space = mesh.space().clone();
     let names = SpaceNames::new(&space);
     let insp = mesh.inspector(&space).await.expect("inspector");
@@ -65,8 +57,7 @@ async fn operator_mode_broker_holds_the_provisioned_space() {
         .expect("lease bucket");
     let info = lease.info().await.expect("lease bucket info");
     assert_eq!(
-        info.config.max_age,
-        Duration::from_secs(7),
+        info.config.max_age, LEASE_TTL,
         "lease TTL is the bucket max_age"
     );
     // The workspace holds the daemon's material in the reference layout.
@@ -89,7 +80,7 @@ async fn operator_mode_broker_holds_the_provisioned_space() {
 
 #[tokio::test]
 async fn an_expired_user_jwt_is_refused_and_a_fresh_one_accepted() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_lease_ttl(LEASE_TTL).await;
     let space = mesh.space().clone();
     let short = mesh
         .mint(
@@ -143,7 +134,7 @@ async fn an_expired_user_jwt_is_refused_and_a_fresh_one_accepted() {
 
 #[tokio::test]
 async fn the_delivery_credential_is_confined_to_its_grants() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_lease_ttl(LEASE_TTL).await;
     let space = mesh.space().clone();
     let names = SpaceNames::new(&space);
     let insp = mesh.inspector(&space).await.expect("inspector");
@@ -490,7 +481,7 @@ async fn an_existing_lease_bucket_is_migrated_to_expiry_markers_in_place() {
 /// admission and fails later, on the missing lease bucket, with exit 8 and another line).
 #[tokio::test]
 async fn an_open_broker_is_refused_at_start_saying_open_mode_has_no_daemon() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_lease_ttl(LEASE_TTL).await;
     let open = delivery_harness::Broker::builder()
         .start()
         .await

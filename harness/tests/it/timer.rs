@@ -901,10 +901,7 @@ fn renewal_expiring_in(
 /// late).
 #[tokio::test]
 async fn the_writer_moves_onto_a_renewed_credential_before_the_old_one_expires() {
-    let mesh = crate::support::data_path::mesh().await;
-    mesh.authority
-        .save(&mesh.workspace().auth_dir())
-        .expect("save signer");
+    let mesh = crate::support::data_path::mesh_with_signer().await;
     let path = mesh.workspace().delivery_creds_path(mesh.space());
     let current = read_creds_file(&path).unwrap();
     let short = renewal_expiring_in(&mesh, &current, Duration::from_secs(6));
@@ -987,10 +984,7 @@ async fn closed_conns(mesh: &Mesh) -> Vec<(String, String)> {
 /// Failure`).
 #[tokio::test]
 async fn the_writer_never_dials_with_an_expired_credential() {
-    let mesh = crate::support::data_path::mesh().await;
-    mesh.authority
-        .save(&mesh.workspace().auth_dir())
-        .expect("save signer");
+    let mesh = crate::support::data_path::mesh_with_signer().await;
     let path = mesh.workspace().delivery_creds_path(mesh.space());
     let current = read_creds_file(&path).unwrap();
     let short = renewal_expiring_in(&mesh, &current, Duration::from_secs(4));

@@ -17,21 +17,13 @@ use delivery_harness::ConnState;
 use delivery_harness::TcpProxy;
 use serde_json::{json, Value};
 
+use crate::support::data_path::mesh_with_signer;
 use crate::support::health::{measured, own_lines, wait_started, Supervisor};
 
 const UP: &str = "delivery daemon up";
 const EXPIRED: &str = "! delivery: credential expired, awaiting proved renewal";
 const EXPIRED_EXIT: &str = "✗ delivery: credential expired without renewal";
 const MISSED: &str = "still holds the previous cred — the renewal owner has not re-signed it";
-
-async fn mesh() -> Mesh {
-    let mesh = Mesh::demo().await.expect("mesh");
-    // The renewal owner reads the signer from the workspace store.
-    mesh.authority
-        .save(&mesh.workspace().auth_dir())
-        .expect("save signer");
-    mesh
-}
 
 /// Re-signs the daemon's delivery credential (same nkey) to live `lifetime` from now.
 fn shorten(mesh: &Mesh, lifetime: Duration) -> Credential {
@@ -94,7 +86,7 @@ async fn start(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
 
 #[tokio::test]
 async fn short_credential_without_renewal_reports_missed_remints_then_exits_at_the_backstop() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let cred = shorten(&mesh, Duration::from_secs(5));
     let exp_ms = exp_of(&cred) * 1000;
     let mut d = start(
@@ -157,7 +149,7 @@ const ADOPTION_TOLERANCE_MS: i64 = 1_000;
 /// `RENEW_AT_SHARE` set to 0.5 (adopted at 4.4 s of 8 s, 1.6 s before the 75 % point).
 #[tokio::test]
 async fn a_renewal_written_by_the_owner_is_adopted_at_75_percent_and_outlives_the_expiry() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let cred = shorten(&mesh, Duration::from_secs(8));
     let exp_ms = exp_of(&cred) * 1000;
     let iat_ms = cred.claims().expect("claims").iat * 1000;
@@ -233,7 +225,7 @@ async fn a_renewal_written_by_the_owner_is_adopted_at_75_percent_and_outlives_th
 /// answered before the reconnect).
 #[tokio::test]
 async fn reload_creds_refuses_a_rogue_resign_and_adopts_a_real_one() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
     let mut d = start(&mesh, &[]).await;
     let boss = Supervisor::connect(&mesh, &space).await;
@@ -403,7 +395,7 @@ fn has_digest(text: &str) -> bool {
 /// held daemon adopts and answers ok).
 #[tokio::test]
 async fn reload_creds_before_start_up_is_complete_is_refused_and_adopts_nothing() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
     let names = SpaceNames::new(&space);
     let boss = Supervisor::connect(&mesh, &space).await;
@@ -473,7 +465,7 @@ const RACE_REQUEST_BOUND: Duration = Duration::from_millis(2_000);
 
 #[tokio::test]
 async fn reload_creds_raced_against_start_up_adopts_or_refuses_never_dies() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
     let boss = Supervisor::connect(&mesh, &space).await;
     let path = mesh.workspace().delivery_creds_path(&space);
@@ -582,7 +574,7 @@ impl Opens {
 /// root's `.cotal/auth` in `host/process.rs`): the watch sees `broker.json` opened.
 #[tokio::test]
 async fn the_daemon_never_opens_the_signer_in_its_root() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let auth = mesh.workspace().auth_dir();
     let signer_files = std::fs::read_dir(&auth).expect("signer saved").count();
     assert!(signer_files >= 2, "broker.json and the account file");
@@ -619,7 +611,7 @@ async fn the_daemon_never_opens_the_signer_in_its_root() {
 /// alone still ends the wait at about 5 s): the request is handled only after the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_request_read_during_a_reconnect_that_never_completes_is_answered_after_5_s() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
     let insp = mesh.inspector(&space).await.expect("inspector");
     let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
@@ -698,7 +690,7 @@ async fn an_admin_request_read_during_a_reconnect_that_never_completes_is_answer
 /// `ok: true`).
 #[tokio::test]
 async fn store_identity_is_the_workspace_store_and_a_divergent_challenge_is_refused() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
     let mut d = start(&mesh, &[]).await;
     let boss = Supervisor::connect(&mesh, &space).await;
@@ -801,7 +793,7 @@ async fn store_identity_is_the_workspace_store_and_a_divergent_challenge_is_refu
 
 #[tokio::test]
 async fn a_renewal_adopted_after_the_expiry_clears_it_and_the_connection_comes_back() {
-    let mesh = mesh().await;
+    let mesh = mesh_with_signer().await;
     let cred = shorten(&mesh, Duration::from_secs(4));
     let exp_ms = exp_of(&cred) * 1000;
     // The window must outlast the reconnect onto the renewal, which follows a run of refused

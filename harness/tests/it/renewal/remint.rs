@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::data_path::mesh_with_signer;
 use crate::support::up::run;
 use crate::support::BOUND;
 use cotal_delivery::creds::Credential;
@@ -23,10 +24,9 @@ use delivery_harness::mesh::Mesh;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preflight_keeps_the_last_good_credential_from_a_broker_dead_signer() {
-    let mesh = Mesh::demo().await.expect("mesh");
+    let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
     let ws = mesh.workspace();
-    mesh.authority.save(&ws.auth_dir()).expect("save signer");
     let preflight = Preflight::new(mesh.url(), mesh.tls_ca());
     let path = ws.delivery_creds_path(&space);
     // The credential in place: a short-lived re-sign of the provisioned one, so the renewal
@@ -172,14 +172,6 @@ async fn remint_renews_both_files_and_the_daemon_adopts_them() {
     assert_eq!(files, ["delivery.creds", "membership-rw.creds"]);
     d.terminate().expect("stop");
     let _ = d.wait_exit(BOUND).await;
-}
-
-async fn mesh_with_signer() -> Mesh {
-    let mesh = Mesh::demo().await.expect("mesh");
-    mesh.authority
-        .save(&mesh.workspace().auth_dir())
-        .expect("save signer");
-    mesh
 }
 
 /// A same-label signer of another account in the store: the broker refuses every candidate,

@@ -81,8 +81,25 @@ pub async fn stop_daemon(d: &mut Daemon) {
     d.wait_exit(Duration::from_secs(15)).await.expect("exit");
 }
 
+/// The `demo` mesh most tests start from ([`Mesh::demo`]).
 pub async fn mesh() -> Mesh {
     Mesh::demo().await.expect("mesh")
+}
+
+/// The `demo` mesh with its lease bucket's `max_age` set to `ttl` instead of the default.
+pub async fn mesh_with_lease_ttl(ttl: Duration) -> Mesh {
+    let builder = Mesh::demo_builder().expect("space");
+    builder.lease_ttl(ttl).start().await.expect("mesh")
+}
+
+/// The `demo` mesh with its signer saved in the workspace store, where the renewal owner
+/// (`remint`, a feed's or writer's renewal) reads it.
+pub async fn mesh_with_signer() -> Mesh {
+    let mesh = mesh().await;
+    mesh.authority
+        .save(&mesh.workspace().auth_dir())
+        .expect("save signer");
+    mesh
 }
 
 /// How many messages `stream` holds on exactly `subject` (leader-served stream info).
