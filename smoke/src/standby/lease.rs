@@ -299,3 +299,128 @@ impl Summary<'_> {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cotal_delivery::wire::LeaseInfo;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(1_000_000 + ms)
+    }
+
+    fn row(revision: u64, ms: u64, holder: &str, incarnation: &str) -> LeaseWrite {
+        LeaseWrite {
+            revision,
+            stamped: at(ms),
+            op: RowOp::Put,
+            info: Some(LeaseInfo {
+                holder: holder.into(),
+                since: 0,
+                ready: true,
+                incarnation: incarnation.into(),
+            }),
+        }
+    }
+
+    fn end(revision: u64, ms: u64, op: RowOp) -> LeaseWrite {
+        LeaseWrite {
+            revision,
+            stamped: at(ms),
+            op,
+            info: None,
+        }
+    }
+
+    /// A kill at 10 s: A's last renewal at 5 s, its marker at 35.3 s, B's create and renewal.
+    fn kill_log() -> Vec<LeaseWrite> {
+        vec![
+            row(1, 0, "A", "a1"),
+            row(2, 5_000, "A", "a1"),
+            end(3, 35_300, RowOp::Expired),
+            row(4, 35_500, "B", "b1"),
+            row(5, 50_500, "B", "b1"),
+        ]
+    }
+
+    fn kill_run() -> Run {
+        Run {
+            t0: at(10_000),
+            answered: at(35_700),
+            delivered: at(35_800),
+            holder: "A".into(),
+            winner: Some("B".into()),
+        }
+    }
+
+    /// A clean kill: the row ended by the broker's marker, the figures measured from its stamp,
+    /// the expiry lag from A's last row (before the kill) + TTL.
+    /// Mutation seen failing: the lag's search for the last row limited to the window (the
+    /// writes before the kill skipped): no lag.
+    #[test]
+    fn a_kill_ends_by_the_marker_and_is_timed_from_its_stamp() {
+        let f = facts(&kill_log(), &kill_run(), None, TTL)
+            .expect("clean")
+            .expect("an end");
+        assert_eq!(f.gone_by, RowOp::Expired);
+        assert_eq!(f.row_gone_ms, 25_300);
+        assert_eq!(f.expiry_lag_ms, Some(300));
+        assert_eq!((f.answer_after_gone_ms, f.post_after_gone_ms), (400, 500));
+    }
+
+    /// Only one winner: a second create after the end (the loser's row, or a returning host
+    /// rewriting it) is a broken rule, as is a create by a host that is not the standby, two
+    /// ends between cases, a write by anyone but the holder before the end, and a missed
+    /// revision. Mutations seen failing: the check of the writes after the one create removed
+    /// (`single_winner` stays true with a second create); the winner check removed.
+    #[test]
+    fn a_second_create_a_wrong_winner_or_a_gap_breaks_the_rules() {
+        let run = kill_run();
+        let mut second = kill_log();
+        second[4] = row(5, 35_600, "C", "c1");
+        let e = facts(&second, &run, None, TTL).expect_err("a second create");
+        assert!(e.contains("not the winner's"), "{e}");
+
+        let mut returning = kill_log();
+        returning[4] = row(5, 40_000, "A", "a2");
+        let e = facts(&returning, &run, None, TTL).expect_err("the returning host wrote");
+        assert!(e.contains("not the winner's"), "{e}");
+
+        let mut wrong = kill_log();
+        wrong[3] = row(4, 35_500, "C", "c1");
+        wrong.truncate(4);
+        let e = facts(&wrong, &run, None, TTL).expect_err("created by another host");
+        assert!(e.contains("not by the standby B"), "{e}");
+
+        let mut twice = kill_log();
+        twice.push(end(6, 51_000, RowOp::Deleted));
+        let e = facts(&twice, &run, None, TTL).expect_err("two ends");
+        assert!(e.contains("ended 2 times"), "{e}");
+
+        let mut foreign = kill_log();
+        foreign.insert(2, row(3, 20_000, "C", "c1"));
+        for (i, w) in foreign.iter_mut().enumerate() {
+            w.revision = i as u64 + 1;
+        }
+        let e = facts(&foreign, &run, None, TTL).expect_err("a foreign write before the end");
+        assert!(e.contains("not the holder's"), "{e}");
+
+        let mut gap = kill_log();
+        gap[3].revision = 5;
+        gap[4].revision = 6;
+        let e = facts(&gap, &run, None, TTL).expect_err("a missed revision");
+        assert!(e.contains("missed writes"), "{e}");
+    }
+
+    /// A window with no end (a lane that rode its node's failover) has no facts; writes after
+    /// `until` belong to the next case.
+    #[test]
+    fn no_end_in_the_window_is_no_facts() {
+        let log = kill_log();
+        assert!(facts(&log, &kill_run(), Some(at(30_000)), TTL)
+            .expect("clean")
+            .is_none());
+    }
+}
