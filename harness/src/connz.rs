@@ -38,6 +38,10 @@ pub struct BrokerConn {
     pub cid: u64,
     /// The client's connection name (`""` when it gave none).
     pub name: String,
+    /// The account it is bound to (its public key; `""` when the broker names none).
+    pub account: String,
+    /// The user it authenticated as (the user nkey under operator mode).
+    pub user: Option<String>,
     /// The user JWT it presented.
     pub jwt: Option<String>,
     /// The JWT's tags (`principal:<o>.<a>`, …).
@@ -56,6 +60,8 @@ impl BrokerConn {
         BrokerConn {
             cid: raw["cid"].as_u64().unwrap_or(0),
             name: text("name").unwrap_or_default(),
+            account: text("account").unwrap_or_default(),
+            user: text("authorized_user"),
             jwt: text("jwt"),
             tags: raw["tags"]
                 .as_array()

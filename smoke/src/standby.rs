@@ -25,6 +25,7 @@ use cotal_delivery::wire::{Principal, Space};
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::ConnState;
 
 use crate::cluster::CLUSTER_NODES;
 
@@ -142,15 +143,8 @@ async fn node_of(mesh: &mut Mesh, nkey: &str) -> Result<Option<usize>, String> {
         if !node.is_running() {
             continue;
         }
-        let connz = node
-            .monitor("/connz?auth=true&limit=4096")
-            .await
-            .map_err(err)?;
-        let found = connz["connections"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["authorized_user"].as_str() == Some(nkey))
-        });
-        if found {
+        let open = node.connz(ConnState::Open).await.map_err(err)?;
+        if open.iter().any(|c| c.user.as_deref() == Some(nkey)) {
             return Ok(Some(i));
         }
     }
