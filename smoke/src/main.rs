@@ -2,10 +2,12 @@
 //! data path (post -> fan-out -> trusted reader -> member's `dlv_` durable) next to the raw
 //! JetStream pipeline it wraps, on the same broker (or cluster) in the same run
 //! (docs/performance.md). `smoke delivery-standby` runs two standby hosts through takeover
-//! (docs/host.md).
+//! (docs/host.md). `smoke soak` leaves a detached mesh running on short credentials through a
+//! daemon SIGKILL and a broker restart (docs/operations.md).
 
 mod bench_fanout;
 mod cluster;
+mod soak;
 mod standby;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +35,12 @@ enum Command {
     /// sender whose every post must reach an offline member, credentials replaced through each
     /// host's store, and a third host with an invalid manifest. Observations, not an SLA.
     DeliveryStandby(standby::Args),
+    /// A detached mesh (`up --detach`) for N minutes on short credentials: steady durable posts
+    /// to offline members, its renewal owner re-signing them, one daemon SIGKILL (a bare `up`
+    /// relaunches it) and one broker restart in the middle. Passes when nothing was lost, the
+    /// daemon never ended on a credential expiry, there were enough renewals and `status` is
+    /// healthy at the end.
+    Soak(soak::Args),
 }
 
 fn main() {
@@ -53,6 +61,7 @@ fn main() {
             Command::BenchFanout(args) => bench_fanout::run(args).await,
             Command::BenchFanoutRaw(args) => bench_fanout::raw::run(args).await,
             Command::DeliveryStandby(args) => standby::run(args).await,
+            Command::Soak(args) => soak::run(args).await,
         }
     });
     std::process::exit(code);

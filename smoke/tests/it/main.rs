@@ -1,6 +1,7 @@
 //! The smoke suites as tests: `smoke delivery-standby` at test timings, on one broker and on
-//! the 3-node cluster.
+//! the 3-node cluster; `smoke soak` at its 2-minute setting.
 
+mod soak;
 mod standby;
 mod standby_cluster;
 
