@@ -55,15 +55,12 @@ pub async fn connect(
     material: &AgentMaterial,
     name: &str,
 ) -> Result<Agent, HarnessError> {
-    Agent::connect(AgentSpec {
-        server_url: mesh.url(),
-        tls_ca: mesh.tls_ca(),
-        credential: material.credential.clone(),
-        space: material.space.clone(),
-        principal: material.principal.clone(),
-        lifecycle_uid: material.lifecycle_uid.clone(),
-        name: name.to_string(),
-    })
+    Agent::connect(AgentSpec::of_material(
+        mesh.url(),
+        mesh.tls_ca(),
+        material,
+        name,
+    ))
     .await
     .map_err(|e| HarnessError::Usage(e.to_string()))
 }

@@ -231,17 +231,9 @@ struct Member {
 }
 
 async fn connect(url: &str, m: &AgentMaterial, name: &str) -> Result<Agent, String> {
-    Agent::connect(AgentSpec {
-        server_url: url.to_string(),
-        tls_ca: None,
-        credential: m.credential.clone(),
-        space: m.space.clone(),
-        principal: m.principal.clone(),
-        lifecycle_uid: m.lifecycle_uid.clone(),
-        name: name.to_string(),
-    })
-    .await
-    .map_err(|e| format!("{name} could not connect: {e}"))
+    Agent::connect(AgentSpec::of_material(url, None, m, name))
+        .await
+        .map_err(|e| format!("{name} could not connect: {e}"))
 }
 
 /// The member comes online, surfaces (and acks) frames until it has every id of `want` (the

@@ -110,6 +110,26 @@ pub struct AgentSpec {
     pub name: String,
 }
 
+impl AgentSpec {
+    /// The agent `material` provisioned, connecting to `server_url`, named `name`.
+    pub fn of_material(
+        server_url: impl Into<String>,
+        tls_ca: Option<PathBuf>,
+        material: &crate::provision::AgentMaterial,
+        name: &str,
+    ) -> AgentSpec {
+        AgentSpec {
+            server_url: server_url.into(),
+            tls_ca,
+            credential: material.credential.clone(),
+            space: material.space.clone(),
+            principal: material.principal.clone(),
+            lifecycle_uid: material.lifecycle_uid.clone(),
+            name: name.to_string(),
+        }
+    }
+}
+
 /// Warnings the client surfaced (also sent to `tracing`).
 #[derive(Clone, Default, Debug)]
 pub struct Warnings(Arc<Mutex<Vec<String>>>);

@@ -89,15 +89,12 @@ fn say(line: impl AsRef<str>) {
 }
 
 async fn connect(mesh: &RunningMesh, m: &AgentMaterial, name: &str) -> Result<Agent, DemoError> {
-    Agent::connect(AgentSpec {
-        server_url: mesh.url.clone(),
-        tls_ca: mesh.tls_ca.clone(),
-        credential: m.credential.clone(),
-        space: m.space.clone(),
-        principal: m.principal.clone(),
-        lifecycle_uid: m.lifecycle_uid.clone(),
-        name: name.to_string(),
-    })
+    Agent::connect(AgentSpec::of_material(
+        mesh.url.clone(),
+        mesh.tls_ca.clone(),
+        m,
+        name,
+    ))
     .await
     .map_err(failed(DemoErrorKind::Connect, |e| {
         format!("demo: {name} could not connect: {e}")

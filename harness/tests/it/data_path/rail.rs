@@ -174,15 +174,12 @@ async fn a_pending_request_whose_connection_closes_is_rejected_not_replayed() {
     let material = agent::provision(&mesh, &insp, mesh.space(), "eve", &["general"])
         .await
         .unwrap();
-    let eve = cotal_delivery::agent::Agent::connect(cotal_delivery::agent::AgentSpec {
-        server_url: proxy.url(),
-        tls_ca: None,
-        credential: material.credential.clone(),
-        space: material.space.clone(),
-        principal: material.principal.clone(),
-        lifecycle_uid: material.lifecycle_uid.clone(),
-        name: "eve".into(),
-    })
+    let eve = cotal_delivery::agent::Agent::connect(cotal_delivery::agent::AgentSpec::of_material(
+        proxy.url(),
+        None,
+        &material,
+        "eve",
+    ))
     .await
     .unwrap();
     // The request leaves the client but never reaches the broker; then the path drops.
