@@ -29,9 +29,11 @@ fn owner_pid(root: &std::path::Path) -> u32 {
 /// daemon's (every line stamped, a first line naming version, pid, space, root and broker, a
 /// last line naming exit code 0 and the SIGTERM).
 /// The daemon's broker-gone window is shortened (1 s, backstop 3 s) so a daemon left without
-/// renewal exits at the expiry plus 3 s instead of a minute. Mutation seen failing:
+/// renewal exits at the expiry plus 3 s instead of a minute. Mutations seen failing:
 /// `ensure_renewal_owner` not called by a detached `up` (no owner line; with the owner checks
-/// taken out of the test as well, `status` exits 1 past the expiry: the daemon exited 10).
+/// taken out of the test as well, `status` exits 1 past the expiry: the daemon exited 10);
+/// `down` not calling `stop_renewal_owner` (the owner outlives `down`); `status` not reading
+/// `.cotal/remint.<key>.pid` (`renewalOwner` absent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_detached_mesh_outlives_its_credentials_through_its_renewal_owner() {
     let root = tempfile::tempdir().expect("root");
