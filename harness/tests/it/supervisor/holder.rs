@@ -70,19 +70,8 @@ async fn a_killed_daemons_row_is_named_not_running_with_its_expiry() {
     assert_eq!(json["lease"]["holderRunning"], false, "{json}");
     assert!(json["lease"]["expiresInS"].as_u64().is_some(), "{json}");
 
-    let (st, bare) = run(
-        root.path(),
-        &[
-            "up",
-            "--space",
-            "demo",
-            "--root",
-            root.path().to_str().expect("utf-8"),
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(st.code(), Some(1), "{bare}");
+    let (code, bare) = up_at(root.path(), &[]).await;
+    assert_eq!(code, Some(1), "{bare}");
     assert!(
         bare.contains("could not claim the lease of space demo yet"),
         "{bare}"
@@ -97,19 +86,8 @@ async fn a_killed_daemons_row_is_named_not_running_with_its_expiry() {
         Instant::now() >= expired
     })
     .await;
-    let (st, served) = run(
-        root.path(),
-        &[
-            "up",
-            "--space",
-            "demo",
-            "--root",
-            root.path().to_str().expect("utf-8"),
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(st.code(), Some(0), "{served}");
+    let (code, served) = up_at(root.path(), &[]).await;
+    assert_eq!(code, Some(0), "{served}");
     assert!(
         served.contains("✓ delivery daemon serving space demo"),
         "{served}"
@@ -187,19 +165,8 @@ async fn after_a_broker_crash_a_detached_up_keeps_its_broker_until_the_row_expir
         Instant::now() >= expired
     })
     .await;
-    let (st, served) = run(
-        root.path(),
-        &[
-            "up",
-            "--space",
-            "demo",
-            "--root",
-            root.path().to_str().expect("utf-8"),
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(st.code(), Some(0), "{served}");
+    let (code, served) = up_at(root.path(), &[]).await;
+    assert_eq!(code, Some(0), "{served}");
     assert!(
         served.contains("✓ delivery daemon serving space demo"),
         "{served}"

@@ -40,17 +40,6 @@ fn bodies(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The pid a frame line names (`pid <n>` / `(pid <n>)`).
-fn frame_pid(line: &str) -> u32 {
-    let at = line.rfind("pid ").expect("a pid") + 4;
-    line[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .expect("a numeric pid")
-}
-
 /// A detached mesh with `RUST_LOG` set, a daemon typed by hand from the root (no `--root`: the
 /// nearest `.cotal/`) that is refused by the live lease, then `down`: every line of the log
 /// begins with an RFC 3339 UTC timestamp; the file begins with a run's first line (version,

@@ -9,15 +9,6 @@ use nix::sys::signal::Signal;
 
 use crate::support::up::*;
 
-/// `up <args…> --space demo --root <root>` run to its exit.
-async fn up_at(root: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
-    let r = root.to_str().expect("utf-8");
-    let mut all = vec!["up", "--space", "demo", "--root", r];
-    all.extend_from_slice(args);
-    let (st, t) = run(root, &all, &[]).await;
-    (st.code(), t)
-}
-
 /// A loopback port nothing listens on (bound, then released).
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");

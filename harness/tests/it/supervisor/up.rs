@@ -85,21 +85,12 @@ fn runs(log: &str) -> Vec<(u32, i64, Option<i64>)> {
         let ms: i64 = t[9..12].parse().expect("millis");
         ((h * 60 + m) * 60 + s) * 1000 + ms
     }
-    fn pid_of(line: &str) -> u32 {
-        let at = line.rfind("pid ").expect("a pid") + 4;
-        line[at..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .expect("numeric pid")
-    }
     let mut out: Vec<(u32, i64, Option<i64>)> = Vec::new();
     for line in log.lines() {
         if line.contains("• delivery: run started — ") {
-            out.push((pid_of(line), stamp_ms(line), None));
+            out.push((frame_pid(line), stamp_ms(line), None));
         } else if line.contains("• delivery: run ended — ") {
-            let pid = pid_of(line);
+            let pid = frame_pid(line);
             if let Some(run) = out.iter_mut().rev().find(|r| r.0 == pid) {
                 run.2 = Some(stamp_ms(line));
             }

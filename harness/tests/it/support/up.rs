@@ -237,3 +237,24 @@ macro_rules! up_snapshot {
         settings.bind(|| insta::assert_snapshot!($name, $transcript));
     }};
 }
+
+/// The pid a run's frame line of the daemon log names (`pid <n>` / `(pid <n>)`): the last one.
+pub fn frame_pid(line: &str) -> u32 {
+    let at = line.rfind("pid ").expect("a pid") + 4;
+    line[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .expect("a numeric pid")
+}
+
+/// `up --space demo --root <root> <args…>` (no `--port`: as an operator types a bare `up`), run
+/// to its exit; with the exit code and the transcript.
+pub async fn up_at(root: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let r = root.to_str().expect("utf-8");
+    let mut all = vec!["up", "--space", "demo", "--root", r];
+    all.extend_from_slice(args);
+    let (st, t) = run(root, &all, &[]).await;
+    (st.code(), t)
+}
