@@ -320,7 +320,7 @@ fn report(e: &StartError, own: Option<&str>, timing: &Tuning, wait: Duration) ->
             timing.standby_retry.as_millis()
         ),
         StartErrorKind::LeaseHeld if e.not_running_holder_expires_in().is_some() => format!(
-            "• delivery host: standing by — the lease row is held by {}, a holder that is not running ({}); it expires in {} s and a retry then takes it. No lane opened, retrying every {} ms (reported once)",
+            "• delivery host: standing by — the lease row is held by {}, a holder that is not running ({}); it expires in {} s and is claimed once it has. No lane opened, retrying every {} ms (reported once)",
             e.holder().unwrap_or("a holder"),
             crate::space::NOT_RUNNING_PROOF,
             e.not_running_holder_expires_in()
