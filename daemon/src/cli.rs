@@ -831,25 +831,27 @@ fn run_down(args: DownArgs) -> i32 {
 /// `remint`: one pass (0 every file renewed, 1 not), or `--watch` until a signal (0; 1 refused
 /// at start); 3 for what is refused before anything is read or dialed.
 fn run_remint(args: RemintArgs) -> i32 {
-    let refuse = |json: bool, space: &str, e: &str| {
+    // A refusal before any file is tried: the one failure object every `--json` command
+    // prints, and `renewed: false` as a pass's report says it.
+    let refuse = |json: bool, kind: &str, space: &str, e: &str| {
+        let code = Exit::Config.code();
         if json {
-            println!(
-                "{}",
-                serde_json::json!({"space": space, "renewed": false, "error": e})
-            );
+            let mut v = json_failure(kind, e, code, Some(space));
+            v["renewed"] = false.into();
+            println!("{v}");
         }
         eprintln!("✗ remint: {e}");
-        Exit::Config.code()
+        code
     };
     let space = match Space::parse(&args.space) {
         Ok(s) => s,
-        Err(e) => return refuse(args.json, &args.space, &format!("--space: {e}")),
+        Err(e) => return refuse(args.json, "space", &args.space, &format!("--space: {e}")),
     };
     let target = match &args.store {
         Some(dir) => crate::store::RemintTarget::Dir(files::absolute(dir, &current_dir())),
         None => match files::resolve_root(args.root.as_deref(), &current_dir()) {
             Ok(root) => crate::store::RemintTarget::Workspace(root),
-            Err(e) => return refuse(args.json, &args.space, &e.to_string()),
+            Err(e) => return refuse(args.json, "root", &args.space, &e.to_string()),
         },
     };
     let cfg = crate::supervise::RemintConfig {
@@ -884,7 +886,7 @@ fn run_remint(args: RemintArgs) -> i32 {
     }
     let pass = rt.block_on(crate::supervise::remint_once(&cfg));
     if let Some(e) = pass.refused_before() {
-        return refuse(args.json, cfg.space.as_str(), &e);
+        return refuse(args.json, "broker", cfg.space.as_str(), &e);
     }
     if args.json {
         println!("{}", crate::supervise::pass_json(&cfg, &pass));

@@ -103,9 +103,11 @@ fn a_bad_flag_exits_with_the_code_every_help_text_and_doc_gives_it() {
 
 /// Each `--json` command prints one JSON object on stdout when it fails, naming the failure and
 /// the exit code it exits with: a bad flag (usage, 2), a malformed `--space` and a directory with
-/// no workspace root (3) for `status`, `pending` and `members`; `status --spaces` without a root.
+/// no workspace root (3) for `status`, `pending`, `members` and `remint`; `status --spaces`
+/// without a root.
 /// Mutations seen failing: the JSON line of `space_and_root` removed (stdout empty for the
-/// malformed space); `main_with` printing nothing for a parse error under `--json`.
+/// malformed space); `main_with` printing nothing for a parse error under `--json`; `remint`'s
+/// refusal printing its older `{"space","renewed","error"}` object (no `exitCode`).
 #[test]
 fn a_json_command_that_fails_prints_one_json_object() {
     let dir = tempfile::tempdir().expect("a directory with no .cotal/ above it");
@@ -128,6 +130,8 @@ fn a_json_command_that_fails_prints_one_json_object() {
             3,
         ),
         (&["status", "--json", "--spaces"], "root", 3),
+        (&["remint", "--json", "--space", "not a space!"], "space", 3),
+        (&["remint", "--json", "--space", "demo"], "root", 3),
     ];
     for (args, kind, code) in cases {
         let out = run_in(dir.path(), args);
