@@ -173,8 +173,8 @@ const UP_HELP: &str = "Environment:
 Files under <root>/.cotal/: nats.pid, nats.log, mesh.json, delivery.<key>.{pid,log,launched,down,stopping}.
 Exit codes: 0 stopped cleanly (or launched, with --detach); 1 the daemon did not serve, the broker
 exited under up, or start-up failed; 2 bad flags, or a flag that only the up starting a mesh
-uses (--port, --demo, --once, --lease-ttl-secs, --tls-cert, --nats-server; --metrics-addr while
-the daemon serves) given on a root whose mesh already runs; 3 a malformed --space.";
+uses (--port, --demo, --once, --lease-ttl-secs, --tls-cert, --nats-server; --metrics-addr and
+--creds-lifetime-secs while the daemon serves) given on a root whose mesh already runs; 3 a malformed --space.";
 
 const DOWN_HELP: &str = "Environment:
   COTAL_DELIVERY_STOP_GRACE_MS   SIGTERM grace before SIGKILL [15000]
@@ -940,7 +940,8 @@ fn run_host_status(root: Option<PathBuf>, as_json: bool) -> i32 {
 
 /// `up`'s flags that only the `up` which starts the mesh uses: typed on a root whose mesh already
 /// runs they would do nothing, so `up` refuses them there (`--port` only when it names another
-/// port than the running broker's, `--metrics-addr` only when the daemon already serves).
+/// port than the running broker's, `--metrics-addr` and `--creds-lifetime-secs` only when the
+/// daemon already serves).
 const START_ONLY: &[&str] = &[
     "--port",
     "--demo",

@@ -467,7 +467,8 @@ async fn relaunch(
 }
 
 /// The flags a running mesh would ignore, refused before anything is touched: those only an
-/// `up` starting the mesh uses, and `--metrics-addr` while the daemon already serves.
+/// `up` starting the mesh uses, and `--metrics-addr` and `--creds-lifetime-secs` while the
+/// daemon already serves (a relaunch of a missing daemon mints with them).
 fn refuse_start_only(
     cfg: &UpConfig,
     workspace: &Workspace,
@@ -492,6 +493,11 @@ fn refuse_start_only(
     if let (Some(pid), Some(_)) = (serving, &cfg.metrics_addr) {
         ignored.push(format!(
             "--metrics-addr (the daemon already serving, pid {pid}, keeps the address it was started with)"
+        ));
+    }
+    if let (Some(pid), Some(_)) = (serving, &cfg.creds_lifetime) {
+        ignored.push(format!(
+            "--creds-lifetime-secs (the daemon already serving, pid {pid}, keeps its credentials, which its renewal owner re-signs at their own lifetime)"
         ));
     }
     if ignored.is_empty() {

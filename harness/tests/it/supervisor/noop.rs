@@ -17,11 +17,13 @@ fn free_port() -> u16 {
 
 /// On a root whose detached mesh runs, each flag only the `up` starting a mesh uses is refused
 /// (exit 2, the usage code) with a line that names it and says how to apply it, and the mesh is
-/// left as it was (the same daemon serves); `--metrics-addr` is refused while the daemon serves;
+/// left as it was (the same daemon serves); `--metrics-addr` and `--creds-lifetime-secs` are
+/// refused while the daemon serves;
 /// `--port 0` (any port) and the running broker's own port are not refused. `--demo` with
 /// `--detach` is refused by the command line itself (exit 2) on any root.
 /// Mutation seen failing: `start_only` left empty by the CLI (`up --demo` on the running mesh
-/// says the mesh is already running and exits 0, the demo never runs).
+/// says the mesh is already running and exits 0, the demo never runs); the
+/// `--creds-lifetime-secs` refusal removed from `refuse_start_only` (exit 0, "already serving").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flags_a_running_mesh_would_ignore_are_refused_naming_them() {
     let root = tempfile::tempdir().expect("root");
@@ -52,6 +54,7 @@ async fn flags_a_running_mesh_would_ignore_are_refused_naming_them() {
         (&["--lease-ttl-secs", "5"], "--lease-ttl-secs"),
         (&["--once"], "--once"),
         (&["--metrics-addr", "127.0.0.1:0"], "--metrics-addr"),
+        (&["--creds-lifetime-secs", "60"], "--creds-lifetime-secs"),
     ];
     for (args, named) in refused {
         let (code, t) = up_at(root.path(), args).await;
