@@ -155,6 +155,66 @@ async fn replaced_connection_stop(mesh: &Mesh) -> i64 {
     rfc3339_us(&stop).unwrap_or_else(|| panic!("unreadable stop {stop:?}"))
 }
 
+/// A daemon dialing through the proxy whose watch is binding again after a cut, with that
+/// rebind's create (`leasewatch_<inc>_1`) held at the proxy; the broker's advisories recorded
+/// from before the cut.
+struct HeldRebind {
+    mesh: Mesh,
+    insp: Inspector,
+    proxy: delivery_harness::TcpProxy,
+    d: Daemon,
+    advisories: Advisories,
+    /// `leasewatch_<inc>`, `leasewatch_<inc>_1` (held), `leasewatch_<inc>_2`.
+    names: [String; 3],
+    /// When the test saw the create held (µs since the epoch, the broker's clock).
+    held_at: i64,
+}
+
+async fn a_rebind_held() -> HeldRebind {
+    let mesh = Mesh::demo().await.expect("mesh");
+    let insp = mesh.inspector(mesh.space()).await.expect("inspector");
+    let (proxy, d) = start_daemon_via_proxy(&mesh).await;
+    let inc = incarnation(&insp).await;
+    let names = [
+        format!("leasewatch_{inc}"),
+        format!("leasewatch_{inc}_1"),
+        format!("leasewatch_{inc}_2"),
+    ];
+    let advisories = Advisories::record(&insp).await;
+    let stream = SpaceNames::kv_stream(&insp.names.delivery_bucket());
+    let create = format!("$JS.API.CONSUMER.CREATE.{stream}.{}", names[1]);
+    proxy.hold_from(create.as_bytes());
+    proxy.cut_established();
+    proxy
+        .wait_held(&create, BOUND)
+        .await
+        .expect("the rebind's create is held");
+    let held_at = unix_us();
+    HeldRebind {
+        mesh,
+        insp,
+        proxy,
+        d,
+        advisories,
+        names,
+        held_at,
+    }
+}
+
+/// When the broker closed the last of the daemon's resident connections (`/connz` `stop`, µs).
+async fn last_connection_stop(mesh: &Mesh) -> i64 {
+    let closed = mesh
+        .broker
+        .connz_named(ConnState::Closed, "cotal:delivery")
+        .await
+        .expect("/connz closed");
+    closed
+        .iter()
+        .filter_map(|c| c.raw["stop"].as_str().and_then(rfc3339_us))
+        .max()
+        .expect("a closed connection of the daemon")
+}
+
 /// The renewal owner's re-sign of the daemon's delivery credential (same nkey), written to the
 /// workspace store; returns the `reloadCreds` args that expect it.
 fn resign(mesh: &Mesh) -> serde_json::Value {
@@ -272,24 +332,15 @@ async fn a_manual_reconnect_retires_the_watch_before_closing_the_connection_and_
 /// never created).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_reconnect_waits_for_a_bind_in_flight_and_deletes_what_it_bound() {
-    let mesh = Mesh::demo().await.expect("mesh");
-    let insp = mesh.inspector(mesh.space()).await.expect("inspector");
-    let (proxy, mut d) = start_daemon_via_proxy(&mesh).await;
-    let inc = incarnation(&insp).await;
-    let (first, held, last) = (
-        format!("leasewatch_{inc}"),
-        format!("leasewatch_{inc}_1"),
-        format!("leasewatch_{inc}_2"),
-    );
-    let advisories = Advisories::record(&insp).await;
-    let stream = SpaceNames::kv_stream(&insp.names.delivery_bucket());
-    let create = format!("$JS.API.CONSUMER.CREATE.{stream}.{held}");
-    proxy.hold_from(create.as_bytes());
-    proxy.cut_established();
-    proxy
-        .wait_held(&create, BOUND)
-        .await
-        .expect("the rebind's create is held");
+    let HeldRebind {
+        mesh,
+        insp,
+        proxy,
+        mut d,
+        advisories,
+        names: [first, held, last],
+        ..
+    } = a_rebind_held().await;
     let _ = resign(&mesh);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(d.pid() as i32),
@@ -311,16 +362,7 @@ async fn a_manual_reconnect_waits_for_a_bind_in_flight_and_deletes_what_it_bound
     let deleted = advisories.at("DELETED", &held).await;
     let recreated = advisories.at("CREATED", &last).await;
     // The replaced connections: the one the proxy cut, then the held one; the latter's stop.
-    let closed = mesh
-        .broker
-        .connz_named(ConnState::Closed, "cotal:delivery")
-        .await
-        .expect("/connz closed");
-    let stop = closed
-        .iter()
-        .filter_map(|c| c.raw["stop"].as_str().and_then(rfc3339_us))
-        .max()
-        .expect("a replaced connection");
+    let stop = last_connection_stop(&mesh).await;
     println!(
         "MEASURED held bind created -> deleted {} µs; deleted -> its connection closed {} µs",
         deleted - created,
@@ -355,20 +397,15 @@ async fn a_manual_reconnect_waits_for_a_bind_in_flight_and_deletes_what_it_bound
 /// first: the deletes' order).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stop_waits_for_a_bind_in_flight_and_deletes_what_it_bound() {
-    let mesh = Mesh::demo().await.expect("mesh");
-    let insp = mesh.inspector(mesh.space()).await.expect("inspector");
-    let (proxy, mut d) = start_daemon_via_proxy(&mesh).await;
-    let inc = incarnation(&insp).await;
-    let (first, held) = (format!("leasewatch_{inc}"), format!("leasewatch_{inc}_1"));
-    let advisories = Advisories::record(&insp).await;
-    let stream = SpaceNames::kv_stream(&insp.names.delivery_bucket());
-    let create = format!("$JS.API.CONSUMER.CREATE.{stream}.{held}");
-    proxy.hold_from(create.as_bytes());
-    proxy.cut_established();
-    proxy
-        .wait_held(&create, BOUND)
-        .await
-        .expect("the rebind's create is held");
+    let HeldRebind {
+        mesh,
+        insp,
+        proxy,
+        mut d,
+        advisories,
+        names: [first, held, _],
+        ..
+    } = a_rebind_held().await;
     d.terminate().expect("SIGTERM");
     // The stop is waiting for the watch: the daemon runs on, nothing created yet.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -380,16 +417,7 @@ async fn the_stop_waits_for_a_bind_in_flight_and_deletes_what_it_bound() {
     let created = advisories.at("CREATED", &held).await;
     let deleted = advisories.at("DELETED", &held).await;
     let deleted_first = advisories.at("DELETED", &first).await;
-    let closed = mesh
-        .broker
-        .connz_named(ConnState::Closed, "cotal:delivery")
-        .await
-        .expect("/connz closed");
-    let stop = closed
-        .iter()
-        .filter_map(|c| c.raw["stop"].as_str().and_then(rfc3339_us))
-        .max()
-        .expect("the daemon's connections closed");
+    let stop = last_connection_stop(&mesh).await;
     println!(
         "MEASURED held bind created -> deleted {} µs; the last delete -> the connection closed {} µs",
         deleted - created,
@@ -420,25 +448,15 @@ async fn the_stop_waits_for_a_bind_in_flight_and_deletes_what_it_bound() {
 /// without its at-once arm (`_2` bound a rebind retry later, 9993 ms after the held create).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bind_whose_connection_is_replaced_binds_again_on_the_new_one() {
-    let mesh = Mesh::demo().await.expect("mesh");
-    let insp = mesh.inspector(mesh.space()).await.expect("inspector");
-    let (proxy, mut d) = start_daemon_via_proxy(&mesh).await;
-    let inc = incarnation(&insp).await;
-    let (first, held, last) = (
-        format!("leasewatch_{inc}"),
-        format!("leasewatch_{inc}_1"),
-        format!("leasewatch_{inc}_2"),
-    );
-    let advisories = Advisories::record(&insp).await;
-    let stream = SpaceNames::kv_stream(&insp.names.delivery_bucket());
-    let create = format!("$JS.API.CONSUMER.CREATE.{stream}.{held}");
-    proxy.hold_from(create.as_bytes());
-    proxy.cut_established();
-    proxy
-        .wait_held(&create, BOUND)
-        .await
-        .expect("the rebind's create is held");
-    let held_at = unix_us();
+    let HeldRebind {
+        mesh: _mesh,
+        insp,
+        proxy,
+        mut d,
+        advisories,
+        names: [first, held, last],
+        held_at,
+    } = a_rebind_held().await;
     // The held create goes with the connection it was written on (never released: a release
     // racing the cut could still hand it to the broker).
     proxy.cut_established();
