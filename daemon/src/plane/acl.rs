@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::kv::{Read, RowError, Rows};
 use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
-use crate::wire::{LifecycleUid, Principal, SpaceNames};
+use crate::wire::{LifecycleNames, LifecycleUid, Principal, SpaceNames};
 
 pub use crate::wire::AclRecord;
 
@@ -161,18 +161,16 @@ impl Acls {
     pub async fn read_shared_in(
         &self,
         view: &View<'_>,
-        member: &Principal,
-        uid: &LifecycleUid,
+        names: &LifecycleNames,
     ) -> Result<Option<Arc<AclDecoded>>, RowError> {
         match view {
-            View::Proved(cache) => {
-                let key = SpaceNames::acl_key(member, uid);
-                Ok(match cache.read_decoded(&key, |_, bytes| decode(bytes)) {
+            View::Proved(cache) => Ok(
+                match cache.read_decoded(&names.acl_key, |_, bytes| decode(bytes)) {
                     DecodedRead::Present(row, _) => Some(row),
                     DecodedRead::Absent { .. } => None,
-                })
-            }
-            View::Leader => Ok(match self.read(member, uid).await? {
+                },
+            ),
+            View::Leader => Ok(match self.read(&names.member, &names.uid).await? {
                 AclRow::Present { record, .. } => Some(Arc::new(Ok(record))),
                 AclRow::Absent => None,
                 AclRow::Garbled(e) => Some(Arc::new(Err(e))),

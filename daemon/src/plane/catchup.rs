@@ -186,6 +186,7 @@ async fn copy_range(
         })
         .await
         .map_err(consumer_error)?;
+    let names = std::sync::Arc::new(ctx.names.lifecycle(member, uid));
     let result = async {
         let mut copied = Vec::new();
         let mut seen = 0usize;
@@ -209,8 +210,8 @@ async fn copy_range(
                     past = true;
                     break;
                 }
-                let prefix = ctx.names.space().prefix();
-                let Some((sender, ch)) = parse_chat_subject(&msg.subject, &prefix) else {
+                let Some((sender, ch)) = parse_chat_subject(&msg.subject, ctx.names.prefix())
+                else {
                     continue;
                 };
                 if ch != channel || &sender == member {
@@ -223,8 +224,7 @@ async fn copy_range(
                     continue;
                 }
                 let target = Target {
-                    member: member.clone(),
-                    uid: uid.clone(),
+                    names: names.clone(),
                     reason: Reason::DurableChannel,
                     generation,
                 };

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::PublishAckFuture;
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, Subject};
 use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -32,8 +32,8 @@ use crate::plane::channels::{Channels, DeliveryClass};
 use crate::plane::membership::Members;
 use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
-use crate::wire::{dedup_id_of, mentions, message_id, parse_chat_subject, sender_id, Reason};
-use crate::wire::{LifecycleUid, Principal, FANOUT_DURABLE};
+use crate::wire::{mentions, message_id, parse_chat_subject, sender_id, Reason};
+use crate::wire::{LifecycleNames, Principal, FANOUT_DURABLE};
 
 /// Lanes of the writer (by CHAT subject: one sender's posts on one channel stay in order).
 pub const FANOUT_LANES: usize = 32;
@@ -47,8 +47,8 @@ pub const FANOUT_MAX_ACK_PENDING: i64 = 1000;
 /// One copy to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    pub member: Principal,
-    pub uid: LifecycleUid,
+    /// The member lifecycle's names (its INBOX subject and dedup id built from them).
+    pub names: Arc<LifecycleNames>,
     pub reason: Reason,
     pub generation: u64,
 }
@@ -166,8 +166,8 @@ impl Writer {
         live: &mut Option<(View<'a>, View<'a>)>,
     ) -> Result<Routed, Settle> {
         let (msg, seq) = (&pulled.msg, pulled.stream_sequence);
-        let prefix = self.ctx.names.space().prefix();
-        let Some((sender, channel)) = parse_chat_subject(&msg.subject, &prefix) else {
+        let Some((sender, channel)) = parse_chat_subject(&msg.subject, self.ctx.names.prefix())
+        else {
             tracing::warn!(subject = %msg.subject, "fan-out: malformed-subject; terminated");
             self.ctx.metrics.gave_up(GiveUp::Malformed);
             return Err(Settle::Term);
@@ -221,11 +221,10 @@ impl Writer {
                 Ok(rows
                     .iter()
                     .filter_map(|r| {
-                        let (member, uid) = r.key.as_ref().filter(|(m, _)| m != sender)?;
+                        let names = r.names.as_ref().filter(|n| n.member != *sender)?;
                         let generation = r.record.as_ref().ok()?.generation_admitting(seq)?;
                         Some(Target {
-                            member: member.clone(),
-                            uid: uid.clone(),
+                            names: names.clone(),
                             reason: Reason::DurableChannel,
                             generation,
                         })
@@ -261,7 +260,7 @@ impl Writer {
                     else {
                         continue;
                     };
-                    if &peer == sender || out.iter().any(|t| t.member == peer) {
+                    if &peer == sender || out.iter().any(|t| t.names.member == peer) {
                         continue;
                     }
                     // The target lifecycle is its single live ACL row, not presence.
@@ -274,8 +273,7 @@ impl Writer {
                     {
                         if record.covers(channel) {
                             out.push(Target {
-                                member: peer,
-                                uid,
+                                names: Arc::new(self.ctx.names.lifecycle(&peer, &uid)),
                                 reason: Reason::LiveMention,
                                 generation: 0,
                             });
@@ -292,7 +290,7 @@ impl Writer {
 /// (or the bound passed, or one failed), and its copy slots are given back then.
 struct Copies {
     pulled: Pulled,
-    sent: Result<Vec<(String, PublishAckFuture)>, String>,
+    sent: Result<Vec<(Subject, PublishAckFuture)>, String>,
     /// Every copy must be stored by then ([`COPY_BOUND`] after the last was sent).
     bound: Instant,
     _permits: OwnedSemaphorePermit,
@@ -355,7 +353,7 @@ async fn publish_copies(
     channel: &str,
     seq: u64,
     targets: &[Target],
-) -> Result<Vec<(String, PublishAckFuture)>, String> {
+) -> Result<Vec<(Subject, PublishAckFuture)>, String> {
     let bytes = EntryBytes::new(msg, channel, seq).map_err(|e| e.to_string())?;
     let id = message_id(msg);
     let mut acks = Vec::with_capacity(targets.len());
@@ -364,7 +362,7 @@ async fn publish_copies(
     let mut last: Option<((Reason, u64), Bytes)> = None;
     for t in targets {
         let mut headers = HeaderMap::new();
-        if let Some(id) = dedup_id_of(id, &t.member, &t.uid, t.generation) {
+        if let Some(id) = t.names.dedup_id(id, t.generation) {
             headers.insert("Nats-Msg-Id", id.as_str());
         }
         let entry = match &last {
@@ -375,13 +373,13 @@ async fn publish_copies(
                 entry
             }
         };
-        let subject = ctx.names.dinbox_subject(&t.member, &t.uid);
+        let subject = &t.names.dinbox;
         let ack = ctx
             .js
             .publish_with_headers(subject.clone(), headers, entry)
             .await
             .map_err(|e| format!("publish {subject}: {}", crate::kv::broker_words(&e)))?;
-        acks.push((subject, ack));
+        acks.push((subject.clone(), ack));
     }
     Ok(acks)
 }
@@ -389,7 +387,7 @@ async fn publish_copies(
 /// Waits until every publish is stored, at the latest by `bound`; the INBOX sequences, or the
 /// first failure.
 async fn stored_by(
-    acks: Vec<(String, PublishAckFuture)>,
+    acks: Vec<(Subject, PublishAckFuture)>,
     bound: Instant,
 ) -> Result<Vec<u64>, String> {
     let work = async {

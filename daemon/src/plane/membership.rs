@@ -21,7 +21,7 @@ use crate::kv::{Read, RowError, Rows};
 use crate::plane::acl::RowDecodeError;
 use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
-use crate::wire::{LifecycleUid, Principal, SpaceNames};
+use crate::wire::{LifecycleNames, LifecycleUid, Principal, SpaceNames};
 
 /// `MembershipRecord` of the reference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -261,25 +261,28 @@ impl Members {
         &self,
         view: &View<'_>,
         channel: &str,
-        member: &Principal,
-        uid: &LifecycleUid,
+        names: &Arc<LifecycleNames>,
     ) -> Result<Option<Arc<MemberDecoded>>, RowError> {
+        let (member, uid) = (&names.member, &names.uid);
         match view {
             View::Proved(cache) => {
-                let key = SpaceNames::member_key(channel, member, uid);
-                Ok(match cache.read_decoded(&key, MemberDecoded::new) {
-                    DecodedRead::Present(row, _) => Some(row),
-                    DecodedRead::Absent { .. } => None,
-                })
+                let key = names.member_key(channel);
+                let space = &self.ctx.names;
+                Ok(
+                    match cache.read_decoded(&key, |k, v| MemberDecoded::new(space, k, v)) {
+                        DecodedRead::Present(row, _) => Some(row),
+                        DecodedRead::Absent { .. } => None,
+                    },
+                )
             }
             View::Leader => Ok(match self.read(channel, member, uid).await? {
                 MemberRead::Present(record, _) => Some(Arc::new(MemberDecoded {
-                    key: Some((member.clone(), uid.clone())),
+                    names: Some(names.clone()),
                     record: Ok(record),
                 })),
                 MemberRead::Absent { .. } => None,
                 MemberRead::Garbled(e) => Some(Arc::new(MemberDecoded {
-                    key: Some((member.clone(), uid.clone())),
+                    names: Some(names.clone()),
                     record: Err(e),
                 })),
             }),
@@ -301,14 +304,17 @@ impl Members {
                 .into_iter()
                 .map(|r| {
                     Arc::new(MemberDecoded {
-                        key: Some((r.member, r.uid)),
+                        names: Some(Arc::new(self.ctx.names.lifecycle(&r.member, &r.uid))),
                         record: Ok(r.record),
                     })
                 })
                 .collect());
         };
-        let mut rows = cache.scan_decoded(&format!("{channel}/"), MemberDecoded::new);
-        rows.retain(|r| r.key.is_some() && r.record.is_ok());
+        let space = &self.ctx.names;
+        let mut rows = cache.scan_decoded(&format!("{channel}/"), |k, v| {
+            MemberDecoded::new(space, k, v)
+        });
+        rows.retain(|r| r.names.is_some() && r.record.is_ok());
         Ok(rows)
     }
 
@@ -406,18 +412,20 @@ impl Members {
     }
 }
 
-/// A member row's value as decoded once per revision: the member and lifecycle its key names
-/// (`None` when the key does not split) and the record (or why it does not parse).
+/// A member row's value as decoded once per revision: the member and lifecycle its key names,
+/// with their data-path names (`None` when the key does not split), and the record (or why it
+/// does not parse).
 #[derive(Debug)]
 pub struct MemberDecoded {
-    pub key: Option<(Principal, LifecycleUid)>,
+    pub names: Option<Arc<LifecycleNames>>,
     pub record: Result<MembershipRecord, RowDecodeError>,
 }
 
 impl MemberDecoded {
-    fn new(key: &str, value: &bytes::Bytes) -> MemberDecoded {
+    fn new(space: &SpaceNames, key: &str, value: &bytes::Bytes) -> MemberDecoded {
         MemberDecoded {
-            key: split_member_key(key).map(|(_, member, uid)| (member, uid)),
+            names: split_member_key(key)
+                .map(|(_, member, uid)| Arc::new(space.lifecycle(&member, &uid))),
             record: serde_json::from_slice(value).map_err(RowDecodeError::from),
         }
     }

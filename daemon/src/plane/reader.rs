@@ -24,7 +24,8 @@
 //!   `dlv.<o>.<a>.<uid>` and ack the entry only once that publish is acknowledged, so a crash
 //!   between handoff and surfacing loses nothing.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
@@ -41,7 +42,7 @@ use crate::plane::cache::View;
 use crate::plane::membership::{MemberRead, Members};
 use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
-use crate::wire::{dedup_id_of, parse_dinbox_subject, EntryRead, Reason};
+use crate::wire::{parse_dinbox_subject, EntryRead, LifecycleNames, Reason};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
 /// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order).
@@ -50,6 +51,9 @@ pub const READER_LANES: usize = 64;
 pub const MAX_HANDOFFS_IN_FLIGHT: usize = 1024;
 /// Bound on one handoff publish (or one delete) being acknowledged.
 const HANDOFF_BOUND: Duration = crate::tuning::BROKER_BOUND;
+/// Member lifecycles whose names the reader keeps built (by INBOX subject), entries; the memo
+/// starts over when it is full.
+pub const READER_NAMES_MAX: usize = 4096;
 
 /// The reference warning for an entry given up because its owner has no ACL row, after
 /// `redeliveries` deliveries past the first.
@@ -72,6 +76,9 @@ struct Reader {
     acls: Acls,
     members: Members,
     handoffs: Arc<Semaphore>,
+    /// The names of each member lifecycle an INBOX subject names, built once: they depend on
+    /// the subject only (every decision is still made from the rows per entry).
+    names: Mutex<HashMap<String, Arc<LifecycleNames>>>,
 }
 
 /// Creates (or binds) the `reader` durable (exactly one filter subject: the `delivery` grant names it).
@@ -93,6 +100,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         acls: Acls::open(ctx).await.map_err(|e| err(e.to_string()))?,
         members: Members::open(ctx).await.map_err(|e| err(e.to_string()))?,
         handoffs: Arc::new(Semaphore::new(MAX_HANDOFFS_IN_FLIGHT)),
+        names: Mutex::new(HashMap::new()),
     });
     Ok(tokio::spawn(pump::run(
         ctx.clone(),
@@ -113,6 +121,22 @@ impl Reader {
         redeliveries(pulled) >= self.ctx.config.reader_max_redeliveries
     }
 
+    /// The member lifecycle an INBOX subject names, with its names (`None` when the subject
+    /// does not parse).
+    fn names_of(&self, subject: &str) -> Option<Arc<LifecycleNames>> {
+        let mut memo = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(names) = memo.get(subject) {
+            return Some(names.clone());
+        }
+        let (member, uid) = parse_dinbox_subject(subject, self.ctx.names.prefix())?;
+        let names = Arc::new(self.ctx.names.lifecycle(&member, &uid));
+        if memo.len() >= READER_NAMES_MAX {
+            memo.clear();
+        }
+        memo.insert(subject.to_string(), names.clone());
+        Some(names)
+    }
+
     /// Re-checks a lane batch against caches proved once for it and hands off the authorized
     /// frames in order; each entry is settled when its handoff is acknowledged, in order, by one
     /// task per batch (started with the batch, so the lane goes on with the next batch and the
@@ -126,7 +150,7 @@ impl Reader {
             tokio::join!(caches.acl.prove(&self.ctx), caches.members.prove(&self.ctx));
         let mut settles: Option<mpsc::UnboundedSender<Handoff>> = None;
         for pulled in batch {
-            let (member, uid, entry) = match self.check(&pulled, &acls, &members).await {
+            let (names, entry) = match self.check(&pulled, &acls, &members).await {
                 Ok(surface) => surface,
                 Err(verdict) => {
                     pulled.settle(&self.ctx, verdict).await;
@@ -147,7 +171,7 @@ impl Reader {
                 return;
             };
             let sent = self
-                .send_handoff(&member, &uid, entry.generation(), body, &id)
+                .send_handoff(&names, entry.generation(), body, &id)
                 .await;
             let handoff = Handoff {
                 sent,
@@ -209,10 +233,9 @@ impl Reader {
         pulled: &'p Pulled,
         acls: &View<'_>,
         members: &View<'_>,
-    ) -> Result<(Principal, LifecycleUid, EntryRead<'p>), Settle> {
+    ) -> Result<(Arc<LifecycleNames>, EntryRead<'p>), Settle> {
         let (msg, epoch) = (&pulled.msg, pulled.epoch);
-        let prefix = self.ctx.names.space().prefix();
-        let Some((member, uid)) = parse_dinbox_subject(&msg.subject, &prefix) else {
+        let Some(names) = self.names_of(&msg.subject) else {
             tracing::warn!(subject = %msg.subject, "reader: unparseable subject; terminated");
             self.ctx.metrics.gave_up(GiveUp::Malformed);
             return Err(Settle::Term);
@@ -225,7 +248,7 @@ impl Reader {
                 return Err(Settle::Term);
             }
         };
-        let acl = match self.acls.read_shared_in(acls, &member, &uid).await {
+        let acl = match self.acls.read_shared_in(acls, &names).await {
             Err(e) => {
                 tracing::warn!(error = %e, "reader: ACL read failed; nak");
                 return Err(Settle::Nak);
@@ -237,10 +260,10 @@ impl Reader {
             if self.given_up(pulled) {
                 if self.ctx.gate.still(epoch) {
                     // One line per owner and window, however many entries it owes.
-                    let owner = SpaceNames::acl_key(&member, &uid);
+                    let owner = &names.acl_key;
                     self.ctx.journal.repeated(
                         &format!("give-up:unknown-owner:{}:{owner}", self.ctx.names.space()),
-                        format!("! {}", unknown_owner_warning(&owner, redeliveries(pulled))),
+                        format!("! {}", unknown_owner_warning(owner, redeliveries(pulled))),
                     );
                 }
                 self.ctx.metrics.gave_up(GiveUp::UnknownOwner);
@@ -249,17 +272,15 @@ impl Reader {
             return Err(Settle::Nak);
         };
         if record.is_retired() {
-            return Err(self.drop_retired(pulled, &member, &uid, &entry).await);
+            return Err(self
+                .drop_retired(pulled, &names.member, &names.uid, &entry)
+                .await);
         }
         if !record.covers(entry.channel()) {
             return Err(Settle::Ack);
         }
         if entry.reason() == Reason::DurableChannel {
-            match self
-                .members
-                .read_in(members, entry.channel(), &member, &uid)
-                .await
-            {
+            match self.members.read_in(members, entry.channel(), &names).await {
                 Err(e) => {
                     tracing::warn!(error = %e, "reader: member row read failed; nak");
                     return Err(Settle::Nak);
@@ -272,24 +293,23 @@ impl Reader {
                 Ok(_) => return Err(Settle::Ack),
             }
         }
-        Ok((member, uid, entry))
+        Ok((names, entry))
     }
 
     /// Publishes the frame `body` of a message whose id is `id` without waiting for its ack.
     async fn send_handoff(
         &self,
-        member: &Principal,
-        uid: &LifecycleUid,
+        names: &LifecycleNames,
         generation: u64,
         body: Vec<u8>,
         id: &str,
     ) -> Result<PublishAckFuture, String> {
         let mut headers = HeaderMap::new();
         headers.insert(DELIVERY_FRAME_HEADER, "1");
-        if let Some(id) = dedup_id_of(id, member, uid, generation) {
+        if let Some(id) = names.dedup_id(id, generation) {
             headers.insert("Nats-Msg-Id", id.as_str());
         }
-        let subject = self.ctx.names.dlv_subject(member, uid);
+        let subject = &names.dlv;
         // The send is bounded by the context's own timeout (the request bound); a publish slot
         // of the context is free, since the handoffs and copies in flight stay below its count.
         self.ctx

@@ -28,8 +28,8 @@ pub use grammar::{
     MAX_ACTOR_LENGTH, MAX_CHANNEL_LENGTH, MAX_ROLE_LENGTH, MAX_SPACE_LENGTH,
 };
 pub use names::{
-    inbox_prefix, CtlService, SpaceNames, DELIVERY_FRAME_HEADER, FANOUT_DURABLE, LEASE_KEY,
-    MEMBERSHIP_OBSERVER_INBOX_PREFIX, READER_DURABLE,
+    inbox_prefix, CtlService, LifecycleNames, SpaceNames, DELIVERY_FRAME_HEADER, FANOUT_DURABLE,
+    LEASE_KEY, MEMBERSHIP_OBSERVER_INBOX_PREFIX, READER_DURABLE,
 };
 pub use replies::{
     Accepted, AnycastCancelled, AnycastRowStatus, AnycastStatus, BrokerAccepted, ConnTuple,

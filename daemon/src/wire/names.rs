@@ -1,12 +1,16 @@
 //! Every subject, stream, consumer, bucket and key the daemon touches, spelled here and only
 //! here, so that a TypeScript Cotal agent and this daemon agree byte for byte.
 
+use async_nats::Subject;
+
 use super::grammar::{LifecycleUid, Principal, Role, Space};
 
 /// Every name derived from one space: streams, buckets, subjects and durables.
 #[derive(Debug, Clone)]
 pub struct SpaceNames {
     space: Space,
+    /// `cotal.<s>`, spelled once: the data path builds subjects from it per message.
+    prefix: String,
 }
 
 /// Durable name of the fan-out writer on `CHAT_<s>`.
@@ -22,16 +26,21 @@ impl SpaceNames {
     pub fn new(space: &Space) -> SpaceNames {
         SpaceNames {
             space: space.clone(),
+            prefix: space.prefix(),
         }
     }
     pub fn space(&self) -> &Space {
         &self.space
     }
+    /// `cotal.<s>` (the space's [`Space::prefix`]).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
     fn s(&self) -> &str {
         self.space.token()
     }
-    fn p(&self) -> String {
-        self.space.prefix()
+    fn p(&self) -> &str {
+        &self.prefix
     }
 
     pub fn chat_stream(&self) -> String {
@@ -261,6 +270,89 @@ impl SpaceNames {
     pub fn acl_key(member: &Principal, uid: &LifecycleUid) -> String {
         format!("{}.{uid}", member.dot_form())
     }
+    /// Every name the data path spells for one member lifecycle, built at once.
+    pub fn lifecycle(&self, member: &Principal, uid: &LifecycleUid) -> LifecycleNames {
+        let acl_key = concat(&[member.owner(), ".", member.actor(), ".", uid.as_str()]);
+        let subject = |stream: &str| Subject::from(concat(&[self.p(), stream, &acl_key]));
+        LifecycleNames {
+            dinbox: subject(".dinbox."),
+            dlv: subject(".dlv."),
+            dedup_tail: concat(&[
+                ":",
+                member.owner(),
+                ".",
+                member.actor(),
+                ":",
+                uid.as_str(),
+                ":",
+            ]),
+            member: member.clone(),
+            uid: uid.clone(),
+            acl_key,
+        }
+    }
+}
+
+/// The names of one member lifecycle on the data path, built once (per member row revision in
+/// the fan-out writer, per INBOX subject in the trusted reader) rather than per copy and per
+/// frame: they are a function of the space, the member and the lifecycle only, so building
+/// them once changes no decision (docs/performance.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleNames {
+    pub member: Principal,
+    pub uid: LifecycleUid,
+    /// [`SpaceNames::acl_key`]: `<o>.<a>.<uid>`.
+    pub acl_key: String,
+    /// [`SpaceNames::dinbox_subject`].
+    pub dinbox: Subject,
+    /// [`SpaceNames::dlv_subject`].
+    pub dlv: Subject,
+    /// `:<o>.<a>:<uid>:`, the dedup id between the message id and the generation.
+    dedup_tail: String,
+}
+
+impl LifecycleNames {
+    /// [`SpaceNames::member_key`] on `channel`.
+    pub fn member_key(&self, channel: &str) -> String {
+        concat(&[channel, "/", &self.acl_key])
+    }
+
+    /// [`crate::wire::dedup_id_of`]: `<id>:<o>.<a>:<uid>:<generation>`, `None` for an id-less
+    /// message.
+    pub fn dedup_id(&self, id: &str, generation: u64) -> Option<String> {
+        if id.is_empty() {
+            return None;
+        }
+        let mut out = String::with_capacity(id.len() + self.dedup_tail.len() + 20);
+        out.push_str(id);
+        out.push_str(&self.dedup_tail);
+        push_decimal(&mut out, generation);
+        Some(out)
+    }
+}
+
+/// `parts` joined, in one allocation of the exact size.
+fn concat(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        out.push_str(p);
+    }
+    out
+}
+
+/// Appends `n` in decimal (what `format!("{n}")` writes, without the formatting machinery).
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[at..].iter().map(|d| char::from(*d)));
 }
 
 /// Per-connection reply inbox prefix `_INBOX_<connId>` (no trailing dot). The matching grant is
@@ -293,5 +385,50 @@ impl CtlService {
     /// The queue group the daemon serves the rail in.
     pub fn queue_group(self) -> &'static str {
         self.as_str()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::dedup_id_of;
+
+    /// Mutations seen failing: the dedup tail without its trailing `:` (the dedup id at
+    /// generation 0), `push_decimal` stopping before a number's leading digit (generation 10),
+    /// the DLV subject built on `.dinbox.` (the DLV subject).
+    #[test]
+    fn a_lifecycles_names_built_once_are_the_names_spelled_one_by_one() {
+        let names = SpaceNames::new(&Space::parse("eng-1").unwrap());
+        let member = Principal::parse("local.alice").unwrap();
+        let uid = LifecycleUid::parse("abcdefghijklmnopqrstuvwxyz").unwrap();
+        let built = names.lifecycle(&member, &uid);
+        assert_eq!(built.member, member);
+        assert_eq!(built.uid, uid);
+        assert_eq!(built.acl_key, SpaceNames::acl_key(&member, &uid));
+        assert_eq!(
+            built.dinbox.as_str(),
+            names.dinbox_subject(&member, &uid).as_str()
+        );
+        assert_eq!(
+            built.dlv.as_str(),
+            names.dlv_subject(&member, &uid).as_str()
+        );
+        assert_eq!(
+            built.member_key("eng.alerts"),
+            SpaceNames::member_key("eng.alerts", &member, &uid)
+        );
+        for generation in [0, 7, 10, 1_000_000, u64::MAX] {
+            assert_eq!(
+                built.dedup_id("m-1", generation),
+                dedup_id_of("m-1", &member, &uid, generation),
+                "generation {generation}"
+            );
+        }
+        assert_eq!(
+            built.dedup_id("", 3),
+            None,
+            "an id-less message has no dedup id"
+        );
+        assert_eq!(names.prefix(), names.space().prefix());
     }
 }
