@@ -326,6 +326,7 @@ impl MetricsRegistry {
         Metrics {
             families: self.families.clone(),
             space: Arc::from(space),
+            hot: Arc::default(),
         }
     }
 
@@ -348,6 +349,16 @@ impl MetricsRegistry {
 pub struct Metrics {
     families: Arc<Families>,
     space: Arc<str>,
+    /// The counters the data path bumps per copy and per frame, resolved from their family at
+    /// the first bump (the series appears then, as before) instead of per bump.
+    hot: Arc<HotCounters>,
+}
+
+/// This space's series of the per-message counters, once resolved (a clone shares the series).
+#[derive(Default)]
+struct HotCounters {
+    posts_copied: std::sync::OnceLock<Counter>,
+    handed_off: std::sync::OnceLock<Counter>,
 }
 
 impl Default for Metrics {
@@ -378,14 +389,27 @@ impl Metrics {
 
     /// The fan-out writer wrote `n` INBOX entries for one post.
     pub fn posts_copied(&self, n: u64) {
-        self.families
+        self.hot
             .posts_copied
-            .get_or_create(&self.space())
+            .get_or_init(|| {
+                self.families
+                    .posts_copied
+                    .get_or_create(&self.space())
+                    .clone()
+            })
             .inc_by(n);
     }
     /// The reader handed one entry off to a DLV store.
     pub fn handed_off(&self) {
-        self.families.handed_off.get_or_create(&self.space()).inc();
+        self.hot
+            .handed_off
+            .get_or_init(|| {
+                self.families
+                    .handed_off
+                    .get_or_create(&self.space())
+                    .clone()
+            })
+            .inc();
     }
     /// A message reached the fan-out writer (`chat`) or the reader (`inbox`) again.
     pub fn redelivered(&self, store: Store) {
