@@ -561,9 +561,83 @@ impl On<'_> {
     }
 }
 
+/// The targets of docs/performance.md, against the raw pipeline of the same run: daemon CPU
+/// per frame at most this many times the raw client's.
+const TARGET_CPU_RATIO_MAX: f64 = 1.5;
+/// Broker CPU per frame of the daemon run at most this many times the raw run's.
+const TARGET_BROKER_RATIO_MAX: f64 = 1.25;
+/// Daemon throughput at least this share of the raw pipeline's.
+const TARGET_THROUGHPUT_RATIO_MIN: f64 = 0.7;
+/// p99 post stored → frame stored at `--rate` at most this many times the raw p99 ...
+const TARGET_P99_RATIO_MAX: f64 = 1.5;
+/// ... at this member count (at 100 members both sides queue at 200 posts/s).
+const TARGET_P99_MEMBERS: usize = 10;
+/// Daemon peak RSS, MB.
+const TARGET_RSS_MAX_MB: f64 = 32.0;
+
+/// Whether one row meets each target (`None`: the target does not apply to this row).
+struct TargetsMet {
+    cpu: bool,
+    broker: bool,
+    throughput: bool,
+    p99: Option<bool>,
+    rss: bool,
+}
+
+impl TargetsMet {
+    fn of(r: &Row) -> TargetsMet {
+        let ratio = |a: f64, b: f64| a / b.max(f64::MIN_POSITIVE);
+        let (d, b) = (&r.daemon, &r.baseline);
+        TargetsMet {
+            cpu: ratio(d.cpu_us_per_frame, b.cpu_us_per_frame) <= TARGET_CPU_RATIO_MAX,
+            broker: ratio(d.broker_us_per_frame, b.broker_us_per_frame) <= TARGET_BROKER_RATIO_MAX,
+            throughput: ratio(d.posts_per_s, b.posts_per_s) >= TARGET_THROUGHPUT_RATIO_MIN,
+            p99: (r.members == TARGET_P99_MEMBERS)
+                .then(|| ratio(r.daemon_lat.1, r.baseline_lat.1) <= TARGET_P99_RATIO_MAX),
+            rss: r.rss_mb <= TARGET_RSS_MAX_MB,
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "cpu_per_frame_ratio_max_1_5": self.cpu,
+            "broker_cpu_per_frame_ratio_max_1_25": self.broker,
+            "throughput_ratio_min_0_7": self.throughput,
+            "p99_ratio_max_1_5_at_10_members": self.p99,
+            "rss_max_32_mb": self.rss,
+        })
+    }
+
+    fn line(&self, r: &Row) -> String {
+        let ratio = |a: f64, b: f64| a / b.max(f64::MIN_POSITIVE);
+        let (d, b) = (&r.daemon, &r.baseline);
+        let met = |ok: bool| if ok { "met" } else { "NOT met" };
+        let p99 = match self.p99 {
+            Some(ok) => format!(
+                "p99 {:.2} x (<= {TARGET_P99_RATIO_MAX}) {}",
+                ratio(r.daemon_lat.1, r.baseline_lat.1),
+                met(ok)
+            ),
+            None => format!("p99 target only at {TARGET_P99_MEMBERS} members"),
+        };
+        format!(
+            "targets: CPU/frame {:.2} x (<= {TARGET_CPU_RATIO_MAX}) {}; broker {:.2} x (<= {TARGET_BROKER_RATIO_MAX}) {}; throughput {:.2} x (>= {TARGET_THROUGHPUT_RATIO_MIN}) {}; {p99}; RSS {:.1} MB (<= {TARGET_RSS_MAX_MB}) {}",
+            ratio(d.cpu_us_per_frame, b.cpu_us_per_frame),
+            met(self.cpu),
+            ratio(d.broker_us_per_frame, b.broker_us_per_frame),
+            met(self.broker),
+            ratio(d.posts_per_s, b.posts_per_s),
+            met(self.throughput),
+            r.rss_mb,
+            met(self.rss),
+        )
+    }
+}
+
 fn print_row(r: &Row, args: &Args) {
     let ratio = |a: f64, b: f64| a / b.max(f64::MIN_POSITIVE);
     let (d, b) = (&r.daemon, &r.baseline);
+    let targets = TargetsMet::of(r);
     if args.json {
         println!(
             "{}",
@@ -592,6 +666,7 @@ fn print_row(r: &Row, args: &Args) {
                 "baseline_p99_ms": round2(r.baseline_lat.1),
                 "daemon_rss_peak_mb": round2(r.rss_mb),
                 "complete": r.complete,
+                "targets_met": targets.json(),
                 "runs": r.runs.iter().map(|run| json!({
                     "daemon": run.daemon.json(),
                     "baseline": run.baseline.json(),
@@ -629,6 +704,7 @@ fn print_row(r: &Row, args: &Args) {
             r.rss_mb,
             r.complete
         );
+        println!("        {}", targets.line(r));
         println!(
             "        this benchmark's own process: {:.1} % of a core in the daemon runs, {:.1} % in the raw runs (median)",
             d.bench_core_share * 100.0,
