@@ -45,8 +45,12 @@ use crate::plane::{PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::wire::{parse_dinbox_subject, EntryRead, LifecycleNames, Reason};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
-/// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order).
-pub const READER_LANES: usize = 64;
+/// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order). Each
+/// lane batch costs two fenced cache proofs, a boundary ticket and a settling task whatever its
+/// size, so fewer lanes with larger batches cost less CPU per frame than one lane per few
+/// members (64 lanes made 100 members' entries batches of one or two; docs/performance.md),
+/// and handoffs stay pipelined within a lane.
+pub const READER_LANES: usize = 16;
 /// Handoffs published and not yet acknowledged by JetStream, over all lanes.
 pub const MAX_HANDOFFS_IN_FLIGHT: usize = 1024;
 /// Bound on one handoff publish (or one delete) being acknowledged.
