@@ -69,7 +69,10 @@ pub struct Args {
     pub json: bool,
 }
 
-const BOUND: Duration = Duration::from_secs(120);
+/// What one step of a round may take, in s: a host up or standing by, a holder elected, a
+/// takeover answered, a mark delivered, a connection gone from the broker, an exit. Generous:
+/// the suite runs on whatever machine the integrator has and fails past it, never measures it.
+const STEP_BOUND: Duration = Duration::from_secs(120);
 /// One ctl.delivery probe's wait for its answer (the takeover resolution is about this).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 const CASES: [&str; 3] = ["kill", "return", "stop"];
@@ -153,12 +156,12 @@ async fn node_of(mesh: &mut Mesh, nkey: &str) -> Result<Option<usize>, String> {
 
 /// Waits (bounded) until no running node has a connection of user `nkey` open.
 async fn gone_from_broker(mesh: &mut Mesh, nkey: &str) -> Result<(), String> {
-    let deadline = Instant::now() + BOUND;
+    let deadline = Instant::now() + STEP_BOUND;
     while node_of(mesh, nkey).await?.is_some() {
         if Instant::now() > deadline {
             return Err(format!(
                 "the killed holder's connections still open after {} s",
-                BOUND.as_secs()
+                STEP_BOUND.as_secs()
             ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -185,7 +188,7 @@ fn posted_in(posted: &Posted, case: &str) -> Result<usize, String> {
 /// Waits (bounded) until the steady sender posted at least once more labelled `case`: a case
 /// quicker than the sender's interval must still carry a post across its takeover to count.
 async fn wait_posted(posted: &Posted, case: &str, before: usize) -> Result<(), String> {
-    let deadline = Instant::now() + BOUND;
+    let deadline = Instant::now() + STEP_BOUND;
     while posted_in(posted, case)? <= before {
         if posted.lock().map_err(err)?.len() >= DLV_BUDGET {
             // The sender stopped at its budget (see `DLV_BUDGET`).
@@ -212,7 +215,7 @@ async fn holder_index(insp: &Inspector, hosts: &[Host]) -> Result<Option<usize>,
 /// Waits (bounded) until one of `hosts` holds a ready row. A failed read is retried: on a
 /// cluster the suite's own connection may be failing over.
 async fn wait_holder(insp: &Inspector, hosts: &[Host]) -> Result<usize, String> {
-    let deadline = Instant::now() + BOUND;
+    let deadline = Instant::now() + STEP_BOUND;
     let mut last_error = String::new();
     loop {
         match holder_index(insp, hosts).await {
@@ -223,7 +226,7 @@ async fn wait_holder(insp: &Inspector, hosts: &[Host]) -> Result<usize, String> 
         if Instant::now() > deadline {
             return Err(format!(
                 "no host held a ready row within {} s (last read error: {last_error})",
-                BOUND.as_secs()
+                STEP_BOUND.as_secs()
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -272,7 +275,7 @@ async fn wait_seen(seen: &Seen, id: &str, bound: Duration) -> Result<Instant, St
 
 /// Posts a round's marker, retried (bounded) while a cluster connection fails over.
 async fn post_mark(sender: &Agent, channel: &str, mark: &str) -> Result<(), String> {
-    let deadline = Instant::now() + BOUND;
+    let deadline = Instant::now() + STEP_BOUND;
     loop {
         let msg = sender.message(channel, mark, Some(mark));
         match sender.post(channel, &msg).await {
@@ -369,7 +372,7 @@ async fn suite(args: Args) -> Result<(), String> {
         .proc
         .as_mut()
         .ok_or("no host")?
-        .wait_for_line("✓ delivery daemon up", BOUND)
+        .wait_for_line("✓ delivery daemon up", STEP_BOUND)
         .await
         .map_err(err)?;
     hosts[1].proc = Some(spawn(
@@ -382,7 +385,7 @@ async fn suite(args: Args) -> Result<(), String> {
         .proc
         .as_mut()
         .ok_or("no host")?
-        .wait_for_line("standing by", BOUND)
+        .wait_for_line("standing by", STEP_BOUND)
         .await
         .map_err(err)?;
 
@@ -479,7 +482,7 @@ async fn suite(args: Args) -> Result<(), String> {
     .map_err(err)?;
     let before = insp.lease().await.map_err(err)?.ok_or("no row")?;
     let mut t = spawn(&mesh, third.path(), &mesh.url(), timing)?;
-    let code = t.wait_exit(BOUND).await.map_err(err)?.code();
+    let code = t.wait_exit(STEP_BOUND).await.map_err(err)?.code();
     let after = insp.lease().await.map_err(err)?.ok_or("no row")?;
     let same_holder = after.info.holder == before.info.holder
         && after.info.incarnation == before.info.incarnation;
@@ -524,8 +527,8 @@ async fn suite(args: Args) -> Result<(), String> {
                 mesh.node_mut(node).ok_or("no node")?.kill().map_err(err)?;
                 let mark = format!("mark-{case}-{round}");
                 post_mark(&sender, channel, &mark).await?;
-                let answered = first_answer(&watcher, BOUND).await?;
-                let delivered = wait_seen(&seen, &mark, BOUND).await?;
+                let answered = first_answer(&watcher, STEP_BOUND).await?;
+                let delivered = wait_seen(&seen, &mark, STEP_BOUND).await?;
                 let after = wait_holder(&insp, &hosts).await?;
                 let now = insp.lease().await.map_err(err)?.ok_or("no row")?;
                 let outcome = if after == h && now.info.incarnation == row.info.incarnation {
@@ -560,7 +563,7 @@ async fn suite(args: Args) -> Result<(), String> {
                     delivered.duration_since(t0).as_millis()
                 );
                 let n = mesh.node_mut(node).ok_or("no node")?;
-                n.wait_exit(BOUND).await.map_err(err)?;
+                n.wait_exit(STEP_BOUND).await.map_err(err)?;
                 n.restart().await.map_err(err)?;
                 wait_posted(&posted, case, posted_before).await?;
                 continue;
@@ -580,8 +583,8 @@ async fn suite(args: Args) -> Result<(), String> {
             gone_from_broker(&mut mesh, &holder_nkey).await?;
             let mark = format!("mark-{case}-{round}");
             post_mark(&sender, channel, &mark).await?;
-            let answered = first_answer(&watcher, BOUND).await?;
-            let delivered = wait_seen(&seen, &mark, BOUND).await?;
+            let answered = first_answer(&watcher, STEP_BOUND).await?;
+            let delivered = wait_seen(&seen, &mark, STEP_BOUND).await?;
             record(
                 &mut takeover,
                 &mut rail,
@@ -598,7 +601,7 @@ async fn suite(args: Args) -> Result<(), String> {
                 answered.duration_since(t0).as_millis(),
                 delivered.duration_since(t0).as_millis()
             );
-            let status = holder_proc.wait_exit(BOUND).await.map_err(err)?;
+            let status = holder_proc.wait_exit(STEP_BOUND).await.map_err(err)?;
             if case == "stop" && status.code() != Some(0) {
                 return Err(format!("the stopped holder exited {status:?}"));
             }
@@ -614,7 +617,7 @@ async fn suite(args: Args) -> Result<(), String> {
             // The old holder comes back and stands by; the new holder's row stays its own.
             let row = insp.lease().await.map_err(err)?.ok_or("no row")?;
             let mut back = spawn(&mesh, hosts[h].root.path(), &hosts[h].server, timing)?;
-            back.wait_for_line("standing by", BOUND)
+            back.wait_for_line("standing by", STEP_BOUND)
                 .await
                 .map_err(err)?;
             if case == "return" {
@@ -658,7 +661,7 @@ async fn suite(args: Args) -> Result<(), String> {
     let mut dlv = member.bind_delivery().await.map_err(err)?;
     let want: std::collections::BTreeSet<String> = posts.iter().map(|(id, _)| id.clone()).collect();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let deadline = Instant::now() + BOUND;
+    let deadline = Instant::now() + STEP_BOUND;
     while want.iter().any(|id| !counts.contains_key(id)) && Instant::now() < deadline {
         match dlv.surface(Duration::from_secs(5), |_| {}).await {
             Ok(Some(f)) => {
@@ -792,7 +795,7 @@ async fn suite(args: Args) -> Result<(), String> {
     for h in &mut hosts {
         if let Some(p) = h.proc.as_mut() {
             let _ = p.terminate();
-            let _ = p.wait_exit(BOUND).await;
+            let _ = p.wait_exit(STEP_BOUND).await;
         }
     }
     if all_lost > 0 || lost_total > 0 {

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::data_path as s;
+use crate::support::BOUND;
 use async_nats::jetstream::consumer::{pull, AckPolicy};
 use async_nats::jetstream::{self, stream};
 use async_nats::Event;
@@ -24,7 +25,6 @@ use delivery_harness::mesh::{Inspector, Mesh};
 use futures::StreamExt;
 use serde_json::Value;
 
-const BOUND: Duration = Duration::from_secs(10);
 pub(crate) const ROLE: &str = "review";
 
 /// The lease TTL of these tests' mesh (2 s): short, so a killed predecessor's lease expires

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::support::data_path::mesh_with_lease_ttl;
+use crate::support::BOUND;
 use async_nats::Event;
 use cotal_delivery::kv::Rows;
 use cotal_delivery::provision::{MintOptions, Profile};
@@ -13,8 +14,6 @@ use delivery_harness::events::ClientEvents;
 use delivery_harness::mesh::Mesh;
 use delivery_harness::wait_until;
 use futures::StreamExt;
-
-const BOUND: Duration = Duration::from_secs(5);
 
 /// The lease TTL these tests provision (7 s): not the default, so the bucket's `max_age`
 /// proves the option was applied.
@@ -490,7 +489,7 @@ async fn an_open_broker_is_refused_at_start_saying_open_mode_has_no_daemon() {
         .server(&open.client_url())
         .spawn()
         .expect("spawn");
-    let status = d.wait_exit(crate::support::BOUND).await.expect("exits");
+    let status = d.wait_exit(BOUND).await.expect("exits");
     assert_eq!(status.code(), Some(3), "{}", d.transcript());
     assert!(!d.has_line("$SYS sweeps bound"), "{}", d.transcript());
     let jsz = open.jsz().await.expect("jsz");
@@ -504,16 +503,9 @@ async fn an_open_broker_is_refused_at_start_saying_open_mode_has_no_daemon() {
     });
     let mut served = mesh.deliver(mesh.space()).spawn().expect("spawn");
     served
-        .wait_for_line("delivery daemon up", crate::support::BOUND)
+        .wait_for_line("delivery daemon up", BOUND)
         .await
         .expect("the auth mesh is served");
     served.terminate().expect("SIGTERM");
-    assert_eq!(
-        served
-            .wait_exit(crate::support::BOUND)
-            .await
-            .expect("exit")
-            .code(),
-        Some(0)
-    );
+    assert_eq!(served.wait_exit(BOUND).await.expect("exit").code(), Some(0));
 }

@@ -10,8 +10,6 @@
 //! serializing through `serde_json::to_value` (serde_json without `preserve_order` writes a
 //! `Value` map with its keys sorted), and the `live.delivery` answer built with `json!`.
 
-use std::time::Duration;
-
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{CtlService, Principal};
 use delivery_harness::agent;
@@ -20,8 +18,7 @@ use serde_json::{json, Value};
 
 use crate::anycast::{send, ROLE};
 use crate::support::data_path as s;
-
-const BOUND: Duration = Duration::from_secs(10);
+use crate::support::BOUND;
 
 /// One request on `subject`, answered on `<subject>.reply.<nonce>`: the reply's bytes as
 /// published (or a probe's, for an empty `body`).

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::support::admin as a;
 use crate::support::data_path as s;
+use crate::support::BOUND;
 use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, SystemProfile};
 use cotal_delivery::wire::MEMBERSHIP_OBSERVER_INBOX_PREFIX;
@@ -14,8 +15,6 @@ use delivery_harness::mesh::Mesh;
 use delivery_harness::ConnState;
 use futures::StreamExt;
 use serde_json::json;
-
-const BOUND: Duration = Duration::from_secs(15);
 
 /// Connections the broker's monitor lists carrying the tag `principal:<p>`.
 async fn live_on_broker(mesh: &Mesh, principal: &str) -> usize {

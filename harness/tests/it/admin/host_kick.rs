@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use crate::support::admin as a;
 use crate::support::data_path as s;
+use crate::support::host::HOST_BOUND;
+use crate::support::BOUND;
 use cotal_delivery::host::{HostKicker, HOST_CENSUS_CONNECTION, HOST_KICKER_CONNECTION};
 use cotal_delivery::provision::Manifest;
 use cotal_delivery::provision::MeshAuthority;
@@ -19,9 +21,6 @@ use delivery_harness::manager::Manager;
 use delivery_harness::mesh::Mesh;
 use delivery_harness::{BrokerConn, ConnState};
 use serde_json::json;
-
-const BOUND: Duration = Duration::from_secs(15);
-const UP_BOUND: Duration = Duration::from_secs(30);
 
 /// Open connections tagged `principal:<p>`.
 async fn live(mesh: &Mesh, principal: &str) -> Vec<BrokerConn> {
@@ -76,7 +75,7 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
         .spawn()
         .unwrap();
     for lane in ["alpha", "beta"] {
-        host.wait_for_line(&format!("lane {lane}: ✓ delivery daemon up"), UP_BOUND)
+        host.wait_for_line(&format!("lane {lane}: ✓ delivery daemon up"), HOST_BOUND)
             .await
             .unwrap_or_else(|e| panic!("lane {lane} up: {e}\n{}", host.transcript()));
     }

@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use crate::support::admin as a;
 use crate::support::data_path as s;
+use crate::support::BOUND;
 use cotal_delivery::provision::set_read_acl;
 use delivery_harness::agent;
 use serde_json::json;
-
-const BOUND: Duration = Duration::from_secs(10);
 
 /// An inventory of a lifecycle whose row still allows reads fences it: later joins and leaves
 /// are refused with a clear text, the inventory lists the row the lifecycle holds, and a row

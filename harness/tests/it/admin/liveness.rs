@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::support::admin as a;
 use crate::support::data_path as s;
+use crate::support::BOUND;
 use cotal_delivery::agent::ProbeWhy;
 use cotal_delivery::creds::read_creds_file;
 use delivery_harness::agent;
@@ -13,8 +14,6 @@ use delivery_harness::mesh::Mesh;
 use delivery_harness::ConnState;
 use futures::StreamExt;
 use serde_json::{json, Value};
-
-const BOUND: Duration = Duration::from_secs(15);
 
 /// The monitor's row of the (first) connection tagged `principal:<p>`.
 async fn conn_of(mesh: &Mesh, principal: &str) -> Option<Value> {

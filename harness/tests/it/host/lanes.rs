@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::host::{
     answers, count_lines, drain, foreign_row, holder_of, lane_lines, lane_lines_without_wakes,
-    lease_history, quiet_lane_then_stop, wait_answers, wait_count, wait_row, Prober, BOUND,
+    lease_history, quiet_lane_then_stop, wait_answers, wait_count, wait_row, Prober, HOST_BOUND,
     RETRY_MS,
 };
 use async_nats::jetstream::kv::Operation;
@@ -99,7 +99,7 @@ async fn delivers_a_post(mesh: &Mesh, insp: &Inspector, space: usize, text: &str
     let msg = sender.message("general", text, None);
     sender.post("general", &msg).await.expect("post");
     let mut delivery = reader.bind_delivery().await.expect("bind");
-    let frames = surface_until(&mut delivery, BOUND, |f| !f.is_empty()).await;
+    let frames = surface_until(&mut delivery, HOST_BOUND, |f| !f.is_empty()).await;
     assert_eq!(texts(&frames), [text]);
 }
 
@@ -182,7 +182,7 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
 
     let mut host = start_host(&mesh, None, &[]);
     for space in ["alpha", "beta"] {
-        host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), BOUND)
+        host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), HOST_BOUND)
             .await
             .expect("lane serves");
     }
@@ -198,7 +198,7 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
 
     host.wait_for_line(
         "lane beta: ✗ delivery: credential expired (space beta), closing without awaiting a renewal",
-        BOUND,
+        HOST_BOUND,
     )
     .await
     .expect("beta closes on the expiry");
@@ -207,12 +207,12 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
         minted.elapsed() >= lifetime - Duration::from_secs(1),
         "beta closed before its credential expired"
     );
-    host.wait_for_line("lane beta: ! delivery host: the lane closed (", BOUND)
+    host.wait_for_line("lane beta: ! delivery host: the lane closed (", HOST_BOUND)
         .await
         .expect("the host reports the close");
     host.wait_for_line(
         "lane beta: ✗ delivery host: the lane refused (delivery: the credential at",
-        BOUND,
+        HOST_BOUND,
     )
     .await
     .expect("the reopen is refused by the lane's own check");
@@ -309,7 +309,7 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
         &[("COTAL_DELIVERY_BROKER_GONE_MS", "1000")],
     );
     for space in ["alpha", "beta"] {
-        host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), BOUND)
+        host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), HOST_BOUND)
             .await
             .expect("lane serves");
     }
@@ -322,17 +322,17 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
 
     let broker = mesh.node_mut(0).expect("broker");
     broker.kill().expect("SIGKILL the broker");
-    broker.wait_exit(BOUND).await.expect("broker gone");
+    broker.wait_exit(HOST_BOUND).await.expect("broker gone");
     for space in ["alpha", "beta"] {
         host.wait_for_line(
             &format!("lane {space}: ! delivery host: the lane closed (✗ delivery: broker connection unavailable (broker unreachable)"),
-            BOUND,
+            HOST_BOUND,
         )
         .await
         .expect("the lane closes");
         host.wait_for_line(
             &format!("lane {space}: ✗ delivery host: the lane refused (delivery: can't reach NATS"),
-            BOUND,
+            HOST_BOUND,
         )
         .await
         .expect("the reopen is refused while the broker is gone");
@@ -390,7 +390,7 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
                 &format!(
                     "lane {space}: • delivery host: the lease still holds this host's own row"
                 ),
-                BOUND,
+                HOST_BOUND,
             )
             .await
             .expect("the lane finds its own previous row");
@@ -438,7 +438,10 @@ async fn the_broker_gone_closes_every_lane_and_the_host_reopens_them_when_it_ret
         );
     }
     host.terminate().expect("SIGTERM");
-    assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    assert_eq!(
+        host.wait_exit(HOST_BOUND).await.expect("exit").code(),
+        Some(0)
+    );
     for ins in [&ins_a, &ins_b] {
         assert!(ins.lease().await.expect("read").is_none(), "released");
     }
@@ -464,7 +467,7 @@ async fn a_lost_lease_closes_only_its_lane_and_the_host_reopens_it() {
     let alpha_holder = holder_of(mesh.root(), &mesh.spaces()[0]);
     let mut host = start_host(&mesh, None, &[]);
     for space in ["alpha", "beta"] {
-        host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), BOUND)
+        host.wait_for_line(&format!("lane {space}: ✓ delivery daemon up"), HOST_BOUND)
             .await
             .expect("lane serves");
     }
@@ -480,7 +483,7 @@ async fn a_lost_lease_closes_only_its_lane_and_the_host_reopens_it() {
     ins_a.delete_lease().await.expect("delete alpha's row");
     host.wait_for_line(
         "lane alpha: ✓ delivery: a lease watch event found its lease key gone and re-acquired it",
-        BOUND,
+        HOST_BOUND,
     )
     .await
     .expect("alpha re-creates its row");
@@ -501,11 +504,11 @@ async fn a_lost_lease_closes_only_its_lane_and_the_host_reopens_it() {
     ins_a.put_lease(&foreign).await.expect("take alpha's lease");
     host.wait_for_line(
         "lane alpha: ! delivery host: the lane closed (the lease is held by local.UFOREIGNHOLDER)",
-        BOUND,
+        HOST_BOUND,
     )
     .await
     .expect("alpha closes");
-    host.wait_for_line("lane alpha: • delivery host: standing by", BOUND)
+    host.wait_for_line("lane alpha: • delivery host: standing by", HOST_BOUND)
         .await
         .expect("alpha stands by");
     assert_eq!(

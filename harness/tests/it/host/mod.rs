@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::support::host::{
     drain, foreign_row, holder_of, lane_lines, lane_lines_without_wakes, lease_history, wait_row,
-    without_not_running_report, BOUND, RETRY_MS,
+    without_not_running_report, HOST_BOUND, RETRY_MS,
 };
 use async_nats::jetstream::kv::Operation;
 use cotal_delivery::provision::Workspace;
@@ -61,7 +61,7 @@ async fn a_malformed_manifest_refuses_the_whole_start_before_any_dial() {
     for (name, text) in cases {
         std::fs::write(&path, text).expect("manifest");
         let mut d = mesh.host(mesh.root()).spawn().expect("spawn");
-        let status = d.wait_exit(BOUND).await.expect("exits");
+        let status = d.wait_exit(HOST_BOUND).await.expect("exits");
         assert_eq!(status.code(), Some(3), "{name}: {}", d.transcript());
         assert!(!d.has_line("$SYS sweeps bound"), "{name}: dialed");
         assert!(!d.has_line("lane alpha:"), "{name}: a lane ran");
@@ -115,10 +115,10 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
         .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000")
         .spawn()
         .expect("spawn");
-    host.wait_for_line("lane alpha: ✓ delivery daemon up", BOUND)
+    host.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
         .await
         .expect("alpha serves");
-    host.wait_for_line("lane beta: ✗ delivery host: the lane refused", BOUND)
+    host.wait_for_line("lane beta: ✗ delivery host: the lane refused", HOST_BOUND)
         .await
         .expect("beta refused");
     // Let several retries of beta happen: each one is refused the same way.
@@ -139,7 +139,7 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     );
 
     std::fs::write(&beta_creds, good).expect("restore");
-    host.wait_for_line("lane beta: ✓ delivery daemon up", BOUND)
+    host.wait_for_line("lane beta: ✓ delivery daemon up", HOST_BOUND)
         .await
         .expect("beta opens on a retry");
     wait_row(&ins_b, "beta holds", |r| {
@@ -165,7 +165,7 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     beta_agent.list_memberships().await.expect("beta answers");
     let foreign = foreign_row();
     ins_a.put_lease(&foreign).await.expect("take alpha's lease");
-    host.wait_for_line("lane alpha: • delivery host: standing by", BOUND)
+    host.wait_for_line("lane alpha: • delivery host: standing by", HOST_BOUND)
         .await
         .expect("alpha stands by");
     beta_agent
@@ -186,7 +186,7 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     );
 
     host.terminate().expect("SIGTERM");
-    let status = host.wait_exit(BOUND).await.expect("exits");
+    let status = host.wait_exit(HOST_BOUND).await.expect("exits");
     assert_eq!(status.code(), Some(0), "{}", host.transcript());
     assert!(
         ins_b.lease().await.expect("read").is_none(),
@@ -258,12 +258,12 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
     };
 
     let mut a = spawn(a_root);
-    a.wait_for_line("lane alpha: ✓ delivery daemon up", BOUND)
+    a.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
         .await
         .expect("A serves");
     let mut b = spawn(b_root);
     let held = b
-        .wait_for_line("lane alpha: • delivery host: standing by", BOUND)
+        .wait_for_line("lane alpha: • delivery host: standing by", HOST_BOUND)
         .await
         .expect("B stands by");
     assert!(held.contains(&a_holder), "{held}");
@@ -284,10 +284,10 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
         .expect("remove observer");
     let mut c = spawn(paths[2]);
     let mut d = spawn(paths[3]);
-    c.wait_for_line("lane alpha: ✗ delivery host: the lane refused", BOUND)
+    c.wait_for_line("lane alpha: ✗ delivery host: the lane refused", HOST_BOUND)
         .await
         .expect("C refused");
-    d.wait_for_line("lane alpha: ✗ delivery host: the lane refused", BOUND)
+    d.wait_for_line("lane alpha: ✗ delivery host: the lane refused", HOST_BOUND)
         .await
         .expect("D refused");
     assert!(c.has_line("belongs to account"), "{}", c.transcript());
@@ -295,13 +295,13 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     for h in [&mut c, &mut d] {
         h.terminate().expect("SIGTERM");
-        assert_eq!(h.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+        assert_eq!(h.wait_exit(HOST_BOUND).await.expect("exit").code(), Some(0));
     }
 
     // A dies without a word: its row expires with the TTL and B takes it on a retry.
     a.kill().expect("SIGKILL");
-    a.wait_exit(BOUND).await.expect("A gone");
-    b.wait_for_line("lane alpha: ✓ delivery daemon up", BOUND)
+    a.wait_exit(HOST_BOUND).await.expect("A gone");
+    b.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
         .await
         .expect("B takes over");
     wait_row(&insp, "B holds", |r| {
@@ -327,13 +327,16 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
     // A returns: it stands by for B and never writes.
     let mut a2 = spawn(a_root);
     let held = a2
-        .wait_for_line("lane alpha: • delivery host: standing by", BOUND)
+        .wait_for_line("lane alpha: • delivery host: standing by", HOST_BOUND)
         .await
         .expect("A stands by");
     assert!(held.contains(&b_holder), "{held}");
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     a2.terminate().expect("SIGTERM");
-    assert_eq!(a2.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    assert_eq!(
+        a2.wait_exit(HOST_BOUND).await.expect("exit").code(),
+        Some(0)
+    );
     let row = insp.lease().await.expect("read").expect("row");
     assert_eq!(
         (row.info.holder.as_str(), row.info.incarnation.as_str()),
@@ -341,7 +344,7 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
         "B's row stays B's"
     );
     b.terminate().expect("SIGTERM");
-    assert_eq!(b.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    assert_eq!(b.wait_exit(HOST_BOUND).await.expect("exit").code(), Some(0));
     assert!(insp.lease().await.expect("read").is_none(), "B released");
 
     // Every write on the key since C and D started: A's renewals, A's expiry, B's claim,
@@ -448,7 +451,7 @@ async fn an_unprovisioned_lane_never_touches_the_lease_and_status_reads_the_host
         .expect("gamma's row elsewhere");
     let mut gamma_writes = Box::pin(lease_history(&ins_g).await);
     // The initial put is delivered first by the watch: skip it.
-    let _ = tokio::time::timeout(BOUND, gamma_writes.next()).await;
+    let _ = tokio::time::timeout(HOST_BOUND, gamma_writes.next()).await;
 
     let mut host = mesh
         .host(mesh.root())
@@ -456,12 +459,12 @@ async fn an_unprovisioned_lane_never_touches_the_lease_and_status_reads_the_host
         .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000")
         .spawn()
         .expect("spawn");
-    host.wait_for_line("lane alpha: ✓ delivery daemon up", BOUND)
+    host.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
         .await
         .expect("alpha serves");
     host.wait_for_line(
         "lane gamma: ✗ delivery host: the lane refused (delivery: this host is not provisioned for space gamma",
-        BOUND,
+        HOST_BOUND,
     )
     .await
     .expect("gamma refused");
@@ -481,7 +484,10 @@ async fn an_unprovisioned_lane_never_touches_the_lease_and_status_reads_the_host
     );
 
     host.terminate().expect("SIGTERM");
-    assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    assert_eq!(
+        host.wait_exit(HOST_BOUND).await.expect("exit").code(),
+        Some(0)
+    );
     let (code, stopped) = host_status(mesh.root());
     assert_eq!(code, Some(1), "{stopped}");
     crate::support::snapshot_base()

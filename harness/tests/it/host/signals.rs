@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::host::{count_lines, wait_count, BOUND};
+use crate::support::host::{count_lines, wait_count, HOST_BOUND};
 use cotal_delivery::files;
 use cotal_delivery::provision::Manifest;
 use delivery_harness::mesh::Mesh;
@@ -51,7 +51,7 @@ async fn the_host_passes_sighup_to_every_lane_and_reopens_every_log_on_sigusr1()
         std::fs::rename(p, p.with_extension("log.1")).expect("rotate");
     }
     send(host.pid(), Signal::SIGUSR1);
-    let deadline = tokio::time::Instant::now() + BOUND;
+    let deadline = tokio::time::Instant::now() + HOST_BOUND;
     let first = |p: &std::path::Path| {
         std::fs::read_to_string(p).ok().and_then(|t| {
             t.lines()
@@ -84,7 +84,7 @@ async fn the_host_passes_sighup_to_every_lane_and_reopens_every_log_on_sigusr1()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     host.terminate().expect("SIGTERM");
-    let st = host.wait_exit(BOUND).await.expect("exits");
+    let st = host.wait_exit(HOST_BOUND).await.expect("exits");
     assert_eq!(st.code(), Some(0), "{}", host.transcript());
     let text = std::fs::read_to_string(&host_log).expect("host log");
     assert!(

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use crate::support::host::{
-    holder_of, lane_lines, wait_standby_watches, without_not_running_report, BOUND,
+    holder_of, lane_lines, wait_standby_watches, without_not_running_report, HOST_BOUND,
 };
 use cotal_delivery::kv::RowOp;
 use cotal_delivery::provision::{prepare_standby_hosts, StandbyPlan};
@@ -57,7 +57,7 @@ fn host(mesh: &Mesh, root: &Path, server: &str, retry_ms: &str) -> Daemon {
 
 /// Waits (bounded) for the host's `alpha` lane to write a line containing `needle`; returns it.
 async fn lane_line(d: &mut Daemon, needle: &str, what: &str) -> String {
-    d.wait_for_line(&format!("lane alpha: {needle}"), BOUND)
+    d.wait_for_line(&format!("lane alpha: {needle}"), HOST_BOUND)
         .await
         .expect(what)
 }
@@ -65,7 +65,7 @@ async fn lane_line(d: &mut Daemon, needle: &str, what: &str) -> String {
 /// SIGTERM, and the host exits 0.
 async fn stop_host(d: &mut Daemon) {
     d.terminate().expect("SIGTERM");
-    let status = d.wait_exit(BOUND).await.expect("exits");
+    let status = d.wait_exit(HOST_BOUND).await.expect("exits");
     assert_eq!(status.code(), Some(0), "{}", d.transcript());
 }
 
@@ -86,7 +86,7 @@ async fn until(
     what: &str,
     mut ok: impl FnMut(&LeaseWrite) -> bool,
 ) -> Vec<LeaseWrite> {
-    let deadline = tokio::time::Instant::now() + BOUND;
+    let deadline = tokio::time::Instant::now() + HOST_BOUND;
     let mut seen = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -98,7 +98,7 @@ async fn until(
                     return seen;
                 }
             }
-            None => panic!("{what}: not within {BOUND:?}; writes: {seen:?}"),
+            None => panic!("{what}: not within {HOST_BOUND:?}; writes: {seen:?}"),
         }
     }
 }
@@ -139,7 +139,10 @@ async fn a_standby_claims_as_soon_as_the_holder_releases() {
         took.as_millis()
     );
     assert!(took < WAKE_BOUND, "B created {took:?} after A's release");
-    assert_eq!(a.wait_exit(BOUND).await.expect("A exits").code(), Some(0));
+    assert_eq!(
+        a.wait_exit(HOST_BOUND).await.expect("A exits").code(),
+        Some(0)
+    );
     lane_line(&mut b, "✓ delivery daemon up", "B serves").await;
     wait_standby_watches(&insp, 0).await;
     stop_host(&mut b).await;
@@ -172,7 +175,7 @@ async fn a_standby_claims_as_soon_as_the_row_expires() {
     let mut log = insp.lease_log(LogFrom::Last).await.expect("log");
 
     a.kill().expect("SIGKILL");
-    a.wait_exit(BOUND).await.expect("A gone");
+    a.wait_exit(HOST_BOUND).await.expect("A gone");
     let writes = until(&mut log, "B's create", |w| w.is_row_of(&b_holder)).await;
     let (create, before) = writes.split_last().expect("writes");
     let (marker, rows) = before.split_last().expect("the marker");
@@ -260,7 +263,7 @@ async fn two_standbys_woken_by_one_marker_leave_one_row() {
     wait_standby_watches(&insp, 2).await;
     let mut log = insp.lease_log(LogFrom::Last).await.expect("log");
     a.kill().expect("SIGKILL");
-    a.wait_exit(BOUND).await.expect("A gone");
+    a.wait_exit(HOST_BOUND).await.expect("A gone");
     // A's last row (nothing else writes the key now): its marker will be the next revision.
     let last = log
         .drain(Duration::from_millis(300))
@@ -273,7 +276,7 @@ async fn two_standbys_woken_by_one_marker_leave_one_row() {
         p.hold_from(over_marker.as_bytes());
     }
     for p in &proxies {
-        if let Err(e) = p.wait_held(&over_marker, BOUND).await {
+        if let Err(e) = p.wait_held(&over_marker, HOST_BOUND).await {
             let writes = log.drain(Duration::from_millis(300)).await;
             panic!("both creates over the marker in flight: {e}; writes: {writes:?}");
         }
@@ -299,7 +302,7 @@ async fn two_standbys_woken_by_one_marker_leave_one_row() {
     )
     .await;
     // The loser's second held-lease report names the winner (the first named A).
-    let deadline = tokio::time::Instant::now() + BOUND;
+    let deadline = tokio::time::Instant::now() + HOST_BOUND;
     while lane_lines(&standbys[l], "alpha")
         .iter()
         .filter(|x| x.contains("standing by"))
@@ -378,7 +381,7 @@ async fn a_lost_watch_leaves_the_retry_and_is_said_once() {
     let mut b = host(&mesh, b_root, &proxy.url(), "1000");
     lane_line(&mut b, "• delivery host: standing by", "B stands by").await;
     // A third watch is bound only once the lane heard the second one's loss.
-    let deadline = tokio::time::Instant::now() + 3 * BOUND;
+    let deadline = tokio::time::Instant::now() + 3 * HOST_BOUND;
     while proxy.swallowed_count() < 3 {
         assert!(tokio::time::Instant::now() < deadline, "{}", b.transcript());
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -397,7 +400,10 @@ async fn a_lost_watch_leaves_the_retry_and_is_said_once() {
     .await;
     lane_line(&mut b, "✓ delivery daemon up", "B serves").await;
     assert!(!b.has_line("claiming the lease now"), "{}", b.transcript());
-    assert_eq!(a.wait_exit(BOUND).await.expect("A exits").code(), Some(0));
+    assert_eq!(
+        a.wait_exit(HOST_BOUND).await.expect("A exits").code(),
+        Some(0)
+    );
     stop_host(&mut b).await;
     snapshot_lane("host_standby__lost_watch_b", &b, b_root);
 }
@@ -434,7 +440,7 @@ async fn a_bucket_without_markers_is_reported_and_the_retry_takes_over() {
     wait_standby_watches(&insp, 1).await;
     let mut log = insp.lease_log(LogFrom::Now).await.expect("log");
     a.kill().expect("SIGKILL");
-    a.wait_exit(BOUND).await.expect("A gone");
+    a.wait_exit(HOST_BOUND).await.expect("A gone");
     let writes = until(&mut log, "B's create", |w| w.is_row_of(&b_holder)).await;
     assert!(
         writes[..writes.len() - 1]
@@ -455,7 +461,10 @@ async fn a_bucket_without_markers_is_reported_and_the_retry_takes_over() {
         "A takes over on the delete, its retry a minute away",
     )
     .await;
-    assert_eq!(b.wait_exit(BOUND).await.expect("B exits").code(), Some(0));
+    assert_eq!(
+        b.wait_exit(HOST_BOUND).await.expect("B exits").code(),
+        Some(0)
+    );
     stop_host(&mut a2).await;
     for (name, d, root) in [("b", &b, b_root), ("a", &a2, a_root)] {
         assert_eq!(

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
+use crate::support::host::HOST_BOUND;
 use cotal_delivery::host::HOST_PID_FILE;
 use cotal_delivery::provision::{manifest_path, Manifest};
 use cotal_delivery::tuning::ENV_STANDBY_RETRY_MS;
@@ -16,7 +17,6 @@ use delivery_harness::mesh::Mesh;
 use delivery_harness::scenario::{normalise, normalise_status};
 use serde_json::Value;
 
-const BOUND: Duration = Duration::from_secs(30);
 const FOREIGN: &str = "local.UFOREIGNHOLDER";
 
 /// Runs `cotal-delivery status --spaces --root <root> [extra]`.
@@ -110,10 +110,10 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
         .env(ENV_STANDBY_RETRY_MS, "500")
         .spawn()
         .expect("spawn");
-    host.wait_for_line("lane alpha: ✓ delivery daemon up", BOUND)
+    host.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
         .await
         .expect("alpha serves");
-    host.wait_for_line("lane beta: • delivery host: standing by", BOUND)
+    host.wait_for_line("lane beta: • delivery host: standing by", HOST_BOUND)
         .await
         .expect("beta stands by");
 
@@ -151,7 +151,10 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
     let running_human = normalise_status(&human, root);
 
     host.terminate().expect("SIGTERM");
-    assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    assert_eq!(
+        host.wait_exit(HOST_BOUND).await.expect("exit").code(),
+        Some(0)
+    );
     let (code, stopped) = status_json(root);
     assert_eq!(code, Some(1), "{stopped}");
     assert_eq!(stopped["running"], false, "{stopped}");

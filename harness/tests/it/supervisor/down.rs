@@ -24,7 +24,10 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
     let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    let st = up.wait_exit(BOUND).await.expect("detached up returns");
+    let st = up
+        .wait_exit(COMMAND_BOUND)
+        .await
+        .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
     up_snapshot!("up_detached", up.transcript());
     let daemon = files::read_pid(&pid_path(root.path())).expect("record");
@@ -71,7 +74,10 @@ async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refu
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
     let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    assert_eq!(up.wait_exit(BOUND).await.expect("returns").code(), Some(0));
+    assert_eq!(
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
+        Some(0)
+    );
     let daemon = files::read_pid(&pid_path(root.path())).expect("record");
     signal(daemon, Signal::SIGSTOP);
     let env = [("COTAL_DELIVERY_STOP_GRACE_MS", "3000")];
@@ -82,9 +88,11 @@ async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refu
         &env,
     );
     let reservation = files::stop_reservation_path(root.path(), &demo());
-    until("the first down holds the reservation", BOUND, || {
-        reservation.exists()
-    })
+    until(
+        "the first down holds the reservation",
+        COMMAND_BOUND,
+        || reservation.exists(),
+    )
     .await;
     let (st2, second) = down(root.path(), &env).await;
     assert_eq!(st2.code(), Some(1), "{second}");
@@ -100,7 +108,7 @@ async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refu
         creds_path(root.path()).exists(),
         "credential kept while the daemon lives"
     );
-    let st = first.wait_exit(BOUND).await.expect("down exits");
+    let st = first.wait_exit(COMMAND_BOUND).await.expect("down exits");
     let t = first.transcript();
     assert_eq!(st.code(), Some(0), "{t}");
     assert!(
@@ -260,17 +268,20 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
     ];
     let mut up = spawn_up(root.path(), &tls, &[]);
     assert_eq!(
-        up.wait_exit(BOUND).await.expect("returns").code(),
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
         Some(0),
         "{}",
         up.transcript()
     );
     let first = files::read_pid(&pid_path(root.path())).expect("record");
     signal(first, Signal::SIGTERM);
-    until("the daemon stopped", BOUND, || !alive(first)).await;
+    until("the daemon stopped", COMMAND_BOUND, || !alive(first)).await;
 
     let mut bare = spawn_up(root.path(), &[], &[]);
-    let st = bare.wait_exit(BOUND).await.expect("bare up returns");
+    let st = bare
+        .wait_exit(COMMAND_BOUND)
+        .await
+        .expect("bare up returns");
     let t = bare.transcript();
     assert_eq!(st.code(), Some(0), "{t}");
     assert!(
@@ -381,9 +392,9 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
     // SIGKILL leaves the lease row: a bare up's relaunch (over TLS, as the mesh demands) is
     // refused and says why: the row's holder is not running, and when it expires.
     signal(second, Signal::SIGKILL);
-    until("the daemon died", BOUND, || !alive(second)).await;
+    until("the daemon died", COMMAND_BOUND, || !alive(second)).await;
     let mut again = spawn_up(root.path(), &[], &[]);
-    let st = again.wait_exit(BOUND).await.expect("returns");
+    let st = again.wait_exit(COMMAND_BOUND).await.expect("returns");
     let t = again.transcript();
     assert_ne!(st.code(), Some(0), "{t}");
     assert!(

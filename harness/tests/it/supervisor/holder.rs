@@ -44,11 +44,14 @@ async fn a_killed_daemons_row_is_named_not_running_with_its_expiry() {
         &["--detach", "--lease-ttl-secs", TTL_SECS],
         &[],
     );
-    assert_eq!(up.wait_exit(BOUND).await.expect("returns").code(), Some(0));
+    assert_eq!(
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
+        Some(0)
+    );
     let first = files::read_pid(&pid_path(root.path())).expect("record");
     let broker = broker_pid(root.path());
     signal(first, Signal::SIGKILL);
-    until("the daemon died", BOUND, || !alive(first)).await;
+    until("the daemon died", COMMAND_BOUND, || !alive(first)).await;
     let killed = Instant::now();
 
     // Typed by hand, from the root (the nearest .cotal/).
@@ -82,7 +85,7 @@ async fn a_killed_daemons_row_is_named_not_running_with_its_expiry() {
 
     // Once the row has expired (the broker's TTL from its last write), a bare up serves.
     let expired = killed + Duration::from_secs(12);
-    until("the killed holder's row expired", BOUND, || {
+    until("the killed holder's row expired", COMMAND_BOUND, || {
         Instant::now() >= expired
     })
     .await;
@@ -138,16 +141,22 @@ async fn after_a_broker_crash_a_detached_up_keeps_its_broker_until_the_row_expir
     let window = [("COTAL_DELIVERY_BROKER_GONE_MS", "1000")];
     let detach = ["--detach", "--lease-ttl-secs", "20"];
     let mut up = spawn_up(root.path(), &detach, &window);
-    assert_eq!(up.wait_exit(BOUND).await.expect("returns").code(), Some(0));
+    assert_eq!(
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
+        Some(0)
+    );
     let daemon = files::read_pid(&pid_path(root.path())).expect("record");
     signal(broker_pid(root.path()), Signal::SIGKILL);
     let crashed = Instant::now();
-    until("the daemon exited at its window", BOUND, || !alive(daemon)).await;
+    until("the daemon exited at its window", COMMAND_BOUND, || {
+        !alive(daemon)
+    })
+    .await;
     let (st, t) = down(root.path(), &[]).await;
     assert_eq!(st.code(), Some(0), "{t}");
 
     let mut again = spawn_up(root.path(), &detach, &window);
-    let st = again.wait_exit(BOUND).await.expect("returns");
+    let st = again.wait_exit(COMMAND_BOUND).await.expect("returns");
     let t = again.transcript();
     assert_eq!(st.code(), Some(1), "{t}");
     assert!(
@@ -161,7 +170,7 @@ async fn after_a_broker_crash_a_detached_up_keeps_its_broker_until_the_row_expir
     up_snapshot!("up_detached_not_claimed_yet", t);
 
     let expired = crashed + Duration::from_secs(20);
-    until("the crashed holder's row expired", BOUND, || {
+    until("the crashed holder's row expired", COMMAND_BOUND, || {
         Instant::now() >= expired
     })
     .await;

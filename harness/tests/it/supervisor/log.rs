@@ -56,14 +56,21 @@ async fn every_line_of_the_daemon_log_is_stamped_and_each_run_is_framed() {
     let _guard = MeshGuard(root.path().to_path_buf());
     let diagnostics = [("RUST_LOG", "cotal_delivery::plane::cache=info")];
     let mut up = spawn_up(root.path(), &["--detach"], &diagnostics);
-    let st = up.wait_exit(BOUND).await.expect("detached up returns");
+    let st = up
+        .wait_exit(COMMAND_BOUND)
+        .await
+        .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
     let detached = files::read_pid(&pid_path(root.path())).expect("record");
     // The side components are up: nothing more is written by the detached daemon until down.
-    until("the detached daemon's components are up", BOUND, || {
-        let l = log(root.path());
-        l.contains("timer writer up") && l.contains("membership feed up")
-    })
+    until(
+        "the detached daemon's components are up",
+        COMMAND_BOUND,
+        || {
+            let l = log(root.path());
+            l.contains("timer writer up") && l.contains("membership feed up")
+        },
+    )
     .await;
 
     // Typed by hand in the root, as an operator would: refused by the live lease.
@@ -156,22 +163,27 @@ async fn a_renamed_log_is_reopened_on_sigusr1() {
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
     let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    assert_eq!(up.wait_exit(BOUND).await.expect("returns").code(), Some(0));
+    assert_eq!(
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
+        Some(0)
+    );
     let daemon = files::read_pid(&pid_path(root.path())).expect("record");
-    until("the detached daemon is done starting", BOUND, || {
-        log(root.path()).contains("timer writer up")
-    })
+    until(
+        "the detached daemon is done starting",
+        COMMAND_BOUND,
+        || log(root.path()).contains("timer writer up"),
+    )
     .await;
     let path = files::log_path(root.path(), &demo());
     let rotated = path.with_extension("log.1");
     std::fs::rename(&path, &rotated).expect("rotate");
     send(daemon, Signal::SIGUSR1);
-    until("a new log file with the reopen line", BOUND, || {
+    until("a new log file with the reopen line", COMMAND_BOUND, || {
         log(root.path()).contains("received SIGUSR1, reopened the log")
     })
     .await;
     send(daemon, Signal::SIGHUP);
-    until("the SIGHUP's line in the new file", BOUND, || {
+    until("the SIGHUP's line in the new file", COMMAND_BOUND, || {
         log(root.path()).contains("received SIGHUP")
     })
     .await;
@@ -224,29 +236,29 @@ async fn foreground_up_passes_sighup_and_sigusr1_on_to_its_daemon() {
     send(up.pid(), Signal::SIGHUP);
     up.wait_for_line(
         "• up: received SIGHUP: passed it on to the delivery daemon",
-        BOUND,
+        COMMAND_BOUND,
     )
     .await
     .expect("passed on");
-    until("the daemon's re-read in its log", BOUND, || {
+    until("the daemon's re-read in its log", COMMAND_BOUND, || {
         log(root.path()).contains("received SIGHUP")
     })
     .await;
     send(up.pid(), Signal::SIGUSR1);
     up.wait_for_line(
         "• up: received SIGUSR1: passed it on to the delivery daemon",
-        BOUND,
+        COMMAND_BOUND,
     )
     .await
     .expect("passed on");
-    until("the daemon's reopen line", BOUND, || {
+    until("the daemon's reopen line", COMMAND_BOUND, || {
         log(root.path()).contains("received SIGUSR1, reopened the log")
     })
     .await;
     assert!(up.is_running(), "{}", up.transcript());
     assert_eq!(files::read_pid(&pid_path(root.path())), Some(daemon));
     up.interrupt().expect("Ctrl-C");
-    let st = up.wait_exit(BOUND).await.expect("up exits");
+    let st = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
     let passed: Vec<String> = up
         .lines()

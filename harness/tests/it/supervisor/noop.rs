@@ -40,7 +40,10 @@ async fn flags_a_running_mesh_would_ignore_are_refused_naming_them() {
     );
 
     let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    assert_eq!(up.wait_exit(BOUND).await.expect("returns").code(), Some(0));
+    assert_eq!(
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
+        Some(0)
+    );
     let daemon = files::read_pid(&pid_path(root.path())).expect("record");
     let server = MeshRecord::read(&files::mesh_state_path(root.path()))
         .expect("mesh.json")
@@ -105,7 +108,7 @@ async fn a_registry_record_from_another_root_is_replaced_with_both_roots_named()
     .expect("plant the other root's record");
 
     let mut up = spawn_up(root.path(), &["--once"], &[]);
-    let st = up.wait_exit(BOUND).await.expect("returns");
+    let st = up.wait_exit(COMMAND_BOUND).await.expect("returns");
     let t = up.transcript();
     assert_eq!(st.code(), Some(0), "{t}");
     let warning = format!(
@@ -119,7 +122,11 @@ async fn a_registry_record_from_another_root_is_replaced_with_both_roots_named()
     // The same root again replaces nothing and says nothing.
     let mut again = spawn_up(root.path(), &["--once"], &[]);
     assert_eq!(
-        again.wait_exit(BOUND).await.expect("returns").code(),
+        again
+            .wait_exit(COMMAND_BOUND)
+            .await
+            .expect("returns")
+            .code(),
         Some(0)
     );
     assert!(
@@ -144,7 +151,7 @@ async fn up_passes_metrics_addr_to_the_daemon_it_starts_and_relaunches() {
     let addr = format!("127.0.0.1:{port}");
     // The endpoint answers at once; the space's series once the daemon sampled them.
     let scrape = || async move {
-        let deadline = std::time::Instant::now() + BOUND;
+        let deadline = std::time::Instant::now() + COMMAND_BOUND;
         loop {
             let r = delivery_harness::http::get(port, "/metrics", Duration::from_secs(5))
                 .await
@@ -160,7 +167,7 @@ async fn up_passes_metrics_addr_to_the_daemon_it_starts_and_relaunches() {
     };
     let mut up = spawn_up(root.path(), &["--detach", "--metrics-addr", &addr], &[]);
     assert_eq!(
-        up.wait_exit(BOUND).await.expect("returns").code(),
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
         Some(0),
         "{}",
         up.transcript()
@@ -175,7 +182,7 @@ async fn up_passes_metrics_addr_to_the_daemon_it_starts_and_relaunches() {
     scrape().await;
 
     signal(first, Signal::SIGTERM);
-    until("the daemon stopped", BOUND, || !alive(first)).await;
+    until("the daemon stopped", COMMAND_BOUND, || !alive(first)).await;
     let (code, t) = up_at(root.path(), &["--metrics-addr", &addr]).await;
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("relaunching the missing delivery daemon"), "{t}");

@@ -47,7 +47,10 @@ async fn a_detached_mesh_outlives_its_credentials_through_its_renewal_owner() {
         &["--detach", "--creds-lifetime-secs", "12"],
         &env,
     );
-    let st = up.wait_exit(BOUND).await.expect("detached up returns");
+    let st = up
+        .wait_exit(COMMAND_BOUND)
+        .await
+        .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
     assert!(up.has_line("✓ renewal owner running for space demo"));
     let daemon = files::read_pid(&pid_path(root.path())).expect("record");
@@ -61,7 +64,10 @@ async fn a_detached_mesh_outlives_its_credentials_through_its_renewal_owner() {
     let lifetime = first_exp - first.iat;
     // Past the third lifetime's end by more than the daemon's backstop, then judge.
     let past = UNIX_EPOCH + Duration::from_secs((first_exp + 2 * lifetime + 5) as u64);
-    until("three lifetimes over", BOUND, || SystemTime::now() > past).await;
+    until("three lifetimes over", COMMAND_BOUND, || {
+        SystemTime::now() > past
+    })
+    .await;
     let (code, json) = status_json(root.path()).await;
     let daemon_log =
         std::fs::read_to_string(files::log_path(root.path(), &demo())).expect("daemon log");
@@ -131,12 +137,15 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
     let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    let st = up.wait_exit(BOUND).await.expect("detached up returns");
+    let st = up
+        .wait_exit(COMMAND_BOUND)
+        .await
+        .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
     let daemon = files::read_pid(&pid_path(root.path())).expect("record");
     let first = owner_pid(root.path());
     signal(first, Signal::SIGKILL);
-    until("the owner is dead", BOUND, || !alive(first)).await;
+    until("the owner is dead", COMMAND_BOUND, || !alive(first)).await;
     let (code, json) = status_json(root.path()).await;
     assert_eq!(json["renewalOwner"]["verdict"], "stale", "{json}");
     assert_eq!(code, 0, "the daemon still serves: {json}");
@@ -179,7 +188,7 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
 
     let before = count(&owner_log(root.path()), "re-signed and adopted");
     signal(second, Signal::SIGHUP);
-    until("a re-sign on SIGHUP", BOUND, || {
+    until("a re-sign on SIGHUP", COMMAND_BOUND, || {
         count(&owner_log(root.path()), "re-signed and adopted") > before
     })
     .await;
@@ -188,7 +197,7 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
     let log_path = files::remint_log_path(root.path(), &demo());
     std::fs::rename(&log_path, log_path.with_extension("log.1")).expect("rotate");
     signal(second, Signal::SIGUSR1);
-    until("the owner reopened its log", BOUND, || {
+    until("the owner reopened its log", COMMAND_BOUND, || {
         std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains("reopened the log"))
     })
     .await;

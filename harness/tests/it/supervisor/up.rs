@@ -23,10 +23,13 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
 
     // A SIGKILL leaves its lease row until the TTL expires; up restarts it and reports it.
     signal(first, Signal::SIGKILL);
-    up.wait_for_line("while nats-server is running - restarting it", BOUND)
-        .await
-        .expect("restart announced");
-    up.wait_for_line("delivery daemon running again", BOUND)
+    up.wait_for_line(
+        "while nats-server is running - restarting it",
+        COMMAND_BOUND,
+    )
+    .await
+    .expect("restart announced");
+    up.wait_for_line("delivery daemon running again", COMMAND_BOUND)
         .await
         .expect("replacement serving");
     let second =
@@ -44,7 +47,7 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
     assert_eq!(json["pidRecord"]["pid"], second);
 
     up.interrupt().expect("Ctrl-C");
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
     let t = up.transcript();
     assert_eq!(count(&t, "restarting it"), 1, "{t}");
@@ -116,11 +119,14 @@ async fn a_failed_restart_is_retried_after_the_lease_ttl_not_at_once() {
     let (mut up, first) = serving_up(root.path(), &["--lease-ttl-secs", "3"], &[]).await;
     std::fs::write(creds_path(root.path()), "not a credential\n").expect("spoil the credential");
     signal(first, Signal::SIGKILL);
-    up.wait_for_line("while nats-server is running - restarting it", BOUND)
-        .await
-        .expect("the immediate restart");
+    up.wait_for_line(
+        "while nats-server is running - restarting it",
+        COMMAND_BOUND,
+    )
+    .await
+    .expect("the immediate restart");
     // Three refused runs: the immediate restart and two retries, two gaps to measure.
-    until("three failed restarts", BOUND, || {
+    until("three failed restarts", COMMAND_BOUND, || {
         count(&up.transcript(), "retrying after the lease TTL (3 s)") >= 3
     })
     .await;
@@ -148,7 +154,7 @@ async fn a_failed_restart_is_retried_after_the_lease_ttl_not_at_once() {
         );
     }
     up.interrupt().expect("Ctrl-C");
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
 }
 
@@ -162,7 +168,7 @@ async fn a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running(
     let (mut up, daemon) = serving_up(root.path(), &["--lease-ttl-secs", "2"], &[]).await;
     let broker = broker_pid(root.path());
     signal(daemon, Signal::SIGTERM);
-    up.wait_for_line("it stays stopped; nats-server keeps running", BOUND)
+    up.wait_for_line("it stays stopped; nats-server keeps running", COMMAND_BOUND)
         .await
         .expect("stays stopped");
     // Past a lease TTL a restart would have happened: the broker still answers, no daemon does.
@@ -177,7 +183,7 @@ async fn a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running(
     assert!(!up.has_line("restarting it"), "{}", up.transcript());
     assert!(up.is_running(), "up keeps running");
     up.interrupt().expect("Ctrl-C");
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
     assert!(!alive(broker));
     up_snapshot!("up_sigterm_stays_stopped", up.transcript());
@@ -192,7 +198,7 @@ async fn the_broker_killed_under_up_stops_the_daemon_and_up_exits_without_a_rest
     let root = tempfile::tempdir().expect("root");
     let (mut up, daemon) = serving_up(root.path(), &["--lease-ttl-secs", "2"], &[]).await;
     signal(broker_pid(root.path()), Signal::SIGKILL);
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     let t = up.transcript();
     assert_eq!(status.code(), Some(1), "{t}");
     assert_eq!(count(&t, "restarting it"), 0, "no restart: {t}");
@@ -220,12 +226,12 @@ async fn down_racing_a_restart_leaves_the_daemon_stopped() {
     let root = tempfile::tempdir().expect("root");
     let (mut up, first) = serving_up(root.path(), &["--lease-ttl-secs", "3"], &[]).await;
     signal(first, Signal::SIGKILL);
-    up.wait_for_line("restarting it", BOUND)
+    up.wait_for_line("restarting it", COMMAND_BOUND)
         .await
         .expect("restart");
     let (st, down_t) = down(root.path(), &[]).await;
     assert_eq!(st.code(), Some(0), "{down_t}");
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     let t = up.transcript();
     assert_eq!(status.code(), Some(0), "{t}");
     // Which way the race went, proved from the transcripts.
@@ -265,7 +271,7 @@ async fn up_with_a_replacement_that_never_serves(
     signal(first, Signal::SIGKILL);
     let frozen = freeze_the_replacement(root, first).await;
     let warning = up
-        .wait_for_line("did not serve space demo within 3 s", BOUND)
+        .wait_for_line("did not serve space demo within 3 s", COMMAND_BOUND)
         .await
         .expect("the not-bound warning");
     assert_eq!(proc_state(frozen), Some('T'), "still frozen");
@@ -294,7 +300,7 @@ async fn a_replacement_that_never_serves_is_warned_about_and_ctrl_c_still_stops_
     up_snapshot!("up_replacement_not_bound", warning);
     let broker = broker_pid(root.path());
     up.interrupt().expect("Ctrl-C");
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     let t = up.transcript();
     assert_eq!(status.code(), Some(0), "{t}");
     assert!(
@@ -323,7 +329,7 @@ async fn a_replacement_that_never_serves_does_not_block_down() {
     assert_eq!(st.code(), Some(0), "{down_t}");
     assert!(down_t.contains("sent SIGKILL"), "{down_t}");
     assert!(!alive(frozen), "the frozen replacement is gone");
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     let t = up.transcript();
     assert_eq!(status.code(), Some(0), "{t}");
     assert!(t.contains("nats-server stopped by down"), "{t}");
@@ -349,12 +355,12 @@ async fn a_mesh_under_up_outlives_the_credential_lifetime() {
         .claims()
         .expect("claims");
     let first_exp = first.exp.expect("a bounded credential");
-    up.wait_for_line("re-signed and adopted", BOUND)
+    up.wait_for_line("re-signed and adopted", COMMAND_BOUND)
         .await
         .expect("renewed");
     // Wait until the first credential is 4 s past its expiry, then judge.
     let past = std::time::UNIX_EPOCH + Duration::from_secs((first_exp + 4) as u64);
-    until("first credential long expired", BOUND, || {
+    until("first credential long expired", COMMAND_BOUND, || {
         std::time::SystemTime::now() > past
     })
     .await;
@@ -367,7 +373,7 @@ async fn a_mesh_under_up_outlives_the_credential_lifetime() {
     assert!(json["credential"]["expires"].as_i64().expect("exp") > first_exp);
     assert!(!up.has_line("restarting it"), "{}", up.transcript());
     up.interrupt().expect("Ctrl-C");
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
 }
 
@@ -377,7 +383,7 @@ async fn a_mesh_under_up_outlives_the_credential_lifetime() {
 async fn the_main_job_delivers_a_durable_post_to_an_agent_that_was_offline() {
     let root = tempfile::tempdir().expect("root");
     let mut up = spawn_up(root.path(), &["--demo", "--once"], &[]);
-    let status = up.wait_exit(BOUND).await.expect("up exits");
+    let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
     let t = up.transcript();
     for line in [

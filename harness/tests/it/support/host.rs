@@ -17,8 +17,10 @@ use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::Inspector;
 use futures::StreamExt;
 
-/// The bound of every wait in these tests.
-pub const BOUND: Duration = Duration::from_secs(30);
+/// What one wait of the multi-space host tests may take, in s: a lane up or closed, a lease
+/// row changing hands, a lane answering or falling silent, a host exiting. Above
+/// [`super::BOUND`] because one host starts a daemon per lane at once.
+pub const HOST_BOUND: Duration = Duration::from_secs(30);
 /// The standby retry the tests run with (the default 5 s of docs/host.md, shrunk through its
 /// override).
 pub const RETRY_MS: &str = "500";
@@ -87,7 +89,7 @@ pub fn count_lines(d: &Daemon, space: &str, needle: &str) -> usize {
 
 /// Waits until the lane wrote `n` lines containing `needle`.
 pub async fn wait_count(d: &Daemon, space: &str, needle: &str, n: usize) {
-    let deadline = tokio::time::Instant::now() + BOUND;
+    let deadline = tokio::time::Instant::now() + HOST_BOUND;
     while count_lines(d, space, needle) < n {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -133,7 +135,7 @@ pub async fn wait_row<F: Fn(&Option<LeaseInfo>) -> bool>(
     what: &str,
     ok: F,
 ) -> Option<LeaseInfo> {
-    let deadline = tokio::time::Instant::now() + BOUND;
+    let deadline = tokio::time::Instant::now() + HOST_BOUND;
     loop {
         let row = insp.lease().await.ok().flatten().map(|r| r.info);
         if ok(&row) {
@@ -157,7 +159,7 @@ pub async fn answers(p: &Agent) -> bool {
 
 /// Waits (bounded) until the agent's lane answers (`true`) or stops answering (`false`).
 pub async fn wait_answers(p: &Agent, want: bool, what: &str) {
-    let deadline = tokio::time::Instant::now() + BOUND;
+    let deadline = tokio::time::Instant::now() + HOST_BOUND;
     while answers(p).await != want {
         assert!(tokio::time::Instant::now() < deadline, "{what}");
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -229,7 +231,10 @@ pub async fn quiet_lane_then_stop(
         host.transcript()
     );
     host.terminate().expect("SIGTERM");
-    assert_eq!(host.wait_exit(BOUND).await.expect("exit").code(), Some(0));
+    assert_eq!(
+        host.wait_exit(HOST_BOUND).await.expect("exit").code(),
+        Some(0)
+    );
     for ins in inspectors {
         assert!(ins.lease().await.expect("read").is_none(), "released");
     }
@@ -254,7 +259,7 @@ pub async fn bound_watches(insp: &Inspector, prefix: &str) -> usize {
 
 /// Waits (bounded) until exactly `n` standby watches are bound on the broker.
 pub async fn wait_standby_watches(insp: &Inspector, n: usize) {
-    let deadline = tokio::time::Instant::now() + BOUND;
+    let deadline = tokio::time::Instant::now() + HOST_BOUND;
     loop {
         let have = bound_watches(insp, "standbywatch_").await;
         if have == n {

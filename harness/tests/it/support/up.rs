@@ -12,7 +12,10 @@ use cotal_delivery::wire::Space;
 use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::nats_server_bin;
 
-pub const BOUND: Duration = Duration::from_secs(60);
+/// What one `cotal-delivery` command line of these scenarios may take to print the line
+/// waited for or to exit, in s: `up` starts a broker, provisions the space and launches the
+/// daemon before it reports serving.
+pub const COMMAND_BOUND: Duration = Duration::from_secs(60);
 
 /// Kills (SIGKILL) what a detached mesh left at `root` when a test ends early: the recorded
 /// broker, daemon and renewal owner, only while their command lines prove what they are.
@@ -91,7 +94,7 @@ pub fn spawn_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
 /// serving; with the pid the daemon recorded.
 pub async fn serving_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Daemon, u32) {
     let mut up = spawn_up(root, extra, env);
-    up.wait_for_line("delivery daemon serving space demo", BOUND)
+    up.wait_for_line("delivery daemon serving space demo", COMMAND_BOUND)
         .await
         .expect("serving");
     let pid = files::read_pid(&pid_path(root)).expect("the daemon recorded itself");
@@ -111,11 +114,11 @@ pub fn proc_state(pid: u32) -> Option<char> {
 pub async fn freeze_the_replacement(root: &Path, first: u32) -> u32 {
     let launched = files::launched_path(root, &demo());
     let mut passed = vec![first];
-    let deadline = Instant::now() + BOUND;
+    let deadline = Instant::now() + COMMAND_BOUND;
     loop {
         assert!(
             Instant::now() < deadline,
-            "no replacement frozen within {BOUND:?}"
+            "no replacement frozen within {COMMAND_BOUND:?}"
         );
         if let Some(pid) = files::read_pid(&launched).filter(|p| !passed.contains(p)) {
             let frozen = nix::sys::signal::kill(
@@ -143,7 +146,7 @@ pub async fn freeze_the_replacement(root: &Path, first: u32) -> u32 {
 /// Runs a command to its exit (bounded); returns the status and the transcript.
 pub async fn run(root: &Path, args: &[&str], env: &[(&str, &str)]) -> (ExitStatus, String) {
     let mut p = spawn(root, args, env);
-    let status = p.wait_exit(BOUND).await.expect("exits");
+    let status = p.wait_exit(COMMAND_BOUND).await.expect("exits");
     (status, p.transcript())
 }
 
