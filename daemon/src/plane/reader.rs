@@ -48,7 +48,7 @@ use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, RE
 /// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order). Each
 /// lane batch costs two fenced cache proofs, a boundary ticket and a settling task whatever its
 /// size, so fewer lanes with larger batches cost less CPU per frame than one lane per few
-/// members (64 lanes made 100 members' entries batches of one or two; docs/performance.md),
+/// members (64 lanes gave a lane one or two of 100 members' subjects; docs/performance.md),
 /// and handoffs stay pipelined within a lane.
 pub const READER_LANES: usize = 16;
 /// Handoffs published and not yet acknowledged by JetStream, over all lanes.
