@@ -330,7 +330,9 @@ async fn a_multi_space_host_serves_every_lane_on_one_endpoint() {
 }
 
 /// A member who never surfaces is handed off more frames than `DLV_<s>`'s per-subject retention
-/// (1000, discard old) keeps: the DLV discards gauge shows exactly what the broker removed.
+/// (1000, discard old) keeps: the DLV discards gauge shows exactly what the broker removed
+/// (`POSTS - 1000` when the reader kept up; fewer when the burst outran it by more than the
+/// INBOX's own retention, the same 1000 per subject).
 /// Mutation applied and seen caught: `removed` returning the frames held instead of the frames
 /// removed (1000 instead of 100).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,13 +365,19 @@ async fn dlv_retention_discards_are_exported() {
         dlv_count(&insp, &bob_m.principal, &bob_m.lifecycle_uid).await,
         1000
     );
-    assert_eq!(removed, POSTS - 1000);
+    // The burst may outrun the reader by more than INBOX_'s own retention (also 1000 per
+    // subject): copies it discarded unread never became frames, so the DLV may have removed
+    // fewer than POSTS - 1000. Whatever the broker removed, the gauge must show that figure.
+    assert!(
+        removed > 0 && removed <= POSTS - 1000,
+        "the DLV's retention removed frames: {dlv:?}"
+    );
     let series = "cotal_delivery_dlv_discarded{space=\"demo\"}";
     let text = scrape_until(port, "the DLV discards sampled", |t| {
         sample(t, series) == Some(removed as f64)
     })
     .await;
-    assert_eq!(sample(&text, series), Some((POSTS - 1000) as f64));
+    assert_eq!(sample(&text, series), Some(removed as f64));
     stop_daemon(&mut daemon).await;
 }
 
