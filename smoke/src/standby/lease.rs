@@ -146,6 +146,37 @@ pub fn facts(
     let at = match ends.as_slice() {
         [] => return Ok(None),
         [at] => *at,
+        // The node case (no winner named): the old holder's lane may re-create its expired row
+        // during the elections and lose it again. Each earlier end must still be followed by
+        // one create over it, and nobody but that creator may write before the next end; the
+        // figures are those of the last end.
+        [.., last] if run.winner.is_none() => {
+            for pair in ends.windows(2) {
+                let (end, next) = (pair[0], pair[1]);
+                let between = &window[end + 1..next];
+                let creator = between
+                    .first()
+                    .filter(|c| c.revision == window[end].revision + 1)
+                    .and_then(|c| c.info.as_ref())
+                    .map(|i| (&i.holder, &i.incarnation));
+                let Some(creator) = creator else {
+                    return Err(format!(
+                        "the write after the row's end at revision {} is not one create over it: {:?}",
+                        window[end].revision,
+                        between.first()
+                    ));
+                };
+                if let Some(other) = between
+                    .iter()
+                    .find(|w| w.info.as_ref().map(|i| (&i.holder, &i.incarnation)) != Some(creator))
+                {
+                    return Err(format!(
+                        "a write between two ends of the row that is not its creator's: {other:?}"
+                    ));
+                }
+            }
+            *last
+        }
         _ => {
             return Err(format!(
                 "the row ended {} times between two cases: {:?}",
@@ -154,7 +185,7 @@ pub fn facts(
             ))
         }
     };
-    if let Some(other) = window[..at].iter().find(|w| !w.is_row_of(&run.holder)) {
+    if let Some(other) = window[..ends[0]].iter().find(|w| !w.is_row_of(&run.holder)) {
         return Err(format!(
             "a write before the row ended that is not the holder's: {other:?}"
         ));
@@ -412,6 +443,45 @@ mod tests {
         gap[4].revision = 6;
         let e = facts(&gap, &run, None, TTL).expect_err("a missed revision");
         assert!(e.contains("missed writes"), "{e}");
+    }
+
+    /// The node case (no winner named) may end the row more than once: the old holder's lane
+    /// re-creates its expired row, loses it again, and another host creates it; each end
+    /// followed by one create whose creator alone writes until the next end, timed from the
+    /// last end. A second writer between two ends still breaks the rules.
+    /// Mutation seen failing: the node arm removed (the two ends refused as a broken rule).
+    #[test]
+    fn a_failover_may_end_the_row_twice_each_end_with_one_create() {
+        let log = vec![
+            row(1, 0, "A", "a1"),
+            row(2, 5_000, "A", "a1"),
+            end(3, 35_300, RowOp::Expired),
+            row(4, 35_400, "A", "a1"),
+            end(5, 65_600, RowOp::Expired),
+            row(6, 65_700, "B", "b1"),
+        ];
+        let run = Run {
+            answered: at(65_900),
+            delivered: at(66_000),
+            winner: None,
+            ..kill_run()
+        };
+        let f = facts(&log, &run, None, TTL)
+            .expect("clean")
+            .expect("an end");
+        assert_eq!(f.row_gone_ms, 55_600);
+        assert_eq!(f.answer_after_gone_ms, 300);
+
+        let mut second = log.clone();
+        second.insert(4, row(5, 40_000, "C", "c1"));
+        for (i, w) in second.iter_mut().enumerate() {
+            w.revision = i as u64 + 1;
+        }
+        let e = facts(&second, &run, None, TTL).expect_err("a second writer between the ends");
+        assert!(e.contains("not its creator's"), "{e}");
+
+        let e = facts(&log, &kill_run(), None, TTL).expect_err("a named winner: one end");
+        assert!(e.contains("ended 2 times"), "{e}");
     }
 
     /// A window with no end (a lane that rode its node's failover) has no facts; writes after
