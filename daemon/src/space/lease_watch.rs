@@ -50,6 +50,9 @@ pub(crate) enum WatchEvent {
 /// The broker's inactivity threshold of the watch consumer: with no subscriber on its delivery
 /// subject for this long (its connection closed before the delete), the broker deletes it.
 pub const WATCH_INACTIVE_THRESHOLD: Duration = Duration::from_secs(5 * 60);
+/// What a request on a client whose connection task has ended fails with (its command channel
+/// closed).
+const CLIENT_CLOSED: &str = "channel closed";
 /// Bound on the delete of a watch consumer.
 const DELETE_BOUND: Duration = Duration::from_secs(2);
 /// Pause before another bind once one failed (the renew interval arbitrates meanwhile).
@@ -457,7 +460,13 @@ impl Watcher {
             {
                 return
             }
-            Ok(Err(e)) => crate::kv::broker_words(&e),
+            Ok(Err(e)) => match crate::kv::broker_words(&e) {
+                // The client's own command channel closed under the request: the connection
+                // is gone (closed at a credential's expiry, or by the daemon's close) though
+                // its last state still read connected, so it could not carry the delete either.
+                why if why == CLIENT_CLOSED => return,
+                why => why,
+            },
             Err(_) => format!("no answer within {} ms", DELETE_BOUND.as_millis()),
         };
         self.journal.line(format!(

@@ -103,6 +103,12 @@ async fn the_signalled_release_waits_five_seconds_from_the_drop_not_from_the_sig
         .expect("spawn");
     up(&mut d).await;
     lease_watch_consumer(&insp).await;
+    // The consumer exists on the broker before its create's answer reaches the daemon: a cut
+    // between the two fails the start (the watch not bound). Start-up is complete once the
+    // companions after the watch are up.
+    d.wait_for_line("timer writer up", BOUND)
+        .await
+        .expect("start-up complete");
     proxy.blackhole_new();
     proxy.cut_established();
     d.wait_for_line("broker connection unavailable, reconnecting", BOUND)
