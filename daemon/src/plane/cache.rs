@@ -31,7 +31,7 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 use crate::kv::{Read, Row};
-use crate::plane::{stopped, PlaneCtx, StopRx};
+use crate::plane::{stopped, BrokerError, BrokerErrorKind, PlaneCtx, StopRx};
 
 /// Most messages one fence applies before it gives up proving (the watch is behind; the
 /// callers fall back to per-key reads for this round).
@@ -473,17 +473,21 @@ impl RowCache {
         self.reset();
     }
 
-    async fn feed(&self, ctx: &PlaneCtx, stop: &mut StopRx) -> Result<(), String> {
+    async fn feed(&self, ctx: &PlaneCtx, stop: &mut StopRx) -> Result<(), FeedEnd> {
+        use BrokerErrorKind as K;
         let stream_name = crate::wire::SpaceNames::kv_stream(&self.inner.bucket);
         let stream = ctx
             .js
             .get_stream_no_info(&stream_name)
             .await
-            .map_err(|e| crate::kv::broker_words(&e))?;
+            .map_err(|e| BrokerError::quoting(K::Unsent, "", e))?;
         let info = tokio::time::timeout(ctx.config.request_bound, stream.get_info())
             .await
-            .map_err(|_| "stream info: no answer within the bound".to_string())?
-            .map_err(|e| crate::kv::broker_words(&e))?;
+            .map_err(|elapsed| {
+                let text = "stream info: no answer within the bound";
+                BrokerError::new(K::TimedOut, text).source(elapsed)
+            })?
+            .map_err(|e| BrokerError::quoting(K::Refused, "", e))?;
         let max_age = info.config.max_age;
         self.lock().max_age_ms = (!max_age.is_zero()).then_some(max_age.as_millis() as u64);
         let name = format!("rowcache_{}", uuid::Uuid::new_v4().simple());
@@ -498,8 +502,11 @@ impl RowCache {
             }),
         )
         .await
-        .map_err(|_| "consumer create: no answer within the bound".to_string())?
-        .map_err(|e| crate::kv::broker_words(&e))?;
+        .map_err(|elapsed| {
+            let text = "consumer create: no answer within the bound";
+            BrokerError::new(K::TimedOut, text).source(elapsed)
+        })?
+        .map_err(|e| BrokerError::quoting(K::Refused, "", e))?;
         if consumer.cached_info().num_pending == 0 {
             self.mark_loaded();
         }
@@ -507,7 +514,7 @@ impl RowCache {
         let mut messages = consumer
             .messages()
             .await
-            .map_err(|e| crate::kv::broker_words(&e))?;
+            .map_err(|e| BrokerError::quoting(K::Refused, "", e))?;
         let mut audit = tokio::time::interval(AUDIT_PERIOD);
         audit.tick().await;
         loop {
@@ -521,7 +528,7 @@ impl RowCache {
                             (info.published.unix_timestamp_nanos() / 1_000_000) as u64;
                         let mut st = self.lock();
                         if st.incarnation != incarnation {
-                            return Err("reset under the feed".into());
+                            return Err(FeedEnd::Reset);
                         }
                         apply(
                             &mut st,
@@ -537,8 +544,8 @@ impl RowCache {
                             self.mark_loaded();
                         }
                     }
-                    Some(Err(e)) => return Err(format!("consumer: {e}")),
-                    None => return Err("consumer ended".into()),
+                    Some(Err(e)) => return Err(FeedEnd::Consumer(Some(Box::new(e)))),
+                    None => return Err(FeedEnd::Consumer(None)),
                 },
                 _ = audit.tick() => {
                     let info = tokio::time::timeout(ctx.config.request_bound, stream.get_info()).await;
@@ -551,7 +558,7 @@ impl RowCache {
                     };
                     if let Some(why) = audit_verdict(&st, &facts, st.max_age_ms.is_some()) {
                         drop(st);
-                        return Err(why);
+                        return Err(FeedEnd::Lost(why));
                     }
                 }
             }
@@ -597,6 +604,47 @@ struct StreamFacts {
     first_sequence: u64,
     last_sequence: u64,
     subjects_count: u64,
+}
+
+/// Why a cache's feed ended (the cache is reset and fed again): what the reset's line says.
+#[derive(Debug)]
+enum FeedEnd {
+    /// A request of the feed (stream info, consumer create) failed or went unanswered.
+    Broker(BrokerError),
+    /// The ordered consumer failed (its error) or ended.
+    Consumer(Option<Box<dyn std::error::Error + Send + Sync>>),
+    /// The cache was reset under the feed.
+    Reset,
+    /// The audit found the stream lost what the cache holds ([`audit_verdict`]'s words).
+    Lost(String),
+}
+
+impl From<BrokerError> for FeedEnd {
+    fn from(e: BrokerError) -> FeedEnd {
+        FeedEnd::Broker(e)
+    }
+}
+
+impl std::fmt::Display for FeedEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FeedEnd::Broker(e) => e.fmt(f),
+            FeedEnd::Consumer(Some(e)) => write!(f, "consumer: {e}"),
+            FeedEnd::Consumer(None) => f.write_str("consumer ended"),
+            FeedEnd::Reset => f.write_str("reset under the feed"),
+            FeedEnd::Lost(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for FeedEnd {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            FeedEnd::Broker(e) => Some(e),
+            FeedEnd::Consumer(Some(e)) => Some(e.as_ref()),
+            FeedEnd::Consumer(None) | FeedEnd::Reset | FeedEnd::Lost(_) => None,
+        }
+    }
 }
 
 /// Why the cache must be reset given the stream's state, if it must: the stream went back

@@ -228,10 +228,11 @@ async fn copy_range(
                     reason: Reason::DurableChannel,
                     generation,
                 };
-                // The copy's failure is only its text (fan-out's own result), kept as it reads.
                 let stored = store_copies(ctx, &body, channel, seq, std::slice::from_ref(&target))
                     .await
-                    .map_err(|text| CatchUpError::new(CatchUpErrorKind::Copy, text))?;
+                    .map_err(|e| {
+                        CatchUpError::new(CatchUpErrorKind::Copy, e.to_string()).source(e)
+                    })?;
                 copied.extend(stored);
             }
             if past || got == 0 {

@@ -31,7 +31,7 @@ use crate::plane::cache::View;
 use crate::plane::channels::{Channels, DeliveryClass};
 use crate::plane::membership::Members;
 use crate::plane::pump::{self, Pulled, Settle};
-use crate::plane::{PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
+use crate::plane::{BrokerError, BrokerErrorKind, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::wire::{mentions, message_id, parse_chat_subject, sender_id, Reason};
 use crate::wire::{LifecycleNames, Principal, FANOUT_DURABLE};
 
@@ -290,7 +290,7 @@ impl Writer {
 /// (or the bound passed, or one failed), and its copy slots are given back then.
 struct Copies {
     pulled: Pulled,
-    sent: Result<Vec<(Subject, PublishAckFuture)>, String>,
+    sent: Result<Vec<(Subject, PublishAckFuture)>, BrokerError>,
     /// Every copy must be stored by then ([`COPY_BOUND`] after the last was sent).
     bound: Instant,
     _permits: OwnedSemaphorePermit,
@@ -338,10 +338,13 @@ pub async fn store_copies(
     channel: &str,
     seq: u64,
     targets: &[Target],
-) -> Result<Vec<u64>, String> {
+) -> Result<Vec<u64>, BrokerError> {
     let acks = tokio::time::timeout(COPY_BOUND, publish_copies(ctx, msg, channel, seq, targets))
         .await
-        .map_err(|_| format!("copies not sent within {} ms", COPY_BOUND.as_millis()))??;
+        .map_err(|elapsed| {
+            let text = format!("copies not sent within {} ms", COPY_BOUND.as_millis());
+            BrokerError::new(BrokerErrorKind::TimedOut, text).source(elapsed)
+        })??;
     stored_by(acks, Instant::now() + COPY_BOUND).await
 }
 
@@ -353,8 +356,9 @@ async fn publish_copies(
     channel: &str,
     seq: u64,
     targets: &[Target],
-) -> Result<Vec<(Subject, PublishAckFuture)>, String> {
-    let bytes = EntryBytes::new(msg, channel, seq).map_err(|e| e.to_string())?;
+) -> Result<Vec<(Subject, PublishAckFuture)>, BrokerError> {
+    let bytes = EntryBytes::new(msg, channel, seq)
+        .map_err(|e| BrokerError::new(BrokerErrorKind::Unsent, e.to_string()).source(e))?;
     let id = message_id(msg);
     let mut acks = Vec::with_capacity(targets.len());
     // Copies with the same reason and generation (every member of a channel, usually) share
@@ -378,7 +382,13 @@ async fn publish_copies(
             .js
             .publish_with_headers(subject.clone(), headers, entry)
             .await
-            .map_err(|e| format!("publish {subject}: {}", crate::kv::broker_words(&e)))?;
+            .map_err(|e| {
+                BrokerError::quoting(
+                    BrokerErrorKind::Unsent,
+                    format_args!("publish {subject}: "),
+                    e,
+                )
+            })?;
         acks.push((subject.clone(), ack));
     }
     Ok(acks)
@@ -389,23 +399,24 @@ async fn publish_copies(
 async fn stored_by(
     acks: Vec<(Subject, PublishAckFuture)>,
     bound: Instant,
-) -> Result<Vec<u64>, String> {
+) -> Result<Vec<u64>, BrokerError> {
     let work = async {
         let mut stored = Vec::with_capacity(acks.len());
         for (subject, ack) in acks {
             let ack = ack
                 .await
-                .map_err(|e| format!("store {subject}: {}", crate::kv::broker_words(&e)))?;
+                .map_err(|e| BrokerError::ack(format_args!("store {subject}: "), e))?;
             stored.push(ack.sequence);
         }
         Ok(stored)
     };
     match tokio::time::timeout_at(bound, work).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "copies not stored within {} ms",
-            COPY_BOUND.as_millis()
-        )),
+        Err(elapsed) => Err(BrokerError::new(
+            BrokerErrorKind::TimedOut,
+            format!("copies not stored within {} ms", COPY_BOUND.as_millis()),
+        )
+        .source(elapsed)),
     }
 }
 

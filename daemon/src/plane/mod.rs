@@ -239,6 +239,85 @@ impl std::fmt::Display for PlaneError {
 
 impl std::error::Error for PlaneError {}
 
+/// Why a broker operation of the data path did not succeed (a copy or a handoff not stored, an
+/// entry not deleted, a stream not read): its kind, the text the warnings quote (`Display`) and
+/// the client's or the broker's error behind it (`source()`).
+#[derive(Debug)]
+pub struct BrokerError {
+    kind: BrokerErrorKind,
+    text: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What the broker operation could not do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerErrorKind {
+    /// The request or publish was not sent (the client refused it, or its body could not be
+    /// written).
+    Unsent,
+    /// The broker answered with an error.
+    Refused,
+    /// No answer within the bound.
+    TimedOut,
+}
+
+impl BrokerError {
+    pub(crate) fn new(kind: BrokerErrorKind, text: impl Into<String>) -> BrokerError {
+        BrokerError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    /// The same error, keeping `source` as its cause.
+    pub(crate) fn source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> BrokerError {
+        self.source = Some(Box::new(source));
+        self
+    }
+    /// `kind`, said as `prefix` and the broker's own words ([`crate::kv::broker_words`]) for `e`,
+    /// which it keeps as its cause.
+    pub(crate) fn quoting(
+        kind: BrokerErrorKind,
+        prefix: impl std::fmt::Display,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> BrokerError {
+        let text = format!("{prefix}{}", crate::kv::broker_words(&e));
+        BrokerError::new(kind, text).source(e)
+    }
+    /// A publish's acknowledgement that came back an error: the client's own ack timeout is
+    /// `TimedOut`, any other answer a refusal (said as `prefix` and the broker's words).
+    pub(crate) fn ack(
+        prefix: impl std::fmt::Display,
+        e: async_nats::jetstream::context::PublishError,
+    ) -> BrokerError {
+        let kind = match e.kind() {
+            async_nats::jetstream::context::PublishErrorKind::TimedOut => BrokerErrorKind::TimedOut,
+            _ => BrokerErrorKind::Refused,
+        };
+        BrokerError::quoting(kind, prefix, e)
+    }
+    pub fn kind(&self) -> BrokerErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for BrokerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for BrokerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
 /// A stop signal every bound task selects on.
 pub type StopRx = watch::Receiver<bool>;
 

@@ -34,7 +34,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::metrics::Store;
-use crate::plane::{stopped, PlaneCtx, StopRx};
+use crate::plane::{stopped, BrokerError, BrokerErrorKind, PlaneCtx, StopRx};
 
 /// How a handler settles its message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -418,21 +418,21 @@ impl RetentionWatch {
 
 /// How many of the stream sequences `from..=to` `stream` no longer holds (below its first
 /// sequence or deleted), leader-served.
-async fn gone_in(ctx: &PlaneCtx, stream: &str, from: u64, to: u64) -> Result<u64, String> {
+async fn gone_in(ctx: &PlaneCtx, stream: &str, from: u64, to: u64) -> Result<u64, BrokerError> {
     let work = async {
         let s = ctx
             .js
             .get_stream_no_info(stream)
             .await
-            .map_err(|e| crate::kv::broker_words(&e))?;
+            .map_err(|e| BrokerError::quoting(BrokerErrorKind::Unsent, "", e))?;
         let info = s
             .info_builder()
             .with_deleted(true)
             .fetch()
             .await
-            .map_err(|e| crate::kv::broker_words(&e))?
+            .map_err(|e| BrokerError::quoting(BrokerErrorKind::Refused, "", e))?
             .info;
-        Ok::<_, String>(count_gone(
+        Ok::<_, BrokerError>(count_gone(
             info.state.first_sequence,
             info.state.deleted.as_deref().unwrap_or_default(),
             from,
@@ -441,11 +441,10 @@ async fn gone_in(ctx: &PlaneCtx, stream: &str, from: u64, to: u64) -> Result<u64
     };
     tokio::time::timeout(ctx.config.request_bound, work)
         .await
-        .map_err(|_| {
-            format!(
-                "no answer within {} ms",
-                ctx.config.request_bound.as_millis()
-            )
+        .map_err(|elapsed| {
+            let bound = ctx.config.request_bound.as_millis();
+            let text = format!("no answer within {bound} ms");
+            BrokerError::new(BrokerErrorKind::TimedOut, text).source(elapsed)
         })?
 }
 

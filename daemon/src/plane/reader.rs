@@ -30,18 +30,21 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::stream::DeleteMessageErrorKind;
 use async_nats::HeaderMap;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::kv::RowError;
 use crate::metrics::GiveUp;
 use crate::plane::acl::Acls;
+use crate::plane::acl::RowDecodeError;
 use crate::plane::boundary::Ticket;
 use crate::plane::cache::View;
 use crate::plane::membership::{MemberRead, Members};
 use crate::plane::pump::{self, Pulled, Settle};
-use crate::plane::{PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
+use crate::plane::{BrokerError, BrokerErrorKind, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::wire::{parse_dinbox_subject, EntryRead, LifecycleNames, Reason};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
@@ -69,7 +72,7 @@ pub fn unknown_owner_warning(owner: &str, redeliveries: i64) -> String {
 /// passes), and the handoff slot is given back then.
 struct Handoff {
     pulled: Pulled,
-    sent: Result<PublishAckFuture, String>,
+    sent: Result<PublishAckFuture, BrokerError>,
     /// The ack must arrive by then ([`HANDOFF_BOUND`] after the publish was sent).
     bound: Instant,
     _permit: OwnedSemaphorePermit,
@@ -204,8 +207,12 @@ impl Reader {
                 let acked = match sent {
                     Ok(ack) => match tokio::time::timeout_at(bound, ack).await {
                         Ok(Ok(_)) => Ok(()),
-                        Ok(Err(e)) => Err(crate::kv::broker_words(&e)),
-                        Err(_) => Err(format!("no ack within {} ms", HANDOFF_BOUND.as_millis())),
+                        Ok(Err(e)) => Err(BrokerError::ack("", e)),
+                        Err(elapsed) => Err(BrokerError::new(
+                            BrokerErrorKind::TimedOut,
+                            format!("no ack within {} ms", HANDOFF_BOUND.as_millis()),
+                        )
+                        .source(elapsed)),
                     },
                     Err(e) => Err(e),
                 };
@@ -307,7 +314,7 @@ impl Reader {
         generation: u64,
         body: Vec<u8>,
         id: &str,
-    ) -> Result<PublishAckFuture, String> {
+    ) -> Result<PublishAckFuture, BrokerError> {
         let mut headers = HeaderMap::new();
         headers.insert(DELIVERY_FRAME_HEADER, "1");
         if let Some(id) = names.dedup_id(id, generation) {
@@ -320,7 +327,13 @@ impl Reader {
             .js
             .publish_with_headers(subject.clone(), headers, body.into())
             .await
-            .map_err(|e| format!("publish {subject}: {}", crate::kv::broker_words(&e)))
+            .map_err(|e| {
+                BrokerError::quoting(
+                    BrokerErrorKind::Unsent,
+                    format_args!("publish {subject}: "),
+                    e,
+                )
+            })
     }
 
     async fn drop_retired(
@@ -362,21 +375,47 @@ impl Reader {
         channel: &str,
         member: &Principal,
         uid: &LifecycleUid,
-    ) -> Result<(), String> {
-        match self
-            .members
-            .read(channel, member, uid)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+    ) -> Result<(), RemoveRowError> {
+        match self.members.read(channel, member, uid).await? {
             MemberRead::Absent { .. } => Ok(()),
-            MemberRead::Present(_, revision) => self
-                .members
-                .remove(channel, member, uid, revision)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
-            MemberRead::Garbled(_) => Err("the row does not parse".into()),
+            MemberRead::Present(_, revision) => {
+                self.members.remove(channel, member, uid, revision).await?;
+                Ok(())
+            }
+            MemberRead::Garbled(e) => Err(RemoveRowError::Garbled(e)),
+        }
+    }
+}
+
+/// Why a retired lifecycle's member row was not removed (said in the reader's warning).
+#[derive(Debug)]
+enum RemoveRowError {
+    /// The read or the compare-and-set remove failed.
+    Row(RowError),
+    /// The stored row does not parse, so its revision is not to be trusted.
+    Garbled(RowDecodeError),
+}
+
+impl From<RowError> for RemoveRowError {
+    fn from(e: RowError) -> RemoveRowError {
+        RemoveRowError::Row(e)
+    }
+}
+
+impl std::fmt::Display for RemoveRowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoveRowError::Row(e) => e.fmt(f),
+            RemoveRowError::Garbled(_) => f.write_str("the row does not parse"),
+        }
+    }
+}
+
+impl std::error::Error for RemoveRowError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RemoveRowError::Row(e) => Some(e),
+            RemoveRowError::Garbled(e) => Some(e),
         }
     }
 }
@@ -387,27 +426,37 @@ fn redeliveries(pulled: &Pulled) -> i64 {
 }
 
 /// Deletes `INBOX_<s>` entry `seq`; an entry the stream no longer holds counts as removed.
-pub async fn delete_inbox_entry(ctx: &PlaneCtx, seq: u64) -> Result<(), String> {
+pub async fn delete_inbox_entry(ctx: &PlaneCtx, seq: u64) -> Result<(), BrokerError> {
     let work = async {
         let stream = ctx
             .js
             .get_stream_no_info(ctx.names.inbox_stream())
             .await
-            .map_err(|e| crate::kv::broker_words(&e))?;
+            .map_err(|e| BrokerError::quoting(BrokerErrorKind::Unsent, "", e))?;
         match stream.delete_message(seq).await {
             Ok(_) => Ok(()),
             Err(e) => {
+                // The broker answers a sequence it no longer holds with its generic "delete
+                // failed" code; only its words tell that case apart.
                 let words = crate::kv::broker_words(&e);
                 if words.to_lowercase().contains("no message found") {
                     Ok(())
                 } else {
-                    Err(words)
+                    let kind = match e.kind() {
+                        DeleteMessageErrorKind::TimedOut => BrokerErrorKind::TimedOut,
+                        _ => BrokerErrorKind::Refused,
+                    };
+                    Err(BrokerError::new(kind, words).source(e))
                 }
             }
         }
     };
     match tokio::time::timeout(HANDOFF_BOUND, work).await {
         Ok(r) => r,
-        Err(_) => Err(format!("no answer within {} ms", HANDOFF_BOUND.as_millis())),
+        Err(elapsed) => Err(BrokerError::new(
+            BrokerErrorKind::TimedOut,
+            format!("no answer within {} ms", HANDOFF_BOUND.as_millis()),
+        )
+        .source(elapsed)),
     }
 }
