@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::files;
+use crate::base;
 use crate::host::{DeliverConfig, Ended};
 use crate::space::Verdict;
 use crate::space::{Closed, StartErrorKind};
@@ -648,8 +648,8 @@ fn deliver_one(space: Space, args: DeliverArgs) -> i32 {
     cfg.root = args.root;
     cfg.creds = args.creds;
     cfg.store = args.store;
-    cfg.tuning = crate::tuning::Tuning::from_env();
-    let registry = crate::metrics::MetricsRegistry::new();
+    cfg.tuning = crate::base::Tuning::from_env();
+    let registry = crate::base::MetricsRegistry::new();
     cfg.metrics = registry.for_space(&cfg.space.to_string());
     match runtime("delivery") {
         Ok(rt) => {
@@ -671,7 +671,7 @@ fn deliver_one(space: Space, args: DeliverArgs) -> i32 {
 /// `deliver --spaces`: the multi-space host. A refused start is a config exit; a signalled
 /// host exits 0 once every lane closed.
 fn run_host(args: DeliverArgs) -> i32 {
-    let registry = crate::metrics::MetricsRegistry::new();
+    let registry = crate::base::MetricsRegistry::new();
     let cfg = crate::host::HostConfig {
         root: args.root.unwrap_or_else(|| PathBuf::from(".")),
         cwd: current_dir(),
@@ -679,10 +679,10 @@ fn run_host(args: DeliverArgs) -> i32 {
             root: PathBuf::new(),
             server: args
                 .server
-                .unwrap_or_else(|| crate::files::DEFAULT_SERVER.to_string()),
+                .unwrap_or_else(|| crate::base::DEFAULT_SERVER.to_string()),
             tls: args.tls,
             tls_ca: args.tls_ca,
-            tuning: crate::tuning::Tuning::from_env(),
+            tuning: crate::base::Tuning::from_env(),
             metrics: registry.clone(),
         },
     };
@@ -706,13 +706,13 @@ fn run_host(args: DeliverArgs) -> i32 {
 /// unbindable address is refused with one line and the config exit code, before any dial.
 async fn metrics_endpoint(
     addr: Option<&str>,
-    registry: crate::metrics::MetricsRegistry,
-) -> Result<Option<crate::metrics::Endpoint>, i32> {
+    registry: crate::base::MetricsRegistry,
+) -> Result<Option<crate::base::Endpoint>, i32> {
     let Some(addr) = addr else {
         return Ok(None);
     };
-    let bound = match crate::metrics::parse_addr(addr) {
-        Ok(a) => crate::metrics::serve(a, registry).await,
+    let bound = match crate::base::parse_addr(addr) {
+        Ok(a) => crate::base::serve(a, registry).await,
         Err(e) => Err(e),
     };
     match bound {
@@ -727,33 +727,33 @@ async fn metrics_endpoint(
     }
 }
 
-/// The broker a `deliver` typed by hand dials (`files::resolve_dial`), with the banner the run
+/// The broker a `deliver` typed by hand dials (`base::resolve_dial`), with the banner the run
 /// writes once its log is open.
 /// A root that cannot be resolved is left for the daemon to refuse with its own line.
 fn registry_dial(
     space: &Space,
     args: &DeliverArgs,
     cwd: &std::path::Path,
-) -> Result<files::Dial, files::FilesError> {
+) -> Result<base::Dial, base::FilesError> {
     let record = match (
-        files::resolve_root(args.root.as_deref(), cwd),
-        files::cotal_home(),
+        base::resolve_root(args.root.as_deref(), cwd),
+        base::cotal_home(),
     ) {
         // A daemon with an injected store never consults the registry.
         _ if args.store.is_some() => (cwd.to_path_buf(), None),
         (Ok(root), Some(home)) => {
-            files::MeshRecord::read(&files::registry_path(&home, space)).map(|r| (root, r))?
+            base::MeshRecord::read(&base::registry_path(&home, space)).map(|r| (root, r))?
         }
         _ => (cwd.to_path_buf(), None),
     };
-    let dial = files::resolve_dial(
+    let dial = base::resolve_dial(
         space,
         args.server.as_deref(),
         args.tls,
         args.tls_ca.as_deref(),
         &record.0,
         record.1.as_ref(),
-        crate::files::DEFAULT_SERVER,
+        crate::base::DEFAULT_SERVER,
     )?;
     Ok(dial)
 }
@@ -776,7 +776,7 @@ fn space_and_root(
     };
     let parsed = Space::parse(space).map_err(|e| refuse("space", format!("--space: {e}")))?;
     let root =
-        files::resolve_root(root, &current_dir()).map_err(|e| refuse("root", e.to_string()))?;
+        base::resolve_root(root, &current_dir()).map_err(|e| refuse("root", e.to_string()))?;
     Ok((parsed, root))
 }
 
@@ -817,8 +817,8 @@ fn run_down(args: DownArgs) -> i32 {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let journal = crate::journal::Journal::stderr_only();
-    let grace = crate::tuning::Tuning::from_env().stop_grace;
+    let journal = crate::base::Journal::stderr_only();
+    let grace = crate::base::Tuning::from_env().stop_grace;
     match rt.block_on(crate::supervise::down(&root, &space, grace, &journal)) {
         Ok(()) => 0,
         Err(e) => {
@@ -848,9 +848,9 @@ fn run_remint(args: RemintArgs) -> i32 {
         Err(e) => return refuse(args.json, "space", &args.space, &format!("--space: {e}")),
     };
     let target = match &args.store {
-        Some(dir) => crate::store::RemintTarget::Dir(files::absolute(dir, &current_dir())),
-        None => match files::resolve_root(args.root.as_deref(), &current_dir()) {
-            Ok(root) => crate::store::RemintTarget::Workspace(root),
+        Some(dir) => crate::base::RemintTarget::Dir(base::absolute(dir, &current_dir())),
+        None => match base::resolve_root(args.root.as_deref(), &current_dir()) {
+            Ok(root) => crate::base::RemintTarget::Workspace(root),
             Err(e) => return refuse(args.json, "root", &args.space, &e.to_string()),
         },
     };
@@ -969,7 +969,7 @@ fn run_up(args: UpArgs, typed: Vec<String>) -> i32 {
         }),
         _ => None,
     };
-    let tuning = crate::tuning::Tuning::from_env();
+    let tuning = crate::base::Tuning::from_env();
     let cfg = crate::supervise::UpConfig {
         space,
         root: args.root,
@@ -1166,7 +1166,7 @@ mod tests {
     /// `DELIVER_ENV_HELP`.
     #[test]
     fn the_help_names_every_tuning_variable() {
-        use crate::tuning::{ENV_SERVING_BOUND_MS, ENV_STOP_GRACE_MS, VARIABLES};
+        use crate::base::{ENV_SERVING_BOUND_MS, ENV_STOP_GRACE_MS, VARIABLES};
         for name in VARIABLES {
             let help = if [ENV_STOP_GRACE_MS, ENV_SERVING_BOUND_MS].contains(&name) {
                 UP_HELP

@@ -20,8 +20,8 @@
 //! - [`plane`]: the data plane: fan-out writer, trusted reader, membership registry, row reads.
 //! - [`provision`]: credentials, `server.conf`, streams and buckets (one code path for all), and
 //!   the renewal owner's re-sign.
-//! - base files: [`client`], [`creds`], [`conn`], [`kv`], [`sys`], [`store`], [`files`], [`journal`],
-//!   [`repeats`], [`metrics`], [`tuning`].
+//! - [`base`]: credential clients, the resident connection, credentials, KV rows, the `$SYS`
+//!   client, stores, files, the journal, metrics, `Tuning`.
 //! - [`wire`]: names, token grammar, rows, entries and frames, the control rails' envelope.
 
 // Library paths never panic on a value they were handed: a refusal or a fault is a typed error.
@@ -41,17 +41,7 @@ pub mod rails;
 pub mod space;
 pub mod supervise;
 
-pub mod client;
-pub mod conn;
-pub mod creds;
-pub mod files;
-pub mod journal;
-pub mod kv;
-pub mod metrics;
-pub mod repeats;
-pub mod store;
-pub mod sys;
-pub mod tuning;
+pub mod base;
 
 pub mod wire;
 

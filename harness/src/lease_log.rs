@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use async_nats::jetstream::consumer::{push, DeliverPolicy};
-use cotal_delivery::kv::{row_op, RowOp};
+use cotal_delivery::base::{row_op, RowOp};
 use cotal_delivery::wire::{LeaseInfo, SpaceNames, LEASE_KEY};
 use futures::StreamExt;
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cotal_delivery::creds::Credential;
+use cotal_delivery::base::Credential;
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::ControlReply;
 use cotal_delivery::wire::{CtlService, Principal, Space, SpaceNames};

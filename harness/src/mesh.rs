@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use cotal_delivery::creds::Credential;
+use cotal_delivery::base::Credential;
 use cotal_delivery::provision::{
     self, MeshAuthority, MintOptions, Profile, ProvisionOptions, SpaceMaterial, Workspace,
 };
@@ -174,14 +174,14 @@ impl Mesh {
                 .save(&ws.auth_dir())
                 .map_err(|e| HarnessError::Usage(e.to_string()))?;
         }
-        cotal_delivery::files::MeshRecord {
+        cotal_delivery::base::MeshRecord {
             space: self.space().as_str().to_string(),
             server: self.url(),
             root: self.root().to_path_buf(),
             tls_required: self.tls_ca().is_some(),
             tls_ca: self.tls_ca(),
         }
-        .write(&cotal_delivery::files::mesh_state_path(self.root()))
+        .write(&cotal_delivery::base::mesh_state_path(self.root()))
         .map_err(|e| HarnessError::Usage(e.to_string()))
     }
 
@@ -267,7 +267,7 @@ impl Mesh {
         credential: &Credential,
         name: &str,
     ) -> Result<async_nats::Client, HarnessError> {
-        cotal_delivery::client::connect_with_credential(
+        cotal_delivery::base::connect_with_credential(
             &self.url(),
             self.tls_ca().as_deref(),
             credential,
@@ -289,7 +289,7 @@ impl Mesh {
         let nkey = credential
             .public_key()
             .map_err(|e| HarnessError::Usage(e.to_string()))?;
-        let options = cotal_delivery::client::credential_options(
+        let options = cotal_delivery::base::credential_options(
             credential,
             self.tls_ca().as_deref(),
             name,
@@ -298,7 +298,7 @@ impl Mesh {
         )
         .map_err(|e| HarnessError::Usage(e.to_string()))?;
         let (options, events) = crate::events::ClientEvents::capture(options);
-        let client = cotal_delivery::client::connect_options(options, &self.url(), name, bound)
+        let client = cotal_delivery::base::connect_options(options, &self.url(), name, bound)
             .await
             .map_err(|e| HarnessError::Usage(e.to_string()))?;
         Ok((client, events))
@@ -334,8 +334,8 @@ pub struct Inspector {
 }
 
 impl Inspector {
-    async fn lease_rows(&self) -> Result<cotal_delivery::kv::Rows, HarnessError> {
-        cotal_delivery::kv::Rows::open(
+    async fn lease_rows(&self) -> Result<cotal_delivery::base::Rows, HarnessError> {
+        cotal_delivery::base::Rows::open(
             &self.js,
             &self.names.delivery_bucket(),
             Duration::from_secs(5),
@@ -346,7 +346,7 @@ impl Inspector {
 
     /// The live lease row, leader-served.
     pub async fn lease(&self) -> Result<Option<LeaseRow>, HarnessError> {
-        use cotal_delivery::kv::Read;
+        use cotal_delivery::base::Read;
         let rows = self.lease_rows().await?;
         match rows.read(LEASE_KEY).await {
             Ok(Read::Present(row)) => {

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cotal_delivery::creds::write_creds_file_atomic;
-use cotal_delivery::files;
+use cotal_delivery::base;
+use cotal_delivery::base::write_creds_file_atomic;
 use cotal_delivery::provision::{encode_user, UserClaimsSpec};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile, SystemProfile};
 use cotal_delivery::wire::LeaseInfo;
@@ -185,7 +185,7 @@ fn observer_of_several_accounts(
     ours: &MeshAuthority,
     other: &MeshAuthority,
     space: &cotal_delivery::wire::Space,
-) -> Result<cotal_delivery::creds::Credential, HarnessError> {
+) -> Result<cotal_delivery::base::Credential, HarnessError> {
     let usage = |e: &dyn std::fmt::Display| HarnessError::Usage(e.to_string());
     let ours_account = ours.account_public_key(space).map_err(|e| usage(&e))?;
     let other_account = other.account_public_key(space).map_err(|e| usage(&e))?;
@@ -203,7 +203,7 @@ fn observer_of_several_accounts(
         .expires_in(Some(Duration::from_secs(3600)));
     let jwt = encode_user(&system, &user.public_key(), &spec).map_err(|e| usage(&e))?;
     let seed = user.seed().map_err(|e| usage(&e))?;
-    cotal_delivery::creds::Credential::new(jwt, seed).map_err(|e| usage(&e))
+    cotal_delivery::base::Credential::new(jwt, seed).map_err(|e| usage(&e))
 }
 
 fn workspace_creds() -> CredsChoice {
@@ -348,7 +348,7 @@ impl Run<'_> {
                         self.mesh
                             .mint(&space, &Profile::MembershipRw, MintOptions::new())?;
                     let path = self.mesh.root().join("membership-rw-as-delivery.creds");
-                    cotal_delivery::creds::write_creds_file_atomic(&path, &cred)
+                    cotal_delivery::base::write_creds_file_atomic(&path, &cred)
                         .map_err(|e| HarnessError::Usage(e.to_string()))?;
                     spec = spec.arg("--creds").arg(path);
                 }
@@ -545,8 +545,8 @@ impl Run<'_> {
                 Ok("operator re-writes the lease row with another incarnation".into())
             }
             Step::ExpectPidRecord { pid_of, absent } => {
-                let path = files::pid_path(self.mesh.root(), self.mesh.space());
-                let recorded = files::read_pid(&path);
+                let path = base::pid_path(self.mesh.root(), self.mesh.space());
+                let recorded = base::read_pid(&path);
                 if *absent {
                     if path.exists() {
                         return Err(HarnessError::Usage(format!(
@@ -571,8 +571,8 @@ impl Run<'_> {
                     .arg("60")
                     .spawn()
                     .map_err(|e| HarnessError::io("spawn sleep", e))?;
-                let path = files::pid_path(self.mesh.root(), self.mesh.space());
-                files::write_atomic(&path, format!("{}\n", child.id()).as_bytes())
+                let path = base::pid_path(self.mesh.root(), self.mesh.space());
+                base::write_atomic(&path, format!("{}\n", child.id()).as_bytes())
                     .map_err(|e| HarnessError::Usage(e.to_string()))?;
                 self.sleeper = Some(child);
                 Ok("a pid record names a live process that is not a delivery daemon".into())

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cotal_delivery::agent::{Agent, AgentSpec, Backstop};
-use cotal_delivery::files::{self, PidLiveness};
+use cotal_delivery::base::{self, PidLiveness};
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::{provision_agent, AgentMaterial};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile, ReadChannels, Roles};
@@ -152,21 +152,18 @@ impl Drop for Leftovers {
         let space = Space::parse(SPACE).expect("the suite's space name");
         let records: [Record; 3] = [
             (
-                files::remint_pid_path(&self.0, &space),
-                files::argv_names_remint_watch,
+                base::remint_pid_path(&self.0, &space),
+                base::argv_names_remint_watch,
             ),
             (
-                files::pid_path(&self.0, &space),
-                files::argv_names_delivery_daemon,
+                base::pid_path(&self.0, &space),
+                base::argv_names_delivery_daemon,
             ),
-            (
-                files::broker_pid_path(&self.0),
-                files::argv_names_nats_server,
-            ),
+            (base::broker_pid_path(&self.0), base::argv_names_nats_server),
         ];
         for (path, is_it) in records {
-            if let Some(pid) = files::read_pid(&path) {
-                if let PidLiveness::Alive(p) = files::process_liveness(pid, is_it) {
+            if let Some(pid) = base::read_pid(&path) {
+                if let PidLiveness::Alive(p) = base::process_liveness(pid, is_it) {
                     kill(p, nix::sys::signal::Signal::SIGKILL);
                 }
             }
@@ -181,7 +178,7 @@ fn kill(pid: u32, sig: nix::sys::signal::Signal) {
 }
 
 fn alive(pid: u32) -> bool {
-    files::process_alive(pid) && !files::is_zombie(pid)
+    base::process_alive(pid) && !base::is_zombie(pid)
 }
 
 /// `cotal-delivery <args…>` run to its exit (bounded) from `root`; the code and the transcript.
@@ -277,7 +274,7 @@ async fn drain(
 
 /// The mesh's broker URL, from `.cotal/mesh.json`.
 fn mesh_url(root: &Path) -> Result<String, String> {
-    files::MeshRecord::read(&files::mesh_state_path(root))
+    base::MeshRecord::read(&base::mesh_state_path(root))
         .map_err(err)?
         .map(|r| r.server)
         .ok_or_else(|| "up recorded no mesh".to_string())
@@ -288,10 +285,10 @@ fn mesh_url(root: &Path) -> Result<String, String> {
 /// appended to `.cotal/nats.log`, its pid in `.cotal/nats.pid` (so `down` stops it). Returns
 /// how long no broker listened.
 async fn restart_broker(root: &Path) -> Result<Duration, String> {
-    let record = files::broker_pid_path(root);
-    let pid = files::read_pid(&record).ok_or("no .cotal/nats.pid")?;
-    let argv = files::process_argv(pid).ok_or("the broker's command line cannot be read")?;
-    if !files::argv_names_nats_server(&argv) {
+    let record = base::broker_pid_path(root);
+    let pid = base::read_pid(&record).ok_or("no .cotal/nats.pid")?;
+    let argv = base::process_argv(pid).ok_or("the broker's command line cannot be read")?;
+    if !base::argv_names_nats_server(&argv) {
         return Err(format!("pid {pid} is not a nats-server"));
     }
     let down_at = Instant::now();
@@ -318,7 +315,7 @@ async fn restart_broker(root: &Path) -> Result<Duration, String> {
         .spawn()
         .map_err(|e| format!("restarting {}: {e}", argv[0]))?;
     let new_pid = child.id();
-    files::write_atomic(&record, format!("{new_pid}\n").as_bytes()).map_err(err)?;
+    base::write_atomic(&record, format!("{new_pid}\n").as_bytes()).map_err(err)?;
     // Ready once it listens (the ports file it writes names its pid).
     let ports = argv
         .iter()
@@ -349,7 +346,7 @@ async fn relaunch(root: &Path, t0: Instant) -> Result<(usize, u32), String> {
         let (code, out) = command(root, &["up", "--space", SPACE, "--root", &r]).await?;
         if code == Some(0) {
             let space = Space::parse(SPACE).map_err(err)?;
-            let pid = files::read_pid(&files::pid_path(root, &space))
+            let pid = base::read_pid(&base::pid_path(root, &space))
                 .ok_or("the relaunched daemon recorded nothing")?;
             return Ok((attempts, pid));
         }
@@ -436,7 +433,7 @@ async fn suite(args: &Args, root: &Path) -> Result<serde_json::Value, String> {
     let operator = authority
         .mint(&space, &Profile::Operator, MintOptions::new())
         .map_err(err)?;
-    let op = cotal_delivery::client::connect_with_credential(
+    let op = cotal_delivery::base::connect_with_credential(
         &url,
         None,
         &operator,
@@ -545,12 +542,12 @@ async fn suite(args: &Args, root: &Path) -> Result<serde_json::Value, String> {
     let mut drains = 0usize;
     // Member drains that ended (at their bound) without every post stored before the bind.
     let mut incomplete_drains = 0usize;
-    let owner_log = files::remint_log_path(root, &space);
-    let daemon_log = files::log_path(root, &space);
+    let owner_log = base::remint_log_path(root, &space);
+    let daemon_log = base::log_path(root, &space);
     while running.elapsed() < run_for {
         // Outside its SIGKILL, the daemon never stops: an exit (on a credential expiry, say)
         // ends the suite at once, with its last words.
-        if files::pid_liveness(&files::pid_path(root, &space))
+        if base::pid_liveness(&base::pid_path(root, &space))
             .daemon_pid()
             .is_none()
         {
@@ -562,7 +559,7 @@ async fn suite(args: &Args, root: &Path) -> Result<serde_json::Value, String> {
             return Err(format!("the daemon is not running; its log ends: {last}"));
         }
         if killed.is_none() && running.elapsed() >= kill_at {
-            let pid = files::read_pid(&files::pid_path(root, &space)).ok_or("no daemon record")?;
+            let pid = base::read_pid(&base::pid_path(root, &space)).ok_or("no daemon record")?;
             kill(pid, nix::sys::signal::Signal::SIGKILL);
             let at = Instant::now();
             say(

@@ -31,9 +31,9 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::creds::Credential;
-use crate::journal::epoch_ms;
-use crate::kv::{Read, Rows};
+use crate::base::epoch_ms;
+use crate::base::Credential;
+use crate::base::{Read, Rows};
 use crate::wire::ControlReply;
 use crate::wire::LeaseInfo;
 use crate::wire::{
@@ -47,7 +47,7 @@ pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// [`BROKER_BOUND`]: it waits for the daemon's work, not only the broker's answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on a publish being acknowledged and on other single broker round trips.
-pub const BROKER_BOUND: Duration = crate::tuning::BROKER_BOUND;
+pub const BROKER_BOUND: Duration = crate::base::BROKER_BOUND;
 
 /// What went wrong on the agent side. `kind()` lets a caller decide.
 #[derive(Debug, Clone)]
@@ -184,7 +184,7 @@ impl Agent {
             .public_key()
             .map_err(|e| AgentError::new(AgentErrorKind::Connect, e.to_string()))?;
         let client_name = format!("agent {}", spec.principal);
-        let options = crate::client::standing_credential_options(
+        let options = crate::base::standing_credential_options(
             &spec.credential,
             spec.tls_ca.as_deref(),
             &client_name,
@@ -213,7 +213,7 @@ impl Agent {
             }
         });
         let client =
-            crate::client::connect_options(options, &spec.server_url, &client_name, BROKER_BOUND)
+            crate::base::connect_options(options, &spec.server_url, &client_name, BROKER_BOUND)
                 .await
                 .map_err(|e| AgentError::new(AgentErrorKind::Connect, e.to_string()))?;
         let js = jetstream::context::ContextBuilder::new()

@@ -21,13 +21,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::creds::Credential;
+use crate::base::Credential;
+use crate::base::{sweep, ConnRow, SweepLimits};
 use crate::provision::Workspace;
 use crate::provision::{
     system_seed_path, RetainedSystemKey, HOST_KICK_INBOX_PREFIX, SYSTEM_SEED_FILE,
 };
 use crate::rails::{kick_all, KickOutcome, Kicker};
-use crate::sys::{sweep, ConnRow, SweepLimits};
 use crate::wire::{Refusal, RefusalKind, Space, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 
 /// The census connection's name as the broker shows it.
@@ -35,7 +35,7 @@ pub const HOST_CENSUS_CONNECTION: &str = "cotal-delivery-host-census";
 /// The kick-only connection's name as the broker shows it.
 pub const HOST_KICKER_CONNECTION: &str = "cotal-delivery-host-kicker";
 /// Bound on dialing the census or kick-only user.
-const DIAL_BOUND: Duration = crate::tuning::BROKER_BOUND;
+const DIAL_BOUND: Duration = crate::base::BROKER_BOUND;
 
 /// The host side of eviction, shared by every lane of one host.
 pub struct HostKicker {
@@ -90,7 +90,7 @@ impl HostKicker {
         let path = Workspace::new(&self.root).membership_observer_creds_path(lane);
         let shown = path.display().to_string();
         let issuer = tokio::task::spawn_blocking(move || {
-            crate::creds::read_creds_file(&path)
+            crate::base::read_creds_file(&path)
                 .map_err(|e| e.detail().to_string())
                 .and_then(|c| c.claims().map_err(|e| e.detail().to_string()))
                 .map(|c| c.iss)
@@ -157,8 +157,8 @@ impl HostKicker {
         credential: &Credential,
         inbox_prefix: &str,
         name: &str,
-    ) -> Result<async_nats::Client, crate::client::ClientError> {
-        crate::client::connect_with_inbox(
+    ) -> Result<async_nats::Client, crate::base::ClientError> {
+        crate::base::connect_with_inbox(
             &self.server_url,
             self.tls_ca.as_deref(),
             credential,

@@ -13,20 +13,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::conn::DialSpec;
-use crate::creds::{read_creds_file, Credential, CredsErrorKind};
-use crate::files;
+use crate::base;
+use crate::base::DialSpec;
+use crate::base::RowOp;
+use crate::base::{epoch_ms, Journal};
+use crate::base::{read_creds_file, Credential, CredsErrorKind};
+use crate::base::{FsStore, SecretStore};
+use crate::base::{Tuning, LANE_BACKOFF_MIN};
 use crate::host::kicker::HostKicker;
 use crate::host::signal::ProcessSignals;
 use crate::host::standby_watch::{News, StandbyWatch, WatchSpec, STANDBY_WATCH_CONNECTION};
-use crate::journal::{epoch_ms, Journal};
-use crate::kv::RowOp;
 use crate::provision::Workspace;
 use crate::space::HARD_EXIT_GRACE;
 use crate::space::RELEASE_REDIAL_BOUND;
 use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind};
-use crate::store::{FsStore, SecretStore};
-use crate::tuning::{Tuning, LANE_BACKOFF_MIN};
 use crate::wire::{Principal, Space, SpaceNames};
 
 /// What every lane of a host shares.
@@ -39,7 +39,7 @@ pub struct LaneInputs {
     /// The host's timing (each lane's daemon, the standby retry, the backoff cap).
     pub tuning: Tuning,
     /// The host's one registry; each lane counts under its own `space` label.
-    pub metrics: crate::metrics::MetricsRegistry,
+    pub metrics: crate::base::MetricsRegistry,
 }
 
 /// An attempt's outcome, compared with the previous one to decide whether to report it.
@@ -59,7 +59,7 @@ pub async fn run(
 ) {
     let stop = signals.stop.clone();
     let journal = Journal::with_repeat_window(inputs.tuning.log_repeat_window);
-    match files::open_log(&files::log_path(&inputs.root, &space)) {
+    match base::open_log(&base::log_path(&inputs.root, &space)) {
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! {e}")),
@@ -77,7 +77,7 @@ pub async fn run(
     let reopen = super::signal::reopen_on_usr1(
         &signals,
         journal.clone(),
-        Some(files::log_path(&inputs.root, &space)),
+        Some(base::log_path(&inputs.root, &space)),
         "delivery",
     );
     serve(&space, &inputs, &signals, &kicker, &journal).await;
@@ -462,7 +462,7 @@ fn config(
     }
     let store: Arc<dyn SecretStore> = Arc::new(FsStore::new(inputs.root.clone()));
     let mut cfg = SpaceConfig::new(space.clone(), inputs.server.clone(), credential, store);
-    cfg.sweeps_bound_to = format!("{}/{}", inputs.root.display(), files::COTAL_DIR);
+    cfg.sweeps_bound_to = format!("{}/{}", inputs.root.display(), base::COTAL_DIR);
     // A lane writes no pid record: it stops with its host.
     cfg.stop_with = format!(
         "SIGTERM to the delivery host (pid {}), which stops every lane",

@@ -9,14 +9,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::creds::{read_creds_file, Credential, CredsErrorKind};
-use crate::files::{self, PidRecord, DEFAULT_SERVER};
-use crate::journal::Journal;
+use crate::base::Journal;
+use crate::base::Tuning;
+use crate::base::{self, PidRecord, DEFAULT_SERVER};
+use crate::base::{delivery_creds_key, CredsFileStore, FsStore, SecretStore};
+use crate::base::{read_creds_file, Credential, CredsErrorKind};
 use crate::space::RELEASE_REDIAL_BOUND;
 use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind};
 use crate::space::{Verdict, HARD_EXIT_GRACE};
-use crate::store::{delivery_creds_key, CredsFileStore, FsStore, SecretStore};
-use crate::tuning::Tuning;
 use crate::wire::Space;
 
 /// Everything `deliver` is started with.
@@ -35,8 +35,8 @@ pub struct DeliverConfig {
     /// The process's timing, read from the environment once by the command line.
     pub tuning: Tuning,
     /// This space's metrics handle (served when `--metrics-addr` is given).
-    pub metrics: crate::metrics::Metrics,
-    /// The line that says which broker the registry decided on (`files::resolve_dial`),
+    pub metrics: crate::base::Metrics,
+    /// The line that says which broker the registry decided on (`base::resolve_dial`),
     /// written once the log is open, after the run's first line.
     pub banner: Option<String>,
 }
@@ -53,7 +53,7 @@ impl DeliverConfig {
             tls_ca: None,
             cwd,
             tuning: Tuning::default(),
-            metrics: crate::metrics::Metrics::default(),
+            metrics: crate::base::Metrics::default(),
             banner: None,
         }
     }
@@ -117,13 +117,13 @@ pub fn stamp_stderr(
     space: &Space,
     root_flag: Option<&Path>,
     cwd: &Path,
-) -> Option<crate::journal::StampedStderr> {
-    let root = files::resolve_root(root_flag, cwd).ok()?;
-    let path = files::log_path(&root, space);
-    if !files::stderr_is_path(&path) {
+) -> Option<crate::base::StampedStderr> {
+    let root = base::resolve_root(root_flag, cwd).ok()?;
+    let path = base::log_path(&root, space);
+    if !base::stderr_is_path(&path) {
         return None;
     }
-    crate::journal::StampedStderr::install(&path).ok()
+    crate::base::StampedStderr::install(&path).ok()
 }
 
 /// The run's first log line: what runs, as which process, for which space, root and broker.
@@ -157,7 +157,7 @@ fn refused(journal: &Journal, text: String) -> Ended {
 /// The injected directory store of `--store`: no workspace root, no `.cotal/`.
 fn injected_source(journal: &Journal, dir: &Path, cfg: &DeliverConfig) -> Result<Source, Ended> {
     cfg.say_banner(journal);
-    let dir = files::absolute(dir, &cfg.cwd);
+    let dir = base::absolute(dir, &cfg.cwd);
     let store: Arc<dyn SecretStore> = Arc::new(FsStore::at_dir(&dir));
     let identity = store
         .identity()
@@ -194,14 +194,14 @@ fn injected_source(journal: &Journal, dir: &Path, cfg: &DeliverConfig) -> Result
 fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, Ended> {
     let space = &cfg.space;
     // The workspace root, before any credential is read or any broker dialed.
-    let root = files::resolve_root(cfg.root.as_deref(), &cfg.cwd).map_err(|e| {
+    let root = base::resolve_root(cfg.root.as_deref(), &cfg.cwd).map_err(|e| {
         cfg.say_banner(journal);
         journal.line(format!("✗ {e}"));
         Ended::Refused(StartError::new(StartErrorKind::Config, e.to_string()))
     })?;
-    match files::open_log(&files::log_path(&root, space)) {
+    match base::open_log(&base::log_path(&root, space)) {
         // Stderr is the log: lines reach it through stderr, stamped (`stamp_stderr`).
-        Ok(_) if crate::journal::stderr_is_stamped() => {}
+        Ok(_) if crate::base::stderr_is_stamped() => {}
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! {e}")),
@@ -209,7 +209,7 @@ fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, En
     journal.file_line(run_started(cfg, &root));
     cfg.say_banner(journal);
     if let Some(creds) = &cfg.creds {
-        if let Err(e) = files::check_creds_root(creds, &root, &cfg.cwd) {
+        if let Err(e) = base::check_creds_root(creds, &root, &cfg.cwd) {
             journal.line(format!("✗ {e}"));
             return Err(Ended::Refused(StartError::new(
                 StartErrorKind::Config,
@@ -220,9 +220,9 @@ fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, En
     let creds_path = cfg
         .creds
         .as_ref()
-        .map(|p| files::absolute(p, &cfg.cwd))
+        .map(|p| base::absolute(p, &cfg.cwd))
         .unwrap_or_else(|| {
-            root.join(files::COTAL_DIR)
+            root.join(base::COTAL_DIR)
                 .join(space.segment())
                 .join("delivery.creds")
         });
@@ -250,7 +250,7 @@ fn workspace_source(journal: &Journal, cfg: &DeliverConfig) -> Result<Source, En
         credential,
         store,
         sys_store: workspace,
-        sweeps_bound_to: format!("{}/{}", root.display(), files::COTAL_DIR),
+        sweeps_bound_to: format!("{}/{}", root.display(), base::COTAL_DIR),
         root: Some(root),
     })
 }
@@ -304,7 +304,7 @@ async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
     space_cfg.journal = journal.clone();
     space_cfg.metrics = cfg.metrics.clone();
     space_cfg.reread = signals.reread.clone();
-    let log = source.root.as_ref().map(|r| files::log_path(r, &cfg.space));
+    let log = source.root.as_ref().map(|r| base::log_path(r, &cfg.space));
     let reopen = crate::host::signal::reopen_on_usr1(&signals, journal.clone(), log, "delivery");
 
     // It is the space's daemon once its claim won: record it (a workspace process only).
@@ -312,7 +312,7 @@ async fn serve(cfg: DeliverConfig, journal: &Journal) -> Ended {
     if let Some(root) = source.root.clone() {
         let (slot, journal, space) = (pid_record.clone(), journal.clone(), cfg.space.clone());
         space_cfg.on_lease_won = Some(Arc::new(move || {
-            match PidRecord::write(files::pid_path(&root, &space), std::process::id()) {
+            match PidRecord::write(base::pid_path(&root, &space), std::process::id()) {
                 Ok(r) => *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(r),
                 Err(e) => journal.line(format!("! {e}")),
             }

@@ -15,13 +15,13 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, Shared};
 
-use crate::creds::Credential;
-use crate::journal::Journal;
+use crate::base::Credential;
+use crate::base::Journal;
+use crate::base::Tuning;
+use crate::base::{delivery_creds_key, SecretStore, StoreIdentity};
 use crate::space::{
     CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop,
 };
-use crate::store::{delivery_creds_key, SecretStore, StoreIdentity};
-use crate::tuning::Tuning;
 use crate::wire::{LifecycleUid, Space};
 
 /// What an embedding host assigns to one delivery service (docs/embedding.md).
@@ -146,7 +146,7 @@ pub async fn start_delivery_service(
     let log_path = inputs
         .state_dir
         .join(format!("delivery.{}.log", space.key()));
-    match crate::files::open_log(&log_path) {
+    match crate::base::open_log(&log_path) {
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! {e}")),

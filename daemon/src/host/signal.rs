@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-use crate::journal::Journal;
+use crate::base::Journal;
 use crate::space::{Reread, Stop};
 
 /// The signals a process host acts on.
@@ -90,7 +90,7 @@ pub fn reopen_on_usr1(
                 ));
                 continue;
             };
-            let reopened = match crate::journal::reopen_stamped() {
+            let reopened = match crate::base::reopen_stamped() {
                 Some(r) => r.map(|_| true),
                 None => journal.reopen(path),
             };

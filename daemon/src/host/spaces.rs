@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::lane::LaneInputs;
-use crate::files::{self, PidLiveness, PidRecord};
-use crate::journal::Journal;
+use crate::base::Journal;
+use crate::base::{self, PidLiveness, PidRecord};
 use crate::provision::{manifest_path, Manifest, ManifestError};
 
 /// `.cotal/delivery-host.pid`: the host's own record (lanes write none).
@@ -27,11 +27,11 @@ pub const HOST_LOG_FILE: &str = "delivery-host.log";
 pub const HOST_CLOSE_BOUND: Duration = Duration::from_secs(30);
 
 pub fn host_pid_path(root: &Path) -> PathBuf {
-    root.join(files::COTAL_DIR).join(HOST_PID_FILE)
+    root.join(base::COTAL_DIR).join(HOST_PID_FILE)
 }
 
 pub fn host_log_path(root: &Path) -> PathBuf {
-    root.join(files::COTAL_DIR).join(HOST_LOG_FILE)
+    root.join(base::COTAL_DIR).join(HOST_LOG_FILE)
 }
 
 /// A host's argv carries the `deliver` verb and the `--spaces` flag.
@@ -41,7 +41,7 @@ pub fn argv_names_host(argv: &[String]) -> bool {
 
 /// What the host's record proves (the same rules as a space daemon's record).
 pub fn host_liveness(root: &Path) -> PidLiveness {
-    files::pid_liveness_of(&host_pid_path(root), argv_names_host)
+    base::pid_liveness_of(&host_pid_path(root), argv_names_host)
 }
 
 /// Everything `deliver --spaces` is started with.
@@ -148,7 +148,7 @@ async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
             return refused(&journal, HostErrorKind::Fault, text);
         }
     };
-    let root = match files::resolve_root(Some(&cfg.root), &cfg.cwd) {
+    let root = match base::resolve_root(Some(&cfg.root), &cfg.cwd) {
         Ok(r) => r,
         Err(e) => return refused(&journal, HostErrorKind::Root, e.to_string()),
     };
@@ -158,7 +158,7 @@ async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
         Ok(m) => m,
         Err(e) => return refused(&journal, HostErrorKind::Manifest, manifest_line(&e)),
     };
-    match files::open_log(&host_log_path(&root)) {
+    match base::open_log(&host_log_path(&root)) {
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! {e}")),
@@ -199,7 +199,7 @@ async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
         manifest.spaces.clone(),
         inputs.server.clone(),
         inputs.tls_ca.clone(),
-        crate::sys::SweepLimits::of(&inputs.tuning),
+        crate::base::SweepLimits::of(&inputs.tuning),
     );
     let inputs = Arc::new(inputs);
     let lanes: Vec<_> = manifest

@@ -19,10 +19,10 @@ use async_nats::jetstream::{self, consumer::push, consumer::DeliverPolicy};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::conn::{self, CredentialCell, DialSpec};
-use crate::creds::Credential;
-use crate::kv::{broker_words, row_op, RowOp};
-use crate::tuning::BROKER_BOUND;
+use crate::base::Credential;
+use crate::base::BROKER_BOUND;
+use crate::base::{self, CredentialCell, DialSpec};
+use crate::base::{broker_words, row_op, RowOp};
 use crate::wire::{Space, SpaceNames, LEASE_KEY};
 
 /// News a watch may hold for its lane before its task waits: each one is a write to the key
@@ -135,7 +135,7 @@ async fn run(
         }
     };
     let resident = tokio::select! {
-        dialed = conn::dial(&spec.dial, cell) => match dialed {
+        dialed = base::dial(&spec.dial, cell) => match dialed {
             Ok(r) => r,
             Err(e) => return lost(format!("its connection failed: {e}")).await,
         },
@@ -245,6 +245,6 @@ async fn run(
     close(resident).await;
 }
 
-async fn close(resident: conn::Resident) {
+async fn close(resident: base::Resident) {
     resident.close(RETIRE_BOUND).await;
 }

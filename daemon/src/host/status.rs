@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::creds::read_creds_file;
-use crate::files::{self, PidLiveness};
+use crate::base::read_creds_file;
+use crate::base::{self, PidLiveness};
 use crate::provision::Workspace;
 use crate::provision::{manifest_path, Manifest, ManifestError};
 use crate::supervise::{status, StatusReport};
@@ -217,7 +217,7 @@ fn role(report: &StatusReport, own: Option<&str>) -> Role {
 /// Reads the host's record and manifest at `root` (resolved from `cwd` as `deliver --spaces`
 /// does), then checks every space of the manifest at once (each check is bounded).
 pub async fn host_status(root: Option<&Path>, cwd: &Path) -> Result<HostStatus, HostStatusError> {
-    let root = files::resolve_root(root, cwd).map_err(|e| HostStatusError {
+    let root = base::resolve_root(root, cwd).map_err(|e| HostStatusError {
         kind: HostStatusErrorKind::Root,
         detail: e.to_string(),
         manifest: None,

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use super::{InspectError, InspectErrorKind, Inspector};
-use crate::kv::{Read, Rows};
+use crate::base::{Read, Rows};
 use crate::plane::{MembershipRecord, PriorInterval};
 use crate::wire::{validate_channel, LifecycleUid, Principal, SpaceNames};
 
@@ -117,8 +117,8 @@ pub fn parse_channel(token: &str) -> Result<String, InspectError> {
 pub async fn members(insp: &Inspector, channel: &str) -> Result<Members, InspectError> {
     let n = &insp.names;
     let broker =
-        |e: crate::kv::RowError| InspectError::new(InspectErrorKind::Broker, e.to_string());
-    let keys = crate::kv::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
+        |e: crate::base::RowError| InspectError::new(InspectErrorKind::Broker, e.to_string());
+    let keys = crate::base::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
         .await
         .map_err(broker)?;
     let rows = Rows::open(&insp.js, &n.members_bucket(), super::REQUEST_BOUND)
@@ -127,7 +127,7 @@ pub async fn members(insp: &Inspector, channel: &str) -> Result<Members, Inspect
     let presence = Rows::open(&insp.js, &n.presence_bucket(), super::REQUEST_BOUND)
         .await
         .map_err(broker)?;
-    let now = crate::journal::epoch_ms();
+    let now = crate::base::epoch_ms();
     let prefix = format!("{channel}/");
     let mut out = Vec::new();
     for key in keys.iter().filter(|k| k.starts_with(&prefix)) {

@@ -13,9 +13,9 @@ use std::time::Duration;
 use async_nats::jetstream;
 use futures::TryStreamExt;
 
-use crate::creds::read_creds_file;
-use crate::files::{self, DEFAULT_SERVER};
-use crate::kv::broker_words;
+use crate::base::broker_words;
+use crate::base::read_creds_file;
+use crate::base::{self, DEFAULT_SERVER};
 use crate::provision::Workspace;
 use crate::wire::{Space, SpaceNames};
 
@@ -26,7 +26,7 @@ pub use members::{members, parse_channel};
 pub use pending::{parse_member, pending};
 
 /// Bound on connecting, and on each broker request.
-pub const REQUEST_BOUND: Duration = crate::tuning::BROKER_BOUND;
+pub const REQUEST_BOUND: Duration = crate::base::BROKER_BOUND;
 /// At most this many owed messages are read per store and lifecycle (each is one leader-served
 /// get); past it the report says it stopped counting.
 pub const MAX_SCANNED: usize = 10_000;
@@ -106,8 +106,8 @@ impl Inspector {
                 ),
             )
         })?;
-        let record = files::cotal_home()
-            .and_then(|home| files::MeshRecord::read(&files::registry_path(&home, &cfg.space)).ok())
+        let record = base::cotal_home()
+            .and_then(|home| base::MeshRecord::read(&base::registry_path(&home, &cfg.space)).ok())
             .flatten();
         let server = cfg
             .server
@@ -118,7 +118,7 @@ impl Inspector {
             .tls_ca
             .clone()
             .or_else(|| record.as_ref().and_then(|r| r.tls_ca.clone()));
-        let client = crate::client::connect_with_credential(
+        let client = crate::base::connect_with_credential(
             &server,
             tls_ca.as_deref(),
             &credential,

@@ -16,7 +16,7 @@ use async_nats::jetstream::message::StreamMessage;
 use serde_json::{json, Value};
 
 use super::{age_words, stored_ms, InspectError, InspectErrorKind, Inspector};
-use crate::kv::{Read, Rows};
+use crate::base::{Read, Rows};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, READER_DURABLE};
 
 /// Owed messages of one store for one lifecycle.
@@ -207,7 +207,7 @@ pub async fn pending(insp: &Inspector, member: &Principal) -> Result<Pending, In
         space: n.space().to_string(),
         member: member.clone(),
         lifecycles,
-        now_ms: crate::journal::epoch_ms(),
+        now_ms: crate::base::epoch_ms(),
     })
 }
 
@@ -221,8 +221,8 @@ async fn lifecycles(
     let who = member.dot_form();
     let mut out = BTreeSet::new();
     let listed =
-        |e: crate::kv::RowError| InspectError::new(InspectErrorKind::Broker, e.to_string());
-    let acl = crate::kv::keys(
+        |e: crate::base::RowError| InspectError::new(InspectErrorKind::Broker, e.to_string());
+    let acl = crate::base::keys(
         &insp.js,
         &n.acl_bucket(),
         &format!("{who}.*"),
@@ -235,7 +235,7 @@ async fn lifecycles(
             out.extend(LifecycleUid::parse(uid).ok());
         }
     }
-    let rows = crate::kv::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
+    let rows = crate::base::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
         .await
         .map_err(listed)?;
     for key in rows {

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use crate::kv::{Read, RowError, Rows};
+use crate::base::{Read, RowError, Rows};
 use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
 use crate::wire::{LifecycleNames, LifecycleUid, Principal, SpaceNames};
@@ -208,7 +208,7 @@ impl Acls {
         member: &Principal,
     ) -> Result<(LifecycleUid, AclRecord), AliasError> {
         let filter = format!("{}.*", member.dot_form());
-        let keys = crate::kv::keys(
+        let keys = crate::base::keys(
             &self.ctx.js,
             self.rows.bucket(),
             &filter,

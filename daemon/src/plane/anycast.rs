@@ -16,15 +16,15 @@ use async_nats::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::journal::{epoch_ms, Journal};
-use crate::kv::{broker_words, Read, RowErrorKind, Rows};
+use crate::base::{broker_words, Read, RowErrorKind, Rows};
+use crate::base::{epoch_ms, Journal};
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::PlaneCtx;
 use crate::wire::{
     AnycastCancelled, AnycastRowStatus, AnycastStatus, LifecycleUid, Principal, SpaceNames,
 };
 
-/// Bound of the fault-injection hold ([`crate::tuning::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW`]), logging
+/// Bound of the fault-injection hold ([`crate::base::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW`]), logging
 /// [`FAULT_HOLD_LINE`]: a forgotten knob delays a DM, it never wedges a take.
 pub const FAULT_HOLD: Duration = Duration::from_secs(60);
 /// Start of the line the hold logs (the row key follows).
@@ -545,7 +545,7 @@ impl Anycast {
             self.journal.line(format!(
                 "{FAULT_HOLD_LINE} {key} for {} s ({}=1)",
                 FAULT_HOLD.as_secs(),
-                crate::tuning::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW
+                crate::base::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW
             ));
             tokio::time::sleep(FAULT_HOLD).await;
         }
@@ -805,7 +805,7 @@ impl Anycast {
     /// One sweep: resends notices a crash left unsent, finishes cancels whose delete did not
     /// land, marks rows whose request left the queue, and removes rows `row_age` after that.
     pub async fn sweep(&self, row_age: Duration) -> Result<SweepReport, AnycastError> {
-        let keys = crate::kv::keys(&self.js, self.rows.bucket(), ">", self.bound)
+        let keys = crate::base::keys(&self.js, self.rows.bucket(), ">", self.bound)
             .await
             .map_err(|e| unavailable("listing the rows", e))?;
         let current = self.task_created().await?;

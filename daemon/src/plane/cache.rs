@@ -30,7 +30,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::watch;
 
-use crate::kv::{Read, Row};
+use crate::base::{Read, Row};
 use crate::plane::{stopped, BrokerError, BrokerErrorKind, PlaneCtx, StopRx};
 
 /// Most messages one fence applies before it gives up proving (the watch is behind; the
@@ -323,7 +323,7 @@ impl RowCache {
     /// The row at `key`, as a leader read would report it (a locally expired entry is absent).
     pub fn read(&self, key: &str) -> Read {
         let st = self.lock();
-        let now = crate::journal::epoch_ms();
+        let now = crate::base::epoch_ms();
         match st.rows.get(key) {
             None => Read::Absent {
                 marker_revision: None,
@@ -348,7 +348,7 @@ impl RowCache {
     /// Every live row whose key starts with `prefix`, in key order.
     pub fn scan(&self, prefix: &str) -> Vec<(String, Row)> {
         let st = self.lock();
-        let now = crate::journal::epoch_ms();
+        let now = crate::base::epoch_ms();
         st.rows
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
@@ -376,7 +376,7 @@ impl RowCache {
         decode: impl FnOnce(&str, &Bytes) -> T,
     ) -> DecodedRead<T> {
         let mut st = self.lock();
-        let (max_age, now) = (st.max_age_ms, crate::journal::epoch_ms());
+        let (max_age, now) = (st.max_age_ms, crate::base::epoch_ms());
         match st.rows.get_mut(key) {
             None => DecodedRead::Absent {
                 marker_revision: None,
@@ -403,7 +403,7 @@ impl RowCache {
         decode: impl Fn(&str, &Bytes) -> T,
     ) -> Vec<Arc<T>> {
         let mut st = self.lock();
-        let (max_age, now) = (st.max_age_ms, crate::journal::epoch_ms());
+        let (max_age, now) = (st.max_age_ms, crate::base::epoch_ms());
         st.rows
             .range_mut(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
@@ -421,7 +421,7 @@ impl RowCache {
             st.applied = revision;
             st.rows.insert(
                 key.to_string(),
-                CachedRow::new(value, revision, crate::journal::epoch_ms()),
+                CachedRow::new(value, revision, crate::base::epoch_ms()),
             );
         }
     }
@@ -591,7 +591,7 @@ fn apply(
     let Some(key) = subject.strip_prefix(prefix) else {
         return;
     };
-    let value = crate::kv::row_op(headers).is_row().then_some(payload);
+    let value = crate::base::row_op(headers).is_row().then_some(payload);
     if st.rows.get(key).is_none_or(|r| r.revision < seq) {
         st.rows
             .insert(key.to_string(), CachedRow::new(value, seq, stored_at_ms));

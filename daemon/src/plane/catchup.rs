@@ -14,7 +14,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use futures::StreamExt;
 use serde_json::Value;
 
-use crate::kv::RowError;
+use crate::base::RowError;
 use crate::plane::channels::{Channels, DeliveryClass};
 use crate::plane::fanout::{store_copies, Target};
 use crate::plane::membership::chat_frontier;
@@ -140,7 +140,7 @@ fn first_after(join_cursor: u64) -> Result<u64, CatchUpError> {
 
 /// A broker refusal while setting up the activation consumer, in the broker's words.
 fn consumer_error(e: impl std::error::Error + Send + Sync + 'static) -> CatchUpError {
-    CatchUpError::new(CatchUpErrorKind::Consumer, crate::kv::broker_words(&e)).source(e)
+    CatchUpError::new(CatchUpErrorKind::Consumer, crate::base::broker_words(&e)).source(e)
 }
 
 /// A failed fetch of the activation consumer, in the client's words.

@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use crate::kv::{Read, RowError, Rows};
+use crate::base::{Read, RowError, Rows};
 use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
 

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use crate::journal::epoch_ms;
+use crate::base::epoch_ms;
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::fence::Fences;
 use crate::plane::membership::{
@@ -50,11 +50,11 @@ fn still(ctx: &PlaneCtx, epoch: u64) -> Result<(), Refusal> {
 }
 
 /// A broker read or write of the transaction that did not succeed.
-fn unavailable(text: String, e: crate::kv::RowError) -> Refusal {
+fn unavailable(text: String, e: crate::base::RowError) -> Refusal {
     Refusal::new(RefusalKind::Unavailable, text).source(e)
 }
 
-fn open_err(e: crate::kv::RowError) -> Refusal {
+fn open_err(e: crate::base::RowError) -> Refusal {
     unavailable(format!("delivery: the registry is unavailable: {e}"), e)
 }
 

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::metrics::GiveUp;
+use crate::base::GiveUp;
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::cache::View;
 use crate::plane::channels::{Channels, DeliveryClass};
@@ -213,7 +213,7 @@ impl Writer {
         channels: &View<'_>,
         members: &View<'_>,
         live: &mut Option<(View<'a>, View<'a>)>,
-    ) -> Result<Vec<Target>, crate::kv::RowError> {
+    ) -> Result<Vec<Target>, crate::base::RowError> {
         match self.channels.class_of_in(channels, channel).await? {
             DeliveryClass::Durable => {
                 let rows = self.members.of_channel_in(members, channel).await?;
@@ -250,7 +250,7 @@ impl Writer {
                 let roster = crate::plane::presence::live_roster_in(
                     &self.ctx,
                     presence,
-                    crate::journal::epoch_ms(),
+                    crate::base::epoch_ms(),
                 )
                 .await?;
                 let mut out: Vec<Target> = Vec::new();

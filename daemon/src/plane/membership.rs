@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use crate::kv::{Read, RowError, Rows};
+use crate::base::{Read, RowError, Rows};
 use crate::plane::acl::RowDecodeError;
 use crate::plane::cache::{DecodedRead, View};
 use crate::plane::PlaneCtx;
@@ -386,7 +386,7 @@ impl Members {
         filter: &str,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Vec<MemberRow>, RowError> {
-        let keys = crate::kv::keys(
+        let keys = crate::base::keys(
             &self.ctx.js,
             self.rows.bucket(),
             filter,
@@ -451,11 +451,11 @@ pub async fn chat_frontier(ctx: &PlaneCtx) -> Result<u64, RowError> {
             .js
             .get_stream_no_info(ctx.names.chat_stream())
             .await
-            .map_err(|e| RowError::from_detail(crate::kv::broker_words(&e)))?;
+            .map_err(|e| RowError::from_detail(crate::base::broker_words(&e)))?;
         let info = stream
             .get_info()
             .await
-            .map_err(|e| RowError::from_detail(crate::kv::broker_words(&e)))?;
+            .map_err(|e| RowError::from_detail(crate::base::broker_words(&e)))?;
         Ok(info.state.last_sequence)
     };
     match tokio::time::timeout(ctx.config.request_bound, work).await {

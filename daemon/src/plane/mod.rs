@@ -3,7 +3,7 @@
 //! Owns the fan-out writer, the trusted reader and the rows they read (ACLs, members, channels,
 //! presence), and the context they share. Invariant: nothing here acks, replies ok or writes
 //! unless [`ServingGate`] still shows the epoch the work was admitted at, so a quiesce (the lease
-//! in doubt) stops every in-flight handler from acting. Imports only the base files and
+//! in doubt) stops every in-flight handler from acting. Imports only the base ring and
 //! `provision`; never `rails/` or `space/` (the space ring arms and quiesces this one).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use tokio::sync::watch;
 
-use crate::journal::Journal;
+use crate::base::Journal;
 use crate::wire::{Principal, SpaceNames};
 
 mod acl;
@@ -123,11 +123,11 @@ impl ServingGate {
 pub struct PlaneConfig {
     /// Bound on every JetStream API request of the data path.
     pub request_bound: Duration,
-    /// `ack_wait` of the fan-out and reader durables ([`crate::tuning::ENV_ACK_WAIT_MS`]).
+    /// `ack_wait` of the fan-out and reader durables ([`crate::base::ENV_ACK_WAIT_MS`]).
     pub ack_wait: Duration,
     /// Redeliveries after which the reader gives up an entry (`READER_MAX_REDELIVERIES`).
     pub reader_max_redeliveries: i64,
-    /// Delay of a nak for a retry (2000 ms in the reference; [`crate::tuning::ENV_NAK_DELAY_MS`]).
+    /// Delay of a nak for a retry (2000 ms in the reference; [`crate::base::ENV_NAK_DELAY_MS`]).
     pub nak_delay: Duration,
     /// `max_ack_pending` of the reader.
     pub reader_max_ack_pending: i64,
@@ -141,7 +141,7 @@ pub struct PlaneConfig {
 
 impl PlaneConfig {
     /// The defaults with `tuning`'s overrides.
-    pub fn of(tuning: &crate::tuning::Tuning) -> PlaneConfig {
+    pub fn of(tuning: &crate::base::Tuning) -> PlaneConfig {
         PlaneConfig {
             nak_delay: tuning.nak_delay,
             ack_wait: tuning.ack_wait,
@@ -155,7 +155,7 @@ impl PlaneConfig {
 
 impl Default for PlaneConfig {
     fn default() -> Self {
-        use crate::tuning as t;
+        use crate::base as t;
         PlaneConfig {
             request_bound: t::BROKER_BOUND,
             ack_wait: t::DEFAULT_ACK_WAIT,
@@ -187,7 +187,7 @@ pub struct PlaneCtx {
     /// Reader decisions in flight, which a leave waits for (strict leave boundary).
     pub handoffs: Arc<boundary::Handoffs>,
     /// Counters of what the plane did (`--metrics-addr`; counted even when not served).
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: crate::base::Metrics,
 }
 
 /// Why a binding could not be established: its kind, the component (`what`) and the broker's
@@ -277,14 +277,14 @@ impl BrokerError {
         self.source = Some(Box::new(source));
         self
     }
-    /// `kind`, said as `prefix` and the broker's own words ([`crate::kv::broker_words`]) for `e`,
+    /// `kind`, said as `prefix` and the broker's own words ([`crate::base::broker_words`]) for `e`,
     /// which it keeps as its cause.
     pub(crate) fn quoting(
         kind: BrokerErrorKind,
         prefix: impl std::fmt::Display,
         e: impl std::error::Error + Send + Sync + 'static,
     ) -> BrokerError {
-        let text = format!("{prefix}{}", crate::kv::broker_words(&e));
+        let text = format!("{prefix}{}", crate::base::broker_words(&e));
         BrokerError::new(kind, text).source(e)
     }
     /// A publish's acknowledgement that came back an error: the client's own ack timeout is

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::kv::{Read, RowError, Rows};
+use crate::base::{Read, RowError, Rows};
 use crate::plane::cache::View;
 use crate::plane::PlaneCtx;
 use crate::wire::Principal;
@@ -32,7 +32,7 @@ pub async fn live_roster(
 ) -> Result<Vec<(Principal, String)>, RowError> {
     let bucket = ctx.names.presence_bucket();
     let rows = Rows::open(&ctx.js, &bucket, ctx.config.request_bound).await?;
-    let keys = crate::kv::keys(&ctx.js, &bucket, ">", ctx.config.request_bound).await?;
+    let keys = crate::base::keys(&ctx.js, &bucket, ">", ctx.config.request_bound).await?;
     let reads = futures::future::join_all(keys.iter().map(|k| rows.read(k))).await;
     let mut out = Vec::new();
     for (key, read) in keys.iter().zip(reads) {

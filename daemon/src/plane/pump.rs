@@ -33,7 +33,7 @@ use futures::{FutureExt, StreamExt};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::metrics::Store;
+use crate::base::Store;
 use crate::plane::{stopped, BrokerError, BrokerErrorKind, PlaneCtx, StopRx};
 
 /// How a handler settles its message.
@@ -326,10 +326,9 @@ pub async fn bind_durable(
     use crate::plane::{PlaneError, PlaneErrorKind};
     let err = |detail: String| PlaneError::new(PlaneErrorKind::Consumer, what, detail);
     let name = config.durable_name.clone().unwrap_or_default();
-    let stream =
-        ctx.js.get_stream_no_info(stream).await.map_err(|e| {
-            PlaneError::new(PlaneErrorKind::Stream, what, crate::kv::broker_words(&e))
-        })?;
+    let stream = ctx.js.get_stream_no_info(stream).await.map_err(|e| {
+        PlaneError::new(PlaneErrorKind::Stream, what, crate::base::broker_words(&e))
+    })?;
     let bound = |what: String| {
         err(format!(
             "{what}: no answer within {} ms",
@@ -343,7 +342,7 @@ pub async fn bind_durable(
     )
     .await
     .map_err(|_| bound("binding".into()))?
-    .map_err(|e| err(crate::kv::broker_words(&e)))?;
+    .map_err(|e| err(crate::base::broker_words(&e)))?;
     if consumer.cached_info().config.ack_wait == ack_wait {
         return Ok(consumer);
     }
@@ -352,7 +351,7 @@ pub async fn bind_durable(
     match tokio::time::timeout(ctx.config.request_bound, stream.update_consumer(config)).await {
         Ok(Ok(updated)) => Ok(updated),
         Ok(Err(e)) => {
-            tracing::warn!(what, error = %crate::kv::broker_words(&e), "keeping the durable's own ack_wait");
+            tracing::warn!(what, error = %crate::base::broker_words(&e), "keeping the durable's own ack_wait");
             Ok(consumer)
         }
         Err(_) => Err(bound("updating its ack_wait".into())),

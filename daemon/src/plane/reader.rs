@@ -36,8 +36,8 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::kv::RowError;
-use crate::metrics::GiveUp;
+use crate::base::GiveUp;
+use crate::base::RowError;
 use crate::plane::acl::Acls;
 use crate::plane::acl::RowDecodeError;
 use crate::plane::boundary::Ticket;
@@ -57,7 +57,7 @@ pub const READER_LANES: usize = 16;
 /// Handoffs published and not yet acknowledged by JetStream, over all lanes.
 pub const MAX_HANDOFFS_IN_FLIGHT: usize = 1024;
 /// Bound on one handoff publish (or one delete) being acknowledged.
-const HANDOFF_BOUND: Duration = crate::tuning::BROKER_BOUND;
+const HANDOFF_BOUND: Duration = crate::base::BROKER_BOUND;
 /// Member lifecycles whose names the reader keeps built (by INBOX subject), entries; the memo
 /// starts over when it is full.
 pub const READER_NAMES_MAX: usize = 4096;
@@ -438,7 +438,7 @@ pub async fn delete_inbox_entry(ctx: &PlaneCtx, seq: u64) -> Result<(), BrokerEr
             Err(e) => {
                 // The broker answers a sequence it no longer holds with its generic "delete
                 // failed" code; only its words tell that case apart.
-                let words = crate::kv::broker_words(&e);
+                let words = crate::base::broker_words(&e);
                 if words.to_lowercase().contains("no message found") {
                     Ok(())
                 } else {

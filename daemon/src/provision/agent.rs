@@ -10,9 +10,9 @@
 
 use async_nats::jetstream::Context;
 
-use crate::creds::Credential;
-use crate::journal::epoch_ms;
-use crate::kv::{Read, Rows};
+use crate::base::epoch_ms;
+use crate::base::Credential;
+use crate::base::{Read, Rows};
 use crate::provision::{
     create_agent_consumer, create_role_consumer, MeshAuthority, MintOptions, Profile,
     ProvisionError, ProvisionErrorKind, ReadChannels, Roles,
@@ -21,7 +21,7 @@ use crate::wire::AclRecord;
 use crate::wire::{LifecycleUid, Principal, Space, SpaceNames};
 
 /// Bound on each ACL write.
-const ACL_WRITE_BOUND: std::time::Duration = crate::tuning::BROKER_BOUND;
+const ACL_WRITE_BOUND: std::time::Duration = crate::base::BROKER_BOUND;
 
 /// What an agent needs to connect, and what identifies its lifecycle.
 #[derive(Debug, Clone)]

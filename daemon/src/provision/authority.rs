@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::jwt::{self, JwtError, UserClaimsSpec};
 use super::profiles::{Permissions, Profile, SystemProfile};
 use super::server_conf::OperatorAuth;
-use crate::creds::{write_file_atomic, Credential, CredsError};
+use crate::base::{write_file_atomic, Credential, CredsError};
 use crate::wire::{Space, SpaceNames, WireError};
 
 /// Standing credentials (`delivery`, `membership-rw`) live 24 h; the manager renews at 75 %.
@@ -620,7 +620,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &PathBuf) -> Result<T, Authorit
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::creds::verify_signature;
+    use crate::base::verify_signature;
     use crate::wire::Principal;
 
     fn demo() -> Space {

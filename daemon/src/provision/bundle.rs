@@ -16,8 +16,8 @@ use nkeys::{KeyPair, KeyPairType};
 use serde::Deserialize;
 
 use super::authority::{account_file_text, broker_file_text};
-use crate::creds::verify_signature;
-use crate::store::{account_signer_key, SecretStore, StoreError, BROKER_SIGNER_KEY};
+use crate::base::verify_signature;
+use crate::base::{account_signer_key, SecretStore, StoreError, BROKER_SIGNER_KEY};
 use crate::wire::Space;
 
 /// The store key of the pre-split bundle.
@@ -326,8 +326,8 @@ pub(crate) fn migrate(store: &dyn SecretStore, space: &Space, b: &BundleSigner) 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::base::MemoryStore;
     use crate::provision::jwt::{encode_account_with_signing_keys, encode_operator};
-    use crate::store::MemoryStore;
     use serde_json::json;
 
     /// A bundle in the reference's shape for `space`, its system seed stripped unless `full`.

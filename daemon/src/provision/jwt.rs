@@ -280,7 +280,7 @@ pub fn encode_user(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::creds::{decode_claims, verify_signature};
+    use crate::base::{decode_claims, verify_signature};
 
     #[test]
     fn operator_and_account_jwts_verify() {

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use super::authority::{create_private_dir, AuthorityError, MeshAuthority, MintOptions};
 use super::profiles::{Profile, SystemProfile};
 use super::server_conf::ServerConf;
-use crate::creds::{write_creds_file_atomic, write_file_atomic, Credential};
-pub use crate::store::{
+use crate::base::{write_creds_file_atomic, write_file_atomic, Credential};
+pub use crate::base::{
     CONNECTION_EVICTOR_CREDS_FILE, DELIVERY_CREDS_FILE, INSPECT_CREDS_FILE,
     MEMBERSHIP_OBSERVER_CREDS_FILE, MEMBERSHIP_RW_CREDS_FILE,
 };
@@ -184,7 +184,7 @@ impl SpaceMaterial {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::creds::read_creds_file;
+    use crate::base::read_creds_file;
 
     #[test]
     fn paths_follow_the_reference_layout() {

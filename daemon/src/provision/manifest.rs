@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::creds::write_file_atomic;
+use crate::base::write_file_atomic;
 use crate::wire::Space;
 
 /// The manifest's file name under `.cotal/`.

@@ -44,7 +44,7 @@ pub use streams::{
     ProvisionError, ProvisionErrorKind, ProvisionOptions, ProvisionReport,
 };
 
-use crate::client::connect_with_credential;
+use crate::base::connect_with_credential;
 use crate::wire::{Space, SpaceNames};
 
 /// Mints a fresh one-shot `provisioner` credential for `space` and connects with it. Returns the

@@ -12,16 +12,16 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::bundle::{migrate, read_bundle, SIGNER_BUNDLE_KEY};
-use crate::creds::Credential;
-use crate::provision::jwt::{encode_user, UserClaimsSpec};
-use crate::provision::Profile;
-use crate::store::{
+use crate::base::Credential;
+use crate::base::{
     account_signer_key, delivery_creds_key, membership_rw_creds_key, FsStore, SecretStore,
 };
+use crate::provision::jwt::{encode_user, UserClaimsSpec};
+use crate::provision::Profile;
 use crate::wire::{Space, SpaceNames};
 
 /// Bound on a disposable preflight connection.
-pub const PREFLIGHT_BOUND: Duration = crate::tuning::BROKER_BOUND;
+pub const PREFLIGHT_BOUND: Duration = crate::base::BROKER_BOUND;
 
 /// What the broker accepted: the user nkey and the JWT's expiry (unix seconds).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +65,7 @@ impl Preflight {
 
     /// `Ok` once the broker answered the candidate's CONNECT with its PONG.
     pub async fn prove(&self, cred: &Credential) -> Result<BrokerAccepted, String> {
-        let client = crate::client::connect_with_credential(
+        let client = crate::base::connect_with_credential(
             &self.server,
             self.tls_ca.as_deref(),
             cred,
@@ -368,8 +368,8 @@ async fn remint_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::MemoryStore;
     use crate::provision::{MeshAuthority, MintOptions};
-    use crate::store::MemoryStore;
 
     fn demo() -> Space {
         Space::parse("demo").unwrap()

@@ -18,7 +18,7 @@ use super::authority::{AuthorityError, AuthorityErrorKind, MeshAuthority};
 use super::jwt::{self, UserClaimsSpec};
 use super::layout::Workspace;
 use super::profiles::{js, Permissions, SystemProfile};
-use crate::creds::{write_file_atomic, Credential};
+use crate::base::{write_file_atomic, Credential};
 use crate::wire::Space;
 
 /// `space.<key>/system-account.seed`: the retained system-account signing seed (optional).

@@ -14,8 +14,8 @@ use super::authority::{AuthorityError, MeshAuthority, MintOptions};
 use super::layout::{SpaceMaterial, Workspace};
 use super::manifest::Manifest;
 use super::profiles::Profile;
-use crate::creds::{read_creds_file, Credential};
-use crate::store::{delivery_creds_key, FsStore, SecretStore};
+use crate::base::{delivery_creds_key, FsStore, SecretStore};
+use crate::base::{read_creds_file, Credential};
 use crate::wire::Space;
 
 /// One prepared host root.

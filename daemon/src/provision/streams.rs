@@ -64,7 +64,7 @@ impl Default for ProvisionOptions {
             chat_max_msgs_per_subject: DEFAULT_CHAT_MAX_MSGS_PER_SUBJECT,
             replicas: 1,
             request_timeout: Duration::from_secs(10),
-            connect_timeout: crate::tuning::BROKER_BOUND,
+            connect_timeout: crate::base::BROKER_BOUND,
         }
     }
 }
@@ -150,11 +150,11 @@ impl ProvisionError {
     }
 }
 
-impl From<crate::client::ClientError> for ProvisionError {
-    fn from(e: crate::client::ClientError) -> ProvisionError {
+impl From<crate::base::ClientError> for ProvisionError {
+    fn from(e: crate::base::ClientError) -> ProvisionError {
         let kind = match e.kind() {
-            crate::client::ClientErrorKind::Credential => ProvisionErrorKind::Credential,
-            crate::client::ClientErrorKind::Connect => ProvisionErrorKind::Connect,
+            crate::base::ClientErrorKind::Credential => ProvisionErrorKind::Credential,
+            crate::base::ClientErrorKind::Connect => ProvisionErrorKind::Connect,
         };
         ProvisionError::new(kind, e.detail())
     }

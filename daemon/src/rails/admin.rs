@@ -17,11 +17,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+use crate::base::SysAuthority;
+use crate::base::{check_same_store, StoreIdentity};
 use crate::plane::PlaneCtx;
 use crate::rails::evict::{self, Kicker};
 use crate::rails::{inventory, liveness, AdminParts};
-use crate::store::{check_same_store, StoreIdentity};
-use crate::sys::SysAuthority;
 use crate::wire::{
     AdminRequest, BrokerAccepted, ControlRequest, CredentialOutcome, Failed, Refusal, RefusalKind,
     ReloadCreds, ReloadStoreIdentity, ReloadedCredentials, ReplyData, StoreIdentityReply,
@@ -29,7 +29,7 @@ use crate::wire::{
 
 /// Bound on waiting for a reconnect onto an adopted credential before an admin request is
 /// answered ("once that reconnect completes, or after 5s", docs/operations.md). A wait for a
-/// reconnect, counted from the request, not one broker answer ([`crate::tuning::BROKER_BOUND`]).
+/// reconnect, counted from the request, not one broker answer ([`crate::base::BROKER_BOUND`]).
 pub const RECONNECT_WAIT_BOUND: Duration = Duration::from_secs(5);
 /// Refusal of `reloadCreds` before start-up is complete (docs/operations.md's wording).
 pub const NOT_STARTED: &str = "delivery: this daemon has not finished starting (its lease watch is not bound yet); nothing adopted - the next renewal pass or the daemon's own 75% re-read adopts the re-signed credential";

@@ -16,7 +16,7 @@ use futures::future::BoxFuture;
 use futures::StreamExt;
 use serde_json::Value;
 
-use crate::sys::{ConnRow, SysAuthority};
+use crate::base::{ConnRow, SysAuthority};
 use crate::wire::{EvictionResult, Principal, Refusal, RefusalKind};
 /// KICK requests kept in flight together.
 pub const KICKS_IN_FLIGHT: usize = 16;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::oneshot;
 
-use crate::kv::RowError;
+use crate::base::RowError;
 use crate::plane::PlaneCtx;
 use crate::plane::{split_member_key, MemberRead, MemberRow, Members};
 use crate::plane::{AclRow, Acls};
@@ -141,7 +141,7 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
     };
     let broker = |e: RowError| fail(&e).source(e);
     let members = Members::open(ctx).await.map_err(broker)?;
-    let keys = crate::kv::keys(
+    let keys = crate::base::keys(
         &ctx.js,
         members.rows().bucket(),
         ">",

@@ -14,10 +14,10 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use crate::kv::{Read, Rows};
+use crate::base::{Read, Rows};
+use crate::base::{Sweep, SysAuthority};
 use crate::plane::{stopped, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::rails::Handlers;
-use crate::sys::{Sweep, SysAuthority};
 use crate::wire::{
     ConnTuple, LivenessAnswer, PlaneConnQuery, PlaneLiveness, PrincipalLiveness,
     PrincipalLivenessQuery, Refusal, TupleState, LEASE_KEY,

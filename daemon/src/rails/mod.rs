@@ -35,7 +35,7 @@ pub(crate) use handlers::{Handlers, HANDLER_JOIN_BOUND};
 pub use handlers::{Unbound, RAIL_IN_FLIGHT_REQUESTS};
 pub(crate) use liveness::{bind as bind_liveness, observed_sweep, shortfall, LeaseSelf};
 
-use crate::sys::SysAuthority;
+use crate::base::SysAuthority;
 use inventory::Inventories;
 
 /// What the rails serve beside the plane context, wired by the space ring. One value per daemon
@@ -112,7 +112,7 @@ pub fn encode_reply<D: Serialize>(
 }
 
 /// Bound on one reply publish.
-const REPLY_BOUND: Duration = crate::tuning::BROKER_BOUND;
+const REPLY_BOUND: Duration = crate::base::BROKER_BOUND;
 
 /// A queue-grouped subscription of `what` on `serve` (not yet proved bound at the broker).
 pub(crate) async fn queue_subscribe(

@@ -7,8 +7,8 @@
 
 // The pair's store read lives with the sweeps that re-read it on every eviction and liveness
 // call; admission checks the same read once, before the lease.
-use crate::sys::{connz_accounts, pinned_to};
-pub use crate::sys::{evictor_key, observer_key, SysPair};
+use crate::base::{connz_accounts, pinned_to};
+pub use crate::base::{evictor_key, observer_key, SysPair};
 
 /// The admitted sweep authority.
 #[derive(Debug, Clone, PartialEq, Eq)]

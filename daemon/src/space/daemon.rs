@@ -17,8 +17,10 @@ use std::time::Duration;
 use futures::future::{BoxFuture, Shared};
 use tokio::sync::watch;
 
-use crate::creds::Credential;
-use crate::journal::Journal;
+use crate::base::Credential;
+use crate::base::Journal;
+use crate::base::SecretStore;
+use crate::base::Tuning;
 use crate::rails::Kicker;
 pub use crate::space::closed::{Closed, StartError, StartErrorKind, StartPhase, CLOSE_CAUSE};
 use crate::space::feed::MembershipFeed;
@@ -29,8 +31,6 @@ use crate::space::lease_watch::{LeaseWatch, WatchEvent};
 use crate::space::renew::Renewal;
 use crate::space::startup::Plan;
 use crate::space::timer::TimerWriter;
-use crate::store::SecretStore;
-use crate::tuning::Tuning;
 use crate::wire::Space;
 
 /// A host's request to stop, carrying its cause (`"SIGTERM"`, `"SIGINT"`, [`CLOSE_CAUSE`]).
@@ -146,7 +146,7 @@ pub struct SpaceConfig {
     /// credential, opened per call; a multi-space host's lane gets the host's kicker instead.
     pub kicker: Option<Arc<dyn Kicker>>,
     /// This space's metrics handle (`--metrics-addr` serves its registry).
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: crate::base::Metrics,
     /// The host's SIGHUP: re-read the credential now, proved against the broker before it is
     /// adopted (the 75 % re-read, out of turn).
     pub reread: Reread,
@@ -178,7 +178,7 @@ impl SpaceConfig {
             on_lease_won: None,
             connection_name: "cotal:delivery".into(),
             kicker: None,
-            metrics: crate::metrics::Metrics::default(),
+            metrics: crate::base::Metrics::default(),
             reread: Reread::never(),
         }
     }

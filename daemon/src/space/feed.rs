@@ -23,12 +23,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::conn::{self, credential_expired, CredentialCell, DialSpec, DrainError, Resident};
-use crate::creds::Credential;
-use crate::journal::{epoch_ms, Journal};
-use crate::kv::{Read, RowError, Rows};
+use crate::base::Credential;
+use crate::base::{self, credential_expired, CredentialCell, DialSpec, DrainError, Resident};
+use crate::base::{epoch_ms, Journal};
+use crate::base::{membership_rw_creds_key, SecretStore};
+use crate::base::{Read, RowError, Rows};
 use crate::space::admission::{self, SysPair};
-use crate::store::{membership_rw_creds_key, SecretStore};
 use crate::wire::{Principal, Space, SpaceNames, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 
 pub const OBSERVER_NAME: &str = "cotal-membership-observer";
@@ -45,7 +45,7 @@ pub const MAX_PAGES: usize = 64;
 /// The freshness heartbeat key.
 pub const HEARTBEAT_KEY: &str = "=feed";
 /// Bound on dials, writes and each drain at close.
-pub const BOUND: Duration = crate::tuning::BROKER_BOUND;
+pub const BOUND: Duration = crate::base::BROKER_BOUND;
 pub const CLOSE_BOUND: Duration = Duration::from_millis(1_000);
 
 /// One principal's row (`cotal_membership_<s>`, key `<o>.<a>`).
@@ -84,7 +84,7 @@ impl FeedParts {
             space,
             account,
             journal,
-            interval: crate::tuning::DEFAULT_MEMBERSHIP_INTERVAL,
+            interval: crate::base::DEFAULT_MEMBERSHIP_INTERVAL,
         }
     }
 }
@@ -246,7 +246,7 @@ impl MembershipFeed {
             .clone()
             .name(OBSERVER_NAME)
             .inbox(MEMBERSHIP_OBSERVER_INBOX_PREFIX);
-        let observer = match conn::dial(&observer_dial, CredentialCell::new(observer_cred)).await {
+        let observer = match base::dial(&observer_dial, CredentialCell::new(observer_cred)).await {
             Ok(r) => r,
             Err(e) => {
                 j.line(format!("! membership: failed to start (the observer connection: {e}); graph membership degraded, delivery unaffected"));
@@ -254,7 +254,7 @@ impl MembershipFeed {
             }
         };
         let rw_cell = CredentialCell::new(rw_cred);
-        let rw = match conn::dial(&parts.dial.clone().name(RW_NAME), rw_cell.clone()).await {
+        let rw = match base::dial(&parts.dial.clone().name(RW_NAME), rw_cell.clone()).await {
             Ok(r) => r,
             Err(e) => {
                 j.line(format!("! membership: failed to start (the rw connection: {e}); graph membership degraded, delivery unaffected"));
@@ -456,7 +456,7 @@ impl Sweeper {
             self.written.insert(p.clone(), (l, d));
         }
         // Prune rows of principals no longer live or durable (complete sweeps only).
-        let existing = crate::kv::keys(&self.js, &bucket, ">", BOUND)
+        let existing = crate::base::keys(&self.js, &bucket, ">", BOUND)
             .await
             .map_err(|e| bucket_error(format!("listing {bucket}: {e}"), e))?;
         let rows = Rows::open(&self.js, &bucket, BOUND)
@@ -508,7 +508,7 @@ impl Sweeper {
     /// Durable channels per principal from the members registry (rows in a `durable-*` state).
     async fn durable(&self) -> Result<BTreeMap<String, BTreeSet<String>>, FeedError> {
         let bucket = self.names.members_bucket();
-        let keys = crate::kv::keys(&self.js, &bucket, ">", BOUND)
+        let keys = crate::base::keys(&self.js, &bucket, ">", BOUND)
             .await
             .map_err(|e| bucket_error(format!("listing {bucket}: {e}"), e))?;
         let rows = Rows::open(&self.js, &bucket, BOUND)

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, watch};
 
-use crate::conn::ConnEvent;
-use crate::journal::Journal;
-pub use crate::tuning::HealthConfig;
+use crate::base::ConnEvent;
+pub use crate::base::HealthConfig;
+use crate::base::Journal;
 
 /// The evaluation tick, also the lag meter's interval (reference `LoopLagMeter(250)`).
 pub const EVAL_TICK_MS: u64 = 250;

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 
-use crate::kv::Rows;
-use crate::sys::SysAuthority;
+use crate::base::Rows;
+use crate::base::SysAuthority;
 use crate::wire::{LeaseInfo, SpaceNames, LEASE_KEY};
 
 /// The words of the refusal whose row belongs to a holder that is not running (`up` tells that
@@ -52,7 +52,7 @@ pub async fn held_row(rows: &Rows, ttl: Duration) -> Option<HeldRow> {
     let (row, written_ms) = rows.read_dated(LEASE_KEY).await.ok()??;
     let info = serde_json::from_slice::<LeaseInfo>(&row.value).ok()?;
     let due_ms = written_ms.saturating_add(ttl.as_millis() as u64);
-    let now_ms = crate::journal::epoch_ms();
+    let now_ms = crate::base::epoch_ms();
     Some(HeldRow {
         info,
         expires_in: Duration::from_millis(due_ms.saturating_sub(now_ms)),

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use crate::conn::{ConnEvent, Resident};
-use crate::journal::Journal;
+use crate::base::Journal;
+use crate::base::{ConnEvent, Resident};
 use crate::space::closed::{claim_outcome, stop_line, Closed};
 use crate::space::health::{HealthHandle, Verdict};
 use crate::space::serving::Plane;
@@ -21,7 +21,7 @@ use crate::wire::Space;
 use crate::wire::SHARD;
 
 /// How long a signalled release waits for a redialing connection, counted from the drop (five
-/// seconds, docs/operations.md). Not [`crate::tuning::BROKER_BOUND`]: it waits for a
+/// seconds, docs/operations.md). Not [`crate::base::BROKER_BOUND`]: it waits for a
 /// reconnect, and the release's own request is bounded by that after it.
 pub const RELEASE_REDIAL_BOUND: Duration = Duration::from_secs(5);
 /// Bound on the whole signalled shutdown; past it the daemon closes anyway.
@@ -30,7 +30,7 @@ pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
 const DRAIN_BOUND: Duration = Duration::from_secs(2);
 // The default redial wait and the release after it fit the shutdown bound.
 const _: () = assert!(
-    RELEASE_REDIAL_BOUND.as_millis() + crate::tuning::BROKER_BOUND.as_millis()
+    RELEASE_REDIAL_BOUND.as_millis() + crate::base::BROKER_BOUND.as_millis()
         <= SHUTDOWN_BOUND.as_millis()
 );
 
@@ -253,7 +253,7 @@ impl Keeper {
     async fn shutdown(&mut self) -> Result<Released, ReleaseError> {
         // From here the connection's events are this daemon closing it, not the broker.
         self.health.stand_down();
-        let bound = SHUTDOWN_BOUND.max(self.redial_wait + crate::tuning::BROKER_BOUND);
+        let bound = SHUTDOWN_BOUND.max(self.redial_wait + crate::base::BROKER_BOUND);
         let work = async {
             self.plane.quiesce().await;
             let release = self.release().await;

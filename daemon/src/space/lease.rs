@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::conn::Violations;
-use crate::kv::{Read, RowError, RowErrorKind, Rows};
+use crate::base::Violations;
+use crate::base::{Read, RowError, RowErrorKind, Rows};
 use crate::wire::{LeaseInfo, LEASE_KEY};
 
 /// Who this process is, for ownership checks.
@@ -85,7 +85,7 @@ impl Lease {
         Lease {
             rows,
             me,
-            since: crate::journal::epoch_ms(),
+            since: crate::base::epoch_ms(),
             ready: false,
             revision: None,
             written_at: None,
@@ -114,7 +114,7 @@ impl Lease {
     /// broker's `-ERR` on the lease subject.
     pub async fn claim(&mut self) -> Result<u64, ClaimError> {
         self.ready = false;
-        self.since = crate::journal::epoch_ms();
+        self.since = crate::base::epoch_ms();
         let started = Instant::now();
         let result = self.create_racing_denial(started).await;
         let result = self.settle_unanswered(result).await;

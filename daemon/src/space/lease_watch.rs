@@ -31,9 +31,9 @@ use futures::StreamExt;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::conn::ConnEvent;
-use crate::journal::Journal;
-use crate::kv::RowOp;
+use crate::base::ConnEvent;
+use crate::base::Journal;
+use crate::base::RowOp;
 use crate::space::lease::Identity;
 use crate::wire::LeaseInfo;
 use crate::wire::{SpaceNames, LEASE_KEY};
@@ -460,7 +460,7 @@ impl Watcher {
             {
                 return
             }
-            Ok(Err(e)) => match crate::kv::broker_words(&e) {
+            Ok(Err(e)) => match crate::base::broker_words(&e) {
                 // The client's own command channel closed under the request: the connection
                 // is gone (closed at a credential's expiry, or by the daemon's close) though
                 // its last state still read connected, so it could not carry the delete either.
@@ -476,7 +476,7 @@ impl Watcher {
 
     /// What a delivered message says about the key.
     fn classify(&self, msg: &async_nats::Message) -> Option<WatchEvent> {
-        match crate::kv::row_op(msg.headers.as_ref()) {
+        match crate::base::row_op(msg.headers.as_ref()) {
             // The broker's expiry marker: the row ran out its TTL. The keeper's renew counts as
             // failed once the row may have expired (docs/architecture.md, "Start-up and the
             // lease"), never later than this marker, so the marker is no news; taken as news it
@@ -535,7 +535,7 @@ async fn create(
             name: name.to_string(),
             deliveries,
         }),
-        Ok(Err(e)) => Err(crate::kv::broker_words(&e)),
+        Ok(Err(e)) => Err(crate::base::broker_words(&e)),
         Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
     }
 }

@@ -7,7 +7,7 @@
 //! process host ([`process`]) and the embeddable [`service::start_delivery_service`].
 //! Invariant: the plane and the rails are armed only while this space holds its lease, and
 //! quiesced before any doubt about it is arbitrated. Imports the rails, the data plane,
-//! provisioning and the base files; never the host, the supervisor or the command line.
+//! provisioning and the base ring; never the host, the supervisor or the command line.
 
 mod admission;
 mod closed;

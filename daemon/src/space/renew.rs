@@ -12,14 +12,14 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 
-use crate::conn::{ConnEvent, CredentialCell};
-use crate::creds::{Credential, JwtClaims};
-use crate::journal::Journal;
+use crate::base::Journal;
+use crate::base::{delivery_creds_key, membership_rw_creds_key, SecretStore};
+use crate::base::{ConnEvent, CredentialCell};
+use crate::base::{Credential, JwtClaims};
 use crate::provision::{BrokerAccepted, Preflight};
 use crate::rails::RECONNECT_WAIT_BOUND;
 use crate::space::health::HealthHandle;
 use crate::space::lease_watch::WatchRetirement;
-use crate::store::{delivery_creds_key, membership_rw_creds_key, SecretStore};
 use crate::wire::{Accepted, CredentialOutcome, Skipped, Space};
 
 /// The renewal point, as a share of the JWT's `iat → exp` lifetime.
@@ -150,7 +150,7 @@ async fn sleep_until_ms(at: &Mutex<i64>) {
     if at_ms == i64::MAX {
         return std::future::pending().await;
     }
-    let now_ms = crate::journal::epoch_ms() as i64;
+    let now_ms = crate::base::epoch_ms() as i64;
     let wait = Duration::from_millis(at_ms.saturating_sub(now_ms).max(0) as u64);
     tokio::time::sleep(wait).await;
 }
@@ -222,7 +222,7 @@ impl Renewal {
         match cred.claims().map(|c| renew_point_secs(&c)) {
             Ok(Ok(Some(s))) => s.saturating_mul(1000),
             Ok(Ok(None)) => i64::MAX,
-            Ok(Err(_)) | Err(_) => crate::journal::epoch_ms() as i64,
+            Ok(Err(_)) | Err(_) => crate::base::epoch_ms() as i64,
         }
     }
 
@@ -292,9 +292,7 @@ impl Renewal {
                 "! membership: {problem}; the feed keeps its live credential until it expires (retrying in {retry_s} s)"
             ),
         );
-        self.set_membership_due_ms(
-            crate::journal::epoch_ms() as i64 + self.retry.as_millis() as i64,
-        );
+        self.set_membership_due_ms(crate::base::epoch_ms() as i64 + self.retry.as_millis() as i64);
     }
 
     /// What to run about a missed remint: the command that re-signs into this store.
@@ -316,7 +314,7 @@ impl Renewal {
     /// The timer's re-read: one store read; adopts a proved renewal, reports a missed remint.
     pub async fn on_due(&self) -> Reread {
         let outcome = self.reread(false, None).await;
-        let now_ms = crate::journal::epoch_ms() as i64;
+        let now_ms = crate::base::epoch_ms() as i64;
         let retry_ms = self.retry.as_millis() as i64;
         let retry_s = self.retry.as_millis() as f64 / 1000.0;
         match &outcome {
@@ -458,7 +456,7 @@ impl Renewal {
         let live = self.live();
         if candidate == live {
             let due = Self::due_ms_for(&live);
-            if (crate::journal::epoch_ms() as i64) < due {
+            if (crate::base::epoch_ms() as i64) < due {
                 return Reread::Fresh;
             }
             return Reread::Missed(format!(
@@ -626,7 +624,7 @@ impl crate::rails::CredentialAdmin for Renewal {
     ) -> futures::future::BoxFuture<'a, Result<CredentialOutcome, String>> {
         Box::pin(Renewal::reload_membership(self, expected))
     }
-    fn store_identity(&self) -> Result<crate::store::StoreIdentity, crate::wire::Refusal> {
+    fn store_identity(&self) -> Result<crate::base::StoreIdentity, crate::wire::Refusal> {
         self.store().identity().map_err(|e| {
             crate::wire::Refusal::new(
                 crate::wire::RefusalKind::Unavailable,

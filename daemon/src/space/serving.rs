@@ -46,7 +46,7 @@ impl Plane {
     }
 
     /// The counters of this space (the keeper counts renewals through them).
-    pub fn metrics(&self) -> &crate::metrics::Metrics {
+    pub fn metrics(&self) -> &crate::base::Metrics {
         &self.ctx.metrics
     }
 

@@ -20,9 +20,10 @@ use async_nats::jetstream;
 use futures::future::{BoxFuture, FutureExt};
 use tokio::sync::watch;
 
-use crate::conn::{self, CredentialCell, DialErrorKind, DialSpec, Resident};
-use crate::journal::Journal;
-use crate::kv::Rows;
+use crate::base::Journal;
+use crate::base::Rows;
+use crate::base::{self, CredentialCell, DialErrorKind, DialSpec, Resident};
+use crate::base::{SweepLimits, SysAuthority};
 use crate::plane::{PlaneConfig, PlaneCtx, ServingGate};
 use crate::provision::Preflight;
 use crate::rails::{AdminParts, EvictorKicker, LeaseSelf};
@@ -40,7 +41,6 @@ use crate::space::lease_watch::LeaseWatch;
 use crate::space::renew::{Renewal, RenewalParts};
 use crate::space::serving::Plane;
 use crate::space::timer::{TimerWriter, TimerWriterParts};
-use crate::sys::{SweepLimits, SysAuthority};
 use crate::wire::{Principal, Space, SpaceNames, LEASE_KEY, SHARD};
 
 /// Bound on draining the resident connection when a start unwinds.
@@ -123,7 +123,7 @@ impl Plan {
     /// watched through its events only.
     async fn dial(mut self) -> Result<Dialed, StartError> {
         let dialed = tokio::select! {
-            r = conn::dial(&self.spec, CredentialCell::new(self.cfg.credential.clone())) => r,
+            r = base::dial(&self.spec, CredentialCell::new(self.cfg.credential.clone())) => r,
             by = self.stops.stopped() => {
                 self.journal.line(stop_line(by, &self.space));
                 return Err(self.stopped(StartPhase::Dial, by));
@@ -634,7 +634,7 @@ impl Armed {
         // Lags and states for `--metrics-addr`, sampled off the hot path until the end.
         let gate = keeper.plane.gate();
         let caches = keeper.plane.caches();
-        let sampler = crate::metrics::Sampler {
+        let sampler = crate::base::Sampler {
             js: js.clone(),
             names,
             credential: keeper.resident.credential.clone(),
@@ -653,7 +653,7 @@ impl Armed {
                 .into_iter()
                 .map(|(cache, c)| {
                     let s = c.stats();
-                    crate::metrics::CacheCounts {
+                    crate::base::CacheCounts {
                         cache,
                         fences: s.fences,
                         fallbacks: s.fallbacks,

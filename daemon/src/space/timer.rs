@@ -20,16 +20,16 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::conn::{self, CredentialCell, DialSpec};
-use crate::journal::{utc_timestamp, Journal};
-use crate::kv::{broker_words, Read, Rows};
+use crate::base::{self, CredentialCell, DialSpec};
+use crate::base::{broker_words, Read, Rows};
+use crate::base::{utc_timestamp, Journal};
 use crate::wire::{Space, SpaceNames};
 
 /// Client name of the writer's own connection (what `/connz` shows).
 pub const CONNECTION_NAME: &str = "cotal-delivery-timer-writer";
 /// The backoff doubles after each failed start up to this cap (the reference's 300 s).
 pub const RETRY_CAP: Duration = Duration::from_millis(300_000);
-const _: () = assert!(crate::tuning::DEFAULT_TIMER_RETRY.as_millis() <= RETRY_CAP.as_millis());
+const _: () = assert!(crate::base::DEFAULT_TIMER_RETRY.as_millis() <= RETRY_CAP.as_millis());
 /// `ack_wait` of `timerw_<s>` (docs/timer-writer.md).
 pub const ACK_WAIT: Duration = Duration::from_secs(60);
 /// Requests pulled per fetch.
@@ -37,7 +37,7 @@ pub const FETCH_BATCH: usize = 16;
 /// Fenced `.armed` publishes per request before it is handed back for redelivery.
 pub const ARM_ATTEMPTS: usize = 3;
 /// Bound on each JetStream request (status read, last-seq read, publish ack).
-pub const REQUEST_BOUND: Duration = crate::tuning::BROKER_BOUND;
+pub const REQUEST_BOUND: Duration = crate::base::BROKER_BOUND;
 /// Redelivery delay of a request that could not be decided now (a read or publish failed).
 pub const RETRY_REQUEST_AFTER: Duration = Duration::from_secs(5);
 /// How long a connection that dropped (or was moved onto a renewed credential) may take to
@@ -405,8 +405,8 @@ impl TimerWriterParts {
             credential,
             space,
             journal,
-            retry: crate::tuning::DEFAULT_TIMER_RETRY,
-            poll: crate::tuning::DEFAULT_TIMER_POLL,
+            retry: crate::base::DEFAULT_TIMER_RETRY,
+            poll: crate::base::DEFAULT_TIMER_POLL,
         }
     }
 }
@@ -505,7 +505,7 @@ async fn session(
 ) -> Option<WriterFault> {
     let dialed = tokio::select! {
         _ = stopped(stop) => return None,
-        r = conn::dial(&parts.dial, parts.credential.clone()) => r,
+        r = base::dial(&parts.dial, parts.credential.clone()) => r,
     };
     let resident = match dialed {
         Ok(r) => r,

@@ -126,12 +126,12 @@ pub async fn offline_member_receives(mesh: &RunningMesh) -> Result<(), DemoError
     let operator = authority
         .mint(&mesh.space, &Profile::Operator, MintOptions::new())
         .map_err(failed(K::Authority, |e| format!("demo: {e}")))?;
-    let client = crate::client::connect_with_credential(
+    let client = crate::base::connect_with_credential(
         &mesh.url,
         mesh.tls_ca.as_deref(),
         &operator,
         "cotal-demo-operator",
-        crate::tuning::BROKER_BOUND,
+        crate::base::BROKER_BOUND,
     )
     .await
     .map_err(failed(K::Connect, |e| format!("demo: {e}")))?;

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::stop::{self, StopError, StopErrorKind};
-use crate::files;
-use crate::journal::Journal;
+use crate::base;
+use crate::base::Journal;
 use crate::wire::Space;
 
 /// How long `down` retries a reservation held for a moment (an `up` spawning a replacement)
@@ -23,8 +23,8 @@ pub async fn down(
     journal: &Journal,
 ) -> Result<(), StopError> {
     // The marker goes first: whoever reaps the daemon (a foreground `up`) sees it.
-    let _ = files::write_atomic(
-        &files::down_marker_path(root, space),
+    let _ = base::write_atomic(
+        &base::down_marker_path(root, space),
         format!("{}\n", std::process::id()).as_bytes(),
     );
     // The renewal owner first: it would otherwise re-sign a credential the stop removes.

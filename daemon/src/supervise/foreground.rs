@@ -19,10 +19,10 @@ use super::{
     exit_cause, last_line, not_bound, start_daemon, BrokerChild, DaemonChild, LeaseWatch,
     Transport, UpConfig, UpError, UpErrorKind, POLL,
 };
-use crate::files;
-use crate::journal::Journal;
+use crate::base;
+use crate::base::Journal;
+use crate::base::RemintTarget;
 use crate::provision::Workspace;
-use crate::store::RemintTarget;
 
 /// SIGINT and SIGTERM (stop), SIGHUP and SIGUSR1 (passed on to the daemon), installed once at
 /// `up`'s start: a terminal hang-up or a `systemctl reload` of the unit running `up` must not
@@ -152,7 +152,7 @@ pub(super) async fn run(
         // Looked at first, acted on last: a daemon that exited in the same tick is still
         // reported, and never restarted without its broker.
         let broker_exit = broker.child.try_wait().ok().flatten();
-        let down = files::down_marker_path(root, space).exists();
+        let down = base::down_marker_path(root, space).exists();
         if let Some(d) = daemon.as_mut() {
             match d.child.try_wait() {
                 Ok(Some(status)) => {
@@ -225,7 +225,7 @@ pub(super) async fn run(
             Ok(())
         }
         End::BrokerExited(status) => {
-            if files::down_marker_path(root, space).exists() {
+            if base::down_marker_path(root, space).exists() {
                 journal.line("• nats-server stopped by down");
                 Ok(())
             } else {
@@ -258,7 +258,7 @@ fn restart(ctx: &Ctx<'_>, down: bool, daemon: &mut Option<DaemonChild>) -> Phase
     let Ok(_reservation) = Reservation::take(root, space, "up") else {
         return Phase::RetryAt(Instant::now());
     };
-    if files::down_marker_path(root, space).exists() {
+    if base::down_marker_path(root, space).exists() {
         ctx.journal
             .line("• delivery daemon stopped by down - not restarting it");
         return Phase::Stopped;

@@ -36,10 +36,10 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
-use crate::creds::read_creds_file;
-use crate::files::{self, MeshRecord, PidLiveness};
-use crate::journal::Journal;
-use crate::kv::{Read, Rows};
+use crate::base::read_creds_file;
+use crate::base::Journal;
+use crate::base::{self, MeshRecord, PidLiveness};
+use crate::base::{Read, Rows};
 use crate::provision::{
     self, MeshAuthority, MintOptions, Profile, ProvisionOptions, ServerConf, SpaceMaterial,
     TlsFiles, Workspace,
@@ -173,10 +173,10 @@ pub fn nats_server_path(flag: Option<PathBuf>) -> PathBuf {
 
 /// The mesh `up` left running at `root`, if its broker still is a live `nats-server`.
 pub fn running_mesh(root: &Path) -> Option<MeshRecord> {
-    let pid = files::read_pid(&files::broker_pid_path(root))?;
-    match files::process_liveness(pid, files::argv_names_nats_server) {
+    let pid = base::read_pid(&base::broker_pid_path(root))?;
+    match base::process_liveness(pid, base::argv_names_nats_server) {
         PidLiveness::Alive(_) | PidLiveness::Unverified(_) => {
-            MeshRecord::read(&files::mesh_state_path(root)).ok()?
+            MeshRecord::read(&base::mesh_state_path(root)).ok()?
         }
         _ => None,
     }
@@ -189,7 +189,7 @@ where
     Fut: std::future::Future<Output = Result<(), DemoError>>,
 {
     let journal = Journal::stderr_only();
-    let root = files::absolute(&cfg.root, &std::env::current_dir().unwrap_or_default());
+    let root = base::absolute(&cfg.root, &std::env::current_dir().unwrap_or_default());
     let workspace = Workspace::new(&root);
     // Signals are ours from the start, so Ctrl-C during start-up still stops what was started.
     let signals = foreground::Signals::install().map_err(|e| {
@@ -217,7 +217,7 @@ where
         .save(&workspace.auth_dir())
         .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
     // A new `up` means the operator wants the daemon running again.
-    let _ = std::fs::remove_file(files::down_marker_path(&root, &cfg.space));
+    let _ = std::fs::remove_file(base::down_marker_path(&root, &cfg.space));
 
     let mut broker = start_broker(&cfg, &workspace, &authority).await?;
     journal.line(format!(
@@ -268,7 +268,7 @@ where
         )
         .await;
     }
-    let _ = std::fs::remove_file(files::broker_pid_path(&root));
+    let _ = std::fs::remove_file(base::broker_pid_path(&root));
     result
 }
 
@@ -281,12 +281,12 @@ fn record_mesh(cfg: &UpConfig, root: &Path, url: &str, journal: &Journal) {
         tls_required: cfg.tls.is_some(),
         tls_ca: cfg.tls_ca.clone(),
     };
-    if let Err(e) = record.write(&files::mesh_state_path(root)) {
+    if let Err(e) = record.write(&base::mesh_state_path(root)) {
         journal.line(format!("! up: {e}"));
     }
-    match files::cotal_home() {
+    match base::cotal_home() {
         Some(home) => {
-            let path = files::registry_path(&home, &cfg.space);
+            let path = base::registry_path(&home, &cfg.space);
             // A record of this space from another root is replaced: said, with both roots.
             if let Ok(Some(old)) = MeshRecord::read(&path) {
                 if old.root != record.root {
@@ -476,7 +476,7 @@ fn refuse_start_only(
 ) -> Result<(), UpError> {
     let space = &cfg.space;
     let root = workspace.root();
-    let serving = files::pid_liveness(&workspace.pid_path(space)).daemon_pid();
+    let serving = base::pid_liveness(&workspace.pid_path(space)).daemon_pid();
     let mut ignored: Vec<String> = cfg
         .start_only
         .iter()
@@ -524,13 +524,13 @@ async fn relaunch_daemon(
 ) -> Result<(), UpError> {
     let space = &cfg.space;
     let root = workspace.root();
-    if let Some(pid) = files::pid_liveness(&workspace.pid_path(space)).daemon_pid() {
+    if let Some(pid) = base::pid_liveness(&workspace.pid_path(space)).daemon_pid() {
         journal.line(format!(
             "✓ delivery daemon already serving space {space} (pid {pid})"
         ));
         return Ok(());
     }
-    let _ = std::fs::remove_file(files::down_marker_path(root, space));
+    let _ = std::fs::remove_file(base::down_marker_path(root, space));
     let authority = MeshAuthority::load(&workspace.auth_dir())
         .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
     if read_creds_file(&workspace.delivery_creds_path(space)).is_err() {
@@ -630,8 +630,8 @@ async fn start_broker(
             ))
         })?;
     let pid = child.id().unwrap_or(0);
-    let _ = files::write_atomic(
-        &files::broker_pid_path(workspace.root()),
+    let _ = base::write_atomic(
+        &base::broker_pid_path(workspace.root()),
         format!("{pid}\n").as_bytes(),
     );
     let mut broker = BrokerChild {
@@ -745,7 +745,7 @@ fn start_daemon(
     if let Some(addr) = &transport.metrics_addr {
         cmd.args(["--metrics-addr", addr]);
     }
-    let started_ms = crate::journal::epoch_ms();
+    let started_ms = crate::base::epoch_ms();
     let child = cmd.spawn().map_err(|e| {
         UpError::new(
             UpErrorKind::Daemon,
@@ -753,8 +753,8 @@ fn start_daemon(
         )
     })?;
     let pid = child.id().unwrap_or(0);
-    let _ = files::write_atomic(
-        &files::launched_path(workspace.root(), space),
+    let _ = base::write_atomic(
+        &base::launched_path(workspace.root(), space),
         format!("{pid}\n").as_bytes(),
     );
     Ok(DaemonChild {
@@ -787,7 +787,7 @@ impl LeaseWatch {
             )
             .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
         // Kept across a broker restart of the same URL; up watches the broker process itself.
-        let options = crate::client::standing_credential_options(
+        let options = crate::base::standing_credential_options(
             &operator,
             tls_ca,
             "cotal-up",
@@ -796,11 +796,11 @@ impl LeaseWatch {
                     .public_key()
                     .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?,
             ),
-            crate::tuning::BROKER_BOUND,
+            crate::base::BROKER_BOUND,
         )
         .map_err(|e| UpError::new(UpErrorKind::Authority, format!("✗ up: {e}")))?;
         let client =
-            crate::client::connect_options(options, url, "cotal-up", crate::tuning::BROKER_BOUND)
+            crate::base::connect_options(options, url, "cotal-up", crate::base::BROKER_BOUND)
                 .await
                 .map_err(|e| UpError::new(UpErrorKind::Broker, format!("✗ up: {e}")))?;
         let js = async_nats::jetstream::new(client.clone());
@@ -832,7 +832,7 @@ impl LeaseWatch {
             .and_then(|k| Principal::for_nkey(&k).ok())
             .map(|p| p.dot_form())
             .unwrap_or_default();
-        if files::read_pid(&workspace.pid_path(space)) != Some(daemon.pid) {
+        if base::read_pid(&workspace.pid_path(space)) != Some(daemon.pid) {
             return false;
         }
         match self.rows.read(LEASE_KEY).await {

@@ -19,10 +19,10 @@ use tokio::sync::mpsc;
 use super::renewal::{OwnerEvent, Pass, Reload, RenewalOwner};
 use super::stop::{terminate, Ended, Target};
 use super::{exit_cause, last_line, open_append, tie_to_up, UpError, UpErrorKind};
-use crate::files::{self, PidLiveness, PidRecord};
-use crate::journal::{utc_timestamp, Journal};
+use crate::base::{self, PidLiveness, PidRecord};
+use crate::base::{utc_timestamp, Journal};
+use crate::base::{FsStore, RemintTarget, SecretStore};
 use crate::provision::RemintOutcome;
-use crate::store::{FsStore, RemintTarget, SecretStore};
 use crate::wire::Space;
 
 /// What `remint` was asked to do.
@@ -92,7 +92,7 @@ pub fn pass_lines(cfg: &RemintConfig, pass: &Pass) -> Vec<String> {
             ),
             RemintOutcome::Skipped(why) => format!(
                 "✗ remint: {file} not renewed: skipped ({why}: the store holds neither {} nor {})",
-                locate(cfg, &crate::store::account_signer_key(&cfg.space)),
+                locate(cfg, &crate::base::account_signer_key(&cfg.space)),
                 locate(cfg, crate::provision::SIGNER_BUNDLE_KEY)
             ),
             RemintOutcome::Refused(why) => format!("✗ remint: {file} not renewed: {why}"),
@@ -199,15 +199,15 @@ impl WatchRun {
 
 /// When this process's stderr is the owner's log (`up` redirected it there), stamps every line
 /// written to it, as the daemon's does; the redirect stands until the value is dropped.
-pub fn stamp_stderr(cfg: &RemintConfig) -> Option<crate::journal::StampedStderr> {
+pub fn stamp_stderr(cfg: &RemintConfig) -> Option<crate::base::StampedStderr> {
     let RemintTarget::Workspace(root) = &cfg.target else {
         return None;
     };
-    let path = files::remint_log_path(root, &cfg.space);
-    if !files::stderr_is_path(&path) {
+    let path = base::remint_log_path(root, &cfg.space);
+    if !base::stderr_is_path(&path) {
         return None;
     }
-    crate::journal::StampedStderr::install(&path).ok()
+    crate::base::StampedStderr::install(&path).ok()
 }
 
 /// `remint --watch` for a workspace root: records itself, logs to `.cotal/remint.<key>.log`
@@ -224,9 +224,9 @@ async fn watch(cfg: &RemintConfig, journal: &Journal) -> WatchEnded {
         return WatchEnded::Refused("✗ remint: --watch serves a workspace root (--root)".into());
     };
     let space = &cfg.space;
-    match files::open_log(&files::remint_log_path(root, space)) {
+    match base::open_log(&base::remint_log_path(root, space)) {
         // Stderr is the log: lines reach it through stderr, stamped (`stamp_stderr`).
-        Ok(_) if crate::journal::stderr_is_stamped() => {}
+        Ok(_) if crate::base::stderr_is_stamped() => {}
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! remint: {e}")),
@@ -243,8 +243,8 @@ async fn watch(cfg: &RemintConfig, journal: &Journal) -> WatchEnded {
         crate::BUILD_ID,
         root.display()
     ));
-    let record_path = files::remint_pid_path(root, space);
-    let recorded = files::pid_liveness_of(&record_path, files::argv_names_renewal_owner);
+    let record_path = base::remint_pid_path(root, space);
+    let recorded = base::pid_liveness_of(&record_path, base::argv_names_renewal_owner);
     if let Some(pid) = recorded.daemon_pid().filter(|p| *p != me) {
         let line = format!(
             "✗ remint: a renewal owner already runs for space {space} (pid {pid}, {}) - not starting another",
@@ -254,7 +254,7 @@ async fn watch(cfg: &RemintConfig, journal: &Journal) -> WatchEnded {
         return WatchEnded::Refused(line);
     }
     let (tx, mut events) = mpsc::channel(4);
-    let log = files::remint_log_path(root, space);
+    let log = base::remint_log_path(root, space);
     if let Err(e) = install_signals(tx, journal.clone(), log) {
         let line = format!("✗ remint: could not watch its signals: {e}");
         journal.line(&line);
@@ -296,7 +296,7 @@ fn install_signals(
                 _ = int.recv() => OwnerEvent::Stop("SIGINT"),
                 _ = hup.recv() => OwnerEvent::RenewNow,
                 _ = usr1.recv() => {
-                    let reopened = match crate::journal::reopen_stamped() {
+                    let reopened = match crate::base::reopen_stamped() {
                         Some(r) => r.map(|_| true),
                         None => journal.reopen(&log),
                     };
@@ -333,9 +333,8 @@ pub(super) async fn ensure_renewal_owner(
     relaunch: bool,
     journal: &Journal,
 ) -> Result<(), UpError> {
-    let record = files::remint_pid_path(root, space);
-    if let Some(pid) = files::pid_liveness_of(&record, files::argv_names_renewal_owner).daemon_pid()
-    {
+    let record = base::remint_pid_path(root, space);
+    if let Some(pid) = base::pid_liveness_of(&record, base::argv_names_renewal_owner).daemon_pid() {
         journal.line(format!(
             "✓ renewal owner already running for space {space} (pid {pid})"
         ));
@@ -349,7 +348,7 @@ pub(super) async fn ensure_renewal_owner(
     let pid = launch_renewal_owner(root, space).await?;
     journal.line(format!(
         "✓ renewal owner running for space {space} (pid {pid}, log {}): it re-signs the standing credentials at half their lifetime",
-        files::remint_log_path(root, space).display()
+        base::remint_log_path(root, space).display()
     ));
     Ok(())
 }
@@ -359,7 +358,7 @@ pub(super) async fn ensure_renewal_owner(
 async fn launch_renewal_owner(root: &Path, space: &Space) -> Result<u32, UpError> {
     let exe = std::env::current_exe()
         .map_err(|e| UpError::new(UpErrorKind::Files, format!("✗ up: {e}")))?;
-    let log_path = files::remint_log_path(root, space);
+    let log_path = base::remint_log_path(root, space);
     let log = open_append(&log_path)?;
     let mut cmd = Command::new(exe);
     tie_to_up(&mut cmd, true);
@@ -379,10 +378,10 @@ async fn launch_renewal_owner(root: &Path, space: &Space) -> Result<u32, UpError
         )
     })?;
     let pid = child.id().unwrap_or(0);
-    let record = files::remint_pid_path(root, space);
+    let record = base::remint_pid_path(root, space);
     let deadline = Instant::now() + OWNER_READY_BOUND;
     loop {
-        if files::read_pid(&record) == Some(pid) {
+        if base::read_pid(&record) == Some(pid) {
             return Ok(pid);
         }
         if let Ok(Some(status)) = child.try_wait() {
@@ -419,11 +418,11 @@ pub(super) async fn stop_renewal_owner(
     who: &str,
     journal: &Journal,
 ) {
-    let path = files::remint_pid_path(root, space);
-    match files::pid_liveness_of(&path, files::argv_names_renewal_owner) {
+    let path = base::remint_pid_path(root, space);
+    match base::pid_liveness_of(&path, base::argv_names_renewal_owner) {
         PidLiveness::Alive(pid) | PidLiveness::Unverified(pid) => {
             let is_remint =
-                files::process_argv(pid).is_none_or(|argv| files::argv_names_remint_watch(&argv));
+                base::process_argv(pid).is_none_or(|argv| base::argv_names_remint_watch(&argv));
             if !is_remint {
                 journal.line(format!(
                     "• {who}: the renewal owner is the foreground up (pid {pid}); it stops with it"
@@ -434,7 +433,7 @@ pub(super) async fn stop_renewal_owner(
                 != Ended::Survived
             {
                 // A SIGKILLed owner left its record behind.
-                if files::read_pid(&path) == Some(pid) {
+                if base::read_pid(&path) == Some(pid) {
                     let _ = std::fs::remove_file(&path);
                 }
             }

@@ -14,15 +14,15 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::creds::Credential;
-use crate::files::{self, MeshRecord, PidRecord};
-use crate::journal::Journal;
-use crate::provision::{self, Profile, SpaceSigner};
-use crate::provision::{remint_daemon_creds_for, Preflight, RemintOutcome, RemintReport};
-use crate::store::{
+use crate::base::Credential;
+use crate::base::Journal;
+use crate::base::BROKER_BOUND;
+use crate::base::{self, MeshRecord, PidRecord};
+use crate::base::{
     delivery_creds_key, membership_rw_creds_key, FsStore, RemintTarget, SecretStore,
 };
-use crate::tuning::BROKER_BOUND;
+use crate::provision::{self, Profile, SpaceSigner};
+use crate::provision::{remint_daemon_creds_for, Preflight, RemintOutcome, RemintReport};
 use crate::wire::{CtlService, Principal, Space, SpaceNames};
 
 /// Share of a credential's lifetime after which the owner re-signs: ahead of the daemon's own
@@ -194,7 +194,7 @@ impl RenewalOwner {
                 url: self
                     .server
                     .clone()
-                    .unwrap_or_else(|| files::DEFAULT_SERVER.to_string()),
+                    .unwrap_or_else(|| base::DEFAULT_SERVER.to_string()),
                 tls_ca: self.tls_ca.clone(),
                 source: if self.server.is_some() {
                     "--server"
@@ -203,8 +203,8 @@ impl RenewalOwner {
                 },
             });
         };
-        let registered = files::cotal_home()
-            .map(|home| MeshRecord::read(&files::registry_path(&home, space)))
+        let registered = base::cotal_home()
+            .map(|home| MeshRecord::read(&base::registry_path(&home, space)))
             .transpose()
             .map_err(|e| e.to_string())?
             .flatten();
@@ -226,7 +226,7 @@ impl RenewalOwner {
         let (record, source) = match registered {
             Some(rec) => (Some(rec), "meshes entry"),
             None => (
-                MeshRecord::read(&files::mesh_state_path(root))
+                MeshRecord::read(&base::mesh_state_path(root))
                     .ok()
                     .flatten(),
                 ".cotal/mesh.json",
@@ -244,7 +244,7 @@ impl RenewalOwner {
                 source,
             },
             (None, None) => OwnerBroker {
-                url: files::DEFAULT_SERVER.to_string(),
+                url: base::DEFAULT_SERVER.to_string(),
                 tls_ca: self.tls_ca.clone(),
                 source: "the local default",
             },
@@ -370,7 +370,7 @@ impl RenewalOwner {
             if !matches!(outcome, RemintOutcome::Written { .. }) {
                 continue;
             }
-            let component = if key.ends_with(crate::store::DELIVERY_CREDS_FILE) {
+            let component = if key.ends_with(crate::base::DELIVERY_CREDS_FILE) {
                 "delivery"
             } else {
                 "membership"
@@ -416,7 +416,7 @@ impl RenewalOwner {
             },
             SUPERVISOR_LIFETIME,
         )?;
-        let client = crate::client::connect_with_credential(
+        let client = crate::base::connect_with_credential(
             &broker.url,
             broker.tls_ca.as_deref(),
             &cred,
@@ -427,7 +427,7 @@ impl RenewalOwner {
         .map_err(|e| e.to_string())?;
         let subject =
             SpaceNames::new(&self.space).ctl_subject(CtlService::DeliveryAdmin, &principal);
-        let reply = format!("{subject}.reply.{}", crate::journal::epoch_ms());
+        let reply = format!("{subject}.reply.{}", crate::base::epoch_ms());
         let mut sub = client
             .subscribe(reply.clone())
             .await
@@ -544,9 +544,9 @@ impl RenewalOwner {
     pub fn spawn(self) -> RenewalTask {
         let (events, mut rx) = mpsc::channel(1);
         if let RemintTarget::Workspace(root) = &self.target {
-            let recorded = files::pid_liveness_of(
-                &files::remint_pid_path(root, &self.space),
-                files::argv_names_remint_watch,
+            let recorded = base::pid_liveness_of(
+                &base::remint_pid_path(root, &self.space),
+                base::argv_names_remint_watch,
             );
             if let Some(pid) = recorded.daemon_pid() {
                 Journal::stderr_only().line(format!(
@@ -561,11 +561,9 @@ impl RenewalOwner {
             }
         }
         let record = match &self.target {
-            RemintTarget::Workspace(root) => PidRecord::write(
-                files::remint_pid_path(root, &self.space),
-                std::process::id(),
-            )
-            .ok(),
+            RemintTarget::Workspace(root) => {
+                PidRecord::write(base::remint_pid_path(root, &self.space), std::process::id()).ok()
+            }
             RemintTarget::Dir(_) => None,
         };
         let handle = tokio::spawn(async move {

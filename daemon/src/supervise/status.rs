@@ -9,14 +9,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::creds::read_creds_file;
-use crate::files::{self, MeshRecord, PidLiveness};
-use crate::journal::{epoch_ms, utc_timestamp};
-use crate::kv::Rows;
+use crate::base::read_creds_file;
+use crate::base::FsStore;
+use crate::base::Rows;
+use crate::base::SysAuthority;
+use crate::base::{self, MeshRecord, PidLiveness};
+use crate::base::{epoch_ms, utc_timestamp};
 use crate::provision::{MeshAuthority, MintOptions, Profile, Workspace};
 use crate::space::HolderState;
-use crate::store::FsStore;
-use crate::sys::SysAuthority;
 use crate::wire::{CtlService, Principal, Space, SpaceNames};
 
 /// Bound on each broker check (connect, row read, rail request).
@@ -254,18 +254,18 @@ impl StatusReport {
 
 /// The broker of `root`'s mesh: `.cotal/mesh.json`, else the registry record, else the default.
 fn mesh_of(root: &Path, space: &Space) -> (String, Option<PathBuf>) {
-    let record = MeshRecord::read(&files::mesh_state_path(root))
+    let record = MeshRecord::read(&base::mesh_state_path(root))
         .ok()
         .flatten()
         .or_else(|| {
-            let home = files::cotal_home()?;
-            MeshRecord::read(&files::registry_path(&home, space))
+            let home = base::cotal_home()?;
+            MeshRecord::read(&base::registry_path(&home, space))
                 .ok()
                 .flatten()
         });
     match record {
         Some(r) => (r.server, r.tls_ca),
-        None => (crate::files::DEFAULT_SERVER.to_string(), None),
+        None => (crate::base::DEFAULT_SERVER.to_string(), None),
     }
 }
 
@@ -273,15 +273,15 @@ fn mesh_of(root: &Path, space: &Space) -> (String, Option<PathBuf>) {
 pub async fn status(root: &Path, space: &Space) -> StatusReport {
     let workspace = Workspace::new(root);
     let (server, tls_ca) = mesh_of(root, space);
-    let pid = files::pid_liveness(&workspace.pid_path(space));
-    let renewal = files::pid_liveness_of(
-        &files::remint_pid_path(root, space),
-        files::argv_names_renewal_owner,
+    let pid = base::pid_liveness(&workspace.pid_path(space));
+    let renewal = base::pid_liveness_of(
+        &base::remint_pid_path(root, space),
+        base::argv_names_renewal_owner,
     );
     let renewal_by_up = renewal
         .daemon_pid()
-        .and_then(files::process_argv)
-        .is_some_and(|argv| !files::argv_names_remint_watch(&argv));
+        .and_then(base::process_argv)
+        .is_some_and(|argv| !base::argv_names_remint_watch(&argv));
     let credential_exp = read_creds_file(&workspace.delivery_creds_path(space))
         .map_err(|_| {
             format!(
@@ -346,19 +346,19 @@ fn sys_authority(
     tls_ca: Option<&Path>,
 ) -> Option<SysAuthority> {
     let store = std::sync::Arc::new(FsStore::new(root.to_path_buf()));
-    let observer = crate::sys::SysPair::read(&*store, space)
+    let observer = crate::base::SysPair::read(&*store, space)
         .observer
         .value
         .ok()??;
     let claims = observer.claims().ok()?;
-    let [account] = crate::sys::connz_accounts(&claims.nats).try_into().ok()?;
+    let [account] = crate::base::connz_accounts(&claims.nats).try_into().ok()?;
     Some(SysAuthority {
         store,
         space: space.clone(),
         account,
         server_url: server.to_string(),
         tls_ca: tls_ca.map(Path::to_path_buf),
-        limits: crate::sys::SweepLimits::default(),
+        limits: crate::base::SweepLimits::default(),
     })
 }
 
@@ -378,7 +378,7 @@ async fn connect(
             MintOptions::new().expires_in(Duration::from_secs(60)),
         )
         .map_err(|e| e.to_string())?;
-    crate::client::connect_with_credential(server, tls_ca, &cred, "cotal-status", CHECK_BOUND)
+    crate::base::connect_with_credential(server, tls_ca, &cred, "cotal-status", CHECK_BOUND)
         .await
         .map_err(|e| e.to_string())
 }

@@ -16,8 +16,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Child;
 
-use crate::files::{self, PidLiveness};
-use crate::journal::Journal;
+use crate::base::Journal;
+use crate::base::{self, PidLiveness};
 use crate::wire::Space;
 
 /// How long a SIGKILLed process may take to be confirmed dead.
@@ -67,7 +67,7 @@ impl Reservation {
     /// Takes the reservation; refused while a live process holds it. A reservation whose holder
     /// is dead is taken over (its stop can no longer be running).
     pub fn take(root: &Path, space: &Space, who: &str) -> Result<Reservation, StopError> {
-        let path = files::stop_reservation_path(root, space);
+        let path = base::stop_reservation_path(root, space);
         let me = std::process::id();
         for _ in 0..2 {
             match fs::OpenOptions::new()
@@ -80,11 +80,11 @@ impl Reservation {
                     return Ok(Reservation { path });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    match files::read_pid(&path) {
+                    match base::read_pid(&path) {
                         Some(holder)
                             if holder != me
-                                && files::process_alive(holder)
-                                && !files::is_zombie(holder) =>
+                                && base::process_alive(holder)
+                                && !base::is_zombie(holder) =>
                         {
                             return Err(StopError {
                                 kind: StopErrorKind::Busy,
@@ -118,11 +118,11 @@ impl Reservation {
 
     /// Waits (bounded) until nobody holds the reservation of `space`; true when it was released.
     pub async fn wait_released(root: &Path, space: &Space, bound: Duration) -> bool {
-        let path = files::stop_reservation_path(root, space);
+        let path = base::stop_reservation_path(root, space);
         let deadline = Instant::now() + bound;
         loop {
-            let held = files::read_pid(&path)
-                .is_some_and(|p| files::process_alive(p) && !files::is_zombie(p));
+            let held = base::read_pid(&path)
+                .is_some_and(|p| base::process_alive(p) && !base::is_zombie(p));
             if !held {
                 return true;
             }
@@ -136,7 +136,7 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if files::read_pid(&self.path) == Some(std::process::id()) {
+        if base::read_pid(&self.path) == Some(std::process::id()) {
             let _ = fs::remove_file(&self.path);
         }
     }
@@ -172,7 +172,7 @@ impl Target<'_> {
     fn gone(&mut self) -> bool {
         match self {
             Target::Child(c) => !matches!(c.try_wait(), Ok(None)),
-            Target::Pid(p) => !files::process_alive(*p) || files::is_zombie(*p),
+            Target::Pid(p) => !base::process_alive(*p) || base::is_zombie(*p),
         }
     }
     async fn wait_gone(&mut self, bound: Duration) -> bool {
@@ -253,9 +253,9 @@ pub async fn stop_daemon(
     journal: &Journal,
 ) -> Result<StopReport, StopError> {
     let _reservation = Reservation::take(root, space, who)?;
-    let record_path = files::pid_path(root, space);
+    let record_path = base::pid_path(root, space);
     let mut pids: Vec<u32> = Vec::new();
-    match files::pid_liveness(&record_path) {
+    match base::pid_liveness(&record_path) {
         PidLiveness::Alive(pid) | PidLiveness::Unverified(pid) => pids.push(pid),
         PidLiveness::Foreign(pid) => {
             let _ = fs::remove_file(&record_path);
@@ -277,10 +277,10 @@ pub async fn stop_daemon(
         PidLiveness::Absent => {}
     }
     // A replacement `up` launched that has not recorded itself yet.
-    let launched_path = files::launched_path(root, space);
-    if let Some(pid) = files::read_pid(&launched_path) {
+    let launched_path = base::launched_path(root, space);
+    if let Some(pid) = base::read_pid(&launched_path) {
         if let PidLiveness::Alive(p) | PidLiveness::Unverified(p) =
-            files::process_liveness(pid, files::argv_names_delivery_daemon)
+            base::process_liveness(pid, base::argv_names_delivery_daemon)
         {
             if !pids.contains(&p) {
                 pids.push(p);
@@ -329,7 +329,7 @@ pub async fn stop_daemon(
         return Ok(report);
     }
     // Death confirmed: a SIGKILLed daemon left its record behind, and the credential goes.
-    if files::read_pid(&record_path).is_some_and(|p| report.signalled.contains(&p)) {
+    if base::read_pid(&record_path).is_some_and(|p| report.signalled.contains(&p)) {
         let _ = fs::remove_file(&record_path);
     }
     let _ = fs::remove_file(&launched_path);
@@ -347,15 +347,15 @@ pub async fn stop_daemon(
 /// Stops the broker `up` started for `root` (`.cotal/nats.pid`), signalling it only while its
 /// command line proves it is a `nats-server`; a reused pid is cleared without a signal.
 pub async fn stop_recorded_broker(root: &Path, grace: Duration, who: &str, journal: &Journal) {
-    let path = files::broker_pid_path(root);
-    let Some(pid) = files::read_pid(&path) else {
+    let path = base::broker_pid_path(root);
+    let Some(pid) = base::read_pid(&path) else {
         journal.line(format!(
             "• {who}: no nats-server recorded at {}",
             path.display()
         ));
         return;
     };
-    match files::process_liveness(pid, files::argv_names_nats_server) {
+    match base::process_liveness(pid, base::argv_names_nats_server) {
         PidLiveness::Alive(p) | PidLiveness::Unverified(p) => {
             if terminate(Target::Pid(p), grace, "nats-server", who, journal).await
                 != Ended::Survived

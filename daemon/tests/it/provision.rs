@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::stream::{DiscardPolicy, RetentionPolicy};
-use cotal_delivery::client::{connect_with_credential, connect_with_inbox};
+use cotal_delivery::base::{connect_with_credential, connect_with_inbox};
 use cotal_delivery::provision::{
     connect_provisioner, create_agent_consumer, ensure_stream, provision_space,
     space_stream_configs, Ensured, MeshAuthority, MintOptions, Profile, ProvisionOptions,

@@ -14,9 +14,9 @@ use async_nats::jetstream::{self, stream};
 use async_nats::Event;
 use cotal_delivery::agent::{Agent, AgentErrorKind};
 use cotal_delivery::agent::{TakeVerdict, NO_DAEMON};
-use cotal_delivery::kv::{Read, Rows};
+use cotal_delivery::base::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW;
+use cotal_delivery::base::{Read, Rows};
 use cotal_delivery::plane::{row_key, FAULT_HOLD_LINE};
-use cotal_delivery::tuning::ENV_FAULT_HOLD_AFTER_ANYCAST_ROW;
 use cotal_delivery::wire::{CtlService, Principal, SpaceNames};
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
@@ -477,7 +477,7 @@ async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
         .unwrap();
     let (mut seen_late, deadline) = (0u64, Instant::now() + BOUND);
     let gone_at = loop {
-        let asked = cotal_delivery::journal::epoch_ms();
+        let asked = cotal_delivery::base::epoch_ms();
         let present = row(&insp, &created, done).await.is_some();
         if !present {
             break asked;
@@ -526,7 +526,7 @@ async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
         created.clone(),
         ROLE.into(),
         "local.alice".into(),
-        cotal_delivery::journal::epoch_ms(),
+        cotal_delivery::base::epoch_ms(),
     );
     Rows::open(&insp.js, &insp.names.anycast_bucket(), BOUND)
         .await
@@ -733,7 +733,7 @@ async fn every_new_anycast_grant_is_confined() {
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let names: &SpaceNames = &insp.names;
     let cred =
-        cotal_delivery::creds::read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space()))
+        cotal_delivery::base::read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space()))
             .expect("delivery creds");
     let me = Principal::for_nkey(&cred.public_key().unwrap()).unwrap();
     let alice = Principal::parse("local.alice").unwrap();
@@ -995,7 +995,7 @@ async fn a_holder_says_to_restart_the_daemon_or_respawn_the_seat_when_either_pre
     };
     // A daemon whose delivery credential was minted before takes.
     let creds_path = mesh.workspace().delivery_creds_path(mesh.space());
-    let current = cotal_delivery::creds::read_creds_file(&creds_path).unwrap();
+    let current = cotal_delivery::base::read_creds_file(&creds_path).unwrap();
     let old_daemon = mesh
         .authority
         .mint_narrowed(
@@ -1005,7 +1005,7 @@ async fn a_holder_says_to_restart_the_daemon_or_respawn_the_seat_when_either_pre
             no_take,
         )
         .unwrap();
-    cotal_delivery::creds::write_creds_file_atomic(&creds_path, &old_daemon).unwrap();
+    cotal_delivery::base::write_creds_file_atomic(&creds_path, &old_daemon).unwrap();
     let mut d = daemon_with(&mesh, &[]).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
@@ -1025,7 +1025,7 @@ async fn a_holder_says_to_restart_the_daemon_or_respawn_the_seat_when_either_pre
     s::stop_daemon(&mut d).await;
 
     // A seat minted before takes, against a daemon that records them.
-    cotal_delivery::creds::write_creds_file_atomic(&creds_path, &current).unwrap();
+    cotal_delivery::base::write_creds_file_atomic(&creds_path, &current).unwrap();
     let mut d = daemon_with(&mesh, &[]).await;
     let mut seat =
         agent::provision_holder(&mesh, &insp, mesh.space(), "dave", &["general"], &[ROLE])

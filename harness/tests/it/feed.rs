@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::BOUND;
-use cotal_delivery::conn::{self, CredentialCell, DialSpec, DrainErrorKind};
-use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
-use cotal_delivery::journal::Journal;
+use cotal_delivery::base::Journal;
+use cotal_delivery::base::{self, CredentialCell, DialSpec, DrainErrorKind};
+use cotal_delivery::base::{read_creds_file, write_creds_file_atomic, Credential};
+use cotal_delivery::base::{FsStore, SecretStore};
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::space::TIMER_CONNECTION_NAME as TIMER_WRITER;
 use cotal_delivery::space::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
-use cotal_delivery::store::{FsStore, SecretStore};
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
 use delivery_harness::ConnState;
@@ -384,7 +384,7 @@ async fn close_retires_both_feed_connections_even_when_their_drains_fail() {
     // The daemon's renewal keeps a handle on the rw connection past the close; so does the test.
     let (_rw_cell, _rw_handle) = feed.rw();
     let delivery = read_creds_file(&mesh.workspace().delivery_creds_path(&space)).unwrap();
-    let control = conn::dial(
+    let control = base::dial(
         &DialSpec::new(proxy.url()).name(CONTROL),
         CredentialCell::new(delivery),
     )

@@ -283,7 +283,7 @@ async fn the_inspection_credential_is_confined_to_its_reads() {
     let mesh = mesh().await;
     let n = SpaceNames::new(mesh.space());
     let cred =
-        cotal_delivery::creds::read_creds_file(&mesh.workspace().inspect_creds_path(mesh.space()))
+        cotal_delivery::base::read_creds_file(&mesh.workspace().inspect_creds_path(mesh.space()))
             .expect("inspect.creds provisioned with the space");
     let (client, mut events) = mesh.connect_watched(&cred, "inspect").await.unwrap();
     let js = async_nats::jetstream::new(client.clone());
@@ -294,7 +294,7 @@ async fn the_inspection_credential_is_confined_to_its_reads() {
     js.get_stream(SpaceNames::kv_stream(&n.members_bucket()))
         .await
         .expect("members bucket info");
-    let rows = cotal_delivery::kv::Rows::open(&js, &n.acl_bucket(), Duration::from_secs(5))
+    let rows = cotal_delivery::base::Rows::open(&js, &n.acl_bucket(), Duration::from_secs(5))
         .await
         .expect("acl bucket");
     rows.read("local.x.abcdefghijklmnopqrstuvwxyz")

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::data_path::mesh_with_lease_ttl;
 use crate::support::BOUND;
 use async_nats::Event;
-use cotal_delivery::kv::Rows;
+use cotal_delivery::base::Rows;
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames, LEASE_KEY};
 use delivery_harness::events::ClientEvents;
@@ -137,9 +137,8 @@ async fn the_delivery_credential_is_confined_to_its_grants() {
     let space = mesh.space().clone();
     let names = SpaceNames::new(&space);
     let insp = mesh.inspector(&space).await.expect("inspector");
-    let cred =
-        cotal_delivery::creds::read_creds_file(&mesh.workspace().delivery_creds_path(&space))
-            .expect("delivery creds");
+    let cred = cotal_delivery::base::read_creds_file(&mesh.workspace().delivery_creds_path(&space))
+        .expect("delivery creds");
     let (client, mut events) = mesh
         .connect_watched(&cred, "confined")
         .await
@@ -320,7 +319,7 @@ async fn last_lease_message(insp: &delivery_harness::mesh::Inspector) -> (u64, V
 #[tokio::test]
 async fn an_expired_lease_row_leaves_a_marker_every_reader_reads_as_absent() {
     use async_nats::jetstream::kv::Operation;
-    use cotal_delivery::kv::Read;
+    use cotal_delivery::base::Read;
     let ttl = Duration::from_secs(2);
     let mesh = mesh_with_lease_ttl(ttl).await;
     let space = mesh.space().clone();
@@ -366,9 +365,8 @@ async fn an_expired_lease_row_leaves_a_marker_every_reader_reads_as_absent() {
     assert_eq!((entry.operation, entry.revision), (Operation::Purge, seq));
     // The daemon's own reads and create, under the delivery credential.
     assert!(insp.lease().await.expect("read").is_none());
-    let cred =
-        cotal_delivery::creds::read_creds_file(&mesh.workspace().delivery_creds_path(&space))
-            .expect("delivery creds");
+    let cred = cotal_delivery::base::read_creds_file(&mesh.workspace().delivery_creds_path(&space))
+        .expect("delivery creds");
     let client = mesh.connect(&cred, "delivery").await.expect("connect");
     let js = async_nats::jetstream::new(client);
     let rows = Rows::open(&js, &insp.names().delivery_bucket(), BOUND)

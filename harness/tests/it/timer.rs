@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::BOUND;
 use async_nats::HeaderMap;
-use cotal_delivery::conn::{CredentialCell, DialSpec, DrainErrorKind};
-use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
-use cotal_delivery::journal::Journal;
+use cotal_delivery::base::Journal;
+use cotal_delivery::base::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::base::{CredentialCell, DialSpec, DrainErrorKind};
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use cotal_delivery::space::{
@@ -657,7 +657,7 @@ async fn the_timer_writer_grants_are_confined() {
 /// KICKs connection `cid` with the workspace's `$SYS` connection-evictor credential.
 async fn kick(mesh: &Mesh, space: &Space, cid: u64) {
     let evictor = read_creds_file(&mesh.workspace().connection_evictor_creds_path(space)).unwrap();
-    let sys = cotal_delivery::client::connect_with_inbox(
+    let sys = cotal_delivery::base::connect_with_inbox(
         &mesh.url(),
         None,
         &evictor,
@@ -762,7 +762,7 @@ async fn a_writer_fault_keeps_delivery_serving_and_the_writer_comes_back() {
     d.wait_exit(BOUND).await.unwrap();
 }
 
-fn parts(url: &str, cred: cotal_delivery::creds::Credential, space: &Space) -> TimerWriterParts {
+fn parts(url: &str, cred: cotal_delivery::base::Credential, space: &Space) -> TimerWriterParts {
     let mut parts = TimerWriterParts::new(
         DialSpec::new(url),
         CredentialCell::new(cred),
@@ -776,7 +776,7 @@ fn parts(url: &str, cred: cotal_delivery::creds::Credential, space: &Space) -> T
 
 /// Space `demo` and a delivery credential of a throwaway authority, for a writer run in process
 /// against something that is not the mesh.
-fn offline_delivery_credential() -> (Space, cotal_delivery::creds::Credential) {
+fn offline_delivery_credential() -> (Space, cotal_delivery::base::Credential) {
     let space = Space::parse("demo").unwrap();
     let mut authority = MeshAuthority::new();
     authority.add_space(&space);
@@ -883,9 +883,9 @@ async fn stop_during_a_backoff_or_a_fetch_returns_at_once() {
 /// A re-signed delivery credential of the same nkey as `current`, expiring in `ttl`.
 fn renewal_expiring_in(
     mesh: &Mesh,
-    current: &cotal_delivery::creds::Credential,
+    current: &cotal_delivery::base::Credential,
     ttl: Duration,
-) -> cotal_delivery::creds::Credential {
+) -> cotal_delivery::base::Credential {
     mesh.mint(
         mesh.space(),
         &Profile::Delivery,
@@ -979,7 +979,7 @@ async fn closed_conns(mesh: &Mesh) -> Vec<(String, String)> {
 /// the writer's connection presents the renewed JWT (`/connz`). Of the writer's connections the
 /// broker closed, one was closed for an authentication reason: the expiry; none for a refused
 /// authentication. Mutation
-/// seen failing: the auth callback in `conn::dial` presenting `cell.get()` instead of waiting
+/// seen failing: the auth callback in `base::dial` presenting `cell.get()` instead of waiting
 /// in `wait_unexpired` (the writer's redials were refused by the broker as `Authentication
 /// Failure`).
 #[tokio::test]
@@ -1152,21 +1152,21 @@ async fn every_lane_of_a_host_runs_its_own_writer_and_feed() {
 }
 
 /// A connection closed while its redial waits for a renewal never comes back: a connection
-/// dialed as the writer's (`conn::dial`) on a credential that expires; the broker closes it at
+/// dialed as the writer's (`base::dial`) on a credential that expires; the broker closes it at
 /// the expiry and its redial waits in the auth callback for an unexpired credential (seen on
 /// the cell); the owner closes it (the writer's session end); then a renewal is set in the
 /// cell. The waiting redial refuses itself (a client error event) instead of connecting, and
 /// the broker saw the connection's name once. Mutation seen failing: the retirement re-check
-/// after `wait_unexpired` in `conn::dial` removed (the redial connected with the renewal).
+/// after `wait_unexpired` in `base::dial` removed (the redial connected with the renewal).
 #[tokio::test]
 async fn a_connection_closed_while_its_redial_waits_never_comes_back() {
-    use cotal_delivery::conn::{self, ConnEvent};
+    use cotal_delivery::base::{self, ConnEvent};
     const NAME: &str = "test-retired-while-waiting";
     let mesh = crate::support::data_path::mesh().await;
     let current = read_creds_file(&mesh.workspace().delivery_creds_path(mesh.space())).unwrap();
     let short = renewal_expiring_in(&mesh, &current, Duration::from_secs(2));
     let cell = CredentialCell::new(short.clone());
-    let resident = conn::dial(&DialSpec::new(mesh.url()).name(NAME), cell.clone())
+    let resident = base::dial(&DialSpec::new(mesh.url()).name(NAME), cell.clone())
         .await
         .expect("dialed");
     eventually(

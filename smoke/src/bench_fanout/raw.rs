@@ -188,9 +188,9 @@ impl Faults {
 
 async fn serve(args: Args) -> Result<(), String> {
     let plan = Arc::new(Plan::read(&args.plan)?);
-    let cred = cotal_delivery::creds::read_creds_file(&plan.creds).map_err(|e| e.to_string())?;
+    let cred = cotal_delivery::base::read_creds_file(&plan.creds).map_err(|e| e.to_string())?;
     let connect = |name: &'static str| {
-        cotal_delivery::client::connect_with_credential(
+        cotal_delivery::base::connect_with_credential(
             &plan.server,
             plan.tls_ca.as_deref(),
             &cred,
@@ -413,7 +413,7 @@ impl RawClient {
             .mint(mesh.space(), &Profile::Operator, MintOptions::new())
             .map_err(|e| e.to_string())?;
         let creds = dir.path().join("raw.creds");
-        cotal_delivery::creds::write_creds_file_atomic(&creds, &cred).map_err(|e| e.to_string())?;
+        cotal_delivery::base::write_creds_file_atomic(&creds, &cred).map_err(|e| e.to_string())?;
         let names = &insp.names;
         let prefix = names.space().prefix();
         let members: Vec<Value> = targets

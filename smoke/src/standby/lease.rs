@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use cotal_delivery::kv::RowOp;
+use cotal_delivery::base::RowOp;
 use delivery_harness::lease_log::{LeaseWrite, LogFrom};
 use delivery_harness::mesh::Inspector;
 

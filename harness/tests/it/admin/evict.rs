@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::admin as a;
 use crate::support::data_path as s;
 use crate::support::BOUND;
-use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::base::{read_creds_file, write_creds_file_atomic};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, SystemProfile};
 use cotal_delivery::wire::MEMBERSHIP_OBSERVER_INBOX_PREFIX;
 use delivery_harness::agent;
@@ -64,7 +64,7 @@ async fn a_live_victim_is_kicked_and_gone_from_connz() {
 /// (`MaxReconnects`, observed through its own events), and the broker lists no connection of
 /// the principal afterwards, although its credential is still valid.
 ///
-/// Mutation seen failing: the options before the fix back in `cotal_delivery::client::credential_options`
+/// Mutation seen failing: the options before the fix back in `cotal_delivery::base::credential_options`
 /// (`max_reconnects(Some(0))`, which async-nats reads as unlimited, and a signer that signs every
 /// handshake): the client redials at once and never reports `MaxReconnects`.
 #[tokio::test]
@@ -257,7 +257,7 @@ async fn two_hundred_fifty_six_principals_share_one_sweep() {
             .membership_observer_creds_path(mesh.space()),
     )
     .unwrap();
-    let watcher = cotal_delivery::client::connect_with_inbox(
+    let watcher = cotal_delivery::base::connect_with_inbox(
         &mesh.url(),
         mesh.tls_ca().as_deref(),
         &observer,

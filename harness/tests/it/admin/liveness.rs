@@ -8,7 +8,7 @@ use crate::support::admin as a;
 use crate::support::data_path as s;
 use crate::support::BOUND;
 use cotal_delivery::agent::ProbeWhy;
-use cotal_delivery::creds::read_creds_file;
+use cotal_delivery::base::read_creds_file;
 use delivery_harness::agent;
 use delivery_harness::mesh::Mesh;
 use delivery_harness::ConnState;
@@ -175,7 +175,7 @@ async fn the_live_delivery_probe_is_bound_unbound_or_unknown_when_its_connection
             .to_string();
         let evictor =
             read_creds_file(&mesh.workspace().connection_evictor_creds_path(mesh.space())).unwrap();
-        let sys = cotal_delivery::client::connect_with_inbox(
+        let sys = cotal_delivery::base::connect_with_inbox(
             &mesh.url(),
             mesh.tls_ca().as_deref(),
             &evictor,
@@ -424,8 +424,8 @@ async fn on_a_cluster_liveness_is_unknown_never_gone() {
             )
             .unwrap()
     };
-    let connect = |url: String, cred: cotal_delivery::creds::Credential, name: &'static str| async move {
-        cotal_delivery::client::connect_with_credential(
+    let connect = |url: String, cred: cotal_delivery::base::Credential, name: &'static str| async move {
+        cotal_delivery::base::connect_with_credential(
             &url,
             None,
             &cred,

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use cotal_delivery::agent::AgentErrorKind;
-use cotal_delivery::kv::{Read, Rows};
+use cotal_delivery::base::{Read, Rows};
 use cotal_delivery::wire::SpaceNames;
 use delivery_harness::agent;
 use futures::StreamExt;

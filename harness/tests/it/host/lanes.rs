@@ -177,7 +177,7 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
         .expect("mint");
     let minted = tokio::time::Instant::now();
     let beta_creds = Workspace::new(mesh.root()).delivery_creds_path(&beta);
-    cotal_delivery::creds::write_creds_file_atomic(&beta_creds, &short).expect("write");
+    cotal_delivery::base::write_creds_file_atomic(&beta_creds, &short).expect("write");
     let beta_holder = holder_of(mesh.root(), &beta);
 
     let mut host = start_host(&mesh, None, &[]);
@@ -246,7 +246,7 @@ async fn an_expired_lane_closes_alone_and_the_host_reopens_it_once_renewed() {
             MintOptions::new().renewal_of(&short),
         )
         .expect("renew");
-    cotal_delivery::creds::write_creds_file_atomic(&beta_creds, &renewed).expect("replace");
+    cotal_delivery::base::write_creds_file_atomic(&beta_creds, &renewed).expect("replace");
     let renewed_at = tokio::time::Instant::now();
     wait_count(&host, "beta", "✓ delivery daemon up", 2).await;
     let reopened = wait_row(&ins_b, "beta re-took its lease", |r| {

@@ -68,7 +68,7 @@ async fn a_malformed_manifest_refuses_the_whole_start_before_any_dial() {
         assert!(insp.lease().await.expect("read").is_none(), "{name}: row");
         // A lane's first act is opening its space's log: no lane ran, not even briefly.
         assert!(
-            !cotal_delivery::files::log_path(mesh.root(), mesh.space()).exists(),
+            !cotal_delivery::base::log_path(mesh.root(), mesh.space()).exists(),
             "{name}: a lane opened its log"
         );
         transcript.push_str(&format!("[{name}]\n{}\n", d.transcript()));
@@ -134,7 +134,7 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     assert_eq!(refused_lines, 1, "{}", host.transcript());
     let status = cotal_delivery::host::host_liveness(mesh.root());
     assert!(
-        matches!(status, cotal_delivery::files::PidLiveness::Alive(p) if p == host.pid()),
+        matches!(status, cotal_delivery::base::PidLiveness::Alive(p) if p == host.pid()),
         "{status:?}"
     );
 
@@ -149,7 +149,7 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     // Both lanes serve, and neither wrote the space's pid record: that record is what
     // `down` signals for one space, and this process serves several (the host has its own).
     for space in [&alpha, &beta] {
-        let record = cotal_delivery::files::pid_path(mesh.root(), space);
+        let record = cotal_delivery::base::pid_path(mesh.root(), space);
         assert!(!record.exists(), "lane {space} wrote {}", record.display());
     }
     assert!(cotal_delivery::host::host_pid_path(mesh.root()).exists());
@@ -278,7 +278,7 @@ async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row(
             Default::default(),
         )
         .expect("mint");
-    cotal_delivery::creds::write_creds_file_atomic(&wrong.delivery_creds_path(&space), &other_cred)
+    cotal_delivery::base::write_creds_file_atomic(&wrong.delivery_creds_path(&space), &other_cred)
         .expect("write");
     std::fs::remove_file(Workspace::new(paths[3]).membership_observer_creds_path(&space))
         .expect("remove observer");

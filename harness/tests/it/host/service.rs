@@ -9,16 +9,16 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::BOUND;
-use cotal_delivery::creds::Credential;
+use cotal_delivery::base::Credential;
+use cotal_delivery::base::{
+    delivery_creds_key, MemoryStore, SecretStore, StoreError, StoreIdentity,
+};
 use cotal_delivery::provision::SpaceMaterial;
 use cotal_delivery::provision::{self, MintOptions, Profile, ProvisionOptions};
 use cotal_delivery::space::{evictor_key, observer_key};
 use cotal_delivery::space::{Closed, StartErrorKind, StartPhase};
 use cotal_delivery::space::{HealthConfig, Verdict};
 use cotal_delivery::space::{ReleaseErrorKind, Released};
-use cotal_delivery::store::{
-    delivery_creds_key, MemoryStore, SecretStore, StoreError, StoreIdentity,
-};
 use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::Space;
 use cotal_delivery::{start_delivery_service, DeliveryService, HostedContextInputs};

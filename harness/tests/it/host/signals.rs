@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::support::host::{count_lines, wait_count, HOST_BOUND};
-use cotal_delivery::files;
+use cotal_delivery::base;
 use cotal_delivery::provision::Manifest;
 use delivery_harness::mesh::Mesh;
 use nix::sys::signal::Signal;
@@ -46,7 +46,7 @@ async fn the_host_passes_sighup_to_every_lane_and_reopens_every_log_on_sigusr1()
     assert!(host.is_running(), "{}", host.transcript());
 
     let host_log = cotal_delivery::host::host_log_path(mesh.root());
-    let alpha_log = files::log_path(mesh.root(), &mesh.spaces()[0]);
+    let alpha_log = base::log_path(mesh.root(), &mesh.spaces()[0]);
     for p in [&host_log, &alpha_log] {
         std::fs::rename(p, p.with_extension("log.1")).expect("rotate");
     }

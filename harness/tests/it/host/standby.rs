@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use crate::support::host::{
     holder_of, lane_lines, wait_standby_watches, without_not_running_report, HOST_BOUND,
 };
-use cotal_delivery::kv::RowOp;
+use cotal_delivery::base::RowOp;
 use cotal_delivery::provision::{prepare_standby_hosts, StandbyPlan};
 use delivery_harness::daemon::Daemon;
 use delivery_harness::lease_log::{LeaseLog, LeaseWrite, LogFrom};

@@ -9,9 +9,9 @@ use std::process::Output;
 use std::time::Duration;
 
 use crate::support::host::HOST_BOUND;
+use cotal_delivery::base::ENV_STANDBY_RETRY_MS;
 use cotal_delivery::host::HOST_PID_FILE;
 use cotal_delivery::provision::{manifest_path, Manifest};
-use cotal_delivery::tuning::ENV_STANDBY_RETRY_MS;
 use cotal_delivery::wire::LeaseInfo;
 use delivery_harness::mesh::Mesh;
 use delivery_harness::scenario::{normalise, normalise_status};

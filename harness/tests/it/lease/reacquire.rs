@@ -5,7 +5,7 @@
 
 use crate::support::data_path::{set_max_msg_size, start_daemon_via_proxy};
 use crate::support::BOUND;
-use cotal_delivery::kv::Rows;
+use cotal_delivery::base::Rows;
 use cotal_delivery::wire::{LeaseInfo, SpaceNames, LEASE_KEY};
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};

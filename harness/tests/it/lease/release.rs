@@ -7,9 +7,9 @@
 use std::time::{Duration, Instant};
 
 use crate::support::BOUND;
+use cotal_delivery::base::{delivery_creds_key, FsStore, SecretStore};
 use cotal_delivery::provision::SpaceMaterial;
 use cotal_delivery::space::{evictor_key, observer_key};
-use cotal_delivery::store::{delivery_creds_key, FsStore, SecretStore};
 use cotal_delivery::wire::SpaceNames;
 use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::mesh::Inspector;

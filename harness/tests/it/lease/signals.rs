@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::BOUND;
 use async_nats::jetstream::kv::Operation;
-use cotal_delivery::files;
+use cotal_delivery::base;
 use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::{CtlService, SpaceNames, LEASE_KEY};
 use delivery_harness::mesh::Mesh;
@@ -56,7 +56,7 @@ async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor
         // Whatever the interleaving, a signalled daemon leaves no row and no record behind.
         assert!(insp.lease().await.expect("read").is_none(), "row released");
         assert!(
-            !files::pid_path(mesh.root(), &space).exists(),
+            !base::pid_path(mesh.root(), &space).exists(),
             "record removed"
         );
         if inside && !d.has_line("delivery daemon up") {
@@ -164,7 +164,7 @@ async fn a_signal_during_the_claim_waits_for_the_answer_and_releases_a_claim_tha
         .map(|v| v.as_str().to_string());
     assert_eq!(op.as_deref(), Some("DEL"), "released by a delete marker");
     assert!(last.sequence >= 2, "the delete follows the create");
-    assert!(!files::pid_path(mesh.root(), &space).exists());
+    assert!(!base::pid_path(mesh.root(), &space).exists());
 }
 
 /// Readiness is marked only after every binding: the proxy holds the daemon's bytes from the

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::support::data_path::{start_daemon_via_proxy, wait_lease_watch_bound, UP_BOUND};
 use crate::support::health::Supervisor;
 use crate::support::{rfc3339_us, BOUND};
-use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
+use cotal_delivery::base::{read_creds_file, write_creds_file_atomic, Credential};
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{LeaseInfo, SpaceNames};
 use delivery_harness::daemon::Daemon;

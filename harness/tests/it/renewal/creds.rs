@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::BOUND;
-use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic, Credential};
+use cotal_delivery::base::{read_creds_file, write_creds_file_atomic, Credential};
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight, RemintOutcome};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use cotal_delivery::wire::SpaceNames;

@@ -9,14 +9,14 @@ use std::time::Duration;
 use crate::support::data_path::mesh_with_signer;
 use crate::support::up::run;
 use crate::support::BOUND;
-use cotal_delivery::creds::Credential;
-use cotal_delivery::creds::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::base::Credential;
+use cotal_delivery::base::{delivery_creds_key, membership_rw_creds_key, FsStore, SecretStore};
+use cotal_delivery::base::{read_creds_file, write_creds_file_atomic};
 use cotal_delivery::provision::{encode_account_with_signing_keys, encode_operator};
 use cotal_delivery::provision::{encode_user, UserClaimsSpec};
 use cotal_delivery::provision::{remint_daemon_creds, Preflight, RemintOutcome};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use cotal_delivery::provision::{OperatorAuth, Workspace, SIGNER_BUNDLE_KEY};
-use cotal_delivery::store::{delivery_creds_key, membership_rw_creds_key, FsStore, SecretStore};
 use cotal_delivery::wire::{Space, SpaceNames};
 use delivery_harness::broker::Broker;
 use delivery_harness::daemon::Daemon;
@@ -209,7 +209,7 @@ async fn remint_keeps_the_last_good_credentials_and_exits_1_when_the_broker_refu
     }
     // The registry names this root at the mesh's broker; another --server is refused, exit 3.
     let home = root.join("home");
-    let record = cotal_delivery::files::MeshRecord {
+    let record = cotal_delivery::base::MeshRecord {
         space: space.as_str().into(),
         server: url.clone(),
         root: root.to_path_buf(),
@@ -217,7 +217,7 @@ async fn remint_keeps_the_last_good_credentials_and_exits_1_when_the_broker_refu
         tls_ca: None,
     };
     record
-        .write(&cotal_delivery::files::registry_path(&home, &space))
+        .write(&cotal_delivery::base::registry_path(&home, &space))
         .expect("registry record");
     let (code, out) = remint(root, &["--server", "nats://127.0.0.1:1"]).await;
     assert_eq!(code, Some(3), "{out}");
@@ -380,7 +380,7 @@ async fn remint_with_a_preflight_renews_from_a_migrated_bundle() {
         after.claims().expect("claims").iss,
         before.claims().expect("claims").iss
     );
-    let client = cotal_delivery::client::connect_with_credential(
+    let client = cotal_delivery::base::connect_with_credential(
         &url,
         None,
         &after,

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::support::BOUND;
+use cotal_delivery::base::{delivery_creds_key, MemoryStore, SecretStore, StoreIdentity};
 use cotal_delivery::provision::{MintOptions, Profile, SpaceMaterial};
 use cotal_delivery::space::{evictor_key, observer_key, HealthConfig};
-use cotal_delivery::store::{delivery_creds_key, MemoryStore, SecretStore, StoreIdentity};
 use cotal_delivery::{start_delivery_service, HostedContextInputs};
 use delivery_harness::mesh::Mesh;
 

@@ -6,11 +6,11 @@
 //! lease refusal non-zero naming why; the registry decides the broker of a daemon typed by hand.
 
 use crate::support::up::*;
-use cotal_delivery::files::{self, MeshRecord};
+use cotal_delivery::base::{self, MeshRecord};
+use cotal_delivery::base::{delivery_creds_key, FsStore, SecretStore};
 use cotal_delivery::provision::MeshAuthority;
 use cotal_delivery::provision::SpaceMaterial;
 use cotal_delivery::space::observer_key;
-use cotal_delivery::store::{delivery_creds_key, FsStore, SecretStore};
 use delivery_harness::tls::TestPki;
 use nix::sys::signal::Signal;
 
@@ -30,7 +30,7 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
         .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
     up_snapshot!("up_detached", up.transcript());
-    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
     let broker = broker_pid(root.path());
     assert!(alive(daemon) && alive(broker), "both outlive up");
     let (code, json) = status_json(root.path()).await;
@@ -40,7 +40,7 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
     let (_, human) = status(root.path(), false).await;
     up_snapshot!("status_healthy", human);
     // The registry record up wrote, in the reference's shape.
-    let rec = MeshRecord::read(&files::registry_path(&root.path().join("home"), &demo()))
+    let rec = MeshRecord::read(&base::registry_path(&root.path().join("home"), &demo()))
         .expect("readable")
         .expect("up registers the mesh");
     assert_eq!(rec.root, root.path());
@@ -54,7 +54,7 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
     assert!(d < b, "daemon first, then the broker:\n{t}");
     assert!(!creds_path(root.path()).exists());
     assert!(!pid_path(root.path()).exists());
-    let log = std::fs::read_to_string(files::log_path(root.path(), &demo())).expect("log");
+    let log = std::fs::read_to_string(base::log_path(root.path(), &demo())).expect("log");
     assert!(log.contains("received SIGTERM, exiting"), "{log}");
     up_snapshot!("down_detached", t);
     let (code, json) = status_json(root.path()).await;
@@ -78,7 +78,7 @@ async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refu
         up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
         Some(0)
     );
-    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
     signal(daemon, Signal::SIGSTOP);
     let env = [("COTAL_DELIVERY_STOP_GRACE_MS", "3000")];
     let r = root.path().to_str().expect("utf-8").to_string();
@@ -87,7 +87,7 @@ async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refu
         &["down", "--space", "demo", "--root", &r],
         &env,
     );
-    let reservation = files::stop_reservation_path(root.path(), &demo());
+    let reservation = base::stop_reservation_path(root.path(), &demo());
     until(
         "the first down holds the reservation",
         COMMAND_BOUND,
@@ -101,7 +101,7 @@ async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refu
         "{second}"
     );
     assert!(
-        alive(daemon) || files::is_zombie(daemon),
+        alive(daemon) || base::is_zombie(daemon),
         "the refused down signalled nothing fatal"
     );
     assert!(
@@ -120,7 +120,7 @@ async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refu
     assert!(killed < removed, "removal after the death:\n{t}");
     assert!(!alive(daemon));
     assert!(!creds_path(root.path()).exists());
-    let log = std::fs::read_to_string(files::log_path(root.path(), &demo())).expect("log");
+    let log = std::fs::read_to_string(base::log_path(root.path(), &demo())).expect("log");
     assert!(
         !log.contains("received SIGTERM"),
         "a frozen daemon wrote nothing:\n{log}"
@@ -145,7 +145,7 @@ async fn a_stale_record_with_a_reused_pid_is_cleared_and_nothing_is_signalled() 
         .expect("sleep");
     let pid = other.id();
     std::fs::write(pid_path(root.path()), format!("{pid}\n")).expect("record");
-    std::fs::write(files::broker_pid_path(root.path()), format!("{pid}\n")).expect("nats.pid");
+    std::fs::write(base::broker_pid_path(root.path()), format!("{pid}\n")).expect("nats.pid");
     let (code, json) = status_json(root.path()).await;
     assert_eq!(code, 1, "{json}");
     assert_eq!(json["pidRecord"]["verdict"], "foreign", "{json}");
@@ -246,7 +246,7 @@ async fn a_record_whose_command_line_cannot_be_read_is_trusted() {
 /// relaunch line no longer says TLS required); the injected-store arm removed from
 /// `cli::registry_dial` (the injected daemon is refused, exit 3, naming the recorded broker).
 /// Not applied here: the `--server` comparison in `resolve_dial` removed (its unit test
-/// `files::registry_mismatching_server_is_refused_naming_both` catches it).
+/// `base::registry_mismatching_server_is_refused_naming_both` catches it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
     let root = tempfile::tempdir().expect("root");
@@ -273,7 +273,7 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
         "{}",
         up.transcript()
     );
-    let first = files::read_pid(&pid_path(root.path())).expect("record");
+    let first = base::read_pid(&pid_path(root.path())).expect("record");
     signal(first, Signal::SIGTERM);
     until("the daemon stopped", COMMAND_BOUND, || !alive(first)).await;
 
@@ -288,8 +288,8 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
         t.contains("relaunching the missing delivery daemon for space demo with TLS required"),
         "{t}"
     );
-    let second = files::read_pid(&pid_path(root.path())).expect("relaunched record");
-    let argv = files::process_argv(second).expect("argv");
+    let second = base::read_pid(&pid_path(root.path())).expect("relaunched record");
+    let argv = base::process_argv(second).expect("argv");
     assert!(argv.iter().any(|a| a == "--tls"), "TLS demanded: {argv:?}");
     let (code, json) = status_json(root.path()).await;
     assert_eq!(code, 0, "{json}");
@@ -347,7 +347,7 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
         tls_required: true,
         tls_ca: None,
     }
-    .write(&files::registry_path(&home, &demo()))
+    .write(&base::registry_path(&home, &demo()))
     .expect("record");
     let store_dir = root.path().join("injected");
     let store = FsStore::at_dir(&store_dir);
@@ -364,7 +364,7 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
             &m.membership_observer.to_creds_text(),
         )
         .expect("put");
-    let mesh_url = MeshRecord::read(&files::mesh_state_path(root.path()))
+    let mesh_url = MeshRecord::read(&base::mesh_state_path(root.path()))
         .expect("readable")
         .expect("mesh.json")
         .server;

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::up::*;
-use cotal_delivery::files;
+use cotal_delivery::base;
 use nix::sys::signal::Signal;
 
 /// A short lease TTL (`--lease-ttl-secs`), so a killed holder's row expires within the test.
@@ -48,7 +48,7 @@ async fn a_killed_daemons_row_is_named_not_running_with_its_expiry() {
         up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
         Some(0)
     );
-    let first = files::read_pid(&pid_path(root.path())).expect("record");
+    let first = base::read_pid(&pid_path(root.path())).expect("record");
     let broker = broker_pid(root.path());
     signal(first, Signal::SIGKILL);
     until("the daemon died", COMMAND_BOUND, || !alive(first)).await;
@@ -145,7 +145,7 @@ async fn after_a_broker_crash_a_detached_up_keeps_its_broker_until_the_row_expir
         up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
         Some(0)
     );
-    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
     signal(broker_pid(root.path()), Signal::SIGKILL);
     let crashed = Instant::now();
     until("the daemon exited at its window", COMMAND_BOUND, || {

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::support::up::*;
-use cotal_delivery::files;
+use cotal_delivery::base;
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ ` (RFC 3339, UTC) at the start of a log line.
 fn stamped(line: &str) -> bool {
@@ -30,7 +30,7 @@ fn stamped(line: &str) -> bool {
 }
 
 fn log(root: &Path) -> String {
-    std::fs::read_to_string(files::log_path(root, &demo())).unwrap_or_default()
+    std::fs::read_to_string(base::log_path(root, &demo())).unwrap_or_default()
 }
 
 /// The log's lines without their timestamps.
@@ -61,7 +61,7 @@ async fn every_line_of_the_daemon_log_is_stamped_and_each_run_is_framed() {
         .await
         .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
-    let detached = files::read_pid(&pid_path(root.path())).expect("record");
+    let detached = base::read_pid(&pid_path(root.path())).expect("record");
     // The side components are up: nothing more is written by the detached daemon until down.
     until(
         "the detached daemon's components are up",
@@ -167,14 +167,14 @@ async fn a_renamed_log_is_reopened_on_sigusr1() {
         up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
         Some(0)
     );
-    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
     until(
         "the detached daemon is done starting",
         COMMAND_BOUND,
         || log(root.path()).contains("timer writer up"),
     )
     .await;
-    let path = files::log_path(root.path(), &demo());
+    let path = base::log_path(root.path(), &demo());
     let rotated = path.with_extension("log.1");
     std::fs::rename(&path, &rotated).expect("rotate");
     send(daemon, Signal::SIGUSR1);
@@ -256,7 +256,7 @@ async fn foreground_up_passes_sighup_and_sigusr1_on_to_its_daemon() {
     })
     .await;
     assert!(up.is_running(), "{}", up.transcript());
-    assert_eq!(files::read_pid(&pid_path(root.path())), Some(daemon));
+    assert_eq!(base::read_pid(&pid_path(root.path())), Some(daemon));
     up.interrupt().expect("Ctrl-C");
     let st = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use cotal_delivery::files::{self, MeshRecord};
+use cotal_delivery::base::{self, MeshRecord};
 use nix::sys::signal::Signal;
 
 use crate::support::up::*;
@@ -35,7 +35,7 @@ async fn flags_a_running_mesh_would_ignore_are_refused_naming_them() {
         "{t}"
     );
     assert!(
-        !files::broker_pid_path(root.path()).exists(),
+        !base::broker_pid_path(root.path()).exists(),
         "nothing was started: {t}"
     );
 
@@ -44,8 +44,8 @@ async fn flags_a_running_mesh_would_ignore_are_refused_naming_them() {
         up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
         Some(0)
     );
-    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
-    let server = MeshRecord::read(&files::mesh_state_path(root.path()))
+    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
+    let server = MeshRecord::read(&base::mesh_state_path(root.path()))
         .expect("mesh.json")
         .expect("recorded")
         .server;
@@ -73,7 +73,7 @@ async fn flags_a_running_mesh_would_ignore_are_refused_naming_them() {
             "{line}"
         );
         assert_eq!(
-            files::read_pid(&pid_path(root.path())),
+            base::read_pid(&pid_path(root.path())),
             Some(daemon),
             "the mesh is left as it was"
         );
@@ -96,7 +96,7 @@ async fn a_registry_record_from_another_root_is_replaced_with_both_roots_named()
     let root = tempfile::tempdir().expect("root");
     let other = tempfile::tempdir().expect("the other root");
     let _guard = MeshGuard(root.path().to_path_buf());
-    let registry = files::registry_path(&root.path().join("home"), &demo());
+    let registry = base::registry_path(&root.path().join("home"), &demo());
     MeshRecord {
         space: "demo".into(),
         server: "nats://127.0.0.1:4999".into(),
@@ -172,8 +172,8 @@ async fn up_passes_metrics_addr_to_the_daemon_it_starts_and_relaunches() {
         "{}",
         up.transcript()
     );
-    let first = files::read_pid(&pid_path(root.path())).expect("record");
-    let argv = files::process_argv(first).expect("argv");
+    let first = base::read_pid(&pid_path(root.path())).expect("record");
+    let argv = base::process_argv(first).expect("argv");
     assert!(
         argv.windows(2)
             .any(|w| w[0] == "--metrics-addr" && w[1] == addr),

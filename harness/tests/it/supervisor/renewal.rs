@@ -6,19 +6,19 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::support::up::*;
-use cotal_delivery::files::{self, PidLiveness};
+use cotal_delivery::base::{self, PidLiveness};
 use nix::sys::signal::Signal;
 
 fn owner_record(root: &std::path::Path) -> std::path::PathBuf {
-    files::remint_pid_path(root, &demo())
+    base::remint_pid_path(root, &demo())
 }
 
 fn owner_log(root: &std::path::Path) -> String {
-    std::fs::read_to_string(files::remint_log_path(root, &demo())).unwrap_or_default()
+    std::fs::read_to_string(base::remint_log_path(root, &demo())).unwrap_or_default()
 }
 
 fn owner_pid(root: &std::path::Path) -> u32 {
-    files::read_pid(&owner_record(root)).expect("the renewal owner recorded itself")
+    base::read_pid(&owner_record(root)).expect("the renewal owner recorded itself")
 }
 
 /// `up --detach` with 12 s credentials: three lifetimes later the same daemon still serves
@@ -53,10 +53,10 @@ async fn a_detached_mesh_outlives_its_credentials_through_its_renewal_owner() {
         .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
     assert!(up.has_line("✓ renewal owner running for space demo"));
-    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
     let owner = owner_pid(root.path());
     assert!(alive(owner), "the owner outlives up");
-    let first = cotal_delivery::creds::read_creds_file(&creds_path(root.path()))
+    let first = cotal_delivery::base::read_creds_file(&creds_path(root.path()))
         .expect("creds")
         .claims()
         .expect("claims");
@@ -70,7 +70,7 @@ async fn a_detached_mesh_outlives_its_credentials_through_its_renewal_owner() {
     .await;
     let (code, json) = status_json(root.path()).await;
     let daemon_log =
-        std::fs::read_to_string(files::log_path(root.path(), &demo())).expect("daemon log");
+        std::fs::read_to_string(base::log_path(root.path(), &demo())).expect("daemon log");
     assert_eq!(code, 0, "{json}\n{daemon_log}\n{}", owner_log(root.path()));
     assert_eq!(json["pidRecord"]["pid"], daemon, "the same daemon serves");
     assert_eq!(json["renewalOwner"]["verdict"], "alive", "{json}");
@@ -142,7 +142,7 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
         .await
         .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
-    let daemon = files::read_pid(&pid_path(root.path())).expect("record");
+    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
     let first = owner_pid(root.path());
     signal(first, Signal::SIGKILL);
     until("the owner is dead", COMMAND_BOUND, || !alive(first)).await;
@@ -164,7 +164,7 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
     let second = owner_pid(root.path());
     assert_ne!(second, first);
     assert!(alive(second));
-    assert_eq!(files::read_pid(&pid_path(root.path())), Some(daemon));
+    assert_eq!(base::read_pid(&pid_path(root.path())), Some(daemon));
     let (_, json) = status_json(root.path()).await;
     assert_eq!(json["renewalOwner"]["verdict"], "alive", "{json}");
     assert_eq!(json["renewalOwner"]["pid"], second, "{json}");
@@ -194,7 +194,7 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
     .await;
     assert!(owner_log(root.path()).contains("• remint: received SIGHUP, re-signing now"));
     // logrotate: the log renamed, SIGUSR1, the next line in a new file at the log's path.
-    let log_path = files::remint_log_path(root.path(), &demo());
+    let log_path = base::remint_log_path(root.path(), &demo());
     std::fs::rename(&log_path, log_path.with_extension("log.1")).expect("rotate");
     signal(second, Signal::SIGUSR1);
     until("the owner reopened its log", COMMAND_BOUND, || {
@@ -206,7 +206,7 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
     assert_eq!(st.code(), Some(0), "{t}");
     assert!(!alive(second), "{t}");
     assert_eq!(
-        files::pid_liveness_of(&owner_record(root.path()), files::argv_names_renewal_owner),
+        base::pid_liveness_of(&owner_record(root.path()), base::argv_names_renewal_owner),
         PidLiveness::Absent
     );
 }

@@ -33,7 +33,7 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
         .await
         .expect("replacement serving");
     let second =
-        cotal_delivery::files::read_pid(&pid_path).expect("the replacement recorded itself");
+        cotal_delivery::base::read_pid(&pid_path).expect("the replacement recorded itself");
     assert_ne!(
         first,
         second,
@@ -61,8 +61,8 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
         !creds_path(root.path()).exists(),
         "credential removed after the death"
     );
-    let log = std::fs::read_to_string(cotal_delivery::files::log_path(root.path(), &demo()))
-        .expect("log");
+    let log =
+        std::fs::read_to_string(cotal_delivery::base::log_path(root.path(), &demo())).expect("log");
     assert!(
         log.contains("received SIGTERM, exiting"),
         "the daemon's reason:\n{log}"
@@ -130,8 +130,8 @@ async fn a_failed_restart_is_retried_after_the_lease_ttl_not_at_once() {
         count(&up.transcript(), "retrying after the lease TTL (3 s)") >= 3
     })
     .await;
-    let log = std::fs::read_to_string(cotal_delivery::files::log_path(root.path(), &demo()))
-        .expect("log");
+    let log =
+        std::fs::read_to_string(cotal_delivery::base::log_path(root.path(), &demo())).expect("log");
     let runs = runs(&log);
     let killed_run = runs
         .iter()
@@ -248,7 +248,7 @@ async fn down_racing_a_restart_leaves_the_daemon_stopped() {
     }
     assert!(!t.contains("running again"), "never served again: {t}");
     if let Some(p) =
-        cotal_delivery::files::read_pid(&cotal_delivery::files::launched_path(root.path(), &demo()))
+        cotal_delivery::base::read_pid(&cotal_delivery::base::launched_path(root.path(), &demo()))
     {
         assert!(!alive(p), "no replacement left running");
     }
@@ -276,7 +276,7 @@ async fn up_with_a_replacement_that_never_serves(
         .expect("the not-bound warning");
     assert_eq!(proc_state(frozen), Some('T'), "still frozen");
     assert_ne!(
-        cotal_delivery::files::read_pid(&pid_path(root)),
+        cotal_delivery::base::read_pid(&pid_path(root)),
         Some(frozen),
         "frozen before it claimed the lease"
     );
@@ -350,7 +350,7 @@ async fn a_mesh_under_up_outlives_the_credential_lifetime() {
         &[("COTAL_DELIVERY_BROKER_GONE_MS", "2000")],
     )
     .await;
-    let first = cotal_delivery::creds::read_creds_file(&creds_path(root.path()))
+    let first = cotal_delivery::base::read_creds_file(&creds_path(root.path()))
         .expect("creds")
         .claims()
         .expect("claims");

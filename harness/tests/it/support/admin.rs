@@ -54,7 +54,7 @@ pub fn refused(o: Outcome) -> String {
 
 /// Every live member row of one lifecycle, as the broker holds it: `(channel, generation)`.
 pub async fn rows_of(insp: &Inspector, p: &Principal, uid: &LifecycleUid) -> Vec<(String, u64)> {
-    let keys = cotal_delivery::kv::keys(
+    let keys = cotal_delivery::base::keys(
         &insp.js,
         &insp.names.members_bucket(),
         ">",
@@ -97,7 +97,7 @@ pub fn names(mesh: &Mesh) -> SpaceNames {
 }
 
 /// A one-shot connection presenting `material`'s agent credential (tagged `principal:<o>.<a>`):
-/// once kicked it stays gone (`cotal_delivery::client::credential_options` never redials), like a retired
+/// once kicked it stays gone (`cotal_delivery::base::credential_options` never redials), like a retired
 /// agent whose credential the manager's deny-new has revoked.
 pub async fn victim(
     mesh: &Mesh,

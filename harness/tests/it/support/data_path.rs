@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull;
-use cotal_delivery::kv::{Read, Rows};
+use cotal_delivery::base::{Read, Rows};
 use cotal_delivery::wire::{LifecycleUid, Principal, Space, SpaceNames};
 use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::mesh::{Inspector, Mesh};

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use cotal_delivery::creds::Credential;
+use cotal_delivery::base::Credential;
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{CtlService, Principal, Space, SpaceNames};
 use delivery_harness::mesh::Mesh;

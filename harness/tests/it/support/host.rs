@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::Operation;
 use cotal_delivery::agent::Agent;
-use cotal_delivery::creds::read_creds_file;
+use cotal_delivery::base::read_creds_file;
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::{Principal, Space, LEASE_KEY};

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use cotal_delivery::files;
+use cotal_delivery::base;
 use cotal_delivery::wire::Space;
 use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::nats_server_bin;
@@ -23,17 +23,17 @@ pub struct MeshGuard(pub PathBuf);
 
 impl Drop for MeshGuard {
     fn drop(&mut self) {
-        use cotal_delivery::files::PidLiveness;
+        use cotal_delivery::base::PidLiveness;
         let root = &self.0;
         let space = demo();
         let daemons = [
-            files::pid_path(root, &space),
-            files::launched_path(root, &space),
+            base::pid_path(root, &space),
+            base::launched_path(root, &space),
         ];
         for path in daemons {
-            if let Some(pid) = files::read_pid(&path) {
+            if let Some(pid) = base::read_pid(&path) {
                 if let PidLiveness::Alive(p) =
-                    files::process_liveness(pid, files::argv_names_delivery_daemon)
+                    base::process_liveness(pid, base::argv_names_delivery_daemon)
                 {
                     let _ = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(p as i32),
@@ -43,9 +43,9 @@ impl Drop for MeshGuard {
             }
         }
         // The renewal owner a detached up leaves (never a foreground up's record).
-        if let Some(pid) = files::read_pid(&files::remint_pid_path(root, &space)) {
+        if let Some(pid) = base::read_pid(&base::remint_pid_path(root, &space)) {
             if let PidLiveness::Alive(p) =
-                files::process_liveness(pid, files::argv_names_remint_watch)
+                base::process_liveness(pid, base::argv_names_remint_watch)
             {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(p as i32),
@@ -53,9 +53,8 @@ impl Drop for MeshGuard {
                 );
             }
         }
-        if let Some(pid) = files::read_pid(&files::broker_pid_path(root)) {
-            if let PidLiveness::Alive(p) =
-                files::process_liveness(pid, files::argv_names_nats_server)
+        if let Some(pid) = base::read_pid(&base::broker_pid_path(root)) {
+            if let PidLiveness::Alive(p) = base::process_liveness(pid, base::argv_names_nats_server)
             {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(p as i32),
@@ -97,7 +96,7 @@ pub async fn serving_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> (D
     up.wait_for_line("delivery daemon serving space demo", COMMAND_BOUND)
         .await
         .expect("serving");
-    let pid = files::read_pid(&pid_path(root)).expect("the daemon recorded itself");
+    let pid = base::read_pid(&pid_path(root)).expect("the daemon recorded itself");
     (up, pid)
 }
 
@@ -112,7 +111,7 @@ pub fn proc_state(pid: u32) -> Option<char> {
 /// record names it; one that exited before it could be frozen (refused by the lease its
 /// predecessor left) is passed over for the next launch. Returns the frozen pid, proved stopped.
 pub async fn freeze_the_replacement(root: &Path, first: u32) -> u32 {
-    let launched = files::launched_path(root, &demo());
+    let launched = base::launched_path(root, &demo());
     let mut passed = vec![first];
     let deadline = Instant::now() + COMMAND_BOUND;
     loop {
@@ -120,7 +119,7 @@ pub async fn freeze_the_replacement(root: &Path, first: u32) -> u32 {
             Instant::now() < deadline,
             "no replacement frozen within {COMMAND_BOUND:?}"
         );
-        if let Some(pid) = files::read_pid(&launched).filter(|p| !passed.contains(p)) {
+        if let Some(pid) = base::read_pid(&launched).filter(|p| !passed.contains(p)) {
             let frozen = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGSTOP,
@@ -189,7 +188,7 @@ pub async fn until(what: &str, bound: Duration, mut cond: impl FnMut() -> bool) 
 }
 
 pub fn pid_path(root: &Path) -> PathBuf {
-    files::pid_path(root, &demo())
+    base::pid_path(root, &demo())
 }
 
 pub fn creds_path(root: &Path) -> PathBuf {
@@ -197,12 +196,12 @@ pub fn creds_path(root: &Path) -> PathBuf {
 }
 
 pub fn broker_pid(root: &Path) -> u32 {
-    files::read_pid(&files::broker_pid_path(root)).expect("nats.pid")
+    base::read_pid(&base::broker_pid_path(root)).expect("nats.pid")
 }
 
 /// Alive and not a zombie.
 pub fn alive(pid: u32) -> bool {
-    files::process_alive(pid) && !files::is_zombie(pid)
+    base::process_alive(pid) && !base::is_zombie(pid)
 }
 
 pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {

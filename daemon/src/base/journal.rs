@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::repeats::{Repeats, MAX_KEYS};
+use super::repeats::{Repeats, MAX_KEYS};
 
 /// Set while [`StampedStderr`] stands: stderr is the stamped log, so a line meant only for the
 /// log file goes to stderr.
@@ -167,7 +167,7 @@ impl RepeatState {
 
 impl Default for RepeatState {
     fn default() -> Self {
-        RepeatState::new(crate::tuning::DEFAULT_LOG_REPEAT_WINDOW)
+        RepeatState::new(super::tuning::DEFAULT_LOG_REPEAT_WINDOW)
     }
 }
 
@@ -179,7 +179,7 @@ impl Journal {
     }
 
     /// A journal that writes to stderr only, counting repeated lines over `window`
-    /// ([`crate::tuning::Tuning::log_repeat_window`]).
+    /// ([`super::tuning::Tuning::log_repeat_window`]).
     pub fn with_repeat_window(window: Duration) -> Journal {
         Journal {
             repeats: RepeatState::new(window),

@@ -376,9 +376,6 @@ impl PidRecord {
         write_atomic(&path, format!("{pid}\n").as_bytes())?;
         Ok(PidRecord { path, pid })
     }
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
     /// Removes the record if it still names this process; a record another daemon wrote since is
     /// left alone.
     pub fn remove(&self) {

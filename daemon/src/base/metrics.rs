@@ -19,7 +19,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::conn::{ConnEvent, CredentialCell};
+use super::conn::{ConnEvent, CredentialCell};
 use crate::wire::{SpaceNames, FANOUT_DURABLE, READER_DURABLE};
 
 /// Bound on one sample's broker requests (a slow broker skips a sample, never piles them up).
@@ -683,7 +683,7 @@ impl Sampler {
         self.set_connected(self.client.connection_state() == State::Connected);
         self.metrics.lease_held((self.serving)());
         if let Ok(Some(exp)) = self.credential.get().claims().map(|c| c.exp) {
-            let now = (crate::journal::epoch_ms() / 1000) as i64;
+            let now = (super::journal::epoch_ms() / 1000) as i64;
             self.metrics
                 .families
                 .credential_expiry

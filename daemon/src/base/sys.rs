@@ -18,9 +18,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::creds::{Credential, CredsError};
-use crate::store::{SecretStore, StoreError};
-use crate::store::{CONNECTION_EVICTOR_CREDS_FILE, MEMBERSHIP_OBSERVER_CREDS_FILE};
+use super::creds::{Credential, CredsError};
+use super::store::{SecretStore, StoreError};
+use super::store::{CONNECTION_EVICTOR_CREDS_FILE, MEMBERSHIP_OBSERVER_CREDS_FILE};
 use crate::wire::{Principal, Refusal, RefusalKind, Space, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 
 /// Timing and size of one sweep (the reference defaults).
@@ -39,7 +39,7 @@ pub struct SweepLimits {
 impl SweepLimits {
     /// The defaults with `tuning`'s overrides. The page size and count let a small account
     /// exercise paging and truncation.
-    pub fn of(tuning: &crate::tuning::Tuning) -> SweepLimits {
+    pub fn of(tuning: &super::tuning::Tuning) -> SweepLimits {
         SweepLimits {
             settle: tuning.sweep_settle,
             page_limit: tuning.sweep_page_limit_connections,
@@ -53,11 +53,11 @@ impl SweepLimits {
 const SWEEP_PAGE_MAX_WAIT: Duration = Duration::from_millis(2000);
 // The settle after the last answer ends inside the page's cap.
 const _: () =
-    assert!(crate::tuning::DEFAULT_SWEEP_SETTLE.as_millis() < SWEEP_PAGE_MAX_WAIT.as_millis());
+    assert!(super::tuning::DEFAULT_SWEEP_SETTLE.as_millis() < SWEEP_PAGE_MAX_WAIT.as_millis());
 
 impl Default for SweepLimits {
     fn default() -> Self {
-        use crate::tuning as t;
+        use super::tuning as t;
         SweepLimits {
             settle: t::DEFAULT_SWEEP_SETTLE,
             max_wait: SWEEP_PAGE_MAX_WAIT,
@@ -283,8 +283,8 @@ impl SysAuthority {
         credential: &Credential,
         inbox_prefix: &str,
         name: &str,
-    ) -> Result<async_nats::Client, crate::client::ClientError> {
-        crate::client::connect_with_inbox(
+    ) -> Result<async_nats::Client, super::client::ClientError> {
+        super::client::connect_with_inbox(
             &self.server_url,
             self.tls_ca.as_deref(),
             credential,
@@ -402,12 +402,6 @@ impl Sweep {
 
 static SWEEP_SEQ: AtomicU64 = AtomicU64::new(0);
 
-/// Process-wide count of `CONNZ` requests published (diagnostics and tests).
-pub fn connz_requests_total() -> u64 {
-    CONNZ_TOTAL.load(Ordering::SeqCst)
-}
-static CONNZ_TOTAL: AtomicU64 = AtomicU64::new(0);
-
 fn safe_count(v: &Value) -> Option<u64> {
     v.as_u64().filter(|n| *n <= (1u64 << 53))
 }
@@ -436,7 +430,6 @@ pub async fn sweep(observer: &async_nats::Client, account: &str, limits: &SweepL
             "limit": limits.page_limit,
         });
         out.requests += 1;
-        CONNZ_TOTAL.fetch_add(1, Ordering::SeqCst);
         if observer
             .publish_with_reply(subject.clone(), reply, body.to_string().into())
             .await

@@ -16,7 +16,7 @@ use async_nats::{AuthError, ConnectOptions, Event, ServerError};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::broadcast;
 
-use crate::creds::Credential;
+use super::creds::Credential;
 
 /// Shared cell holding what the next (re)connect presents. Setting it wakes a redial that is
 /// waiting for a credential that has not expired (see [`CredentialCell::wait_unexpired`]).
@@ -105,8 +105,8 @@ impl DialSpec {
             tls_required: false,
             tls_ca: None,
             name: "cotal:delivery".into(),
-            ping_interval: crate::tuning::DEFAULT_PING_INTERVAL,
-            connect_bound: crate::tuning::BROKER_BOUND,
+            ping_interval: super::tuning::DEFAULT_PING_INTERVAL,
+            connect_bound: super::tuning::BROKER_BOUND,
             inbox_prefix: None,
         }
     }

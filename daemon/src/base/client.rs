@@ -10,7 +10,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::creds::Credential;
+use super::creds::Credential;
 use crate::wire::inbox_prefix;
 
 /// Why a credential client could not connect.
@@ -188,25 +188,6 @@ fn presenting(
             .require_tls(true);
     }
     Ok(options)
-}
-
-/// [`connect_with_inbox`] for a standing client (reconnects without limit).
-pub async fn connect_standing_with_inbox(
-    server_url: &str,
-    tls_ca: Option<&Path>,
-    credential: &Credential,
-    client_name: &str,
-    inbox_prefix: &str,
-    connect_timeout: std::time::Duration,
-) -> Result<async_nats::Client, ClientError> {
-    let options = standing_credential_options(
-        credential,
-        tls_ca,
-        client_name,
-        inbox_prefix,
-        connect_timeout,
-    )?;
-    connect_options(options, server_url, client_name, connect_timeout).await
 }
 
 /// Connects with prepared options, bounded by `connect_timeout`.

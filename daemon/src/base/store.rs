@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use crate::creds::write_file_atomic;
+use super::creds::write_file_atomic;
 use crate::wire::{Space, StoreChallenge, StoreIdentityReply};
 
 /// The identity file of a filesystem store, under `.cotal/`.
@@ -260,7 +260,7 @@ pub struct FsStore {
 impl FsStore {
     pub fn new(root: impl Into<PathBuf>) -> FsStore {
         let root = root.into();
-        let dir = root.join(crate::files::COTAL_DIR);
+        let dir = root.join(super::files::COTAL_DIR);
         FsStore {
             root,
             dir,
@@ -567,12 +567,9 @@ impl CredsFileStore {
             files.push(dir.join(STORE_ID_FILE));
         }
         if let Some(root) = self.canonical_root() {
-            files.push(root.join(crate::files::COTAL_DIR).join(STORE_ID_FILE));
+            files.push(root.join(super::files::COTAL_DIR).join(STORE_ID_FILE));
         }
         files
-    }
-    pub fn path(&self) -> &Path {
-        &self.path
     }
     /// `<root>` when the path is exactly `<root>/.cotal/space.<key>/delivery.creds`.
     pub fn canonical_root(&self) -> Option<PathBuf> {
@@ -580,7 +577,7 @@ impl CredsFileStore {
         let cotal = space_dir.parent()?;
         let canonical = self.path.file_name()?.to_str()? == "delivery.creds"
             && space_dir.file_name()?.to_str()? == self.space.segment()
-            && cotal.file_name()?.to_str()? == crate::files::COTAL_DIR;
+            && cotal.file_name()?.to_str()? == super::files::COTAL_DIR;
         canonical.then(|| cotal.parent().map(Path::to_path_buf))?
     }
 }

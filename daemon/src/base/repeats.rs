@@ -40,10 +40,6 @@ impl Repeats {
         }
     }
 
-    pub fn window(&self) -> Duration {
-        self.window
-    }
-
     /// Offers one occurrence of `key` with its `text`; returns the lines to write now (the
     /// summaries of windows that ended first, then `text` if it is the first of its window).
     pub fn offer(&mut self, key: &str, text: String, now: Instant) -> Vec<String> {
