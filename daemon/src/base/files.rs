@@ -145,6 +145,20 @@ pub fn pid_path(root: &Path, space: &Space) -> PathBuf {
         .join(format!("delivery.{}.pid", space.key()))
 }
 
+/// `.cotal/delivery-host.pid`: the host's own record (lanes write none).
+pub const HOST_PID_FILE: &str = "delivery-host.pid";
+/// `.cotal/delivery-host.log`: the host's own lines (each lane also writes its space's log).
+pub const HOST_LOG_FILE: &str = "delivery-host.log";
+/// `.cotal/delivery-host.pid` under `root`.
+pub fn host_pid_path(root: &Path) -> PathBuf {
+    root.join(COTAL_DIR).join(HOST_PID_FILE)
+}
+
+/// `.cotal/delivery-host.log` under `root`.
+pub fn host_log_path(root: &Path) -> PathBuf {
+    root.join(COTAL_DIR).join(HOST_LOG_FILE)
+}
+
 /// `.cotal/delivery.<key>.log` under `root`.
 pub fn log_path(root: &Path, space: &Space) -> PathBuf {
     root.join(COTAL_DIR)

@@ -34,10 +34,11 @@ pub(crate) use files::{
 };
 pub use files::{
     argv_names_delivery_daemon, argv_names_nats_server, argv_names_remint_watch,
-    argv_names_renewal_owner, broker_pid_path, is_zombie, launched_path, log_path, mesh_state_path,
-    pid_liveness, pid_liveness_of, pid_path, process_alive, process_argv, process_liveness,
-    read_pid, registry_path, remint_log_path, remint_pid_path, stop_reservation_path, write_atomic,
-    MeshRecord, PidLiveness,
+    argv_names_renewal_owner, broker_pid_path, host_log_path, host_pid_path, is_zombie,
+    launched_path, log_path, mesh_state_path, pid_liveness, pid_liveness_of, pid_path,
+    process_alive, process_argv, process_liveness, read_pid, registry_path, remint_log_path,
+    remint_pid_path, stop_reservation_path, write_atomic, MeshRecord, PidLiveness, HOST_LOG_FILE,
+    HOST_PID_FILE,
 };
 pub use journal::{epoch_ms, Journal};
 pub(crate) use journal::{reopen_stamped, stderr_is_stamped, utc_timestamp, StampedStderr};

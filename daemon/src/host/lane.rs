@@ -86,7 +86,7 @@ pub async fn run(
         "• delivery: lane run ended — stopped by {} with its host (pid {}; the host's exit code is in {})",
         stop.cause().unwrap_or("its host"),
         std::process::id(),
-        super::spaces::HOST_LOG_FILE
+        base::HOST_LOG_FILE
     ));
 }
 

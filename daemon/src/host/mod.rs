@@ -18,14 +18,15 @@ mod spaces;
 mod standby_watch;
 mod status;
 
+/// The host's own records live with the other workspace files (the lanes name the log too).
+pub use crate::base::{host_log_path, host_pid_path, HOST_LOG_FILE, HOST_PID_FILE};
 pub use kicker::{HostKicker, HOST_CENSUS_CONNECTION, HOST_KICKER_CONNECTION};
 pub use lane::LaneInputs;
 pub use process::{run as deliver_space, stamp_stderr, DeliverConfig, Ended, Run};
 pub use service::{start_delivery_service, DeliveryService, HostedContextInputs};
 pub use spaces::{
-    argv_names_host, host_liveness, host_log_path, host_pid_path, run as deliver_spaces,
-    HostConfig, HostEnded, HostError, HostErrorKind, HostRun, HOST_CLOSE_BOUND, HOST_LOG_FILE,
-    HOST_PID_FILE,
+    argv_names_host, host_liveness, run as deliver_spaces, HostConfig, HostEnded, HostError,
+    HostErrorKind, HostRun, HOST_CLOSE_BOUND,
 };
 pub use standby_watch::STANDBY_WATCH_CONNECTION;
 pub use status::{host_status, HostStatus, HostStatusError, HostStatusErrorKind, LaneStatus, Role};

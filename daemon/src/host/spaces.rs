@@ -17,22 +17,10 @@ use crate::base::Journal;
 use crate::base::{self, PidLiveness, PidRecord};
 use crate::provision::{manifest_path, Manifest, ManifestError};
 
-/// `.cotal/delivery-host.pid`: the host's own record (lanes write none).
-pub const HOST_PID_FILE: &str = "delivery-host.pid";
-/// `.cotal/delivery-host.log`: the host's own lines (each lane also writes its space's log).
-pub const HOST_LOG_FILE: &str = "delivery-host.log";
 /// How long the host waits for its lanes to close after a signal. Each lane's close is bounded
 /// on its own (the release, the redial wait); this only keeps a wedged lane from holding the
 /// exit forever.
 pub const HOST_CLOSE_BOUND: Duration = Duration::from_secs(30);
-
-pub fn host_pid_path(root: &Path) -> PathBuf {
-    root.join(base::COTAL_DIR).join(HOST_PID_FILE)
-}
-
-pub fn host_log_path(root: &Path) -> PathBuf {
-    root.join(base::COTAL_DIR).join(HOST_LOG_FILE)
-}
 
 /// A host's argv carries the `deliver` verb and the `--spaces` flag.
 pub fn argv_names_host(argv: &[String]) -> bool {
@@ -41,7 +29,7 @@ pub fn argv_names_host(argv: &[String]) -> bool {
 
 /// What the host's record proves (the same rules as a space daemon's record).
 pub fn host_liveness(root: &Path) -> PidLiveness {
-    base::pid_liveness_of(&host_pid_path(root), argv_names_host)
+    base::pid_liveness_of(&base::host_pid_path(root), argv_names_host)
 }
 
 /// Everything `deliver --spaces` is started with.
@@ -158,7 +146,7 @@ async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
         Ok(m) => m,
         Err(e) => return refused(&journal, HostErrorKind::Manifest, manifest_line(&e)),
     };
-    match base::open_log(&host_log_path(&root)) {
+    match base::open_log(&base::host_log_path(&root)) {
         Ok(Some(f)) => journal.attach_file(f),
         Ok(None) => {}
         Err(e) => journal.line(format!("! {e}")),
@@ -177,7 +165,7 @@ async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let record = match PidRecord::write(host_pid_path(&root), std::process::id()) {
+    let record = match PidRecord::write(base::host_pid_path(&root), std::process::id()) {
         Ok(r) => Some(r),
         Err(e) => {
             journal.line(format!("! {e}"));
@@ -218,7 +206,7 @@ async fn serve(cfg: HostConfig, journal: &Journal) -> HostEnded {
     let reopen = crate::host::signal::reopen_on_usr1(
         &signals,
         journal.clone(),
-        Some(host_log_path(&root)),
+        Some(base::host_log_path(&root)),
         "delivery host",
     );
     let by = signals.stop.clone().stopped().await;

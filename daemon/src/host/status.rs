@@ -163,7 +163,7 @@ impl HostStatus {
             "root": self.root,
             "running": self.running(),
             "hostRecord": {
-                "path": super::host_pid_path(&self.root),
+                "path": base::host_pid_path(&self.root),
                 "verdict": self.record.verdict(),
                 "pid": self.record.recorded_pid(),
             },
@@ -184,7 +184,7 @@ impl HostStatus {
     /// The human line of the host's record.
     pub fn line(&self) -> String {
         let root = self.root.display();
-        let path = super::host_pid_path(&self.root);
+        let path = base::host_pid_path(&self.root);
         match &self.record {
             PidLiveness::Alive(pid) => format!("delivery host of {root}: running (pid {pid})"),
             PidLiveness::Unverified(pid) => format!("delivery host of {root}: running (pid {pid}; its command line could not be read, trusted)"),

@@ -127,7 +127,7 @@ pub struct PlaneConfig {
     pub ack_wait: Duration,
     /// Redeliveries after which the reader gives up an entry (`READER_MAX_REDELIVERIES`).
     pub reader_max_redeliveries: i64,
-    /// Delay of a nak for a retry (2000 ms in the reference; [`crate::base::ENV_NAK_DELAY_MS`]).
+    /// Delay of a nak for a retry (2000 ms in the reference; `COTAL_DELIVERY_NAK_DELAY_MS`).
     pub nak_delay: Duration,
     /// `max_ack_pending` of the reader.
     pub reader_max_ack_pending: i64,

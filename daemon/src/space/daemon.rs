@@ -29,7 +29,6 @@ use crate::space::keeper::{Keeper, RELEASE_REDIAL_BOUND};
 use crate::space::lease::ReleaseErrorKind;
 use crate::space::lease_watch::{LeaseWatch, WatchEvent};
 use crate::space::renew::Renewal;
-use crate::space::startup::Plan;
 use crate::space::timer::TimerWriter;
 use crate::wire::Space;
 
@@ -194,13 +193,6 @@ pub struct SpaceDaemon {
 }
 
 impl SpaceDaemon {
-    /// Starts serving `cfg.space`. Returns once the lease is ready, the fan-out writer, the
-    /// trusted reader and both rails are bound, and the lease watch is bound; refuses with a
-    /// [`StartError`] otherwise, after closing what it opened and releasing a claim it won.
-    pub async fn start(cfg: SpaceConfig, stop: Stop) -> Result<SpaceDaemon, StartError> {
-        Plan::build(cfg, stop)?.run().await
-    }
-
     /// The handle of a daemon whose start completed (the last phase builds it).
     pub(super) fn running(
         space: Space,

@@ -1,10 +1,10 @@
-//! The space daemon: one space's delivery daemon as a value, and the hosts around it.
+//! The space daemon: one space's delivery daemon as a value.
 //!
 //! Owns the concerns of serving one space: start-up order, the single-flight lease and its
 //! keeper, the lease watch, transport health (broker-gone watchdog, credential expiry),
 //! credential renewal, `$SYS` admission, and arming/quiescing the data plane and the rails as
-//! one unit ([`SpaceDaemon`], ending in a typed [`Closed`]). Around it: the `deliver --space`
-//! process host ([`process`]) and the embeddable [`service::start_delivery_service`].
+//! one unit ([`SpaceDaemon`], ending in a typed [`Closed`]). The processes it runs in are the
+//! host ring's (`host/`).
 //! Invariant: the plane and the rails are armed only while this space holds its lease, and
 //! quiesced before any doubt about it is arbitrated. Imports the rails, the data plane,
 //! provisioning and the base ring; never the host, the supervisor or the command line.

@@ -52,6 +52,17 @@ fn refuse(journal: &Journal, phase: StartPhase, kind: StartErrorKind, text: Stri
     StartError::new(kind, text).at(phase)
 }
 
+impl SpaceDaemon {
+    /// Starts serving `cfg.space`. Returns once the lease is ready, the fan-out writer, the
+    /// trusted reader and both rails are bound, and the lease watch is bound; refuses with a
+    /// [`StartError`] otherwise, after closing what it opened and releasing a claim it won.
+    /// (Here rather than beside the handle: start-up builds the handle, so only this file names
+    /// both.)
+    pub async fn start(cfg: SpaceConfig, stop: Stop) -> Result<SpaceDaemon, StartError> {
+        Plan::build(cfg, stop)?.run().await
+    }
+}
+
 /// A start's inputs, derived before anything is dialed.
 pub(super) struct Plan {
     cfg: SpaceConfig,
