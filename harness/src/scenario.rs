@@ -8,8 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cotal_delivery::base;
-use cotal_delivery::base::write_creds_file_atomic;
+use cotal_delivery::base::{self, write_creds_file_atomic};
 use cotal_delivery::provision::{encode_user, UserClaimsSpec};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile, SystemProfile};
 use cotal_delivery::wire::LeaseInfo;

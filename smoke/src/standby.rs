@@ -15,8 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use cotal_delivery::agent::Agent;
-use cotal_delivery::base::read_creds_file;
-use cotal_delivery::base::{ENV_ACK_WAIT_MS, ENV_STANDBY_RETRY_MS};
+use cotal_delivery::base::{read_creds_file, ENV_ACK_WAIT_MS, ENV_STANDBY_RETRY_MS};
 use cotal_delivery::provision::manifest_path;
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT;

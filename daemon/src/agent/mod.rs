@@ -31,9 +31,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::base::epoch_ms;
-use crate::base::Credential;
-use crate::base::{Read, Rows};
+use crate::base::{epoch_ms, Credential, Read, Rows};
 use crate::wire::ControlReply;
 use crate::wire::LeaseInfo;
 use crate::wire::{

@@ -21,8 +21,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::base::Credential;
-use crate::base::{sweep, ConnRow, SweepLimits};
+use crate::base::{sweep, ConnRow, Credential, SweepLimits};
 use crate::provision::Workspace;
 use crate::provision::{
     system_seed_path, RetainedSystemKey, HOST_KICK_INBOX_PREFIX, SYSTEM_SEED_FILE,

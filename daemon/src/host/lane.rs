@@ -13,13 +13,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::base;
-use crate::base::DialSpec;
-use crate::base::RowOp;
-use crate::base::{epoch_ms, Journal};
-use crate::base::{read_creds_file, Credential, CredsErrorKind};
-use crate::base::{FsStore, SecretStore};
-use crate::base::{Tuning, LANE_BACKOFF_MIN};
+use crate::base::{
+    self, epoch_ms, read_creds_file, Credential, CredsErrorKind, DialSpec, FsStore, Journal, RowOp,
+    SecretStore, Tuning, LANE_BACKOFF_MIN,
+};
 use crate::host::kicker::HostKicker;
 use crate::host::signal::ProcessSignals;
 use crate::host::standby_watch::{News, StandbyWatch, WatchSpec, STANDBY_WATCH_CONNECTION};

@@ -9,11 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::base::Journal;
-use crate::base::Tuning;
-use crate::base::{self, PidRecord, DEFAULT_SERVER};
-use crate::base::{delivery_creds_key, CredsFileStore, FsStore, SecretStore};
-use crate::base::{read_creds_file, Credential, CredsErrorKind};
+use crate::base::{
+    self, delivery_creds_key, read_creds_file, Credential, CredsErrorKind, CredsFileStore, FsStore,
+    Journal, PidRecord, SecretStore, Tuning, DEFAULT_SERVER,
+};
 use crate::space::RELEASE_REDIAL_BOUND;
 use crate::space::{Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind};
 use crate::space::{Verdict, HARD_EXIT_GRACE};

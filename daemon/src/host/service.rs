@@ -15,10 +15,7 @@ use std::time::Duration;
 
 use futures::future::{BoxFuture, Shared};
 
-use crate::base::Credential;
-use crate::base::Journal;
-use crate::base::Tuning;
-use crate::base::{delivery_creds_key, SecretStore, StoreIdentity};
+use crate::base::{delivery_creds_key, Credential, Journal, SecretStore, StoreIdentity, Tuning};
 use crate::space::{
     CloseError, Closed, SpaceConfig, SpaceDaemon, StartError, StartErrorKind, Stop,
 };

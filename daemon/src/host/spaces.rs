@@ -13,8 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::lane::LaneInputs;
-use crate::base::Journal;
-use crate::base::{self, PidLiveness, PidRecord};
+use crate::base::{self, Journal, PidLiveness, PidRecord};
 use crate::provision::{manifest_path, Manifest, ManifestError};
 
 /// How long the host waits for its lanes to close after a signal. Each lane's close is bounded

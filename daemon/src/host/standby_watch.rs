@@ -19,10 +19,9 @@ use async_nats::jetstream::{self, consumer::push, consumer::DeliverPolicy};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::base::Credential;
-use crate::base::BROKER_BOUND;
-use crate::base::{self, CredentialCell, DialSpec};
-use crate::base::{broker_words, row_op, RowOp};
+use crate::base::{
+    self, broker_words, row_op, Credential, CredentialCell, DialSpec, RowOp, BROKER_BOUND,
+};
 use crate::wire::{Space, SpaceNames, LEASE_KEY};
 
 /// News a watch may hold for its lane before its task waits: each one is a write to the key

@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::base::read_creds_file;
-use crate::base::{self, PidLiveness};
+use crate::base::{self, read_creds_file, PidLiveness};
 use crate::provision::Workspace;
 use crate::provision::{manifest_path, Manifest, ManifestError};
 use crate::supervise::{status, StatusReport};

@@ -13,9 +13,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use futures::TryStreamExt;
 
-use crate::base::broker_words;
-use crate::base::read_creds_file;
-use crate::base::{self, DEFAULT_SERVER};
+use crate::base::{self, broker_words, read_creds_file, DEFAULT_SERVER};
 use crate::provision::Workspace;
 use crate::wire::{Space, SpaceNames};
 

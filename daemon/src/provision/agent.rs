@@ -10,9 +10,7 @@
 
 use async_nats::jetstream::Context;
 
-use crate::base::epoch_ms;
-use crate::base::Credential;
-use crate::base::{Read, Rows};
+use crate::base::{epoch_ms, Credential, Read, Rows};
 use crate::provision::{
     create_agent_consumer, create_role_consumer, MeshAuthority, MintOptions, Profile,
     ProvisionError, ProvisionErrorKind, ReadChannels, Roles,

@@ -16,8 +16,9 @@ use nkeys::{KeyPair, KeyPairType};
 use serde::Deserialize;
 
 use super::authority::{account_file_text, broker_file_text};
-use crate::base::verify_signature;
-use crate::base::{account_signer_key, SecretStore, StoreError, BROKER_SIGNER_KEY};
+use crate::base::{
+    account_signer_key, verify_signature, SecretStore, StoreError, BROKER_SIGNER_KEY,
+};
 use crate::wire::Space;
 
 /// The store key of the pre-split bundle.

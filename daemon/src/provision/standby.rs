@@ -14,8 +14,7 @@ use super::authority::{AuthorityError, MeshAuthority, MintOptions};
 use super::layout::{SpaceMaterial, Workspace};
 use super::manifest::Manifest;
 use super::profiles::Profile;
-use crate::base::{delivery_creds_key, FsStore, SecretStore};
-use crate::base::{read_creds_file, Credential};
+use crate::base::{delivery_creds_key, read_creds_file, Credential, FsStore, SecretStore};
 use crate::wire::Space;
 
 /// One prepared host root.

@@ -14,8 +14,7 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use crate::base::{Read, Rows};
-use crate::base::{Sweep, SysAuthority};
+use crate::base::{Read, Rows, Sweep, SysAuthority};
 use crate::plane::{stopped, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::rails::Handlers;
 use crate::wire::{

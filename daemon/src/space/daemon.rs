@@ -17,10 +17,7 @@ use std::time::Duration;
 use futures::future::{BoxFuture, Shared};
 use tokio::sync::watch;
 
-use crate::base::Credential;
-use crate::base::Journal;
-use crate::base::SecretStore;
-use crate::base::Tuning;
+use crate::base::{Credential, Journal, SecretStore, Tuning};
 use crate::rails::Kicker;
 pub use crate::space::closed::{Closed, StartError, StartErrorKind, StartPhase, CLOSE_CAUSE};
 use crate::space::feed::MembershipFeed;

@@ -23,11 +23,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::base::Credential;
-use crate::base::{self, credential_expired, CredentialCell, DialSpec, DrainError, Resident};
-use crate::base::{epoch_ms, Journal};
-use crate::base::{membership_rw_creds_key, SecretStore};
-use crate::base::{Read, RowError, Rows};
+use crate::base::{
+    self, credential_expired, epoch_ms, membership_rw_creds_key, Credential, CredentialCell,
+    DialSpec, DrainError, Journal, Read, Resident, RowError, Rows, SecretStore,
+};
 use crate::space::admission::{self, SysPair};
 use crate::wire::{Principal, Space, SpaceNames, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 

@@ -19,9 +19,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, mpsc, watch};
 
-use crate::base::ConnEvent;
 pub use crate::base::HealthConfig;
-use crate::base::Journal;
+use crate::base::{ConnEvent, Journal};
 
 /// The evaluation tick, also the lag meter's interval (reference `LoopLagMeter(250)`).
 pub const EVAL_TICK_MS: u64 = 250;

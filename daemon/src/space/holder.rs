@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 
-use crate::base::Rows;
-use crate::base::SysAuthority;
+use crate::base::{Rows, SysAuthority};
 use crate::wire::{LeaseInfo, SpaceNames, LEASE_KEY};
 
 /// The words of the refusal whose row belongs to a holder that is not running (`up` tells that

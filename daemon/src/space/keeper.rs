@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use crate::base::Journal;
-use crate::base::{ConnEvent, Resident};
+use crate::base::{ConnEvent, Journal, Resident};
 use crate::space::closed::{claim_outcome, stop_line, Closed};
 use crate::space::health::{HealthHandle, Verdict};
 use crate::space::serving::Plane;

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::base::Violations;
-use crate::base::{Read, RowError, RowErrorKind, Rows};
+use crate::base::{Read, RowError, RowErrorKind, Rows, Violations};
 use crate::wire::{LeaseInfo, LEASE_KEY};
 
 /// Who this process is, for ownership checks.

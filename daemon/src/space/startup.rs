@@ -20,10 +20,10 @@ use async_nats::jetstream;
 use futures::future::{BoxFuture, FutureExt};
 use tokio::sync::watch;
 
-use crate::base::Journal;
-use crate::base::Rows;
-use crate::base::{self, CredentialCell, DialErrorKind, DialSpec, Resident};
-use crate::base::{SweepLimits, SysAuthority};
+use crate::base::{
+    self, CredentialCell, DialErrorKind, DialSpec, Journal, Resident, Rows, SweepLimits,
+    SysAuthority,
+};
 use crate::plane::{PlaneConfig, PlaneCtx, ServingGate};
 use crate::provision::Preflight;
 use crate::rails::{AdminParts, EvictorKicker, LeaseSelf};

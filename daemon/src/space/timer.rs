@@ -20,9 +20,9 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::base::{self, CredentialCell, DialSpec};
-use crate::base::{broker_words, Read, Rows};
-use crate::base::{utc_timestamp, Journal};
+use crate::base::{
+    self, broker_words, utc_timestamp, CredentialCell, DialSpec, Journal, Read, Rows,
+};
 use crate::wire::{Space, SpaceNames};
 
 /// Client name of the writer's own connection (what `/connz` shows).

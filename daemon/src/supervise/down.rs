@@ -7,8 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::stop::{self, StopError, StopErrorKind};
-use crate::base;
-use crate::base::Journal;
+use crate::base::{self, Journal};
 use crate::wire::Space;
 
 /// How long `down` retries a reservation held for a moment (an `up` spawning a replacement)

@@ -19,9 +19,7 @@ use super::{
     exit_cause, last_line, not_bound, start_daemon, BrokerChild, DaemonChild, LeaseWatch,
     Transport, UpConfig, UpError, UpErrorKind, POLL,
 };
-use crate::base;
-use crate::base::Journal;
-use crate::base::RemintTarget;
+use crate::base::{self, Journal, RemintTarget};
 use crate::provision::Workspace;
 
 /// SIGINT and SIGTERM (stop), SIGHUP and SIGUSR1 (passed on to the daemon), installed once at

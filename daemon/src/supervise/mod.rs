@@ -36,10 +36,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
-use crate::base::read_creds_file;
-use crate::base::Journal;
-use crate::base::{self, MeshRecord, PidLiveness};
-use crate::base::{Read, Rows};
+use crate::base::{self, read_creds_file, Journal, MeshRecord, PidLiveness, Read, Rows};
 use crate::provision::{
     self, MeshAuthority, MintOptions, Profile, ProvisionOptions, ServerConf, SpaceMaterial,
     TlsFiles, Workspace,

@@ -19,9 +19,9 @@ use tokio::sync::mpsc;
 use super::renewal::{OwnerEvent, Pass, Reload, RenewalOwner};
 use super::stop::{terminate, Ended, Target};
 use super::{exit_cause, last_line, open_append, tie_to_up, UpError, UpErrorKind};
-use crate::base::{self, PidLiveness, PidRecord};
-use crate::base::{utc_timestamp, Journal};
-use crate::base::{FsStore, RemintTarget, SecretStore};
+use crate::base::{
+    self, utc_timestamp, FsStore, Journal, PidLiveness, PidRecord, RemintTarget, SecretStore,
+};
 use crate::provision::RemintOutcome;
 use crate::wire::Space;
 

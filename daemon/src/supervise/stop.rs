@@ -16,8 +16,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Child;
 
-use crate::base::Journal;
-use crate::base::{self, PidLiveness};
+use crate::base::{self, Journal, PidLiveness};
 use crate::wire::Space;
 
 /// How long a SIGKILLed process may take to be confirmed dead.

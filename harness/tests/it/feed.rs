@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::BOUND;
-use cotal_delivery::base::Journal;
-use cotal_delivery::base::{self, CredentialCell, DialSpec, DrainErrorKind};
-use cotal_delivery::base::{read_creds_file, write_creds_file_atomic, Credential};
-use cotal_delivery::base::{FsStore, SecretStore};
+use cotal_delivery::base::{
+    self, read_creds_file, write_creds_file_atomic, Credential, CredentialCell, DialSpec,
+    DrainErrorKind, FsStore, Journal, SecretStore,
+};
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::space::TIMER_CONNECTION_NAME as TIMER_WRITER;

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::BOUND;
 use async_nats::HeaderMap;
-use cotal_delivery::base::Journal;
-use cotal_delivery::base::{read_creds_file, write_creds_file_atomic};
-use cotal_delivery::base::{CredentialCell, DialSpec, DrainErrorKind};
+use cotal_delivery::base::{
+    read_creds_file, write_creds_file_atomic, CredentialCell, DialSpec, DrainErrorKind, Journal,
+};
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use cotal_delivery::space::{

@@ -9,9 +9,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::BOUND;
-use cotal_delivery::base::Credential;
 use cotal_delivery::base::{
-    delivery_creds_key, MemoryStore, SecretStore, StoreError, StoreIdentity,
+    delivery_creds_key, Credential, MemoryStore, SecretStore, StoreError, StoreIdentity,
 };
 use cotal_delivery::provision::SpaceMaterial;
 use cotal_delivery::provision::{self, MintOptions, Profile, ProvisionOptions};

@@ -9,9 +9,10 @@ use std::time::Duration;
 use crate::support::data_path::mesh_with_signer;
 use crate::support::up::run;
 use crate::support::BOUND;
-use cotal_delivery::base::Credential;
-use cotal_delivery::base::{delivery_creds_key, membership_rw_creds_key, FsStore, SecretStore};
-use cotal_delivery::base::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::base::{
+    delivery_creds_key, membership_rw_creds_key, read_creds_file, write_creds_file_atomic,
+    Credential, FsStore, SecretStore,
+};
 use cotal_delivery::provision::{encode_account_with_signing_keys, encode_operator};
 use cotal_delivery::provision::{encode_user, UserClaimsSpec};
 use cotal_delivery::provision::{remint_daemon_creds, Preflight, RemintOutcome};

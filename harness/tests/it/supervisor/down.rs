@@ -6,8 +6,7 @@
 //! lease refusal non-zero naming why; the registry decides the broker of a daemon typed by hand.
 
 use crate::support::up::*;
-use cotal_delivery::base::{self, MeshRecord};
-use cotal_delivery::base::{delivery_creds_key, FsStore, SecretStore};
+use cotal_delivery::base::{self, delivery_creds_key, FsStore, MeshRecord, SecretStore};
 use cotal_delivery::provision::MeshAuthority;
 use cotal_delivery::provision::SpaceMaterial;
 use cotal_delivery::space::observer_key;
