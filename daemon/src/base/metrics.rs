@@ -719,13 +719,17 @@ async fn removed(js: &async_nats::jetstream::Context, stream: &str) -> Option<u6
 }
 
 /// `stream`'s last sequence minus `durable`'s ack floor (stream sequence); `None` on a failed
-/// read (the gauge keeps its last value).
+/// read (the gauge keeps its last value). Two requests: the stream's info, then the consumer's
+/// (one `CONSUMER.INFO`, not a consumer handle and then its info again).
 async fn lag(js: &async_nats::jetstream::Context, stream: &str, durable: &str) -> Option<u64> {
     let s = js.get_stream(stream).await.ok()?;
     let last = s.cached_info().state.last_sequence;
-    let mut c: async_nats::jetstream::consumer::PullConsumer =
-        s.get_consumer(durable).await.ok()?;
-    let floor = c.info().await.ok()?.ack_floor.stream_sequence;
+    let floor = s
+        .consumer_info(durable)
+        .await
+        .ok()?
+        .ack_floor
+        .stream_sequence;
     Some(last.saturating_sub(floor))
 }
 
