@@ -72,7 +72,8 @@ pub async fn settle(ctx: &PlaneCtx, msg: &Message, epoch: u64, settle: Settle) {
 pub const LANE_BATCH_MAX: usize = 128;
 
 /// The messages one pull loop owns (pulled, admitted, not yet settled), kept alive by one
-/// sweeper task per loop instead of a task and a timer per message.
+/// sweeper task per loop instead of a task and a timer per message. A slab: owning and
+/// settling a message reuses a free slot (no hashing, no map growth per message).
 #[derive(Default)]
 struct Owners {
     held: std::sync::Mutex<OwnersInner>,
@@ -80,8 +81,9 @@ struct Owners {
 
 #[derive(Default)]
 struct OwnersInner {
-    next: u64,
-    messages: std::collections::HashMap<u64, Held>,
+    slots: Vec<Option<Held>>,
+    /// Indices of the empty slots.
+    free: Vec<usize>,
 }
 
 /// One owned message: where its in-progress acks go, the epoch it was admitted at, and when it
@@ -100,22 +102,27 @@ impl Owners {
     /// Registers a message admitted at `epoch` whose acks go to `reply` (one without a reply
     /// subject cannot be acked, so there is nothing to keep alive).
     fn own(self: &Arc<Self>, reply: Option<&Subject>, epoch: u64, now: Instant) -> Owned {
-        let mut inner = self.lock();
-        let id = inner.next;
-        inner.next += 1;
-        if let Some(reply) = reply {
-            inner.messages.insert(
-                id,
-                Held {
-                    reply: reply.clone(),
-                    epoch,
-                    last: now,
-                },
-            );
-        }
+        let slot = reply.map(|reply| {
+            let held = Held {
+                reply: reply.clone(),
+                epoch,
+                last: now,
+            };
+            let mut inner = self.lock();
+            match inner.free.pop() {
+                Some(slot) => {
+                    inner.slots[slot] = Some(held);
+                    slot
+                }
+                None => {
+                    inner.slots.push(Some(held));
+                    inner.slots.len() - 1
+                }
+            }
+        });
         Owned {
             owners: self.clone(),
-            id,
+            slot,
         }
     }
 
@@ -125,8 +132,9 @@ impl Owners {
     fn due(&self, now: Instant, period: Duration, still: impl Fn(u64) -> bool) -> Vec<Subject> {
         let mut inner = self.lock();
         inner
-            .messages
-            .values_mut()
+            .slots
+            .iter_mut()
+            .flatten()
             .filter(|h| now.saturating_duration_since(h.last) >= period && still(h.epoch))
             .map(|h| {
                 h.last = now;
@@ -139,12 +147,17 @@ impl Owners {
 /// Ends a message's keep-alive when dropped (settled, or its lane or the loop went away).
 struct Owned {
     owners: Arc<Owners>,
-    id: u64,
+    /// Its slot (`None`: nothing to keep alive).
+    slot: Option<usize>,
 }
 
 impl Drop for Owned {
     fn drop(&mut self) {
-        self.owners.lock().messages.remove(&self.id);
+        if let Some(slot) = self.slot {
+            let mut inner = self.owners.lock();
+            inner.slots[slot] = None;
+            inner.free.push(slot);
+        }
     }
 }
 
