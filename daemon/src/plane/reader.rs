@@ -38,11 +38,11 @@ use tokio::time::Instant;
 
 use crate::base::GiveUp;
 use crate::base::RowError;
-use crate::plane::acl::Acls;
 use crate::plane::acl::RowDecodeError;
+use crate::plane::acl::{AclDecoded, Acls};
 use crate::plane::boundary::Ticket;
 use crate::plane::cache::View;
-use crate::plane::membership::{MemberRead, Members};
+use crate::plane::membership::{MemberDecoded, MemberRead, Members};
 use crate::plane::pump::{self, Pulled, Settle};
 use crate::plane::{BrokerError, BrokerErrorKind, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::wire::{parse_dinbox_subject, EntryRead, LifecycleNames, Reason};
@@ -61,6 +61,9 @@ const HANDOFF_BOUND: Duration = crate::base::BROKER_BOUND;
 /// Member lifecycles whose names the reader keeps built (by INBOX subject), entries; the memo
 /// starts over when it is full.
 pub const READER_NAMES_MAX: usize = 4096;
+/// Member lifecycles one lane batch keeps its rows for ([`BatchRows`]), entries; the list
+/// starts over when it is full (a lookup compares at most this many subjects).
+const BATCH_LIFECYCLES_MAX: usize = 32;
 
 /// The reference warning for an entry given up because its owner has no ACL row, after
 /// `redeliveries` deliveries past the first.
@@ -76,6 +79,50 @@ struct Handoff {
     /// The ack must arrive by then ([`HANDOFF_BOUND`] after the publish was sent).
     bound: Instant,
     _permit: OwnedSemaphorePermit,
+}
+
+/// The rows one lane batch read for one member lifecycle (its INBOX subject): read once, the
+/// first time an entry of the batch needs them, and shared by its later entries. Each read is
+/// of the caches proved for this batch (a fence sent after every entry of it was received), or
+/// a per-key leader read made after that, so it is as current for every entry of the batch as
+/// a read per entry would be (docs/data-path.md, "Trusted reader").
+struct Lifecycle {
+    subject: async_nats::Subject,
+    names: Arc<LifecycleNames>,
+    /// The ACL row once read (`Some(None)`: absent).
+    acl: Option<Option<Arc<AclDecoded>>>,
+    /// Member rows read, by channel.
+    members: Vec<(String, Option<Arc<MemberDecoded>>)>,
+}
+
+/// The member lifecycles one lane batch has met, most recent last.
+#[derive(Default)]
+struct BatchRows {
+    seen: Vec<Lifecycle>,
+}
+
+impl BatchRows {
+    /// The lifecycle `subject` names, if this batch met it.
+    fn find(&mut self, subject: &str) -> Option<&mut Lifecycle> {
+        self.seen
+            .iter_mut()
+            .rev()
+            .find(|l| l.subject.as_str() == subject)
+    }
+
+    fn add(&mut self, subject: &async_nats::Subject, names: Arc<LifecycleNames>) -> &mut Lifecycle {
+        if self.seen.len() >= BATCH_LIFECYCLES_MAX {
+            self.seen.clear();
+        }
+        self.seen.push(Lifecycle {
+            subject: subject.clone(),
+            names,
+            acl: None,
+            members: Vec::new(),
+        });
+        let last = self.seen.len() - 1;
+        &mut self.seen[last]
+    }
 }
 
 struct Reader {
@@ -156,8 +203,9 @@ impl Reader {
         let (acls, members) =
             tokio::join!(caches.acl.prove(&self.ctx), caches.members.prove(&self.ctx));
         let mut settles: Option<mpsc::UnboundedSender<Handoff>> = None;
+        let mut rows = BatchRows::default();
         for pulled in batch {
-            let (names, entry) = match self.check(&pulled, &acls, &members).await {
+            let (names, entry) = match self.check(&pulled, &acls, &members, &mut rows).await {
                 Ok(surface) => surface,
                 Err(verdict) => {
                     pulled.settle(&self.ctx, verdict).await;
@@ -238,19 +286,28 @@ impl Reader {
         tx
     }
 
-    /// The re-check of one entry: `Ok` to surface it, or how to settle it.
+    /// The re-check of one entry: `Ok` to surface it, or how to settle it. The rows come from
+    /// `rows` when an earlier entry of the batch read them for the same lifecycle.
     async fn check<'p>(
         &self,
         pulled: &'p Pulled,
         acls: &View<'_>,
         members: &View<'_>,
+        rows: &mut BatchRows,
     ) -> Result<(Arc<LifecycleNames>, EntryRead<'p>), Settle> {
         let (msg, epoch) = (&pulled.msg, pulled.epoch);
-        let Some(names) = self.names_of(&msg.subject) else {
-            tracing::warn!(subject = %msg.subject, "reader: unparseable subject; terminated");
-            self.ctx.metrics.gave_up(GiveUp::Malformed);
-            return Err(Settle::Term);
+        let lifecycle = match rows.find(&msg.subject) {
+            Some(l) => l,
+            None => {
+                let Some(names) = self.names_of(&msg.subject) else {
+                    tracing::warn!(subject = %msg.subject, "reader: unparseable subject; terminated");
+                    self.ctx.metrics.gave_up(GiveUp::Malformed);
+                    return Err(Settle::Term);
+                };
+                rows.add(&msg.subject, names)
+            }
         };
+        let names = lifecycle.names.clone();
         let entry = match EntryRead::parse(&msg.payload) {
             Ok(e) => e,
             Err(e) => {
@@ -259,12 +316,15 @@ impl Reader {
                 return Err(Settle::Term);
             }
         };
-        let acl = match self.acls.read_shared_in(acls, &names).await {
-            Err(e) => {
-                tracing::warn!(error = %e, "reader: ACL read failed; nak");
-                return Err(Settle::Nak);
-            }
-            Ok(acl) => acl,
+        let acl = match &lifecycle.acl {
+            Some(acl) => acl.clone(),
+            None => match self.acls.read_shared_in(acls, &names).await {
+                Err(e) => {
+                    tracing::warn!(error = %e, "reader: ACL read failed; nak");
+                    return Err(Settle::Nak);
+                }
+                Ok(acl) => lifecycle.acl.insert(acl).clone(),
+            },
         };
         let Some(Ok(record)) = acl.as_deref() else {
             // No (or a garbled) row: the owner is unknown.
@@ -291,17 +351,27 @@ impl Reader {
             return Err(Settle::Ack);
         }
         if entry.reason() == Reason::DurableChannel {
-            match self.members.read_in(members, entry.channel(), &names).await {
-                Err(e) => {
-                    tracing::warn!(error = %e, "reader: member row read failed; nak");
-                    return Err(Settle::Nak);
-                }
-                Ok(Some(row))
-                    if row
-                        .record
-                        .as_ref()
-                        .is_ok_and(|r| r.admits_entry(entry.seq(), entry.generation())) => {}
-                Ok(_) => return Err(Settle::Ack),
+            let channel = entry.channel();
+            let row = match lifecycle.members.iter().find(|(c, _)| c == channel) {
+                Some((_, row)) => row.clone(),
+                None => match self.members.read_in(members, channel, &names).await {
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reader: member row read failed; nak");
+                        return Err(Settle::Nak);
+                    }
+                    Ok(row) => {
+                        lifecycle.members.push((channel.to_string(), row.clone()));
+                        row
+                    }
+                },
+            };
+            let admitted = row.is_some_and(|row| {
+                row.record
+                    .as_ref()
+                    .is_ok_and(|r| r.admits_entry(entry.seq(), entry.generation()))
+            });
+            if !admitted {
+                return Err(Settle::Ack);
             }
         }
         Ok((names, entry))
@@ -458,5 +528,40 @@ pub async fn delete_inbox_entry(ctx: &PlaneCtx, seq: u64) -> Result<(), BrokerEr
             format!("no answer within {} ms", HANDOFF_BOUND.as_millis()),
         )
         .source(elapsed)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{LifecycleUid, Principal, Space};
+
+    /// A batch's rows are found by the INBOX subject they were read for, and only by it.
+    /// Mutations seen failing: `find` matching any lifecycle (the second lifecycle's names
+    /// answered for the first), `add` not starting over at the bound (`seen` grows past it).
+    #[test]
+    fn a_batch_finds_a_lifecycles_rows_by_its_subject_only() {
+        let space = SpaceNames::new(&Space::parse("eng-1").unwrap());
+        let uid = LifecycleUid::parse("abcdefghijklmnopqrstuvwxyz").unwrap();
+        let lifecycle = |who: &str| {
+            let names = space.lifecycle(&Principal::parse(who).unwrap(), &uid);
+            (names.dinbox.clone(), Arc::new(names))
+        };
+        let (alice, alice_names) = lifecycle("local.alice");
+        let (bob, bob_names) = lifecycle("local.bob");
+        let mut rows = BatchRows::default();
+        assert!(rows.find(&alice).is_none(), "nothing read yet");
+        rows.add(&alice, alice_names.clone()).acl = Some(None);
+        rows.add(&bob, bob_names.clone());
+        let found = rows.find(&alice).expect("alice's rows");
+        assert_eq!(found.names, alice_names);
+        assert_eq!(found.acl.as_ref().map(Option::is_none), Some(true));
+        assert_eq!(rows.find(&bob).expect("bob's rows").names, bob_names);
+        assert!(rows.find("cotal.eng-1.dinbox.local.carol.x").is_none());
+        for i in 0..BATCH_LIFECYCLES_MAX {
+            let (subject, names) = lifecycle(&format!("local.a{i}"));
+            rows.add(&subject, names);
+        }
+        assert!(rows.seen.len() <= BATCH_LIFECYCLES_MAX, "bounded");
     }
 }
