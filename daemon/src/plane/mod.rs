@@ -239,8 +239,8 @@ impl std::fmt::Display for PlaneError {
 
 impl std::error::Error for PlaneError {}
 
-/// Why a broker operation of the data path did not succeed (a copy or a handoff not stored, an
-/// entry not deleted, a stream not read): its kind, the text the warnings quote (`Display`) and
+/// Why a broker operation of the daemon did not succeed (a copy or a handoff not stored, an
+/// entry not deleted, a stream not read, the lease watch not bound): its kind, the text the warnings quote (`Display`) and
 /// the client's or the broker's error behind it (`source()`).
 #[derive(Debug)]
 pub struct BrokerError {

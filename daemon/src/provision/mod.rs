@@ -20,8 +20,9 @@ pub use jwt::{encode_account_with_signing_keys, encode_operator, encode_user, Us
 pub(crate) use manifest::ManifestError;
 pub use manifest::{manifest_path, Manifest};
 pub use remint::{
-    remint_daemon_creds, remint_daemon_creds_for, BrokerAccepted, Preflight, RemintOutcome,
-    RemintReport, SpaceSigner, PREFLIGHT_BOUND,
+    remint_daemon_creds, remint_daemon_creds_for, BrokerAccepted, Preflight, PreflightError,
+    RemintOutcome, RemintReport, SignError, SignerError, SignerErrorKind, SpaceSigner,
+    PREFLIGHT_BOUND,
 };
 pub use retained::{retain_system_seed, system_seed_path};
 pub(crate) use retained::{RetainedSystemKey, HOST_KICK_INBOX_PREFIX, SYSTEM_SEED_FILE};

@@ -11,10 +11,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::bundle::{migrate, read_bundle, SIGNER_BUNDLE_KEY};
-use crate::base::Credential;
+use super::bundle::{migrate, read_bundle, BundleError, SIGNER_BUNDLE_KEY};
 use crate::base::{
-    account_signer_key, delivery_creds_key, membership_rw_creds_key, FsStore, SecretStore,
+    account_signer_key, delivery_creds_key, membership_rw_creds_key, ClientError, ClientErrorKind,
+    Credential, FsStore, SecretStore,
 };
 use crate::provision::jwt::{encode_user, UserClaimsSpec};
 use crate::provision::Profile;
@@ -64,7 +64,7 @@ impl Preflight {
     }
 
     /// `Ok` once the broker answered the candidate's CONNECT with its PONG.
-    pub async fn prove(&self, cred: &Credential) -> Result<BrokerAccepted, String> {
+    pub async fn prove(&self, cred: &Credential) -> Result<BrokerAccepted, PreflightError> {
         let client = crate::base::connect_with_credential(
             &self.server,
             self.tls_ca.as_deref(),
@@ -73,9 +73,126 @@ impl Preflight {
             self.bound,
         )
         .await
-        .map_err(|e| format!("the broker did not accept the candidate credential ({e})"))?;
+        .map_err(|source| PreflightError { source })?;
         let _ = tokio::time::timeout(self.bound, client.drain()).await;
         Ok(BrokerAccepted::of(cred))
+    }
+}
+
+/// Why a preflight did not prove a candidate: `kind()` is the client's (the candidate has no
+/// usable nkey, or the broker refused the connect or did not answer it within the bound);
+/// `Display` the text the re-read's and the remint's refusals quote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreflightError {
+    source: ClientError,
+}
+
+impl PreflightError {
+    pub fn kind(&self) -> ClientErrorKind {
+        self.source.kind()
+    }
+}
+
+impl std::fmt::Display for PreflightError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the broker did not accept the candidate credential ({})",
+            self.source
+        )
+    }
+}
+
+impl std::error::Error for PreflightError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// Why the store's signer could not be read: its kind, the text a refused remint quotes
+/// (`Display`), and the store's, the parser's or the bundle's error behind it (`source()`).
+#[derive(Debug)]
+pub struct SignerError {
+    kind: SignerErrorKind,
+    text: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What is wrong with the store's signer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignerErrorKind {
+    /// The store could not be read at the signer's key.
+    Store,
+    /// The account file is not a signer account file, or a seed in it is not an account seed.
+    Malformed,
+    /// The signer is another space's.
+    OtherSpace,
+    /// The pre-split bundle was refused (its own kind is the source's).
+    Bundle,
+}
+
+impl SignerError {
+    fn new(kind: SignerErrorKind, text: impl Into<String>) -> SignerError {
+        SignerError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    /// The same error, keeping `source` as its cause.
+    fn source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> SignerError {
+        self.source = Some(Box::new(source));
+        self
+    }
+    pub fn kind(&self) -> SignerErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for SignerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for SignerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<BundleError> for SignerError {
+    fn from(e: BundleError) -> SignerError {
+        SignerError::new(SignerErrorKind::Bundle, e.to_string()).source(e)
+    }
+}
+
+/// Why a signer could not sign a credential (one cause, so no kind: the JWT encoder's, the
+/// user key's or the credential's own error, which `Display` says as it reads).
+#[derive(Debug)]
+pub struct SignError {
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl SignError {
+    fn of(source: impl std::error::Error + Send + Sync + 'static) -> SignError {
+        SignError {
+            source: Box::new(source),
+        }
+    }
+}
+
+impl std::fmt::Display for SignError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for SignError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.source.as_ref())
     }
 }
 
@@ -138,32 +255,41 @@ impl SpaceSigner {
     /// Reads the signer of `space` from `store`: the split account file, else the pre-split
     /// bundle (checked, then migrated into the split files). `Ok(None)`: the store holds no
     /// signer. A signer of another space is refused.
-    pub fn read(store: &dyn SecretStore, space: &Space) -> Result<Option<SpaceSigner>, String> {
+    pub fn read(
+        store: &dyn SecretStore,
+        space: &Space,
+    ) -> Result<Option<SpaceSigner>, SignerError> {
+        use SignerErrorKind as K;
         let key = account_signer_key(space);
         let raw = match store.get(&key) {
             Ok(Some(raw)) => raw,
             Ok(None) => return SpaceSigner::from_bundle(store, space),
-            Err(e) => return Err(format!("the signer: {e}")),
+            Err(e) => return Err(SignerError::new(K::Store, format!("the signer: {e}")).source(e)),
         };
-        let file: AccountSigner = serde_json::from_str(&raw)
-            .map_err(|e| format!("{} is not a signer account file ({e})", store.locate(&key)))?;
+        let file: AccountSigner = serde_json::from_str(&raw).map_err(|e| {
+            let text = format!("{} is not a signer account file ({e})", store.locate(&key));
+            SignerError::new(K::Malformed, text).source(e)
+        })?;
         if file.space != space.as_str() {
-            return Err(format!(
-                "the store's signer holds space {:?}, not {:?}; it cannot overwrite this space's credentials",
-                file.space,
-                space.as_str()
+            return Err(SignerError::new(
+                K::OtherSpace,
+                format!(
+                    "the store's signer holds space {:?}, not {:?}; it cannot overwrite this space's credentials",
+                    file.space,
+                    space.as_str()
+                ),
             ));
         }
-        let account_seed = |seed: &str| match nkeys::KeyPair::from_seed(seed) {
-            Ok(kp) if kp.key_pair_type() == nkeys::KeyPairType::Account => Some(kp),
-            _ => None,
+        let account_seed = |seed: &str, which: &str| match nkeys::KeyPair::from_seed(seed) {
+            Ok(kp) if kp.key_pair_type() == nkeys::KeyPairType::Account => Ok(kp),
+            _ => Err(SignerError::new(
+                K::Malformed,
+                format!("the signer's {which} seed is not an account seed"),
+            )),
         };
-        let account = account_seed(&file.account_seed)
-            .ok_or("the signer's account seed is not an account seed")?;
+        let account = account_seed(&file.account_seed, "account")?;
         let signing = match &file.signing_seed {
-            Some(seed) => {
-                Some(account_seed(seed).ok_or("the signer's signing seed is not an account seed")?)
-            }
+            Some(seed) => Some(account_seed(seed, "signing")?),
             None => None,
         };
         Ok(Some(SpaceSigner {
@@ -174,8 +300,11 @@ impl SpaceSigner {
         }))
     }
 
-    fn from_bundle(store: &dyn SecretStore, space: &Space) -> Result<Option<SpaceSigner>, String> {
-        let Some(bundle) = read_bundle(store, space).map_err(|e| e.to_string())? else {
+    fn from_bundle(
+        store: &dyn SecretStore,
+        space: &Space,
+    ) -> Result<Option<SpaceSigner>, SignerError> {
+        let Some(bundle) = read_bundle(store, space)? else {
             return Ok(None);
         };
         let notes = migrate(store, space, &bundle);
@@ -208,7 +337,7 @@ impl SpaceSigner {
         space: &Space,
         profile: &Profile,
         lifetime: Duration,
-    ) -> Result<Credential, String> {
+    ) -> Result<Credential, SignError> {
         let user = nkeys::KeyPair::new_user();
         self.sign(space, profile, &user, None, lifetime)
     }
@@ -220,7 +349,7 @@ impl SpaceSigner {
         user: &nkeys::KeyPair,
         current: Option<&Credential>,
         lifetime: Duration,
-    ) -> Result<Credential, String> {
+    ) -> Result<Credential, SignError> {
         let (key, issuer_account) = self.key_for(current);
         let mut spec = UserClaimsSpec::new(profile.name())
             .permissions(profile.permissions(&SpaceNames::new(space), &user.public_key()))
@@ -229,9 +358,9 @@ impl SpaceSigner {
         if let Some(acc) = issuer_account {
             spec = spec.issuer_account(acc);
         }
-        let jwt = encode_user(key, &user.public_key(), &spec).map_err(|e| e.to_string())?;
-        let seed = user.seed().map_err(|e| e.to_string())?;
-        Credential::new(jwt, seed).map_err(|e| e.to_string())
+        let jwt = encode_user(key, &user.public_key(), &spec).map_err(SignError::of)?;
+        let seed = user.seed().map_err(SignError::of)?;
+        Credential::new(jwt, seed).map_err(SignError::of)
     }
 }
 
@@ -286,7 +415,7 @@ pub async fn remint_daemon_creds_for(
     let signer = match SpaceSigner::read(store, space) {
         Ok(Some(signer)) => signer,
         Ok(None) => return all(RemintOutcome::Skipped("no-auth".into())),
-        Err(e) => return all(RemintOutcome::Refused(e)),
+        Err(e) => return all(RemintOutcome::Refused(e.to_string())),
     };
     let mut files = Vec::new();
     for (key, profile) in keys {

@@ -31,9 +31,8 @@ use futures::StreamExt;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::base::ConnEvent;
-use crate::base::Journal;
-use crate::base::RowOp;
+use crate::base::{ConnEvent, Journal, RowOp};
+use crate::plane::{BrokerError, BrokerErrorKind};
 use crate::space::lease::Identity;
 use crate::wire::LeaseInfo;
 use crate::wire::{SpaceNames, LEASE_KEY};
@@ -114,11 +113,11 @@ impl LeaseWatch {
         journal: Journal,
         conn: &broadcast::Sender<ConnEvent>,
         request_bound: Duration,
-    ) -> Result<LeaseWatch, String> {
+    ) -> Result<LeaseWatch, BrokerError> {
         let stream = js
             .get_stream_no_info(SpaceNames::kv_stream(&names.delivery_bucket()))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| BrokerError::new(BrokerErrorKind::Unsent, e.to_string()).source(e))?;
         let mut watcher = Watcher {
             me: me.clone(),
             stream,
@@ -408,7 +407,7 @@ impl Watcher {
     }
 
     /// The first bind: a consumer, subscribed.
-    async fn bind_consumer(&mut self) -> Result<Installed, String> {
+    async fn bind_consumer(&mut self) -> Result<Installed, BrokerError> {
         let name = self.next_name();
         create(
             &self.stream,
@@ -513,13 +512,14 @@ async fn create(
     filter: &str,
     name: &str,
     bound: Duration,
-) -> Result<Installed, String> {
+) -> Result<Installed, BrokerError> {
     use jetstream::consumer::{push, AckPolicy, DeliverPolicy};
+    use jetstream::stream::ConsumerErrorKind;
     let inbox = client.new_inbox();
     let deliveries = client
         .subscribe(inbox.clone())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| BrokerError::new(BrokerErrorKind::Unsent, e.to_string()).source(e))?;
     let create = stream.create_consumer(push::Config {
         name: Some(name.to_string()),
         deliver_subject: inbox,
@@ -535,8 +535,18 @@ async fn create(
             name: name.to_string(),
             deliveries,
         }),
-        Ok(Err(e)) => Err(crate::base::broker_words(&e)),
-        Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
+        Ok(Err(e)) => {
+            let kind = match e.kind() {
+                ConsumerErrorKind::TimedOut => BrokerErrorKind::TimedOut,
+                _ => BrokerErrorKind::Refused,
+            };
+            Err(BrokerError::quoting(kind, "", e))
+        }
+        Err(elapsed) => Err(BrokerError::new(
+            BrokerErrorKind::TimedOut,
+            format!("no answer within {} ms", bound.as_millis()),
+        )
+        .source(elapsed)),
     }
 }
 

@@ -35,6 +35,7 @@ pub(crate) use holder::{
 };
 pub(crate) use keeper::RELEASE_REDIAL_BOUND;
 pub use lease::{ReleaseError, ReleaseErrorKind, Released};
+pub use renew::{ContinuityError, ContinuityErrorKind, LifetimeError};
 pub use timer::{
     status_key, Armed, ScheduleRefusal, ScheduleRefusalKind, ScheduleRequest, TimerStatus,
     TimerWriter, TimerWriterParts, WriterFault, WriterFaultKind, WriterState,

@@ -32,20 +32,38 @@ const _: () = assert!(RECONNECT_AFTER_REPLY.as_millis() < RECONNECT_WAIT_BOUND.a
 /// The unix second at which a credential with these claims is due for renewal (`None` when it
 /// never expires). `iat`/`exp` come from a JWT, so they may be anything: a lifetime or renewal
 /// point outside `i64` is refused, never wrapped.
-pub fn renew_point_secs(claims: &JwtClaims) -> Result<Option<i64>, String> {
+pub fn renew_point_secs(claims: &JwtClaims) -> Result<Option<i64>, LifetimeError> {
     let Some(exp) = claims.exp else {
         return Ok(None);
     };
-    let unusable = || {
-        format!(
-            "its lifetime cannot be computed (iat {}, exp {exp})",
-            claims.iat
-        )
+    let unusable = || LifetimeError {
+        iat: claims.iat,
+        exp,
     };
     let life = exp.checked_sub(claims.iat).ok_or_else(unusable)?.max(0);
     let share = (life as f64 * RENEW_AT_SHARE).floor() as i64;
     claims.iat.checked_add(share).map(Some).ok_or_else(unusable)
 }
+
+/// A JWT whose `iat → exp` lifetime or renewal point is outside `i64` (one cause, so no kind):
+/// the times it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LifetimeError {
+    pub iat: i64,
+    pub exp: i64,
+}
+
+impl std::fmt::Display for LifetimeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "its lifetime cannot be computed (iat {}, exp {})",
+            self.iat, self.exp
+        )
+    }
+}
+
+impl std::error::Error for LifetimeError {}
 
 /// The post-adoption reconnect, as something admin requests can wait out.
 #[derive(Clone)]
@@ -403,6 +421,7 @@ impl Renewal {
     }
 
     /// `reloadCreds`' delivery component: `expected` is the fingerprint the caller just wrote.
+    /// The `Err` is a `String` because the text is the value: the component's reply `error`.
     pub async fn reload(&self, expected: Option<&str>) -> Result<BrokerAccepted, String> {
         match self.reread(true, expected).await {
             Reread::Fresh => Ok(BrokerAccepted::of(&self.live())),
@@ -464,11 +483,11 @@ impl Renewal {
                 self.remint_hint()
             ));
         }
-        if let Err(e) = candidate
-            .claims()
-            .map_err(|e| e.detail().to_string())
-            .and_then(|c| renew_point_secs(&c))
-        {
+        let unusable_times = match candidate.claims() {
+            Ok(c) => renew_point_secs(&c).err().map(|e| e.to_string()),
+            Err(e) => Some(e.detail().to_string()),
+        };
+        if let Some(e) = unusable_times {
             return Reread::Refused(format!(
                 "{where_} holds a credential whose times are unusable ({e}); the live credential is unchanged"
             ));
@@ -512,7 +531,8 @@ impl Renewal {
 
     /// `reloadCreds`' membership component: proves the store's `membership-rw` credential on a
     /// disposable connection, then, when the feed runs, moves its rw connection onto it
-    /// (`residentSwap: "best-effort"`: the reconnect is not awaited).
+    /// (`residentSwap: "best-effort"`: the reconnect is not awaited). The `Err` is a `String`
+    /// because the text is the value: the component's reply `error` and the feed's renewal line.
     pub async fn reload_membership(
         &self,
         expected: Option<&str>,
@@ -548,7 +568,11 @@ impl Renewal {
                 ));
             }
         }
-        let accepted = self.preflight.prove(&candidate).await?;
+        let accepted = self
+            .preflight
+            .prove(&candidate)
+            .await
+            .map_err(|e| e.to_string())?;
         let feed = self
             .membership
             .lock()
@@ -557,7 +581,7 @@ impl Renewal {
         let swap = match feed {
             None => "none (the membership feed is not running)",
             Some((cell, client)) => {
-                continuity(&cell.get(), &candidate)?;
+                continuity(&cell.get(), &candidate).map_err(|e| e.to_string())?;
                 if cell.get() != candidate {
                     self.set_membership_due_ms(Self::due_ms_for(&candidate));
                     cell.set(candidate);
@@ -582,27 +606,72 @@ impl Renewal {
 }
 
 /// A renewal keeps the nkey (the inbox grant and the lease holder) and the account.
-fn continuity(live: &Credential, candidate: &Credential) -> Result<(), String> {
+fn continuity(live: &Credential, candidate: &Credential) -> Result<(), ContinuityError> {
+    use ContinuityErrorKind as K;
     let (Ok(a), Ok(b)) = (live.public_key(), candidate.public_key()) else {
-        return Err("the candidate credential has no usable nkey".into());
+        let text = "the candidate credential has no usable nkey";
+        return Err(ContinuityError::new(K::Unreadable, text));
     };
     if a != b {
-        return Err(format!(
+        return Err(ContinuityError::new(K::OtherNkey, format!(
             "the candidate credential is for nkey {b}, but this daemon runs as {a}; a renewal re-signs the same nkey"
-        ));
+        )));
     }
     let (Ok(ca), Ok(cb)) = (live.claims(), candidate.claims()) else {
-        return Err("the candidate JWT claims are unreadable".into());
+        let text = "the candidate JWT claims are unreadable";
+        return Err(ContinuityError::new(K::Unreadable, text));
     };
     if ca.account() != cb.account() {
-        return Err(format!(
-            "the candidate credential belongs to account {}, but this daemon serves account {}",
-            cb.account(),
-            ca.account()
+        return Err(ContinuityError::new(
+            K::OtherAccount,
+            format!(
+                "the candidate credential belongs to account {}, but this daemon serves account {}",
+                cb.account(),
+                ca.account()
+            ),
         ));
     }
     Ok(())
 }
+
+/// Why a candidate is not a renewal of the live credential: its kind and the text the refusal
+/// quotes (`Display`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContinuityError {
+    kind: ContinuityErrorKind,
+    text: String,
+}
+
+/// What a candidate does not keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContinuityErrorKind {
+    /// Its nkey or its claims cannot be read, so nothing can be compared.
+    Unreadable,
+    /// It is for another nkey (a renewal re-signs the same one).
+    OtherNkey,
+    /// It belongs to another account.
+    OtherAccount,
+}
+
+impl ContinuityError {
+    fn new(kind: ContinuityErrorKind, text: impl Into<String>) -> ContinuityError {
+        ContinuityError {
+            kind,
+            text: text.into(),
+        }
+    }
+    pub fn kind(&self) -> ContinuityErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for ContinuityError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for ContinuityError {}
 
 /// The admin rail's credential verbs, served by this renewal.
 impl crate::rails::CredentialAdmin for Renewal {
@@ -612,6 +681,7 @@ impl crate::rails::CredentialAdmin for Renewal {
     fn replied(&self) {
         self.reconnect.replied();
     }
+    // `String` in both reloads: the text is the value (the component's reply `error`).
     fn reload_delivery<'a>(
         &'a self,
         expected: Option<&'a str>,
@@ -671,7 +741,20 @@ mod tests {
             nats: serde_json::Value::Null,
         };
         let e = renew_point_secs(&c).unwrap_err();
-        assert!(e.contains("cannot be computed"), "{e}");
+        assert_eq!(
+            e,
+            LifetimeError {
+                iat: -10,
+                exp: i64::MAX
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "its lifetime cannot be computed (iat -10, exp {})",
+                i64::MAX
+            )
+        );
         let reversed = JwtClaims {
             iat: i64::MAX,
             exp: Some(i64::MIN),

@@ -28,6 +28,9 @@ pub(crate) use remint::{
     pass_json, pass_lines, remint_once, remint_watch, stamp_stderr as stamp_remint_stderr,
     RemintConfig, WatchEnded,
 };
+pub use renewal::{
+    AdminRequestError, AdminRequestErrorKind, OwnerBrokerError, OwnerBrokerErrorKind,
+};
 pub(crate) use status::{status, StatusReport};
 
 use std::path::{Path, PathBuf};

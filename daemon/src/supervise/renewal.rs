@@ -14,12 +14,9 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::base::Credential;
-use crate::base::Journal;
-use crate::base::BROKER_BOUND;
-use crate::base::{self, MeshRecord, PidRecord};
 use crate::base::{
-    delivery_creds_key, membership_rw_creds_key, FsStore, RemintTarget, SecretStore,
+    self, delivery_creds_key, membership_rw_creds_key, Credential, FilesError, FsStore, Journal,
+    MeshRecord, PidRecord, RemintTarget, SecretStore, BROKER_BOUND,
 };
 use crate::provision::{self, Profile, SpaceSigner};
 use crate::provision::{remint_daemon_creds_for, Preflight, RemintOutcome, RemintReport};
@@ -55,6 +52,117 @@ pub struct OwnerBroker {
     pub tls_ca: Option<PathBuf>,
     /// `--server`, `meshes entry`, `.cotal/mesh.json` or `the local default`.
     pub source: &'static str,
+}
+
+/// Why the broker of the preflight could not be decided: its kind, the text the refused pass
+/// quotes (`Display`), and the registry's read error behind it (`source()`).
+#[derive(Debug)]
+pub struct OwnerBrokerError {
+    kind: OwnerBrokerErrorKind,
+    text: String,
+    source: Option<FilesError>,
+}
+
+/// What keeps the owner from choosing a broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerBrokerErrorKind {
+    /// The space's registry record could not be read.
+    Registry,
+    /// The registry records the space for another root.
+    OtherRoot,
+    /// `--server` names another broker than the registry's.
+    OtherServer,
+}
+
+impl OwnerBrokerError {
+    fn new(kind: OwnerBrokerErrorKind, text: impl Into<String>) -> OwnerBrokerError {
+        OwnerBrokerError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    /// The same error, keeping `source` as its cause.
+    fn source(mut self, source: FilesError) -> OwnerBrokerError {
+        self.source = Some(source);
+        self
+    }
+    pub fn kind(&self) -> OwnerBrokerErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for OwnerBrokerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for OwnerBrokerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Why a request on `ctl.delivery-admin` got no answer: its kind, the text the pass's
+/// `unanswered` quotes (`Display`), and the error behind it (`source()`).
+#[derive(Debug)]
+pub struct AdminRequestError {
+    kind: AdminRequestErrorKind,
+    text: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// Where the request stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminRequestErrorKind {
+    /// The supervisor credential could not be minted (no usable signer in the store).
+    Supervisor,
+    /// The broker refused the supervisor's connection, subscription or request.
+    Broker,
+    /// No daemon serves the rail (the broker's no-responders answer).
+    NoDaemon,
+    /// No answer within the bound.
+    TimedOut,
+    /// The answer is not JSON.
+    Reply,
+}
+
+impl AdminRequestError {
+    fn new(kind: AdminRequestErrorKind, text: impl Into<String>) -> AdminRequestError {
+        AdminRequestError {
+            kind,
+            text: text.into(),
+            source: None,
+        }
+    }
+    /// The same error, keeping `source` as its cause.
+    fn source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> AdminRequestError {
+        self.source = Some(Box::new(source));
+        self
+    }
+    pub fn kind(&self) -> AdminRequestErrorKind {
+        self.kind
+    }
+}
+
+impl std::fmt::Display for AdminRequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for AdminRequestError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 /// What one pass's `reloadCreds` came to.
@@ -187,7 +295,8 @@ impl RenewalOwner {
     /// the space (refused when it names another root, or another broker than `--server`), else
     /// the root's `.cotal/mesh.json` (where `up` records its mesh); else the local default. An
     /// injected directory store never consults the registry.
-    pub fn broker(&self) -> Result<OwnerBroker, String> {
+    pub fn broker(&self) -> Result<OwnerBroker, OwnerBrokerError> {
+        use OwnerBrokerErrorKind as K;
         let space = &self.space;
         let RemintTarget::Workspace(root) = &self.target else {
             return Ok(OwnerBroker {
@@ -206,21 +315,21 @@ impl RenewalOwner {
         let registered = base::cotal_home()
             .map(|home| MeshRecord::read(&base::registry_path(&home, space)))
             .transpose()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| OwnerBrokerError::new(K::Registry, e.to_string()).source(e))?
             .flatten();
         if let Some(rec) = &registered {
             if &rec.root != root {
-                return Err(format!(
+                return Err(OwnerBrokerError::new(K::OtherRoot, format!(
                     "space \"{space}\" is registered for root {} but this renewal owner serves root {} - the recorded broker belongs to another workspace",
                     rec.root.display(),
                     root.display()
-                ));
+                )));
             }
             if let Some(flag) = self.server.as_deref().filter(|f| *f != rec.server) {
-                return Err(format!(
+                return Err(OwnerBrokerError::new(K::OtherServer, format!(
                     "--server {flag} does not match registered space \"{space}\" at {} - the preflight must ask the broker the daemon serves",
                     rec.server
-                ));
+                )));
             }
         }
         let (record, source) = match registered {
@@ -311,6 +420,7 @@ impl RenewalOwner {
             match self.broker() {
                 Ok(b) => Some(b),
                 Err(e) => {
+                    let e = e.to_string();
                     let files = [
                         delivery_creds_key(&self.space),
                         membership_rw_creds_key(&self.space),
@@ -393,7 +503,7 @@ impl RenewalOwner {
                     .map(str::to_string)
                     .unwrap_or_else(|| reply.to_string()),
             ),
-            Err(e) => Reload::Unanswered(e),
+            Err(e) => Reload::Unanswered(e.to_string()),
         }
     }
 
@@ -404,18 +514,27 @@ impl RenewalOwner {
         broker: &OwnerBroker,
         op: &str,
         args: serde_json::Value,
-    ) -> Result<serde_json::Value, String> {
-        let principal =
-            Principal::parse(&format!("local.cotal_{}", self.who)).map_err(|e| e.to_string())?;
-        let signer = SpaceSigner::read(store, &self.space)?
-            .ok_or("the store holds no signer to mint the supervisor with")?;
-        let cred = signer.mint(
-            &self.space,
-            &Profile::Supervisor {
-                principal: principal.clone(),
-            },
-            SUPERVISOR_LIFETIME,
-        )?;
+    ) -> Result<serde_json::Value, AdminRequestError> {
+        use AdminRequestErrorKind as K;
+        let principal = Principal::parse(&format!("local.cotal_{}", self.who))
+            .map_err(|e| AdminRequestError::new(K::Supervisor, e.to_string()).source(e))?;
+        let signer = SpaceSigner::read(store, &self.space)
+            .map_err(|e| AdminRequestError::new(K::Supervisor, e.to_string()).source(e))?
+            .ok_or_else(|| {
+                let text = "the store holds no signer to mint the supervisor with";
+                AdminRequestError::new(K::Supervisor, text)
+            })?;
+        let cred = signer
+            .mint(
+                &self.space,
+                &Profile::Supervisor {
+                    principal: principal.clone(),
+                },
+                SUPERVISOR_LIFETIME,
+            )
+            .map_err(|e| AdminRequestError::new(K::Supervisor, e.to_string()).source(e))?;
+        let broker_error =
+            |e: &dyn std::fmt::Display| AdminRequestError::new(K::Broker, e.to_string());
         let client = crate::base::connect_with_credential(
             &broker.url,
             broker.tls_ca.as_deref(),
@@ -424,14 +543,14 @@ impl RenewalOwner {
             BROKER_BOUND,
         )
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| broker_error(&e).source(e))?;
         let subject =
             SpaceNames::new(&self.space).ctl_subject(CtlService::DeliveryAdmin, &principal);
         let reply = format!("{subject}.reply.{}", crate::base::epoch_ms());
         let mut sub = client
             .subscribe(reply.clone())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| broker_error(&e).source(e))?;
         let body = serde_json::json!({
             "op": op,
             "args": args,
@@ -440,18 +559,23 @@ impl RenewalOwner {
         client
             .publish_with_reply(subject, reply, body.to_string().into())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| broker_error(&e).source(e))?;
         let answer = tokio::time::timeout(RELOAD_BOUND, sub.next()).await;
         let _ = tokio::time::timeout(BROKER_BOUND, client.drain()).await;
         match answer {
             // The broker's no-responders status: nobody serves the rail.
-            Ok(Some(msg)) if msg.status.is_some() => {
-                Err("no delivery daemon answers on ctl.delivery-admin".to_string())
-            }
-            Ok(Some(msg)) => serde_json::from_slice(&msg.payload).map_err(|e| e.to_string()),
-            _ => Err(format!(
-                "{op}: no answer on ctl.delivery-admin within {} s",
-                RELOAD_BOUND.as_secs()
+            Ok(Some(msg)) if msg.status.is_some() => Err(AdminRequestError::new(
+                K::NoDaemon,
+                "no delivery daemon answers on ctl.delivery-admin",
+            )),
+            Ok(Some(msg)) => serde_json::from_slice(&msg.payload)
+                .map_err(|e| AdminRequestError::new(K::Reply, e.to_string()).source(e)),
+            _ => Err(AdminRequestError::new(
+                K::TimedOut,
+                format!(
+                    "{op}: no answer on ctl.delivery-admin within {} s",
+                    RELOAD_BOUND.as_secs()
+                ),
             )),
         }
     }

@@ -48,11 +48,13 @@ pub struct StatusReport {
     pub space: Space,
     pub root: PathBuf,
     pub server: String,
-    /// `Err` says why the broker could not be checked or reached.
+    /// `Err` says why the broker could not be checked or reached (a `String`: the text is the
+    /// value, the report's `broker.error` and its line; callers only ask `is_err`).
     pub broker: Result<(), String>,
     pub lease: Option<LeaseView>,
     pub pid: PidLiveness,
-    /// Expiry (unix seconds) of the delivery credential; `Err` when it cannot be read.
+    /// Expiry (unix seconds) of the delivery credential; `Err` when it cannot be read (a
+    /// `String`: the text is the value, the report's `credential.error` and its line).
     pub credential_exp: Result<Option<i64>, String>,
     pub ctl_answers: bool,
     /// The renewal owner's record (`.cotal/remint.<key>.pid`): a `remint --watch`, or a
@@ -362,7 +364,8 @@ fn sys_authority(
     })
 }
 
-/// An operator connection minted from the root's signer (status reads, it never writes).
+/// An operator connection minted from the root's signer (status reads, it never writes). The
+/// `Err` is a `String` because the text is the value: it is the report's `broker` text.
 async fn connect(
     workspace: &Workspace,
     space: &Space,
