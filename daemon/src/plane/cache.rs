@@ -160,6 +160,14 @@ pub struct RowCache {
     inner: Arc<Inner>,
 }
 
+/// A fence asked for ([`RowCache::ask`]): the first fence handed out after the ask, under the
+/// cache's incarnation of that moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked {
+    want: u64,
+    incarnation: u64,
+}
+
 /// Whether a decision may read the cache or must read per key from the leader.
 pub enum View<'a> {
     /// Proved current at a moment after the work was received.
@@ -203,7 +211,45 @@ impl RowCache {
     /// Proves the cache current at a moment after this call (one coalesced leader fence), or
     /// says to fall back to per-key reads.
     pub async fn prove(&self, ctx: &PlaneCtx) -> View<'_> {
-        if self.fence(ctx).await {
+        let asked = self.ask(ctx);
+        self.prove_asked(ctx, asked).await
+    }
+
+    /// Asks for a fence sent after this moment, without waiting for it: the first fence handed
+    /// out from now on (sent at once when none is in flight). Work received before this call is
+    /// proved by [`RowCache::prove_asked`] with what it returns; `None` when the cache is not
+    /// loaded (that proof then falls back).
+    pub fn ask(&self, ctx: &PlaneCtx) -> Option<Asked> {
+        let (asked, spawn) = {
+            let mut st = self.lock();
+            if !st.loaded {
+                return None;
+            }
+            // The next fence handed out is sent after this moment; an earlier one may not be.
+            let want = st.sent + 1;
+            st.wanted = st.wanted.max(want);
+            let spawn = !st.running;
+            st.running = true;
+            let asked = Asked {
+                want,
+                incarnation: st.incarnation,
+            };
+            (asked, spawn)
+        };
+        if spawn {
+            tokio::spawn(self.clone().run_fences(ctx.clone()));
+        }
+        Some(asked)
+    }
+
+    /// Proves the cache current at a moment after `asked` was asked for (the fence it names, or
+    /// a later one, answered under the same incarnation), or says to fall back to per-key reads.
+    pub async fn prove_asked(&self, ctx: &PlaneCtx, asked: Option<Asked>) -> View<'_> {
+        let proved = match asked {
+            Some(asked) => self.fence(ctx, asked).await,
+            None => false,
+        };
+        if proved {
             View::Proved(self)
         } else {
             self.lock().fallbacks += 1;
@@ -211,22 +257,7 @@ impl RowCache {
         }
     }
 
-    async fn fence(&self, ctx: &PlaneCtx) -> bool {
-        let (want, incarnation, spawn) = {
-            let mut st = self.lock();
-            if !st.loaded {
-                return false;
-            }
-            // The next fence handed out is sent after this moment; an earlier one may not be.
-            let want = st.sent + 1;
-            st.wanted = st.wanted.max(want);
-            let spawn = !st.running;
-            st.running = true;
-            (want, st.incarnation, spawn)
-        };
-        if spawn {
-            tokio::spawn(self.clone().run_fences(ctx.clone()));
-        }
+    async fn fence(&self, ctx: &PlaneCtx, Asked { want, incarnation }: Asked) -> bool {
         let mut rx = self.inner.done_tx.subscribe();
         let waited = tokio::time::timeout(
             ctx.config.request_bound * 2,

@@ -30,7 +30,7 @@ use crate::plane::acl::{AclRow, Acls};
 use crate::plane::cache::View;
 use crate::plane::channels::{Channels, DeliveryClass};
 use crate::plane::membership::Members;
-use crate::plane::pump::{self, Pulled, Settle};
+use crate::plane::pump::{self, Arrival, Pulled, Settle};
 use crate::plane::{BrokerError, BrokerErrorKind, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::wire::{mentions, message_id, parse_chat_subject, sender_id, Reason};
 use crate::wire::{LifecycleNames, Principal, FANOUT_DURABLE};
@@ -92,6 +92,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         copies: Arc::new(Semaphore::new(MAX_COPIES_IN_FLIGHT)),
     });
     let ctx = ctx.clone();
+    let asks = ctx.clone();
     Ok(tokio::spawn(pump::run(
         ctx.clone(),
         consumer,
@@ -99,6 +100,14 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         stop,
         FANOUT_LANES,
         "fan-out writer",
+        move || {
+            let caches = &asks.caches;
+            Arrival {
+                channels: caches.channels.ask(&asks),
+                members: caches.members.ask(&asks),
+                ..Arrival::default()
+            }
+        },
         move |batch| writer.clone().handle_batch(batch),
     )))
 }
@@ -109,11 +118,16 @@ impl Writer {
     /// (started with the batch, so the lane goes on with the next batch and the copy slots it
     /// holds are given back as the acks come in).
     async fn handle_batch(self: Arc<Self>, batch: Vec<Pulled>) {
-        // Both buckets proved current after every post of the batch was received.
+        // Both buckets proved current after every post of the batch was received: by the fences
+        // the batch's last post's burst asked for once it had arrived (a lane's queue is in
+        // arrival order, so that burst arrived last).
+        let Some(arrival) = batch.last().map(|p| p.arrival.clone()) else {
+            return;
+        };
         let caches = &self.ctx.caches;
         let (channels, members) = tokio::join!(
-            caches.channels.prove(&self.ctx),
-            caches.members.prove(&self.ctx)
+            caches.channels.prove_asked(&self.ctx, arrival.channels),
+            caches.members.prove_asked(&self.ctx, arrival.members)
         );
         let mut live: Option<(View<'_>, View<'_>)> = None;
         let mut settles: Option<mpsc::UnboundedSender<Copies>> = None;

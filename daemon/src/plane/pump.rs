@@ -1,9 +1,10 @@
 //! The pull loop shared by the fan-out writer and the trusted reader.
 //!
 //! One task per durable pulls messages and hands each to one of a fixed number of sequential
-//! lanes, chosen by subject. A lane takes what is queued as one batch (at most
-//! [`LANE_BATCH_MAX`]) and hands it to the handler, which decides the whole batch after one
-//! coalesced fence per bucket and settles each message when its downstream acks arrive. Lane
+//! lanes, chosen by subject; every burst of messages received together asks the fences its
+//! handler needs once all of it arrived ([`Arrival`]). A lane takes what is queued as one batch
+//! (at most [`LANE_BATCH_MAX`]) and hands it to the handler, which decides the whole batch after
+//! one coalesced fence per bucket and settles each message when its downstream acks arrive. Lane
 //! queues never block the pull loop (one full lane must not stall the others): they are bounded
 //! by the durable's `max_ack_pending`, since the broker delivers no more unacknowledged
 //! messages than that. A message is admitted at a serving epoch and settled (ack, nak, term)
@@ -34,6 +35,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::base::Store;
+use crate::plane::boundary::Ticket;
+use crate::plane::cache::Asked;
 use crate::plane::{stopped, BrokerError, BrokerErrorKind, PlaneCtx, StopRx};
 
 /// How a handler settles its message.
@@ -164,6 +167,8 @@ impl Drop for Owned {
 /// A pulled message, owned by this daemon until settled (kept alive meanwhile).
 pub struct Pulled {
     pub msg: Message,
+    /// What its burst set going when it arrived (shared with the burst's other messages).
+    pub arrival: Arc<Arrival>,
     /// The serving epoch it was admitted at.
     pub epoch: u64,
     /// Delivery attempts (1 on first delivery; 0 if the ack subject is unreadable).
@@ -171,6 +176,35 @@ pub struct Pulled {
     /// Its stream sequence (0 if the ack subject is unreadable).
     pub stream_sequence: u64,
     _alive: Owned,
+}
+
+/// What a burst of messages (every message received with the first, at most [`BURST_MAX`]) set
+/// going once all of them were received, shared by its messages until the last of them is
+/// settled or dropped: the fences of the buckets the handler decides from, asked for then (so
+/// each is sent after the burst was received, and under load while the lane still works on
+/// earlier messages), and for the reader the boundary ticket taken before them
+/// (`plane/boundary.rs`). One ask per burst, not per lane batch: a post's copies, received
+/// together, wait for one fence, not for a fence sent after another lane's fence came back.
+#[derive(Default)]
+pub struct Arrival {
+    /// Held, never read: given back when the burst's last message goes.
+    #[allow(dead_code)]
+    pub ticket: Option<Ticket>,
+    /// The fence of each bucket asked for (`None`: not asked, or the cache not loaded).
+    pub acl: Option<Asked>,
+    pub members: Option<Asked>,
+    pub channels: Option<Asked>,
+}
+
+/// Most messages taken from the pull stream as one burst.
+pub const BURST_MAX: usize = LANE_BATCH_MAX;
+
+/// A message admitted and not yet handed to its lane.
+struct Admitted {
+    msg: Message,
+    epoch: u64,
+    deliveries: i64,
+    stream_sequence: u64,
 }
 
 impl Pulled {
@@ -210,7 +244,9 @@ async fn hand_back(msg: &Message) {
 /// Runs the pull loop of `consumer` until `stop`, calling `handler(batch)` per lane batch.
 /// Messages are spread over `lanes` sequential lanes by their subject, so messages on one
 /// subject (one channel's posts, one member's entries) are handed over in stream order while
-/// different subjects proceed in parallel.
+/// different subjects proceed in parallel. `arrive()` runs once per burst, after every message
+/// of it was received and before any is handed to a lane; each message carries what it made.
+#[allow(clippy::too_many_arguments)]
 pub async fn run<H, F>(
     ctx: PlaneCtx,
     consumer: Consumer<pull::Config>,
@@ -218,6 +254,7 @@ pub async fn run<H, F>(
     mut stop: StopRx,
     lanes: usize,
     what: &'static str,
+    arrive: impl Fn() -> Arrival + Send + Sync,
     handler: H,
 ) where
     H: Fn(Vec<Pulled>) -> F + Send + Sync + 'static,
@@ -273,50 +310,73 @@ pub async fn run<H, F>(
                 _ = stopped(&mut stop) => break 'outer,
                 n = messages.next() => n,
             };
-            match next {
-                Some(Ok(msg)) => {
-                    let (delivered, seq) = msg
-                        .info()
-                        .map(|i| (i.delivered, i.stream_sequence))
-                        .unwrap_or((0, 0));
-                    if delivered == 1 {
-                        retention.observe(&ctx, what, &stream, seq).await;
-                    } else {
-                        ctx.metrics.redelivered(store);
+            let mut burst = match next {
+                Some(Ok(msg)) => vec![msg],
+                Some(Err(e)) => {
+                    tracing::debug!(what, error = %e, "pull stream event");
+                    continue;
+                }
+                None => break,
+            };
+            let mut ended = false;
+            while burst.len() < BURST_MAX {
+                match messages.next().now_or_never() {
+                    Some(Some(Ok(msg))) => burst.push(msg),
+                    Some(Some(Err(e))) => tracing::debug!(what, error = %e, "pull stream event"),
+                    Some(None) => {
+                        ended = true;
+                        break;
                     }
-                    let Some(epoch) = ctx.gate.admit() else {
-                        // Quiesced before admitting it: nothing was done with it, so hand it
-                        // (and whatever the pull stream already buffered) straight back, and
-                        // stop pulling until the gate opens again. The pull stream goes first:
-                        // a nak the broker saw while this stream's pull requests were still
-                        // open could be redelivered straight back to them, for an ack_wait.
-                        let mut unadmitted = vec![msg];
+                    None => break,
+                }
+            }
+            let mut admitted = Vec::with_capacity(burst.len());
+            let mut burst = burst.into_iter();
+            while let Some(msg) = burst.next() {
+                let (delivered, seq) = msg
+                    .info()
+                    .map(|i| (i.delivered, i.stream_sequence))
+                    .unwrap_or((0, 0));
+                if delivered == 1 {
+                    retention.observe(&ctx, what, &stream, seq).await;
+                } else {
+                    ctx.metrics.redelivered(store);
+                }
+                let Some(epoch) = ctx.gate.admit() else {
+                    // Quiesced before admitting it: nothing was done with it, so hand it (and
+                    // the rest of the burst, and whatever the pull stream already buffered)
+                    // straight back, and stop pulling until the gate opens again. The pull
+                    // stream goes first: a nak the broker saw while this stream's pull
+                    // requests were still open could be redelivered straight back to them,
+                    // for an ack_wait. What was admitted before goes to its lanes, as it would
+                    // have one message earlier.
+                    if !dispatch(admitted, &arrive, &owners, &senders) {
+                        break 'outer;
+                    }
+                    let mut unadmitted: Vec<Message> = std::iter::once(msg).chain(burst).collect();
+                    if !ended {
                         while let Some(Some(Ok(m))) = messages.next().now_or_never() {
                             unadmitted.push(m);
                         }
-                        drop(messages);
-                        for m in &unadmitted {
-                            hand_back(m).await;
-                        }
-                        continue 'outer;
-                    };
-                    let lane = lane_of(&msg.subject, senders.len());
-                    let alive = owners.own(msg.reply.as_ref(), epoch, Instant::now());
-                    let pulled = Pulled {
-                        msg,
-                        epoch,
-                        deliveries: delivered,
-                        stream_sequence: seq,
-                        _alive: alive,
-                    };
-                    if senders[lane].send(pulled).is_err() {
-                        break 'outer;
                     }
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(what, error = %e, "pull stream event");
-                }
-                None => break,
+                    drop(messages);
+                    for m in &unadmitted {
+                        hand_back(m).await;
+                    }
+                    continue 'outer;
+                };
+                admitted.push(Admitted {
+                    msg,
+                    epoch,
+                    deliveries: delivered,
+                    stream_sequence: seq,
+                });
+            }
+            if !dispatch(admitted, &arrive, &owners, &senders) {
+                break 'outer;
+            }
+            if ended {
+                break;
             }
         }
         tokio::select! {
@@ -326,6 +386,36 @@ pub async fn run<H, F>(
     }
     drop(senders);
     tasks.abort_all();
+}
+
+/// Hands a burst's admitted messages to their lanes, with what `arrive` sets going for the
+/// burst (only once every message of it was received); false when a lane is gone.
+fn dispatch(
+    admitted: Vec<Admitted>,
+    arrive: &impl Fn() -> Arrival,
+    owners: &Arc<Owners>,
+    senders: &[tokio::sync::mpsc::UnboundedSender<Pulled>],
+) -> bool {
+    if admitted.is_empty() {
+        return true;
+    }
+    let arrival = Arc::new(arrive());
+    for a in admitted {
+        let lane = lane_of(&a.msg.subject, senders.len());
+        let alive = owners.own(a.msg.reply.as_ref(), a.epoch, Instant::now());
+        let pulled = Pulled {
+            msg: a.msg,
+            arrival: arrival.clone(),
+            epoch: a.epoch,
+            deliveries: a.deliveries,
+            stream_sequence: a.stream_sequence,
+            _alive: alive,
+        };
+        if senders[lane].send(pulled).is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// Creates (or binds) the durable `config` names on `stream`, within the request bound; a

@@ -6,7 +6,8 @@
 //! when not proved, `plane/cache.rs`); this re-check is the reader's own and never skipped
 //! because the writer checked. Handoffs are published in lane order without waiting (at most
 //! [`MAX_HANDOFFS_IN_FLIGHT`] unacknowledged), each entry is acked after its handoff's ack, and
-//! the batch's boundary ticket (`plane/boundary.rs`) is held until its last handoff settled.
+//! each burst's boundary ticket (`plane/boundary.rs`), taken when it arrived and before its
+//! fences were asked, is held until the last of its entries is settled.
 //! Per entry:
 //!
 //! - owner with no (or a garbled) ACL row: nak, and after ten redeliveries (the eleventh
@@ -40,16 +41,15 @@ use crate::base::GiveUp;
 use crate::base::RowError;
 use crate::plane::acl::RowDecodeError;
 use crate::plane::acl::{AclDecoded, Acls};
-use crate::plane::boundary::Ticket;
 use crate::plane::cache::View;
 use crate::plane::membership::{MemberDecoded, MemberRead, Members};
-use crate::plane::pump::{self, Pulled, Settle};
+use crate::plane::pump::{self, Arrival, Pulled, Settle};
 use crate::plane::{BrokerError, BrokerErrorKind, PlaneCtx, PlaneError, PlaneErrorKind, StopRx};
 use crate::wire::{parse_dinbox_subject, EntryRead, LifecycleNames, Reason};
 use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, READER_DURABLE};
 
 /// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order). Each
-/// lane batch costs two fenced cache proofs, a boundary ticket and a settling task whatever its
+/// lane batch costs two fenced cache proofs and a settling task whatever its
 /// size, so fewer lanes with larger batches cost less CPU per frame than one lane per few
 /// members (64 lanes gave a lane one or two of 100 members' subjects; docs/performance.md),
 /// and handoffs stay pipelined within a lane.
@@ -156,6 +156,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         handoffs: Arc::new(Semaphore::new(MAX_HANDOFFS_IN_FLIGHT)),
         names: Mutex::new(HashMap::new()),
     });
+    let asks = ctx.clone();
     Ok(tokio::spawn(pump::run(
         ctx.clone(),
         consumer,
@@ -163,6 +164,17 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         stop,
         READER_LANES,
         "trusted reader",
+        move || {
+            // The ticket first: the fences asked for next are sent after it was taken.
+            let ticket = asks.handoffs.ticket();
+            let caches = &asks.caches;
+            Arrival {
+                ticket: Some(ticket),
+                acl: caches.acl.ask(&asks),
+                members: caches.members.ask(&asks),
+                channels: None,
+            }
+        },
         move |batch| reader.clone().handle_batch(batch),
     )))
 }
@@ -196,12 +208,18 @@ impl Reader {
     /// task per batch (started with the batch, so the lane goes on with the next batch and the
     /// handoff slots it holds are given back as the acks come in).
     async fn handle_batch(self: Arc<Self>, batch: Vec<Pulled>) {
-        // Taken before the fences and held until the batch's last handoff settled: a leave
-        // answered after its write waits for it (strict leave boundary).
-        let mut ticket = Some(self.ctx.handoffs.ticket());
+        // The fences its entries' burst asked for when they arrived, after the burst's boundary
+        // ticket was taken (each entry holds it until settled: a leave answered after its write
+        // waits for it, the strict leave boundary). The batch's last entry arrived last (a
+        // lane's queue is in arrival order), so its fences serve every entry of the batch.
+        let Some(arrival) = batch.last().map(|p| p.arrival.clone()) else {
+            return;
+        };
         let caches = &self.ctx.caches;
-        let (acls, members) =
-            tokio::join!(caches.acl.prove(&self.ctx), caches.members.prove(&self.ctx));
+        let (acls, members) = tokio::join!(
+            caches.acl.prove_asked(&self.ctx, arrival.acl),
+            caches.members.prove_asked(&self.ctx, arrival.members)
+        );
         let mut settles: Option<mpsc::UnboundedSender<Handoff>> = None;
         let mut rows = BatchRows::default();
         for pulled in batch {
@@ -234,15 +252,15 @@ impl Reader {
                 pulled,
                 _permit: permit,
             };
-            let tx = settles.get_or_insert_with(|| self.clone().settle_in_order(ticket.take()));
+            let tx = settles.get_or_insert_with(|| self.clone().settle_in_order());
             // The settling task is alive until this sender is dropped, after the batch.
             let _ = tx.send(handoff);
         }
     }
 
-    /// Starts the task that settles one batch's handoffs in the order they were sent, and
-    /// drops the batch's boundary ticket once the last of them settled.
-    fn settle_in_order(self: Arc<Self>, ticket: Option<Ticket>) -> mpsc::UnboundedSender<Handoff> {
+    /// Starts the task that settles one batch's handoffs in the order they were sent (each
+    /// entry's burst ticket is given back with its last entry, `pump::Arrival`).
+    fn settle_in_order(self: Arc<Self>) -> mpsc::UnboundedSender<Handoff> {
         let (tx, mut rx) = mpsc::unbounded_channel::<Handoff>();
         tokio::spawn(async move {
             while let Some(Handoff {
@@ -281,7 +299,6 @@ impl Reader {
                 };
                 pulled.settle(&self.ctx, verdict).await;
             }
-            drop(ticket);
         });
         tx
     }
