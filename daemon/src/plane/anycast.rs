@@ -16,8 +16,7 @@ use async_nats::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::base::{broker_words, Read, RowErrorKind, Rows};
-use crate::base::{epoch_ms, Journal};
+use crate::base::{broker_words, epoch_ms, Journal, Read, RowErrorKind, Rows};
 use crate::plane::acl::{AclRow, Acls};
 use crate::plane::PlaneCtx;
 use crate::wire::{

@@ -37,8 +37,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::base::GiveUp;
-use crate::base::RowError;
+use crate::base::{GiveUp, RowError};
 use crate::plane::acl::RowDecodeError;
 use crate::plane::acl::{AclDecoded, Acls};
 use crate::plane::cache::View;

@@ -17,8 +17,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use crate::base::SysAuthority;
-use crate::base::{check_same_store, StoreIdentity};
+use crate::base::{check_same_store, StoreIdentity, SysAuthority};
 use crate::plane::PlaneCtx;
 use crate::rails::evict::{self, Kicker};
 use crate::rails::{inventory, liveness, AdminParts};

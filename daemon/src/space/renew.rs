@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 
-use crate::base::Journal;
-use crate::base::{delivery_creds_key, membership_rw_creds_key, SecretStore};
-use crate::base::{ConnEvent, CredentialCell};
-use crate::base::{Credential, JwtClaims};
+use crate::base::{
+    delivery_creds_key, membership_rw_creds_key, ConnEvent, Credential, CredentialCell, Journal,
+    JwtClaims, SecretStore,
+};
 use crate::provision::{BrokerAccepted, Preflight};
 use crate::rails::RECONNECT_WAIT_BOUND;
 use crate::space::health::HealthHandle;
@@ -761,5 +761,36 @@ mod tests {
             ..c
         };
         assert!(renew_point_secs(&reversed).is_err());
+    }
+
+    /// A renewal keeps the nkey and the account; each other candidate is refused by its kind,
+    /// in the words the re-read's refusal quotes. Mutation seen failing: the account check's
+    /// kind set to `OtherNkey`.
+    #[test]
+    fn a_candidate_for_another_nkey_or_account_is_refused_by_its_kind() {
+        use crate::provision::{MeshAuthority, MintOptions, Profile};
+        let space = Space::parse("demo").unwrap();
+        let mut ours = MeshAuthority::new();
+        ours.add_space(&space);
+        let mut theirs = MeshAuthority::new();
+        theirs.add_space(&space);
+        let mint =
+            |a: &MeshAuthority, o: MintOptions| a.mint(&space, &Profile::Delivery, o).unwrap();
+        let live = mint(&ours, MintOptions::new());
+        assert_eq!(
+            continuity(&live, &mint(&ours, MintOptions::new().renewal_of(&live))),
+            Ok(())
+        );
+        let other_nkey = continuity(&live, &mint(&ours, MintOptions::new())).unwrap_err();
+        assert_eq!(other_nkey.kind(), ContinuityErrorKind::OtherNkey);
+        assert!(other_nkey
+            .to_string()
+            .ends_with("a renewal re-signs the same nkey"));
+        let other_account =
+            continuity(&live, &mint(&theirs, MintOptions::new().renewal_of(&live))).unwrap_err();
+        assert_eq!(other_account.kind(), ContinuityErrorKind::OtherAccount);
+        assert!(other_account
+            .to_string()
+            .starts_with("the candidate credential belongs to account"));
     }
 }

@@ -9,12 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::base::read_creds_file;
-use crate::base::FsStore;
-use crate::base::Rows;
-use crate::base::SysAuthority;
-use crate::base::{self, MeshRecord, PidLiveness};
-use crate::base::{epoch_ms, utc_timestamp};
+use crate::base::{
+    self, epoch_ms, read_creds_file, utc_timestamp, FsStore, MeshRecord, PidLiveness, Rows,
+    SysAuthority,
+};
 use crate::provision::{MeshAuthority, MintOptions, Profile, Workspace};
 use crate::space::HolderState;
 use crate::wire::{CtlService, Principal, Space, SpaceNames};
