@@ -1,8 +1,9 @@
-//! `cotal-delivery`: parses arguments and calls the library. Nothing else lives here.
+//! `cotal-delivery`: picks the allocator, parses arguments and calls the library. Nothing else
+//! lives here.
 
 /// The daemon allocates and frees small buffers per message (headers, subjects, parsed
 /// entries) on two worker threads; glibc's malloc spent a fifth of the daemon's CPU doing so
-/// (docs/performance.md, "Profile of the daemon after the cuts").
+/// (docs/performance.md, "The allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
