@@ -229,10 +229,11 @@ async fn a_signal_during_a_redial_waits_for_it_and_then_releases() {
         .await
         .expect("serving");
     assert!(insp.lease().await.expect("read").is_some());
-    // Start-up is complete once the lease watch is bound: its consumer exists on the broker and
-    // the broker has its subscription (`push_bound`), the last step of the bind. The consumer's
-    // existence alone is not enough: a cut between the create and the SUB fails the start-up
-    // (CI saw "the lease watch could not be bound (timed out)" and exit 1).
+    // The watch subscribes, then creates its consumer: the consumer exists and is `push_bound`
+    // on the broker before the create's answer reaches the daemon, and a cut between the two
+    // fails the start-up (CI saw "the lease watch could not be bound (timed out)" and exit 1,
+    // once with the consumer already bound). Start-up is complete once the companions started
+    // after the watch are up (`timer writer up`), as in lease::release.
     let lease_stream = SpaceNames::kv_stream(&insp.names().delivery_bucket());
     delivery_harness::wait_until(
         BOUND,
@@ -248,7 +249,10 @@ async fn a_signal_during_a_redial_waits_for_it_and_then_releases() {
         },
     )
     .await
-    .expect("start-up complete");
+    .expect("the lease watch consumer");
+    d.wait_for_line("timer writer up", BOUND)
+        .await
+        .expect("start-up complete");
     proxy.blackhole_new();
     proxy.cut_established();
     d.wait_for_line("broker connection unavailable, reconnecting", BOUND)
