@@ -14,9 +14,10 @@
 //! message count (its state polled), throughput is posts over the broker's timestamps (the
 //! first measured post stored in CHAT → the last frame stored in DLV), and CPU is read from
 //! `/proc/<pid>/stat` of the process running the pipeline, of the broker (every node) and of
-//! this benchmark itself, before the burst and once DLV is complete. Latency is measured
-//! separately at a fixed `--rate` posts/s, post stored → frame stored, from the same
-//! timestamps read back after the run. The daemon's peak RSS is its `VmHWM` before each stop.
+//! this benchmark itself, before the burst and once DLV is complete. Latency is measured after
+//! each run at a fixed `--rate` posts/s, post stored → frame stored, from the same timestamps
+//! read back after the run; a row takes each side's median over the runs. The daemon's peak RSS
+//! is its `VmHWM` before each stop.
 
 mod measure;
 pub mod raw;
@@ -57,10 +58,11 @@ pub struct Args {
     /// Fixed posting rate of the latency measurement, posts/s.
     #[arg(long, default_value_t = 200)]
     rate: u64,
-    /// Posts of the latency measurement (at most the 1,000 per subject the streams keep).
+    /// Posts of the latency measurement, made after every run (at most the 1,000 per subject
+    /// the streams keep).
     #[arg(long, default_value_t = 400)]
     latency_posts: usize,
-    /// Bound on one run (or the latency run) completing in DLV, in seconds.
+    /// Bound on one run (or its latency measurement) completing in DLV, in seconds.
     #[arg(long, default_value_t = 300)]
     surface_bound_secs: u64,
     /// Both sides on a 3-node loopback JetStream cluster with every stream at R3 (the
@@ -148,6 +150,9 @@ impl Figures {
 struct RunFigures {
     daemon: Figures,
     baseline: Figures,
+    /// (p50, p99) ms of each side's latency phase in this run.
+    daemon_lat: (f64, f64),
+    baseline_lat: (f64, f64),
     loadavg: String,
 }
 
@@ -157,6 +162,7 @@ struct Row {
     daemon: Figures,
     baseline: Figures,
     runs: Vec<RunFigures>,
+    /// Medians over the runs of each side's p50 and p99, ms.
     daemon_lat: (f64, f64),
     baseline_lat: (f64, f64),
     rss_mb: f64,
@@ -212,7 +218,7 @@ async fn bench(args: Args) -> Result<bool, String> {
             None => format!("one nats-server at {}", mesh.url()),
         };
         println!(
-            "bench-fanout: {broker}; {} posts (+{WARM_UP_POSTS} warm-up) x {} runs per member count and side, latency {} posts at {} posts/s; load average {}",
+            "bench-fanout: {broker}; {} posts (+{WARM_UP_POSTS} warm-up) x {} runs per member count and side, latency {} posts at {} posts/s after each run; load average {}",
             args.posts,
             args.runs,
             args.latency_posts,
@@ -285,19 +291,14 @@ async fn bench(args: Args) -> Result<bool, String> {
         let mut complete = true;
         let mut runs = Vec::new();
         let mut scraped = Vec::new();
-        let (mut daemon_lat, mut baseline_lat) = ((0.0, 0.0), (0.0, 0.0));
         let mut rss_kb = 0u64;
         for run in 0..args.runs.max(1) {
             if run > 0 {
                 (daemon, port) = start_daemon(&mesh).await?;
             }
-            let with_latency = run == 0;
             let scraper = Scraper::start(port, mesh.space().as_str().to_string());
-            let d = on
-                .phase(daemon.pid(), &format!("d{round}r{run}"), with_latency)
-                .await?;
-            let posts =
-                WARM_UP_POSTS + args.posts + if with_latency { args.latency_posts } else { 0 };
+            let d = on.phase(daemon.pid(), &format!("d{round}r{run}")).await?;
+            let posts = WARM_UP_POSTS + args.posts + args.latency_posts;
             let got = scraper
                 .finish(mesh.space().as_str(), (posts * m) as u64)
                 .await;
@@ -309,15 +310,12 @@ async fn bench(args: Args) -> Result<bool, String> {
             }
             scraped.push(got);
             complete &= d.complete;
-            daemon_lat = d.latency.unwrap_or(daemon_lat);
             rss_kb = rss_kb.max(peak_rss_kb(daemon.pid()));
             stop(&mut daemon).await;
             purge(&insp).await?;
 
             let raw = RawClient::start(&mesh, &insp, &channel, &targets).await?;
-            let b = on
-                .phase(raw.pid(), &format!("b{round}r{run}"), with_latency)
-                .await?;
+            let b = on.phase(raw.pid(), &format!("b{round}r{run}")).await?;
             if !b.complete {
                 eprintln!(
                     "bench-fanout: {m} members, run {run}: the raw client's run is incomplete; it printed:\n{}",
@@ -325,21 +323,33 @@ async fn bench(args: Args) -> Result<bool, String> {
                 );
             }
             complete &= b.complete;
-            baseline_lat = b.latency.unwrap_or(baseline_lat);
             raw.stop(&insp).await;
             purge(&insp).await?;
             let load = measure::loadavg();
             eprintln!(
-                "bench-fanout: {m} members, run {run}: {}; {}; load average {load}",
+                "bench-fanout: {m} members, run {run}: {}; {}; latency p50 / p99 daemon {:.2} / {:.2} ms, raw {:.2} / {:.2} ms; load average {load}",
                 describe("daemon", "daemon", &d.figures),
-                describe("raw", "raw client", &b.figures)
+                describe("raw", "raw client", &b.figures),
+                d.latency.0,
+                d.latency.1,
+                b.latency.0,
+                b.latency.1
             );
             runs.push(RunFigures {
                 daemon: d.figures,
                 baseline: b.figures,
+                daemon_lat: d.latency,
+                baseline_lat: b.latency,
                 loadavg: load,
             });
         }
+        let lat = |side: fn(&RunFigures) -> (f64, f64)| {
+            (
+                median(&mut runs.iter().map(|r| side(r).0).collect::<Vec<_>>()),
+                median(&mut runs.iter().map(|r| side(r).1).collect::<Vec<_>>()),
+            )
+        };
+        let (daemon_lat, baseline_lat) = (lat(|r| r.daemon_lat), lat(|r| r.baseline_lat));
         let row = Row {
             members: m,
             daemon: Figures::median(&runs.iter().map(|r| r.daemon).collect::<Vec<_>>()),
@@ -390,7 +400,8 @@ struct On<'a> {
 /// One phase (daemon or baseline) of one run.
 struct Phase {
     figures: Figures,
-    latency: Option<(f64, f64)>,
+    /// (p50, p99) ms of the latency measurement.
+    latency: (f64, f64),
     complete: bool,
 }
 
@@ -399,17 +410,14 @@ impl On<'_> {
         self.suffixes.len()
     }
 
-    /// Throughput, then (when asked) latency, with process `pid` running the pipeline.
-    async fn phase(&self, pid: u32, tag: &str, with_latency: bool) -> Result<Phase, String> {
+    /// Throughput, then latency, with process `pid` running the pipeline. Latency is measured
+    /// in every run: one phase's p99 is set by its few slowest posts, too noisy to judge alone
+    /// (docs/performance.md), so the row takes each side's median over the runs.
+    async fn phase(&self, pid: u32, tag: &str) -> Result<Phase, String> {
         let (figures, mut complete) = self.throughput(pid, tag).await?;
-        let latency = if with_latency {
-            purge(self.insp).await?;
-            let (lat, ok) = self.latency(&format!("{tag}l")).await?;
-            complete &= ok;
-            Some(lat)
-        } else {
-            None
-        };
+        purge(self.insp).await?;
+        let (latency, ok) = self.latency(&format!("{tag}l")).await?;
+        complete &= ok;
         Ok(Phase {
             figures,
             latency,
@@ -670,6 +678,10 @@ fn print_row(r: &Row, args: &Args) {
                 "runs": r.runs.iter().map(|run| json!({
                     "daemon": run.daemon.json(),
                     "baseline": run.baseline.json(),
+                    "daemon_p50_ms": round2(run.daemon_lat.0),
+                    "daemon_p99_ms": round2(run.daemon_lat.1),
+                    "baseline_p50_ms": round2(run.baseline_lat.0),
+                    "baseline_p99_ms": round2(run.baseline_lat.1),
                     "loadavg": run.loadavg,
                 })).collect::<Vec<_>>(),
                 "metrics": r.scraped.iter().map(|m| json!({
