@@ -643,11 +643,12 @@ impl Sampler {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut was_down = false;
             let mut seen = Vec::new();
+            let mut expiry = Expiry::default();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
                         self.metrics.cache_deltas(&(self.caches)(), &mut seen);
-                        self.sample().await;
+                        self.sample(&mut expiry).await;
                     }
                     ev = self.events.recv() => match ev {
                         Ok(ConnEvent::Disconnected) => {
@@ -678,11 +679,11 @@ impl Sampler {
             .set(i64::from(up));
     }
 
-    async fn sample(&self) {
+    async fn sample(&self, expiry: &mut Expiry) {
         use async_nats::connection::State;
         self.set_connected(self.client.connection_state() == State::Connected);
         self.metrics.lease_held((self.serving)());
-        if let Ok(Some(exp)) = self.credential.get().claims().map(|c| c.exp) {
+        if let Some(exp) = expiry.of(&self.credential.get()) {
             let now = (super::journal::epoch_ms() / 1000) as i64;
             self.metrics
                 .families
@@ -710,26 +711,81 @@ impl Sampler {
     }
 }
 
+/// The credential's expiry (`exp`, seconds since the epoch), decoded once per JWT: a sample
+/// compares the JWT instead of decoding it every period.
+#[derive(Default)]
+struct Expiry {
+    jwt: String,
+    exp: Option<i64>,
+}
+
+impl Expiry {
+    fn of(&mut self, credential: &super::Credential) -> Option<i64> {
+        if self.jwt != credential.jwt {
+            self.exp = credential.claims().ok().and_then(|c| c.exp);
+            self.jwt.clone_from(&credential.jwt);
+        }
+        self.exp
+    }
+}
+
+/// What the gauges read of a `STREAM.INFO` answer (an error answer has no `state`). Only these
+/// fields are decoded: the rest of the answer (config, cluster) is skipped, not built, since
+/// the sampler asks five of them every period.
+#[derive(serde::Deserialize)]
+struct StreamInfoState {
+    state: Option<StreamCounts>,
+}
+
+#[derive(serde::Deserialize)]
+struct StreamCounts {
+    messages: u64,
+    last_seq: u64,
+}
+
+/// What the gauges read of a `CONSUMER.INFO` answer (an error answer has no `ack_floor`).
+#[derive(serde::Deserialize)]
+struct ConsumerInfoFloor {
+    ack_floor: Option<AckFloor>,
+}
+
+#[derive(serde::Deserialize)]
+struct AckFloor {
+    stream_seq: u64,
+}
+
+/// An info request's body, `{}` (the broker refuses any other body on `CONSUMER.INFO`).
+#[derive(serde::Serialize)]
+struct EmptyRequest {}
+
+/// `stream`'s message counts from one `STREAM.INFO` (`None` on a failed read or an error answer).
+async fn stream_counts(js: &async_nats::jetstream::Context, stream: &str) -> Option<StreamCounts> {
+    js.request::<_, _, StreamInfoState>(format!("STREAM.INFO.{stream}"), &EmptyRequest {})
+        .await
+        .ok()?
+        .state
+}
+
 /// How many messages `stream` no longer holds: its last sequence minus the messages it holds
 /// (every message ever stored took one sequence; `None` on a failed read).
 async fn removed(js: &async_nats::jetstream::Context, stream: &str) -> Option<u64> {
-    let s = js.get_stream(stream).await.ok()?;
-    let state = &s.cached_info().state;
-    Some(state.last_sequence.saturating_sub(state.messages))
+    let state = stream_counts(js, stream).await?;
+    Some(state.last_seq.saturating_sub(state.messages))
 }
 
 /// `stream`'s last sequence minus `durable`'s ack floor (stream sequence); `None` on a failed
-/// read (the gauge keeps its last value). Two requests: the stream's info, then the consumer's
-/// (one `CONSUMER.INFO`, not a consumer handle and then its info again).
+/// read (the gauge keeps its last value). Two requests: the stream's info, then the consumer's.
 async fn lag(js: &async_nats::jetstream::Context, stream: &str, durable: &str) -> Option<u64> {
-    let s = js.get_stream(stream).await.ok()?;
-    let last = s.cached_info().state.last_sequence;
-    let floor = s
-        .consumer_info(durable)
+    let last = stream_counts(js, stream).await?.last_seq;
+    let floor = js
+        .request::<_, _, ConsumerInfoFloor>(
+            format!("CONSUMER.INFO.{stream}.{durable}"),
+            &EmptyRequest {},
+        )
         .await
         .ok()?
-        .ack_floor
-        .stream_sequence;
+        .ack_floor?
+        .stream_seq;
     Some(last.saturating_sub(floor))
 }
 

@@ -32,7 +32,7 @@ use crate::wire::{Principal, Space, SpaceNames, MEMBERSHIP_OBSERVER_INBOX_PREFIX
 
 pub const OBSERVER_NAME: &str = "cotal-membership-observer";
 pub const RW_NAME: &str = "cotal-membership-rw";
-/// A connect/disconnect event re-sweeps after this quiet time.
+/// Connect/disconnect events re-sweep once none has come for this long (one sweep per burst).
 pub const DEBOUNCE: Duration = Duration::from_millis(400);
 /// Collection stops this long after the last CONNZ reply …
 pub const SETTLE: Duration = Duration::from_millis(250);
@@ -346,6 +346,12 @@ async fn close_both(observer: &Resident, rw: &Resident) -> FeedClosed {
 
 /// The sweep loop: every interval and after connect/disconnect events (debounced). A failing
 /// sweep is reported once per episode.
+///
+/// Debounced means one sweep per burst: the events that come within [`DEBOUNCE`] of each other
+/// are taken together and swept once, when [`DEBOUNCE`] has passed without one (or when the
+/// interval falls due first, so churn that never pauses is still swept every interval). A
+/// sweep per event instead would queue one sweep (a CONNZ and a leader read per registry row)
+/// behind another for every agent of a mesh that reconnects at once, for minutes.
 async fn run(
     mut s: Sweeper,
     mut events: impl futures::Stream<Item = async_nats::Message> + Unpin,
@@ -363,9 +369,20 @@ async fn run(
             Some(_) = events.next() => true,
         };
         if event {
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => return,
-                _ = tokio::time::sleep(DEBOUNCE) => {}
+            let quiet = tokio::time::sleep(DEBOUNCE);
+            tokio::pin!(quiet);
+            // Set when the events end: then only the quiet time is waited out.
+            let mut ended = false;
+            loop {
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => return,
+                    _ = &mut quiet => break,
+                    _ = tick.tick() => break,
+                    more = events.next(), if !ended => match more {
+                        Some(_) => quiet.as_mut().reset(tokio::time::Instant::now() + DEBOUNCE),
+                        None => ended = true,
+                    },
+                }
             }
         }
         let outcome = tokio::select! {

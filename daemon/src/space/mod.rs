@@ -25,7 +25,7 @@ mod timer;
 
 pub use admission::{evictor_key, observer_key};
 pub use feed::{
-    FeedError, FeedErrorKind, FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME,
+    FeedError, FeedErrorKind, FeedParts, FeedRow, MembershipFeed, DEBOUNCE, OBSERVER_NAME, RW_NAME,
 };
 pub(crate) use health::HARD_EXIT_GRACE;
 pub use health::{HealthConfig, Verdict};

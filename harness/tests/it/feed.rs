@@ -16,7 +16,7 @@ use cotal_delivery::base::{
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::space::TIMER_CONNECTION_NAME as TIMER_WRITER;
-use cotal_delivery::space::{FeedParts, FeedRow, MembershipFeed, OBSERVER_NAME, RW_NAME};
+use cotal_delivery::space::{FeedParts, FeedRow, MembershipFeed, DEBOUNCE, OBSERVER_NAME, RW_NAME};
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
 use delivery_harness::ConnState;
@@ -109,6 +109,118 @@ async fn rows_and_heartbeat_appear_and_a_gone_principal_is_pruned() {
     })
     .await;
     assert!(feed_row(&insp, "local.bob").await.is_some());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// The membership bucket's last stream sequence: every sweep writes the `=feed` heartbeat, and
+/// nothing else changes a row in the burst tests below, so its growth counts the sweeps.
+async fn membership_writes(insp: &Inspector) -> u64 {
+    let stream = format!("KV_{}", insp.names.membership_bucket());
+    let mut s = insp
+        .js
+        .get_stream(&stream)
+        .await
+        .expect("membership stream");
+    s.info()
+        .await
+        .expect("membership stream info")
+        .state
+        .last_sequence
+}
+
+/// How long the burst test watches for sweeps after the burst's first one: long enough for
+/// several sweeps one [`DEBOUNCE`] apart (a sweep per event), not a wait for readiness.
+const SWEEPS_WATCHED: Duration = Duration::from_secs(3);
+
+/// Opens `n` connections in the space's account at once, then closes them at once (2 `n`
+/// connect/disconnect events within well under a [`DEBOUNCE`] of each other).
+async fn burst(mesh: &Mesh, n: usize) {
+    let cred = mesh
+        .mint(mesh.space(), &Profile::Operator, MintOptions::new())
+        .unwrap();
+    let names: Vec<String> = (0..n).map(|i| format!("burst-{i}")).collect();
+    let opened =
+        futures::future::join_all(names.iter().map(|name| mesh.connect(&cred, name))).await;
+    let clients: Vec<async_nats::Client> = opened.into_iter().map(|c| c.unwrap()).collect();
+    futures::future::join_all(clients.iter().map(|c| c.drain())).await;
+}
+
+/// A burst of connect and disconnect events is swept once, not once per event (the
+/// reference's 400 ms debounce): twenty connections opened and closed at once (forty events)
+/// bring one sweep, or two when a loaded host splits the burst by more than [`DEBOUNCE`] (the
+/// count is printed); the periodic sweep is pushed out of the way (10 min). Mutation seen
+/// failing: the old per-event delay (`sleep(DEBOUNCE)` then a sweep, for each event): 5 sweeps
+/// in the window.
+#[tokio::test]
+async fn a_burst_of_connections_is_swept_once() {
+    let mesh = crate::support::data_path::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = crate::support::data_path::daemon_spec(&mesh)
+        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "600000")
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    // The start's own sweep (the interval's first tick) and the sweeps of the connections made
+    // so far (the daemon's, the inspector's) are done once the bucket has been quiet for a while.
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let mut before = membership_writes(&insp).await;
+    loop {
+        tokio::time::sleep(DEBOUNCE * 3).await;
+        let now = membership_writes(&insp).await;
+        if now > 0 && now == before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the feed never went quiet"
+        );
+        before = now;
+    }
+    burst(&mesh, 20).await;
+    eventually("a sweep after the burst", BOUND, || async {
+        membership_writes(&insp).await > before
+    })
+    .await;
+    tokio::time::sleep(SWEEPS_WATCHED).await;
+    let sweeps = membership_writes(&insp).await - before;
+    eprintln!("sweeps after a burst of 40 events: {sweeps}");
+    assert!(
+        (1..=2).contains(&sweeps),
+        "a burst of 40 events brought {sweeps} sweeps"
+    );
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// Churn that never pauses for a [`DEBOUNCE`] is still swept every interval: a connection
+/// opened and closed every 150 ms for 3.5 s under a 1 s interval brings sweeps while it lasts.
+/// Mutation seen failing: the interval's branch removed from the debounce wait (1 sweep in the
+/// 3.5 s instead of one per interval).
+#[tokio::test]
+async fn churn_without_a_pause_is_still_swept_every_interval() {
+    let mesh = crate::support::data_path::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = crate::support::data_path::daemon_spec(&mesh)
+        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "1000")
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let cred = mesh
+        .mint(mesh.space(), &Profile::Operator, MintOptions::new())
+        .unwrap();
+    let before = membership_writes(&insp).await;
+    let until = tokio::time::Instant::now() + Duration::from_millis(3_500);
+    let mut opened = 0;
+    while tokio::time::Instant::now() < until {
+        let c = mesh.connect(&cred, "churn").await.unwrap();
+        c.drain().await.unwrap();
+        opened += 1;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let during = membership_writes(&insp).await - before;
+    eprintln!("{opened} connections in 3.5 s; sweeps while they came: {during}");
+    assert!(during >= 2, "{during} sweeps during 3.5 s of churn");
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
 }
