@@ -272,7 +272,9 @@ pub async fn run<H, F>(
         let handler = handler.clone();
         tasks.spawn(async move {
             while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
+                // Sized for what is queued, so the batch is not regrown (and moved) as it fills.
+                let mut batch = Vec::with_capacity((rx.len() + 1).min(LANE_BATCH_MAX));
+                batch.push(first);
                 while batch.len() < LANE_BATCH_MAX {
                     match rx.try_recv() {
                         Ok(p) => batch.push(p),
@@ -285,6 +287,9 @@ pub async fn run<H, F>(
         senders.push(tx);
     }
     let mut retention = RetentionWatch::default();
+    // One burst buffer for the loop's life, emptied by each burst: a burst of many messages
+    // does not regrow (and move) a new one message by message.
+    let mut burst: Vec<Message> = Vec::new();
     'outer: loop {
         // Pull only while serving: a message pulled behind a closed gate (before `arm` opens it,
         // or after a quiesce closed it) would sit out a whole `ack_wait` before anyone got it.
@@ -310,8 +315,8 @@ pub async fn run<H, F>(
                 _ = stopped(&mut stop) => break 'outer,
                 n = messages.next() => n,
             };
-            let mut burst = match next {
-                Some(Ok(msg)) => vec![msg],
+            match next {
+                Some(Ok(msg)) => burst.push(msg),
                 Some(Err(e)) => {
                     tracing::debug!(what, error = %e, "pull stream event");
                     continue;
@@ -331,8 +336,8 @@ pub async fn run<H, F>(
                 }
             }
             let mut admitted = Vec::with_capacity(burst.len());
-            let mut burst = burst.into_iter();
-            while let Some(msg) = burst.next() {
+            let mut received = burst.drain(..);
+            while let Some(msg) = received.next() {
                 let (delivered, seq) = msg
                     .info()
                     .map(|i| (i.delivered, i.stream_sequence))
@@ -353,7 +358,8 @@ pub async fn run<H, F>(
                     if !dispatch(admitted, &arrive, &owners, &senders) {
                         break 'outer;
                     }
-                    let mut unadmitted: Vec<Message> = std::iter::once(msg).chain(burst).collect();
+                    let mut unadmitted: Vec<Message> =
+                        std::iter::once(msg).chain(received).collect();
                     if !ended {
                         while let Some(Some(Ok(m))) = messages.next().now_or_never() {
                             unadmitted.push(m);

@@ -33,6 +33,7 @@ use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::stream::DeleteMessageErrorKind;
 use async_nats::HeaderMap;
+use bytes::Bytes;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -121,6 +122,34 @@ impl BatchRows {
         });
         let last = self.seen.len() - 1;
         &mut self.seen[last]
+    }
+}
+
+/// The last frame a lane batch built, by what it depends on (`EntryRead::frame_key`): a post's
+/// copies to the members of one lane come one after another with the same message and channel,
+/// so they share one frame's bytes instead of each parsing the message and writing the frame
+/// again.
+#[derive(Default)]
+struct LastFrame {
+    /// The message's bytes and the channel (`None`: built for an entry parsed whole, never reused).
+    key: Option<(String, String)>,
+    body: Bytes,
+    id: String,
+}
+
+impl LastFrame {
+    /// `entry`'s frame and its message's id: the last one when `entry` has its key, else built
+    /// (and kept). An error is [`EntryRead::frame`]'s.
+    fn of(&mut self, entry: &EntryRead<'_>) -> Result<(Bytes, &str), serde_json::Error> {
+        let key = entry.frame_key();
+        let same = matches!((&self.key, key), (Some((m, c)), Some((msg, channel))) if m == msg && c == channel);
+        if !same {
+            let (body, id) = entry.frame()?;
+            self.body = Bytes::from(body);
+            self.id = id.into_owned();
+            self.key = key.map(|(msg, channel)| (msg.to_string(), channel.to_string()));
+        }
+        Ok((self.body.clone(), &self.id))
     }
 }
 
@@ -221,6 +250,7 @@ impl Reader {
         );
         let mut settles: Option<mpsc::UnboundedSender<Handoff>> = None;
         let mut rows = BatchRows::default();
+        let mut last_frame = LastFrame::default();
         for pulled in batch {
             let (names, entry) = match self.check(&pulled, &acls, &members, &mut rows).await {
                 Ok(surface) => surface,
@@ -229,7 +259,7 @@ impl Reader {
                     continue;
                 }
             };
-            let (body, id) = match entry.frame() {
+            let (body, id) = match last_frame.of(&entry) {
                 Ok(frame) => frame,
                 Err(e) => {
                     // Only a message serde cannot hold as a value gets here.
@@ -243,7 +273,7 @@ impl Reader {
                 return;
             };
             let sent = self
-                .send_handoff(&names, entry.generation(), body, &id)
+                .send_handoff(&names, entry.generation(), body, id)
                 .await;
             let handoff = Handoff {
                 sent,
@@ -398,7 +428,7 @@ impl Reader {
         &self,
         names: &LifecycleNames,
         generation: u64,
-        body: Vec<u8>,
+        body: Bytes,
         id: &str,
     ) -> Result<PublishAckFuture, BrokerError> {
         let mut headers = HeaderMap::new();
@@ -411,7 +441,7 @@ impl Reader {
         // of the context is free, since the handoffs and copies in flight stay below its count.
         self.ctx
             .js
-            .publish_with_headers(subject.clone(), headers, body.into())
+            .publish_with_headers(subject.clone(), headers, body)
             .await
             .map_err(|e| {
                 BrokerError::quoting(
@@ -551,6 +581,44 @@ pub async fn delete_inbox_entry(ctx: &PlaneCtx, seq: u64) -> Result<(), BrokerEr
 mod tests {
     use super::*;
     use crate::wire::{LifecycleUid, Principal, Space};
+
+    /// A post's copies in one lane batch share one frame, and only copies with the same message
+    /// and channel do: the second copy of a post (another reason and generation) gets the first
+    /// one's bytes (the same buffer), a copy of the same message bytes under another channel
+    /// gets its own frame, each equal to what `EntryRead::frame` writes for it. Mutations seen
+    /// failing: the key without the channel (the third copy got the first frame), `of` never
+    /// building again (the same).
+    #[test]
+    fn a_posts_copies_share_one_frame_and_only_theirs() {
+        let msg = r#"{"id":"m1","channel":"general","from":{"id":"local.alice"},"text":"hi"}"#;
+        let entry = |channel: &str, reason: &str, generation: u64| {
+            format!(
+                r#"{{"msg":{msg},"channel":"{channel}","seq":7,"reason":"{reason}","generation":{generation}}}"#
+            )
+        };
+        let (a, b, c) = (
+            entry("general", "durable-channel", 1),
+            entry("general", "live-mention", 0),
+            entry("random", "durable-channel", 1),
+        );
+        let reads: Vec<EntryRead<'_>> = [&a, &b, &c]
+            .iter()
+            .map(|e| EntryRead::parse(e.as_bytes()).unwrap())
+            .collect();
+        let mut last = LastFrame::default();
+        let (first, id) = last.of(&reads[0]).unwrap();
+        assert_eq!(id, "m1");
+        assert_eq!(&first[..], &reads[0].frame().unwrap().0[..]);
+        let (second, _) = last.of(&reads[1]).unwrap();
+        assert_eq!(
+            second.as_ptr(),
+            first.as_ptr(),
+            "the second copy reuses the frame"
+        );
+        let (third, _) = last.of(&reads[2]).unwrap();
+        assert_eq!(&third[..], &reads[2].frame().unwrap().0[..]);
+        assert_ne!(&third[..], &first[..]);
+    }
 
     /// A batch's rows are found by the INBOX subject they were read for, and only by it.
     /// Mutations seen failing: `find` matching any lifecycle (the second lifecycle's names

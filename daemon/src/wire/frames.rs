@@ -133,6 +133,15 @@ impl<'a> EntryRead<'a> {
         }
     }
 
+    /// What [`EntryRead::frame`] depends on, for an entry read borrowed: its message's bytes
+    /// and its channel (`None` for an entry parsed whole).
+    pub fn frame_key(&self) -> Option<(&str, &str)> {
+        match self {
+            EntryRead::Borrowed(v) => Some((v.msg.get(), v.channel)),
+            EntryRead::Parsed(_) => None,
+        }
+    }
+
     /// The entry's DLV frame (`Plane3DeliveryFrame::for_entry`, serialised) and its message's
     /// id. A message that already reads as the frame's (an object whose `channel` is the
     /// entry's, with no `to` or `toService`: what this daemon's writer stores for a post on its

@@ -29,8 +29,13 @@ use crate::support::health::Supervisor;
 const FEED_UP: &str = "✓ membership feed up (broker-sourced channel membership) — space demo";
 
 async fn start(mesh: &Mesh) -> Daemon {
+    start_sweeping_every(mesh, "300").await
+}
+
+/// The daemon with its feed's sweep interval at `interval_ms`, once it is up.
+async fn start_sweeping_every(mesh: &Mesh, interval_ms: &str) -> Daemon {
     let mut d = crate::support::data_path::daemon_spec(mesh)
-        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "300")
+        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", interval_ms)
         .spawn()
         .expect("spawn");
     d.wait_for_line("delivery daemon up", BOUND)
@@ -156,10 +161,7 @@ async fn burst(mesh: &Mesh, n: usize) {
 async fn a_burst_of_connections_is_swept_once() {
     let mesh = crate::support::data_path::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = crate::support::data_path::daemon_spec(&mesh)
-        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "600000")
-        .spawn()
-        .expect("spawn");
+    let mut d = start_sweeping_every(&mesh, "600000").await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     // The start's own sweep (the interval's first tick) and the sweeps of the connections made
     // so far (the daemon's, the inspector's) are done once the bucket has been quiet for a while.
@@ -201,10 +203,7 @@ async fn a_burst_of_connections_is_swept_once() {
 async fn churn_without_a_pause_is_still_swept_every_interval() {
     let mesh = crate::support::data_path::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = crate::support::data_path::daemon_spec(&mesh)
-        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "1000")
-        .spawn()
-        .expect("spawn");
+    let mut d = start_sweeping_every(&mesh, "1000").await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     let cred = mesh
         .mint(mesh.space(), &Profile::Operator, MintOptions::new())
