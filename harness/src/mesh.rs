@@ -304,9 +304,21 @@ impl Mesh {
         Ok((client, events))
     }
 
-    /// The test side's own view of `space`: an unrestricted user of the space account.
+    /// The test side's own view of `space`: an unrestricted user of the space account, on the
+    /// operator profile's lifetime (5 minutes).
     pub async fn inspector(&self, space: &Space) -> Result<Inspector, HarnessError> {
-        let cred = self.mint(space, &Profile::Operator, MintOptions::new())?;
+        self.inspector_with(space, MintOptions::new()).await
+    }
+
+    /// [`Mesh::inspector`] with its credential minted with `options`: a run that outlives the
+    /// operator profile's 5 minutes (a benchmark) sets a longer expiry, or the broker closes its
+    /// connection at the expiry.
+    pub async fn inspector_with(
+        &self,
+        space: &Space,
+        options: MintOptions,
+    ) -> Result<Inspector, HarnessError> {
+        let cred = self.mint(space, &Profile::Operator, options)?;
         let client = self.connect(&cred, "harness-inspector").await?;
         let js = jetstream::context::ContextBuilder::new()
             .timeout(Duration::from_secs(5))

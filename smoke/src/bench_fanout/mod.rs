@@ -32,7 +32,7 @@ use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::stream::Stream;
 use async_nats::HeaderMap;
 use cotal_delivery::agent::Agent;
-use cotal_delivery::provision::AgentMaterial;
+use cotal_delivery::provision::{AgentMaterial, MintOptions, STANDING_TTL};
 use delivery_harness::agent;
 use delivery_harness::daemon::Daemon;
 use delivery_harness::mesh::{Inspector, Mesh};
@@ -77,6 +77,11 @@ pub struct Args {
 /// Posts each throughput run starts with, not measured: the pipeline has pulled, routed and
 /// handed off once (connections, pull requests and caches up) before the burst.
 const WARM_UP_POSTS: usize = 1;
+/// Lifetime of the benchmark's own unrestricted credentials (its view of the broker, each raw
+/// client's): a standing credential's, since a default `--cluster` run takes 5-6 minutes here
+/// and the operator profile's 5 minutes ended one at its expiry ("DLV info: request failed:
+/// channel closed").
+pub const BENCH_CREDENTIAL_TTL: std::time::Duration = STANDING_TTL;
 
 pub async fn run(args: Args) -> i32 {
     match bench(args).await {
@@ -180,7 +185,13 @@ async fn bench(args: Args) -> Result<bool, String> {
         .start()
         .await
         .map_err(err)?;
-    let insp = mesh.inspector(mesh.space()).await.map_err(err)?;
+    let insp = mesh
+        .inspector_with(
+            mesh.space(),
+            MintOptions::new().expires_in(BENCH_CREDENTIAL_TTL),
+        )
+        .await
+        .map_err(err)?;
     let replicas_line = if args.cluster {
         Some(crate::cluster::replicas(&insp, nodes).await?)
     } else {

@@ -410,7 +410,11 @@ impl RawClient {
     ) -> Result<RawClient, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let cred = mesh
-            .mint(mesh.space(), &Profile::Operator, MintOptions::new())
+            .mint(
+                mesh.space(),
+                &Profile::Operator,
+                MintOptions::new().expires_in(super::BENCH_CREDENTIAL_TTL),
+            )
             .map_err(|e| e.to_string())?;
         let creds = dir.path().join("raw.creds");
         cotal_delivery::base::write_creds_file_atomic(&creds, &cred).map_err(|e| e.to_string())?;
