@@ -81,7 +81,7 @@ const WARM_UP_POSTS: usize = 1;
 /// client's): a standing credential's, since a default `--cluster` run takes 5-6 minutes here
 /// and the operator profile's 5 minutes ended one at its expiry ("DLV info: request failed:
 /// channel closed").
-pub const BENCH_CREDENTIAL_TTL: std::time::Duration = STANDING_TTL;
+const BENCH_CREDENTIAL_TTL: std::time::Duration = STANDING_TTL;
 
 pub async fn run(args: Args) -> i32 {
     match bench(args).await {
