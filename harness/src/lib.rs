@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod http;
+pub mod kit;
 pub mod lease_log;
 pub mod manager;
 pub mod mesh;

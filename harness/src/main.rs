@@ -1,41 +1,133 @@
-//! `harness`: runs scenario scripts against a daemon binary and prints the normalised
-//! transcript and the measured figures.
+//! `harness`: qualifies a Cotal delivery daemon against real nats-server brokers.
+//!
+//! `harness qualify` runs the catalogue of cases (scenarios/<family>/*.toml, docs/qualify.md)
+//! and reports a verdict per case, as a table, JSON and JUnit; `harness run FILE...` runs single
+//! case files and prints their transcripts; `harness mutate` proves each case fails without its
+//! behaviour. Exit 0 when everything selected passed, 1 when something failed, 2 when it could
+//! not run (bad flags, no broker binary, the daemon not executable).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use clap::{Parser, Subcommand};
-use delivery_harness::scenario::{self, RunOptions, Scenario};
+use clap::{Args, Parser, Subcommand};
+use delivery_harness::kit::catalogue::{self, Catalogue, QualifyOptions};
+use delivery_harness::kit::report::Subject;
+use delivery_harness::kit::{mutate, run_case, Case, DaemonCmd, DaemonUnderTest, RunOptions};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "harness",
     version,
-    about = "Qualify the Cotal delivery daemon against real nats-server brokers"
+    about = "Qualify a Cotal delivery daemon against real nats-server brokers",
+    long_about = "Qualify a Cotal delivery daemon against real nats-server brokers.\n\n\
+`harness qualify` runs every case of the catalogue (scenarios/<family>/*.toml: one seed sentence \
+each, judged from what the broker holds) against the daemon under test and prints a verdict \
+table; --json and --junit write reports a CI can gate on. docs/qualify.md explains the report; \
+docs/scenarios.md is the language of the cases.\n\n\
+Exit status: 0 every selected case passed, 1 one failed, 2 the run could not start."
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+#[derive(Debug, Args)]
+struct DaemonArgs {
+    /// The daemon binary to qualify (a `cotal-delivery` of this distribution; default: this
+    /// checkout's own build). A relative path is taken from the directory you type it in; a
+    /// bare name that is no file there is looked up on PATH.
+    #[arg(long, value_name = "PATH", conflicts_with = "daemon_cmd")]
+    daemon: Option<PathBuf>,
+    /// Another implementation, started through a command template with the placeholders
+    /// {space} {server} {root} {creds} {tls_ca}; words inside `[ … ]` are dropped when one of
+    /// their placeholders has no value. Cases that need this distribution's own commands are
+    /// skipped, with the reason. Example: 'node daemon.js --space {space} --server {server}
+    /// --root {root} [ --tls-ca {tls_ca} ]'.
+    #[arg(long, value_name = "TEMPLATE")]
+    daemon_cmd: Option<String>,
+    /// The nats-server binary (default: NATS_SERVER_BIN, then .tools/, then PATH).
+    #[arg(long, value_name = "PATH")]
+    nats_server: Option<PathBuf>,
+    /// Run the scaled form of the cases that run at the shipped defaults (their [scaled]
+    /// windows): what `ci/test` does. Without it they run at the shipped 15 s window, 30 s
+    /// lease TTL, 5 s standby retry.
+    #[arg(long)]
+    scaled: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run scenario files (scenarios/*.toml) and print each normalised transcript.
+    /// Run the catalogue against a daemon and report a verdict per case.
+    Qualify {
+        #[command(flatten)]
+        daemon: DaemonArgs,
+        /// Run only this family or case id (repeatable).
+        #[arg(long, value_name = "FAMILY_OR_ID")]
+        only: Vec<String>,
+        /// List the selected cases (id, family, shapes, sentence) and run nothing.
+        #[arg(long)]
+        list: bool,
+        /// Cases run at once (each starts its own brokers).
+        #[arg(short = 'j', long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+        jobs: u16,
+        /// Rounds per case; figures are reported as p50 and max over them.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        repeat: u16,
+        /// Judge behaviour only: transcripts are not compared (an older release, another
+        /// implementation).
+        #[arg(long)]
+        behaviour_only: bool,
+        /// Write the report as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Write the report as JUnit XML (a suite per family, a test case per case).
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// Keep every case's broker and daemon logs under DIR (failed cases' logs are kept
+        /// under ./qualify-logs/ without it).
+        #[arg(long, value_name = "DIR")]
+        keep: Option<PathBuf>,
+        /// The catalogue (default: this checkout's scenarios/).
+        #[arg(long, value_name = "DIR")]
+        scenarios: Option<PathBuf>,
+    },
+    /// Run case files and print each normalised transcript and its figures.
     Run {
-        /// Scenario files to run, in order.
+        /// Case files to run, in order (each on every shape it names).
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
-        /// The daemon binary to qualify (default: the workspace's own build). A relative path
-        /// is taken from the working directory `harness` runs in (the scenarios run the daemon
-        /// in their own roots); a bare name with no such file there is looked up on PATH.
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// Apply each mutation kept beside the cases to a scratch copy of this checkout, build the
+    /// daemon there and run the case that must fail: KILLED or SURVIVED.
+    Mutate {
+        /// Only the mutations of this family, case or mutation id (repeatable).
+        #[arg(long, value_name = "ID")]
+        only: Vec<String>,
+        /// List the mutations and run nothing.
+        #[arg(long)]
+        list: bool,
+        /// The scratch copy (default: target/mutants); its build is reused between runs.
+        #[arg(long, value_name = "DIR")]
+        scratch: Option<PathBuf>,
+        /// Write the results as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// The nats-server binary.
         #[arg(long, value_name = "PATH")]
-        daemon: Option<PathBuf>,
+        nats_server: Option<PathBuf>,
     },
 }
 
-/// `--daemon` as the caller meant it: the scenarios spawn the daemon with their own roots as its
-/// working directory, so a relative path typed in a shell is made absolute against the caller's
-/// (`target/release/cotal-delivery`); a bare name that is no file here stays a PATH lookup.
-fn from_caller(path: PathBuf, cwd: &std::path::Path) -> PathBuf {
+/// A run that could not start: the line naming why, and exit 2.
+fn refuse(line: &str) -> ! {
+    eprintln!("harness: {line}");
+    std::process::exit(2);
+}
+
+/// `path` as the caller meant it: relative to the directory the command is typed in; a bare
+/// name that is no file there stays a PATH lookup.
+fn from_caller(path: PathBuf, cwd: &Path) -> PathBuf {
     let bare = path.components().count() == 1 && !cwd.join(&path).exists();
     if path.is_absolute() || bare {
         path
@@ -44,44 +136,342 @@ fn from_caller(path: PathBuf, cwd: &std::path::Path) -> PathBuf {
     }
 }
 
-fn main() {
-    let cli = Cli::parse();
-    let Command::Run { files, daemon } = cli.command;
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("harness: could not start the runtime: {e}");
-            std::process::exit(1);
+/// The program a name runs: itself when it has a directory part, else the first on PATH.
+fn locate(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return Some(program.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+fn executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(format!("{} is not an executable file", path.display()));
+    }
+    Ok(())
+}
+
+/// The first line a program prints for `--version`.
+fn version_of(program: &Path) -> String {
+    std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).to_string()
+                + &String::from_utf8_lossy(&o.stderr);
+            text.lines().next().unwrap_or_default().trim().to_string()
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "(no --version)".into())
+}
+
+/// The daemon under test from the flags, checked; exits 2 when it cannot run.
+fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, String, String) {
+    if let Some(bin) = &args.nats_server {
+        let bin = from_caller(bin.clone(), cwd);
+        if let Err(e) = executable(&bin) {
+            refuse(&format!("--nats-server: {e}"));
         }
-    };
-    let cwd = std::env::current_dir().unwrap_or_default();
-    let options = RunOptions {
-        daemon_bin: daemon.map(|d| from_caller(d, &cwd)),
-    };
-    let mut failed = 0usize;
-    let total = files.len();
-    for (i, file) in files.iter().enumerate() {
-        eprintln!("[{}/{total}] {}", i + 1, file.display());
-        let outcome = runtime.block_on(async {
-            let s = Scenario::load(file)?;
-            scenario::run(&s, &options).await
-        });
-        match outcome {
-            Ok(o) => {
-                println!("{}", o.transcript);
-                for (name, ms) in &o.figures {
-                    println!("figure: {name}: {ms} ms");
-                }
+        // Read by every broker the harness starts (before any thread of the runtime exists).
+        std::env::set_var(delivery_harness::server_bin::NATS_SERVER_BIN_ENV, &bin);
+    }
+    if let Err(e) = delivery_harness::nats_server_bin() {
+        refuse(&format!("no usable nats-server: {e} (ci/install-nats-server installs one; or pass --nats-server)"));
+    }
+    match (&args.daemon, &args.daemon_cmd) {
+        (_, Some(t)) => {
+            let cmd = DaemonCmd::parse(t).unwrap_or_else(|e| refuse(&e));
+            let program = PathBuf::from(t.split_whitespace().next().unwrap_or_default());
+            if locate(&program).is_none() {
+                refuse(&format!(
+                    "--daemon-cmd: {} is not a file or on PATH",
+                    program.display()
+                ));
             }
-            Err(e) => {
-                failed += 1;
-                eprintln!("FAILED {}: {e}", file.display());
+            (
+                DaemonUnderTest::Cmd(cmd),
+                format!("--daemon-cmd {t}"),
+                "(a command template)".into(),
+            )
+        }
+        (Some(bin), None) => {
+            let bin = from_caller(bin.clone(), cwd);
+            let found = locate(&bin).unwrap_or_else(|| {
+                refuse(&format!(
+                    "--daemon {}: no such file, and not on PATH",
+                    bin.display()
+                ))
+            });
+            if let Err(e) = executable(&found) {
+                refuse(&format!("--daemon: {e}"));
             }
+            let v = version_of(&found);
+            (
+                DaemonUnderTest::Bin(found.clone()),
+                found.display().to_string(),
+                v,
+            )
+        }
+        (None, None) => {
+            let bin = delivery_harness::daemon::daemon_bin()
+                .unwrap_or_else(|e| refuse(&format!("the checkout's daemon: {e}")));
+            let v = version_of(&bin);
+            (DaemonUnderTest::Workspace, bin.display().to_string(), v)
         }
     }
-    println!("harness: {} passed, {failed} failed", total - failed);
-    std::process::exit(if failed == 0 { 0 } else { 1 });
+}
+
+fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| refuse(&format!("could not start the runtime: {e}")))
+}
+
+fn load_catalogue(dir: Option<PathBuf>, cwd: &Path) -> Catalogue {
+    let root = dir
+        .map(|d| from_caller(d, cwd))
+        .unwrap_or_else(catalogue::shipped_root);
+    Catalogue::load(&root).unwrap_or_else(|errors| {
+        for e in &errors {
+            eprintln!("harness: {e}");
+        }
+        refuse(&format!("{} case file(s) refused", errors.len()));
+    })
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let cwd = std::env::current_dir().unwrap_or_default();
+    match cli.command {
+        Command::Qualify {
+            daemon,
+            only,
+            list,
+            jobs,
+            repeat,
+            behaviour_only,
+            json,
+            junit,
+            keep,
+            scenarios,
+        } => {
+            let cat = load_catalogue(scenarios, &cwd);
+            let cases = cat.select(&only).unwrap_or_else(|e| refuse(&e));
+            if list {
+                for c in &cases {
+                    let shapes: Vec<&str> = c.shapes.iter().map(|s| s.as_str()).collect();
+                    println!(
+                        "{}\t{}\t{}\t{}{}",
+                        c.id,
+                        c.family,
+                        shapes.join(","),
+                        c.sentence.split_whitespace().collect::<Vec<_>>().join(" "),
+                        c.distribution
+                            .as_ref()
+                            .map(|d| format!("\t(this distribution only: {d})"))
+                            .unwrap_or_default()
+                    );
+                }
+                return;
+            }
+            let (daemon_ut, daemon_name, daemon_version) = daemon_under_test(&daemon, &cwd);
+            let nats =
+                delivery_harness::nats_server_bin().unwrap_or_else(|e| refuse(&e.to_string()));
+            let subject = Subject {
+                daemon: daemon_name,
+                daemon_version,
+                nats_server: nats.display().to_string(),
+                nats_server_version: version_of(&nats),
+            };
+            println!(
+                "nats-server: {} ({})",
+                subject.nats_server_version, subject.nats_server
+            );
+            println!(
+                "daemon:      {} ({})",
+                subject.daemon_version, subject.daemon
+            );
+            let units: usize = cases.iter().map(|c| c.shapes.len()).sum();
+            println!(
+                "cases:       {} ({} runs){}{}\n",
+                cases.len(),
+                units,
+                if daemon.scaled {
+                    ", scaled windows"
+                } else {
+                    ", shipped defaults"
+                },
+                if behaviour_only {
+                    ", behaviour only"
+                } else {
+                    ""
+                }
+            );
+            let opts = QualifyOptions {
+                run: RunOptions {
+                    daemon: daemon_ut,
+                    scaled: daemon.scaled,
+                },
+                jobs: usize::from(jobs),
+                repeat: usize::from(repeat),
+                behaviour_only,
+                keep: keep.map(|k| from_caller(k, &cwd)),
+                failed_logs: cwd.join("qualify-logs"),
+            };
+            let report =
+                runtime().block_on(catalogue::qualify(&cat, &cases, subject, &opts, |line| {
+                    eprintln!("{line}");
+                }));
+            println!("{}", report.table());
+            if let Some(p) = json {
+                let p = from_caller(p, &cwd);
+                if let Err(e) = write_atomic(&p, &report.json()) {
+                    refuse(&format!("write {}: {e}", p.display()));
+                }
+            }
+            if let Some(p) = junit {
+                let p = from_caller(p, &cwd);
+                if let Err(e) = write_atomic(&p, &report.junit()) {
+                    refuse(&format!("write {}: {e}", p.display()));
+                }
+            }
+            std::process::exit(report.exit_code());
+        }
+        Command::Run { files, daemon } => {
+            let (daemon_ut, _, _) = daemon_under_test(&daemon, &cwd);
+            let opts = RunOptions {
+                daemon: daemon_ut,
+                scaled: daemon.scaled,
+            };
+            let rt = runtime();
+            let (mut passed, mut failed) = (0usize, 0usize);
+            for (i, file) in files.iter().enumerate() {
+                eprintln!("[{}/{}] {}", i + 1, files.len(), file.display());
+                let case = match Case::load(&from_caller(file.clone(), &cwd)) {
+                    Ok(c) => c,
+                    Err(e) => refuse(&e.to_string()),
+                };
+                for shape in &case.shapes {
+                    if let Some(why) = catalogue::skip_reason(&case, &opts) {
+                        println!("skipped {} [{shape}]: {why}", case.id);
+                        continue;
+                    }
+                    let run = rt.block_on(run_case(&case, shape, &opts, None));
+                    println!("{}", run.transcript);
+                    for (name, ms) in &run.figures {
+                        println!("figure: {name}: {ms} ms");
+                    }
+                    match run.outcome {
+                        Ok(()) => passed += 1,
+                        Err(f) => {
+                            failed += 1;
+                            eprintln!("FAILED {} [{shape}]: {f}", case.id);
+                        }
+                    }
+                }
+            }
+            println!("harness: {passed} passed, {failed} failed");
+            std::process::exit(if failed == 0 { 0 } else { 1 });
+        }
+        Command::Mutate {
+            only,
+            list,
+            scratch,
+            json,
+            nats_server,
+        } => {
+            let workspace = catalogue::shipped_root()
+                .parent()
+                .and_then(|p| p.canonicalize().ok())
+                .unwrap_or_default();
+            let cat = load_catalogue(None, &cwd);
+            let all = mutate::load(&cat, &workspace).unwrap_or_else(|errors| {
+                for e in &errors {
+                    eprintln!("harness: {e}");
+                }
+                refuse(&format!("{} mutation(s) refused", errors.len()));
+            });
+            let selected: Vec<mutate::Mutation> = all
+                .into_iter()
+                .filter(|m| {
+                    only.is_empty()
+                        || only.iter().any(|o| {
+                            *o == m.id
+                                || *o == m.case
+                                || m.case.split('/').next() == Some(o.as_str())
+                        })
+                })
+                .collect();
+            if selected.is_empty() {
+                refuse("no mutation selected");
+            }
+            if list {
+                for m in &selected {
+                    println!("{}\t{}\t{}\t{}", m.id, m.case, m.file, m.why);
+                }
+                return;
+            }
+            let _ = daemon_under_test(
+                &DaemonArgs {
+                    daemon: None,
+                    daemon_cmd: None,
+                    nats_server,
+                    scaled: true,
+                },
+                &cwd,
+            );
+            let scratch = scratch
+                .map(|s| from_caller(s, &cwd))
+                .unwrap_or_else(|| workspace.join("target/mutants"));
+            let results = runtime()
+                .block_on(mutate::run(&cat, &workspace, &scratch, &selected, |l| {
+                    eprintln!("{l}")
+                }))
+                .unwrap_or_else(|e| refuse(&e));
+            let mut bad = 0;
+            println!("{:<50} {:<45} fate", "mutation", "case");
+            for r in &results {
+                let fate = match r.fate {
+                    mutate::Fate::Killed => "KILLED",
+                    mutate::Fate::Survived => "SURVIVED",
+                    mutate::Fate::Unbuildable => "UNBUILDABLE",
+                    mutate::Fate::ControlFailed => "CONTROL FAILED",
+                };
+                if r.fate != mutate::Fate::Killed {
+                    bad += 1;
+                }
+                println!("{:<50} {:<45} {fate}", r.mutation.id, r.mutation.case);
+            }
+            for r in results.iter().filter(|r| r.fate != mutate::Fate::Killed) {
+                println!(
+                    "\n{} ({:?}): {}\n  {}",
+                    r.mutation.id,
+                    r.fate,
+                    r.mutation.why,
+                    r.detail.replace('\n', "\n  ")
+                );
+            }
+            println!("\n{} killed, {bad} not", results.len() - bad);
+            if let Some(p) = json {
+                let text = serde_json::to_string_pretty(&results).unwrap_or_default();
+                if let Err(e) = write_atomic(&from_caller(p, &cwd), &text) {
+                    refuse(&format!("write the JSON: {e}"));
+                }
+            }
+            std::process::exit(if bad == 0 { 0 } else { 1 });
+        }
+    }
 }

@@ -1,0 +1,335 @@
+//! The catalogue: every case under `scenarios/<family>/`, loaded and checked together (a file
+//! whose id is not its place, an unknown family directory, two cases with one id are refused),
+//! selected by family or id, and run as `harness qualify` runs it: each (case, shape) in
+//! parallel up to `-j`, `--repeat` rounds each, transcripts compared with their snapshots, logs
+//! kept for the failures.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::case::{Case, LoadError, Shape, FAMILIES};
+use super::report::{
+    figure, CaseReport, FailureReport, Report, Subject, TranscriptVerdict, Verdict,
+};
+use super::run::run_case;
+use super::transcript::{first_difference, matches_snapshot};
+use super::world::RunOptions;
+
+/// The loaded catalogue.
+#[derive(Debug)]
+pub struct Catalogue {
+    pub root: PathBuf,
+    pub cases: Vec<Case>,
+}
+
+/// The catalogue this checkout ships.
+pub fn shipped_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
+}
+
+impl Catalogue {
+    /// Loads every case under `root`; every refusal at once.
+    pub fn load(root: &Path) -> Result<Catalogue, Vec<LoadError>> {
+        let mut cases = Vec::new();
+        let mut errors = Vec::new();
+        let entries = match std::fs::read_dir(root) {
+            Ok(e) => e,
+            Err(e) => {
+                return Err(vec![LoadError {
+                    file: root.to_path_buf(),
+                    line: 0,
+                    message: format!("cannot read the catalogue: {e}"),
+                }])
+            }
+        };
+        let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        dirs.sort();
+        for dir in dirs {
+            if !dir.is_dir() {
+                continue;
+            }
+            let family = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string();
+            if !FAMILIES.contains(&family.as_str()) {
+                errors.push(LoadError {
+                    file: dir.clone(),
+                    line: 0,
+                    message: format!("{family:?} is not a family ({})", FAMILIES.join(", ")),
+                });
+                continue;
+            }
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map(|e| e.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
+            files.sort();
+            for file in files {
+                if file.extension().and_then(|e| e.to_str()) != Some("toml")
+                    || file.file_name().and_then(|n| n.to_str()) == Some("mutations.toml")
+                {
+                    continue;
+                }
+                match Case::load(&file) {
+                    Ok(case) => {
+                        let stem = file
+                            .file_stem()
+                            .and_then(|s| s.to_str())
+                            .unwrap_or_default();
+                        let want = format!("{family}/{stem}");
+                        if case.id != want {
+                            errors.push(LoadError {
+                                file: file.clone(),
+                                line: 0,
+                                message: format!(
+                                    "its id is {:?}, its place says {want:?}",
+                                    case.id
+                                ),
+                            });
+                        } else if case.family != family {
+                            errors.push(LoadError {
+                                file: file.clone(),
+                                line: 0,
+                                message: format!(
+                                    "family {:?} in the directory of {family:?}",
+                                    case.family
+                                ),
+                            });
+                        } else {
+                            cases.push(case);
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(Catalogue {
+                root: root.to_path_buf(),
+                cases,
+            })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The cases of the named families or ids (all without a name); an unknown name is refused.
+    pub fn select(&self, only: &[String]) -> Result<Vec<&Case>, String> {
+        if only.is_empty() {
+            return Ok(self.cases.iter().collect());
+        }
+        for name in only {
+            if !FAMILIES.contains(&name.as_str()) && !self.cases.iter().any(|c| &c.id == name) {
+                return Err(format!(
+                    "--only {name:?}: no family or case of that name (families: {}; `harness qualify --list` lists the cases)",
+                    FAMILIES.join(", ")
+                ));
+            }
+        }
+        Ok(self
+            .cases
+            .iter()
+            .filter(|c| only.iter().any(|n| *n == c.family || *n == c.id))
+            .collect())
+    }
+
+    /// The snapshot of a case.
+    pub fn snapshot_path(&self, case: &Case) -> PathBuf {
+        self.root
+            .join(&case.family)
+            .join("snapshots")
+            .join(format!("{}.snap", case.name()))
+    }
+}
+
+/// How `harness qualify` runs.
+#[derive(Debug, Clone)]
+pub struct QualifyOptions {
+    pub run: RunOptions,
+    pub jobs: usize,
+    pub repeat: usize,
+    pub behaviour_only: bool,
+    /// Keep every case's logs here; without it, failures' logs go to `failed_logs`.
+    pub keep: Option<PathBuf>,
+    pub failed_logs: PathBuf,
+}
+
+/// A directory name for a (case, shape).
+fn dir_name(case: &Case, shape: &Shape) -> String {
+    format!(
+        "{}@{}",
+        case.id.replace('/', "__"),
+        shape.as_str().replace('+', "_")
+    )
+}
+
+/// Runs the selected cases and reports; `progress` gets a line per finished (case, shape).
+pub async fn qualify(
+    cat: &Catalogue,
+    cases: &[&Case],
+    subject: Subject,
+    opts: &QualifyOptions,
+    progress: impl Fn(&str) + Send + Sync + 'static,
+) -> Report {
+    let started = Instant::now();
+    let mut units: Vec<(&Case, Shape)> = Vec::new();
+    for c in cases {
+        for s in &c.shapes {
+            units.push((c, s.clone()));
+        }
+    }
+    let total = units.len();
+    let progress = Arc::new(progress);
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let semaphore = Arc::new(tokio::sync::Semaphore::new(opts.jobs.max(1)));
+    let mut reports: Vec<Option<CaseReport>> = vec![None; total];
+    let futures = units.iter().enumerate().map(|(i, (case, shape))| {
+        let semaphore = semaphore.clone();
+        let progress = progress.clone();
+        let done = done.clone();
+        async move {
+            let _permit = semaphore.acquire().await.ok();
+            let report = qualify_one(cat, case, shape, opts).await;
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let verdict = match (&report.verdict, report.fails(opts.behaviour_only)) {
+                (Verdict::Skipped, _) => format!(
+                    "skipped ({})",
+                    report.skip_reason.as_deref().unwrap_or_default()
+                ),
+                (_, true) if report.verdict == Verdict::Pass => "DRIFT".to_string(),
+                (_, true) => "FAIL".to_string(),
+                _ => "pass".to_string(),
+            };
+            progress(&format!(
+                "[{n:>3}/{total}] {} [{}] {verdict} {:.1} s",
+                case.id,
+                shape,
+                report.duration_ms as f64 / 1000.0
+            ));
+            (i, report)
+        }
+    });
+    for (i, r) in futures::future::join_all(futures).await {
+        reports[i] = Some(r);
+    }
+    Report::new(
+        subject,
+        opts.run.scaled,
+        opts.behaviour_only,
+        reports.into_iter().flatten().collect(),
+        started.elapsed().as_millis(),
+    )
+}
+
+/// One (case, shape), every round.
+async fn qualify_one(
+    cat: &Catalogue,
+    case: &Case,
+    shape: &Shape,
+    opts: &QualifyOptions,
+) -> CaseReport {
+    let mut report = CaseReport {
+        id: case.id.clone(),
+        family: case.family.clone(),
+        seed: case.seed.clone(),
+        sentence: case.sentence.trim().to_string(),
+        shape: shape.to_string(),
+        verdict: Verdict::Pass,
+        transcript: TranscriptVerdict::NotCompared,
+        skip_reason: None,
+        transcript_difference: None,
+        duration_ms: 0,
+        rounds: 0,
+        figures: Vec::new(),
+        failure: None,
+        logs: None,
+    };
+    if let Some(why) = skip_reason(case, &opts.run) {
+        report.verdict = Verdict::Skipped;
+        report.skip_reason = Some(why);
+        return report;
+    }
+    let mut values: Vec<(String, Vec<u128>)> = Vec::new();
+    let mut transcript = String::new();
+    for round in 1..=opts.repeat.max(1) {
+        let dir = opts
+            .keep
+            .as_ref()
+            .unwrap_or(&opts.failed_logs)
+            .join(dir_name(case, shape))
+            .join(if opts.repeat > 1 {
+                format!("round-{round}")
+            } else {
+                String::new()
+            });
+        let run = run_case(case, shape, &opts.run, Some(&dir)).await;
+        report.rounds = round;
+        report.duration_ms += run.duration.as_millis();
+        for (name, ms) in run.figures {
+            match values.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => v.push(ms),
+                None => values.push((name, vec![ms])),
+            }
+        }
+        transcript = run.transcript;
+        if opts.keep.is_none() && run.outcome.is_ok() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        if let Err(f) = run.outcome {
+            report.verdict = Verdict::Fail;
+            report.failure = Some(FailureReport {
+                step: f.step,
+                line: f.line,
+                verb: f.verb,
+                expected: f.failure.expected,
+                actual: f.failure.actual,
+                round,
+            });
+            report.logs = Some(dir.display().to_string());
+            break;
+        }
+    }
+    report.figures = values.into_iter().map(|(n, v)| figure(&n, v)).collect();
+    if report.verdict == Verdict::Pass && !opts.behaviour_only {
+        let path = cat.snapshot_path(case);
+        match std::fs::read_to_string(&path) {
+            Ok(text) if matches_snapshot(&text, &transcript) => {
+                report.transcript = TranscriptVerdict::Match;
+            }
+            Ok(text) => {
+                report.transcript = TranscriptVerdict::Drift;
+                let body = super::transcript::snapshot_body(&text).unwrap_or_default();
+                report.transcript_difference = Some(first_difference(body, &transcript));
+                let dir = opts
+                    .keep
+                    .as_ref()
+                    .unwrap_or(&opts.failed_logs)
+                    .join(dir_name(case, shape));
+                if std::fs::create_dir_all(&dir).is_ok()
+                    && std::fs::write(dir.join("transcript.txt"), &transcript).is_ok()
+                {
+                    report.logs = Some(dir.display().to_string());
+                }
+            }
+            Err(_) => report.transcript = TranscriptVerdict::Missing,
+        }
+    }
+    report
+}
+
+/// Why a case cannot run against the daemon under test.
+pub fn skip_reason(case: &Case, opts: &RunOptions) -> Option<String> {
+    if !matches!(opts.daemon, super::world::DaemonUnderTest::Cmd(_)) {
+        return None;
+    }
+    if let Some(why) = &case.distribution {
+        return Some(format!("this distribution only: {why}"));
+    }
+    case.steps.iter().find_map(|s| {
+        s.step
+            .unsupported(&opts.daemon)
+            .map(|why| format!("line {}: {why}", s.line))
+    })
+}

@@ -1,0 +1,292 @@
+//! The verbs of the scenario language (docs/scenarios.md), one module per kind of actor:
+//! processes, the lease and records, brokers and the network, agents, rows, streams and
+//! consumers, credentials, the rails, standby hosts. Each module's `Step` is parsed from its
+//! verb's arguments (unknown keys refused) and run against the [`World`].
+
+pub mod agents;
+pub mod broker;
+pub mod creds;
+pub mod hosts;
+pub mod lease;
+pub mod process;
+pub mod rails;
+pub mod rows;
+pub mod streams;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use super::world::{DaemonUnderTest, StepResult, World};
+
+/// What a name in a case stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Daemon,
+    Agent,
+    Proxy,
+    Host,
+    Lease,
+    Counter,
+    Advisory,
+    Post,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Daemon => "daemon",
+            Kind::Agent => "agent",
+            Kind::Proxy => "proxy",
+            Kind::Host => "host",
+            Kind::Lease => "remembered lease",
+            Kind::Counter => "remembered connection count",
+            Kind::Advisory => "advisory watch",
+            Kind::Post => "post",
+        })
+    }
+}
+
+/// The names a step uses and the ones it creates.
+#[derive(Debug, Default)]
+pub struct Refs {
+    pub uses: Vec<(Kind, String)>,
+    pub creates: Vec<(Kind, String)>,
+}
+
+impl Refs {
+    pub fn uses(mut self, kind: Kind, name: &str) -> Self {
+        self.uses.push((kind, name.to_string()));
+        self
+    }
+    pub fn creates(mut self, kind: Kind, name: &str) -> Self {
+        self.creates.push((kind, name.to_string()));
+        self
+    }
+    pub fn uses_opt(self, kind: Kind, name: Option<&String>) -> Self {
+        match name {
+            Some(n) => self.uses(kind, n),
+            None => self,
+        }
+    }
+}
+
+/// The names created so far while a case loads: a step that names one nobody created is
+/// refused with its line before anything runs.
+#[derive(Debug, Default)]
+pub struct Names {
+    pub marks: BTreeSet<String>,
+    known: BTreeSet<(Kind, String)>,
+}
+
+impl Names {
+    pub fn check(&mut self, step: &Step) -> Result<(), String> {
+        let refs = step.refs();
+        for (kind, name) in &refs.uses {
+            if !self.known.contains(&(*kind, name.clone())) {
+                return Err(format!("{kind} {name:?} is not created by an earlier step"));
+            }
+        }
+        for c in refs.creates {
+            self.known.insert(c);
+        }
+        Ok(())
+    }
+}
+
+/// When a step must be done by and when it began.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    pub started: Instant,
+    pub deadline: Instant,
+}
+
+impl Ctx {
+    /// What is left of the step's bound.
+    pub fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The default bound of a waiting step.
+pub const DEFAULT_WITHIN: Duration = Duration::from_secs(20);
+
+macro_rules! groups {
+    ($($variant:ident => $module:ident),* $(,)?) => {
+        /// One typed step.
+        #[derive(Debug)]
+        pub enum Step {
+            $($variant($module::Step),)*
+        }
+
+        /// Every verb, for the refusal of an unknown one.
+        pub fn verbs() -> Vec<&'static str> {
+            let mut all = Vec::new();
+            $(all.extend_from_slice($module::VERBS);)*
+            all
+        }
+
+        /// Parses the verb `verb` with its arguments.
+        pub fn parse(verb: &str, args: &toml::Value) -> Result<Step, String> {
+            let mut table = toml::Table::new();
+            table.insert(verb.to_string(), args.clone());
+            let value = toml::Value::Table(table);
+            $(
+                if $module::VERBS.contains(&verb) {
+                    return value
+                        .try_into::<$module::Step>()
+                        .map(Step::$variant)
+                        .map_err(|e| format!("`{verb}`: {}", e.message().trim()));
+                }
+            )*
+            Err(unknown_verb(verb))
+        }
+
+        impl Step {
+            /// The bound of a waiting step when the case gives no `within`; `None` for a step
+            /// that does not wait.
+            pub fn default_within(&self) -> Option<Duration> {
+                match self { $(Step::$variant(s) => s.default_within(),)* }
+            }
+            /// Why this step cannot run against `daemon`, if it cannot.
+            pub fn unsupported(&self, daemon: &DaemonUnderTest) -> Option<String> {
+                match self { $(Step::$variant(s) => s.unsupported(daemon),)* }
+            }
+            pub fn refs(&self) -> Refs {
+                match self { $(Step::$variant(s) => s.refs(),)* }
+            }
+            pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
+                match self { $(Step::$variant(s) => s.run(w, ctx).await,)* }
+            }
+        }
+    };
+}
+
+groups! {
+    Process => process,
+    Lease => lease,
+    Broker => broker,
+    Agents => agents,
+    Rows => rows,
+    Streams => streams,
+    Creds => creds,
+    Rails => rails,
+    Hosts => hosts,
+}
+
+/// The refusal of an unknown verb, naming the closest ones.
+fn unknown_verb(verb: &str) -> String {
+    let mut all = verbs();
+    all.sort_by_key(|v| distance(v, verb));
+    let near: Vec<String> = all
+        .iter()
+        .take(3)
+        .filter(|v| distance(v, verb) <= 3)
+        .map(|v| format!("`{v}`"))
+        .collect();
+    if near.is_empty() {
+        format!("unknown step `{verb}` (the verbs are in docs/scenarios.md)")
+    } else {
+        format!(
+            "unknown step `{verb}` (did you mean {}? the verbs are in docs/scenarios.md)",
+            near.join(" or ")
+        )
+    }
+}
+
+/// Edit distance, for suggestions.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The reason every distribution-only step gives under `--daemon-cmd`.
+pub fn only_here(daemon: &DaemonUnderTest, why: &str) -> Option<String> {
+    matches!(daemon, DaemonUnderTest::Cmd(_)).then(|| why.to_string())
+}
+
+/// Waits until `check` answers `Ok` or `ctx`'s deadline passes; the last answer is the failure.
+pub async fn poll<F, Fut, T>(ctx: Ctx, what: &str, mut check: F) -> Result<T, super::world::Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    /// How often a broker-side condition is read again.
+    const POLL: Duration = Duration::from_millis(50);
+    loop {
+        match check().await {
+            Ok(v) => return Ok(v),
+            Err(last) => {
+                if Instant::now() >= ctx.deadline {
+                    return Err(super::world::Failure::new(
+                        format!(
+                            "{what} within {} ms",
+                            ctx.deadline
+                                .saturating_duration_since(ctx.started)
+                                .as_millis()
+                        ),
+                        last,
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(POLL.min(ctx.left())).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every listed verb parses into its own group (a verb listed but not a variant would be
+    /// refused as "unknown variant" at load time).
+    /// Mutation seen failing: a verb added to `process::VERBS` with no variant behind it.
+    #[test]
+    fn every_listed_verb_is_a_variant_of_its_group() {
+        for verb in verbs() {
+            if let Err(e) = parse(verb, &toml::Value::Table(toml::Table::new())) {
+                assert!(!e.contains("unknown variant"), "{verb}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_verb_names_the_closest_ones() {
+        let e = parse("wait_lien", &toml::Value::Table(toml::Table::new())).unwrap_err();
+        assert!(e.contains("`wait_line`"), "{e}");
+        let e = parse("frobnicate", &toml::Value::Table(toml::Table::new())).unwrap_err();
+        assert!(e.starts_with("unknown step `frobnicate`"), "{e}");
+    }
+
+    /// The reference of the language lists every verb, and every verb it lists exists.
+    /// Mutation seen failing: a verb removed from docs/scenarios.md.
+    #[test]
+    fn docs_scenarios_md_lists_every_verb() {
+        let doc = include_str!("../../../../docs/scenarios.md");
+        let mut documented = BTreeSet::new();
+        for line in doc.lines() {
+            if let Some(rest) = line.strip_prefix("| `") {
+                if let Some(cell) = rest.split(" |").next() {
+                    for name in cell.split(" / ") {
+                        documented.insert(name.trim_matches(|c| c == '`' || c == ' ').to_string());
+                    }
+                }
+            }
+        }
+        for verb in verbs() {
+            assert!(
+                documented.contains(verb),
+                "docs/scenarios.md does not document `{verb}`"
+            );
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! The world a case runs in: the mesh it started (brokers of its shape, the workspace root, the
+//! operator's view of the broker), and every actor its steps created by name: proxies, daemon
+//! processes, standby host roots, agents, the posts they made, remembered rows and counters,
+//! timed events and figures. Steps act on it; the runner turns what they saw into a transcript.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cotal_delivery::agent::{Agent, Delivery, Frame};
+use cotal_delivery::base::Credential;
+use cotal_delivery::provision::{AgentMaterial, MintOptions, Profile};
+use serde_json::Value;
+
+use super::case::{Case, Preset, Shape};
+use super::expr::Vars;
+use super::template::DaemonCmd;
+use crate::daemon::{Daemon, DaemonSpec};
+use crate::error::HarnessError;
+use crate::mesh::{Inspector, LeaseRow, Mesh};
+use crate::proxy::TcpProxy;
+
+/// Which daemon a run qualifies.
+#[derive(Debug, Clone, Default)]
+pub enum DaemonUnderTest {
+    /// This workspace's own build (`target/<profile>/cotal-delivery`, built when stale).
+    #[default]
+    Workspace,
+    /// A `cotal-delivery` binary of this distribution.
+    Bin(PathBuf),
+    /// Any binary that speaks the wire, started through a command template.
+    Cmd(DaemonCmd),
+}
+
+/// Options of a run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub daemon: DaemonUnderTest,
+    /// Run the scaled form (the `[scaled]` table): what `ci/test` does.
+    pub scaled: bool,
+}
+
+impl RunOptions {
+    /// The binary of this distribution that runs commands (`status`, `remint`, `up`…), or why
+    /// there is none.
+    pub fn distribution_bin(&self) -> Result<PathBuf, HarnessError> {
+        match &self.daemon {
+            DaemonUnderTest::Workspace => crate::daemon::daemon_bin(),
+            DaemonUnderTest::Bin(b) => Ok(b.clone()),
+            DaemonUnderTest::Cmd(_) => Err(HarnessError::Usage(
+                "a daemon given by --daemon-cmd has no commands of this distribution".into(),
+            )),
+        }
+    }
+}
+
+/// A case's step did not see what it expected: what it expected, and what happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub expected: String,
+    pub actual: String,
+}
+
+impl Failure {
+    pub fn new(expected: impl Into<String>, actual: impl Into<String>) -> Failure {
+        Failure {
+            expected: expected.into(),
+            actual: actual.into(),
+        }
+    }
+    /// The step could not do its work at all (a broker request failed, a name was missing).
+    pub fn could_not(what: impl std::fmt::Display) -> Failure {
+        Failure::new("the step to run", what.to_string())
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "expected {}; got {}", self.expected, self.actual)
+    }
+}
+
+impl From<HarnessError> for Failure {
+    fn from(e: HarnessError) -> Failure {
+        Failure::could_not(e)
+    }
+}
+
+/// A step's result: the line it adds to the transcript, or what went wrong.
+pub type StepResult = Result<String, Failure>;
+
+/// A post an agent made, kept under its text.
+#[derive(Debug, Clone)]
+pub struct Post {
+    pub seq: u64,
+    pub channel: String,
+    pub id: String,
+    pub msg: Value,
+    pub agent: String,
+}
+
+/// An agent actor: its lifecycle's material, its connection while online, its bound `dlv_`
+/// durable, the generation each durable join returned, and every frame it surfaced.
+pub struct AgentActor {
+    pub material: AgentMaterial,
+    pub client: Option<Agent>,
+    pub delivery: Option<Delivery>,
+    pub generations: BTreeMap<String, u64>,
+    pub surfaced: Vec<Frame>,
+}
+
+/// The renewal owner's re-signs of the daemon's delivery credential, in order.
+#[derive(Default)]
+pub struct Resigns {
+    /// The credential the mesh was provisioned with (or re-signed to before any start).
+    pub original: Option<Credential>,
+    pub written: Vec<Credential>,
+}
+
+/// Everything a case's steps act on.
+pub struct World {
+    pub opts: RunOptions,
+    pub shape: Shape,
+    pub vars: Vars,
+    /// The daemons' environment (`[env]`, scaled form applied).
+    pub env: Vec<(String, String)>,
+    pub mesh: Mesh,
+    pub insp: Inspector,
+    pub proxies: BTreeMap<String, TcpProxy>,
+    pub daemons: BTreeMap<String, Daemon>,
+    /// The delivery credential file each daemon was started with (its lease holder).
+    pub daemon_creds: BTreeMap<String, PathBuf>,
+    pub hosts: BTreeMap<String, tempfile::TempDir>,
+    pub agents: BTreeMap<String, AgentActor>,
+    pub posts: BTreeMap<String, Post>,
+    pub leases: BTreeMap<String, LeaseRow>,
+    pub counters: BTreeMap<String, u64>,
+    pub advisories: BTreeMap<String, super::steps::streams::AdvisoryWatch>,
+    pub resigns: Resigns,
+    /// The admin rail's caller, connected on first use.
+    pub supervisor: Option<async_nats::Client>,
+    pub marks: BTreeMap<String, Instant>,
+    pub figures: Vec<(String, u128)>,
+    /// An empty directory outside every workspace.
+    pub outside: tempfile::TempDir,
+    /// A process planted to hold a reused pid.
+    pub sleeper: Option<std::process::Child>,
+}
+
+/// Lifetime of the harness's own broker view: longer than any case.
+const INSPECTOR_LIFETIME: Duration = Duration::from_secs(4 * 3600);
+
+impl World {
+    /// Starts the mesh of `case` in `shape`.
+    pub async fn start(case: &Case, shape: &Shape, opts: &RunOptions) -> Result<World, Failure> {
+        let spec = &case.mesh;
+        let mut builder = Mesh::builder()
+            .space(&spec.space)?
+            .lease_ttl(Duration::from_millis(spec.lease_ttl_ms))
+            .evictor(spec.evictor);
+        for s in &spec.spaces {
+            builder = builder.space(s)?;
+        }
+        let tls = shape.has(Preset::Tls);
+        let max_payload = shape.has(Preset::MaxPayload).then_some(spec.max_payload);
+        let store_cap = spec.max_file_store_bytes;
+        builder = builder.broker(move |mut b| {
+            if tls {
+                b = b.tls();
+            }
+            if let Some(p) = max_payload {
+                b = b.max_payload_bytes(p);
+            }
+            if let Some(c) = store_cap {
+                b = b.max_file_store_bytes(c);
+            }
+            b
+        });
+        if shape.has(Preset::Cluster) {
+            builder = builder.cluster(3);
+        }
+        let mesh = builder.start().await?;
+        if spec.signer {
+            mesh.authority
+                .save(&mesh.workspace().auth_dir())
+                .map_err(|e| Failure::could_not(format!("save the signer: {e}")))?;
+        }
+        let path = mesh.workspace().delivery_creds_path(mesh.space());
+        let mut original = cotal_delivery::base::read_creds_file(&path)
+            .map_err(|e| Failure::could_not(format!("read the delivery credential: {e}")))?;
+        if let Some(ms) = spec.delivery_lifetime_ms {
+            original = mesh.mint(
+                mesh.space(),
+                &Profile::Delivery,
+                MintOptions::new()
+                    .renewal_of(&original)
+                    .expires_in(Duration::from_millis(ms)),
+            )?;
+            cotal_delivery::base::write_creds_file_atomic(&path, &original)
+                .map_err(|e| Failure::could_not(format!("write the delivery credential: {e}")))?;
+        }
+        let insp = mesh
+            .inspector_with(
+                mesh.space(),
+                MintOptions::new().expires_in(INSPECTOR_LIFETIME),
+            )
+            .await?;
+        let outside = tempfile::Builder::new()
+            .prefix("cotal-outside-")
+            .tempdir()
+            .map_err(|e| Failure::could_not(format!("create a directory outside: {e}")))?;
+        Ok(World {
+            opts: opts.clone(),
+            shape: shape.clone(),
+            vars: case.vars_for(opts.scaled),
+            env: case.env_for(opts.scaled).map_err(Failure::could_not)?,
+            mesh,
+            insp,
+            proxies: BTreeMap::new(),
+            daemons: BTreeMap::new(),
+            daemon_creds: BTreeMap::new(),
+            hosts: BTreeMap::new(),
+            agents: BTreeMap::new(),
+            posts: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            counters: BTreeMap::new(),
+            advisories: BTreeMap::new(),
+            resigns: Resigns {
+                original: Some(original),
+                written: Vec::new(),
+            },
+            supervisor: None,
+            marks: BTreeMap::new(),
+            figures: Vec::new(),
+            outside,
+            sleeper: None,
+        })
+    }
+
+    pub fn daemon(&mut self, name: &str) -> Result<&mut Daemon, Failure> {
+        self.daemons
+            .get_mut(name)
+            .ok_or_else(|| Failure::could_not(format!("no daemon named {name:?} was started")))
+    }
+
+    pub fn agent(&mut self, name: &str) -> Result<&mut AgentActor, Failure> {
+        self.agents
+            .get_mut(name)
+            .ok_or_else(|| Failure::could_not(format!("no agent named {name:?}")))
+    }
+
+    pub fn proxy(&self, name: &str) -> Result<&TcpProxy, Failure> {
+        self.proxies
+            .get(name)
+            .ok_or_else(|| Failure::could_not(format!("no proxy named {name:?}")))
+    }
+
+    /// The post kept under `text`.
+    pub fn post(&self, text: &str) -> Result<&Post, Failure> {
+        self.posts
+            .get(text)
+            .ok_or_else(|| Failure::could_not(format!("no post with text {text:?}")))
+    }
+
+    /// The daemon under test as a process spec: `deliver --space <space>` (or the template),
+    /// dialing `server`, run from `cwd`, with the case's environment.
+    pub fn deliver_spec(&self, server: &str, cwd: &Path) -> Result<DaemonSpec, Failure> {
+        let space = self.mesh.space();
+        let ca = self.mesh.tls_ca();
+        let mut spec = match &self.opts.daemon {
+            DaemonUnderTest::Cmd(cmd) => cmd.spec(&super::template::Values {
+                space: space.as_str().to_string(),
+                server: server.to_string(),
+                root: self.mesh.root().to_path_buf(),
+                creds: None,
+                tls_ca: ca.clone(),
+                cwd: cwd.to_path_buf(),
+            })?,
+            other => {
+                let mut spec = DaemonSpec::deliver(space.as_str(), cwd).server(server);
+                if let Some(ca) = &ca {
+                    spec = spec.arg("--tls").arg("--tls-ca").arg(ca);
+                }
+                if let DaemonUnderTest::Bin(b) = other {
+                    spec = spec.bin(b);
+                }
+                spec
+            }
+        };
+        for (k, v) in &self.env {
+            spec = spec.env(k, v.clone());
+        }
+        Ok(spec)
+    }
+
+    /// A command of this distribution (`cotal-delivery <args>`) run from `cwd`.
+    pub fn command_spec(&self, args: &[String], cwd: &Path) -> Result<DaemonSpec, Failure> {
+        let bin = self.opts.distribution_bin()?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut spec = DaemonSpec::command(&args, cwd).bin(bin);
+        for (k, v) in &self.env {
+            spec = spec.env(k, v.clone());
+        }
+        Ok(spec)
+    }
+
+    /// The lease holder (`local.<nkey>`) of the delivery credential at `path`.
+    pub fn holder_of_creds(path: &Path) -> Result<String, Failure> {
+        let cred = cotal_delivery::base::read_creds_file(path)
+            .map_err(|e| Failure::could_not(format!("read {}: {e}", path.display())))?;
+        let nkey = cred
+            .public_key()
+            .map_err(|e| Failure::could_not(e.to_string()))?;
+        cotal_delivery::wire::Principal::for_nkey(&nkey)
+            .map(|p| p.dot_form())
+            .map_err(|e| Failure::could_not(e.to_string()))
+    }
+
+    /// Paths that name this run's directories, replaced by stable tokens in the transcript.
+    pub fn path_tokens(&self) -> Vec<(PathBuf, String)> {
+        let mut out = vec![
+            (self.mesh.root().to_path_buf(), "[ROOT]".to_string()),
+            (self.outside.path().to_path_buf(), "[OUTSIDE]".to_string()),
+        ];
+        for (name, dir) in &self.hosts {
+            out.push((dir.path().to_path_buf(), format!("[HOST {name}]")));
+        }
+        out
+    }
+
+    /// Copies what the run leaves behind into `dir`: each daemon's lines, each broker's log, the
+    /// workspace's own log files.
+    pub fn keep(&self, dir: &Path, transcript: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("transcript.txt"), transcript)?;
+        for (name, d) in &self.daemons {
+            let mut text = d.lines().join("\n");
+            text.push('\n');
+            std::fs::write(dir.join(format!("daemon-{name}.log")), text)?;
+        }
+        for i in 0..self.mesh.node_count() {
+            if let Some(node) = self.mesh.node(i) {
+                let _ = std::fs::copy(node.log_path(), dir.join(format!("broker-{i}.log")));
+            }
+        }
+        let cotal = self.mesh.workspace().cotal_dir();
+        if let Ok(entries) = std::fs::read_dir(&cotal) {
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "log") {
+                    if let Some(name) = p.file_name() {
+                        let _ = std::fs::copy(&p, dir.join(name));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.sleeper.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The qualification kit's catalogue (`scenarios/<family>/*.toml`), every case run once per
+//! shape against this checkout's daemon in its scaled form, each transcript compared with its
+//! insta snapshot in `scenarios/<family>/snapshots/`. A changed transcript fails the test; read
+//! the diff before accepting it. A module per family lists its cases; a case file without a
+//! test fails `every_case_file_has_a_test`.
+
+mod data_path;
+mod lifecycle;
+
+use std::path::PathBuf;
+
+use delivery_harness::kit::catalogue::{shipped_root, Catalogue};
+use delivery_harness::kit::{run_case, RunOptions};
+
+/// Runs case `id` of the shipped catalogue on each of its shapes, scaled.
+pub async fn check(id: &str) {
+    let cat = Catalogue::load(&shipped_root()).unwrap_or_else(|errors| {
+        panic!(
+            "the catalogue loads: {}",
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    let case = cat
+        .cases
+        .iter()
+        .find(|c| c.id == id)
+        .unwrap_or_else(|| panic!("no case {id}"));
+    let opts = RunOptions {
+        scaled: true,
+        ..RunOptions::default()
+    };
+    for shape in &case.shapes {
+        let run = run_case(case, shape, &opts, None).await;
+        for (figure, ms) in &run.figures {
+            eprintln!("MEASURED {id} [{shape}] {figure}: {ms} ms");
+        }
+        if let Err(f) = &run.outcome {
+            panic!(
+                "{id} [{shape}]: {f}\n--- transcript so far ---\n{}",
+                run.transcript
+            );
+        }
+        let dir = cat.snapshot_path(case);
+        insta::with_settings!({
+            snapshot_path => dir.parent().expect("snapshots dir"),
+            prepend_module_to_snapshot => false,
+            omit_expression => true,
+        }, {
+            insta::assert_snapshot!(case.name().to_string(), run.transcript);
+        });
+    }
+}
+
+macro_rules! cases {
+    ($family:literal: $($(#[$doc:meta])* $test:ident => $name:literal),* $(,)?) => {
+        $(
+            $(#[$doc])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                super::check(concat!($family, "/", $name)).await;
+            }
+        )*
+
+        /// The case files of this family that have a test above.
+        pub const LISTED: &[&str] = &[$(concat!($family, "/", $name)),*];
+    };
+}
+pub(crate) use cases;
+
+/// Every case of the catalogue is run by one of the tests of its family's module, and the
+/// catalogue loads (ids match places, families known, every step parses).
+/// Mutation seen failing: a case file added without its line in the family's module.
+#[test]
+fn every_case_file_has_a_test() {
+    let cat = Catalogue::load(&shipped_root()).unwrap_or_else(|errors| {
+        panic!(
+            "the catalogue loads: {}",
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    let listed: Vec<&str> = [data_path::LISTED, lifecycle::LISTED].concat();
+    for c in &cat.cases {
+        assert!(listed.contains(&c.id.as_str()), "case {} has no test", c.id);
+    }
+    for id in &listed {
+        assert!(
+            cat.cases.iter().any(|c| c.id == *id),
+            "test of a missing case {id}"
+        );
+    }
+}
+
+/// `harness run` with `--daemon` given as an integrator types it from the README, relative to
+/// the directory they are in (`target/<profile>/cotal-delivery` from the directory above the
+/// target dir): the case runs the daemon in its own root, and passes.
+/// Mutation seen failing: `from_caller` returning the path unchanged (`--daemon
+/// target/debug/cotal-delivery: no such file`, exit 2).
+#[test]
+fn harness_run_resolves_a_relative_daemon_path_against_the_callers_directory() {
+    let bin = delivery_harness::daemon::daemon_bin().expect("the workspace's daemon binary");
+    let profile = bin.parent().expect("profile dir");
+    let target = profile.parent().expect("target dir");
+    let base = target.parent().expect("the directory above the target dir");
+    let relative = PathBuf::from(target.file_name().expect("target"))
+        .join(profile.file_name().expect("profile"))
+        .join(bin.file_name().expect("name"));
+    assert!(relative.is_relative() && base.join(&relative) == bin);
+    let case = shipped_root().join("lifecycle/clean-start-sigterm.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .arg("run")
+        .arg(&case)
+        .arg("--daemon")
+        .arg(&relative)
+        .current_dir(base)
+        .output()
+        .expect("run harness");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "harness run --daemon {}:\n{stdout}\n{stderr}",
+        relative.display()
+    );
+    assert!(stdout.contains("harness: 1 passed, 0 failed"), "{stdout}");
+}
