@@ -4,8 +4,15 @@
 //! the diff before accepting it. A module per family lists its cases; a case file without a
 //! test fails `every_case_file_has_a_test`.
 
+mod admin;
+mod bad_input;
+mod broker_gone;
 mod data_path;
 mod lifecycle;
+mod oversized;
+mod renewal;
+mod retired;
+mod standby;
 
 use std::path::PathBuf;
 
@@ -86,7 +93,18 @@ fn every_case_file_has_a_test() {
                 .join("\n")
         )
     });
-    let listed: Vec<&str> = [data_path::LISTED, lifecycle::LISTED].concat();
+    let listed: Vec<&str> = [
+        admin::LISTED,
+        bad_input::LISTED,
+        broker_gone::LISTED,
+        data_path::LISTED,
+        lifecycle::LISTED,
+        oversized::LISTED,
+        renewal::LISTED,
+        retired::LISTED,
+        standby::LISTED,
+    ]
+    .concat();
     for c in &cat.cases {
         assert!(listed.contains(&c.id.as_str()), "case {} has no test", c.id);
     }

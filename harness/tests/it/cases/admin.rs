@@ -1,0 +1,4 @@
+//! `admin`: the ctl.delivery-admin rail as a manager meets it.
+
+super::cases! { "admin":
+}

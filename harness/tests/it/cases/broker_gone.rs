@@ -1,0 +1,4 @@
+//! `broker-gone`: the broker-gone watchdog: the window, the clock, a frozen daemon credited, the backstop, no other connection.
+
+super::cases! { "broker-gone":
+}
