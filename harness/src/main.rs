@@ -188,7 +188,7 @@ fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, String,
         (_, Some(t)) => {
             let cmd = DaemonCmd::parse(t).unwrap_or_else(|e| refuse(&e));
             let program = PathBuf::from(t.split_whitespace().next().unwrap_or_default());
-            if locate(&program).is_none() {
+            if locate(&program).filter(|p| p.is_file()).is_none() {
                 refuse(&format!(
                     "--daemon-cmd: {} is not a file or on PATH",
                     program.display()
@@ -201,10 +201,12 @@ fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, String,
             )
         }
         (Some(bin), None) => {
+            let typed = bin.clone();
             let bin = from_caller(bin.clone(), cwd);
-            let found = locate(&bin).unwrap_or_else(|| {
+            let found = locate(&bin).filter(|p| p.exists()).unwrap_or_else(|| {
                 refuse(&format!(
-                    "--daemon {}: no such file, and not on PATH",
+                    "--daemon {}: no such file ({}), and not on PATH",
+                    typed.display(),
                     bin.display()
                 ))
             });

@@ -214,6 +214,10 @@ pub async fn qualify(
     for (i, r) in futures::future::join_all(futures).await {
         reports[i] = Some(r);
     }
+    // Passing cases leave nothing behind: the directory goes when no failure kept logs in it.
+    if opts.keep.is_none() {
+        let _ = std::fs::remove_dir(&opts.failed_logs);
+    }
     Report::new(
         subject,
         opts.run.scaled,

@@ -18,6 +18,7 @@ mod inspect;
 mod lease;
 mod metrics;
 mod provisioning;
+mod qualify;
 mod renewal;
 mod supervisor;
 mod timer;

@@ -1,0 +1,321 @@
+//! `harness qualify` as an integrator's CI runs it: the binary, its exit status, its JSON and
+//! JUnit reports, the logs it keeps, a drifted transcript, bad flags, and another
+//! implementation given as a command template. Failing and drifting catalogues are built in a
+//! scratch directory from copies of shipped cases, so the shipped catalogue stays as it is.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use delivery_harness::kit::catalogue::shipped_root;
+
+fn qualify(args: &[&str], cwd: &Path) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .arg("qualify")
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run harness qualify")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("the JSON report")).expect("JSON")
+}
+
+/// A change to a case's text.
+type Edit = fn(String) -> String;
+
+/// A scratch catalogue holding copies of shipped cases (`family/name`), each with its snapshot,
+/// the case text passed through `edit`.
+fn catalogue_of(cases: &[(&str, Edit)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("scratch catalogue");
+    for (id, edit) in cases {
+        let (family, name) = id.split_once('/').expect("family/name");
+        let from = shipped_root().join(family);
+        let to = dir.path().join(family);
+        std::fs::create_dir_all(to.join("snapshots")).expect("dirs");
+        let case = std::fs::read_to_string(from.join(format!("{name}.toml"))).expect("case");
+        std::fs::write(to.join(format!("{name}.toml")), edit(case)).expect("write case");
+        std::fs::copy(
+            from.join("snapshots").join(format!("{name}.snap")),
+            to.join("snapshots").join(format!("{name}.snap")),
+        )
+        .expect("copy snapshot");
+    }
+    dir
+}
+
+fn unchanged(s: String) -> String {
+    s
+}
+
+/// Every selected case passes: exit 0, the versions first, a table row, and reports a CI can
+/// read: the JSON's verdict and per-case fields, the JUnit suite of the family.
+/// Mutation seen failing: `Report::exit_code` answering 1 when nothing failed.
+#[test]
+fn a_passing_run_exits_0_with_versions_a_table_json_and_junit() {
+    let work = tempfile::tempdir().expect("work dir");
+    let out = qualify(
+        &[
+            "--only",
+            "lifecycle/clean-start-sigterm",
+            "--json",
+            "report.json",
+            "--junit",
+            "report.xml",
+        ],
+        work.path(),
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("nats-server: nats-server: v"), "{all}");
+    assert!(stdout.contains("daemon:      cotal-delivery "), "{all}");
+    assert!(
+        stdout.contains("lifecycle/clean-start-sigterm [operator]")
+            && stdout.contains("1 passed, 0 failed, 0 skipped"),
+        "{all}"
+    );
+    let json = read_json(&work.path().join("report.json"));
+    assert_eq!(json["verdict"], "pass", "{json}");
+    let case = &json["cases"][0];
+    assert_eq!(case["id"], "lifecycle/clean-start-sigterm");
+    assert_eq!(case["family"], "lifecycle");
+    assert_eq!(case["shape"], "operator");
+    assert_eq!(case["verdict"], "pass");
+    assert_eq!(case["transcript"], "match");
+    assert!(
+        case["sentence"]
+            .as_str()
+            .is_some_and(|s| s.contains("SIGTERM")),
+        "{case}"
+    );
+    assert!(
+        case["duration_ms"].as_u64().is_some_and(|d| d > 0),
+        "{case}"
+    );
+    let xml = std::fs::read_to_string(work.path().join("report.xml")).expect("JUnit");
+    assert!(
+        xml.contains("<testsuite name=\"lifecycle\" tests=\"1\" failures=\"0\" skipped=\"0\""),
+        "{xml}"
+    );
+    assert!(
+        xml.contains("name=\"lifecycle/clean-start-sigterm [operator]\""),
+        "{xml}"
+    );
+    // Nothing failed, so no logs were kept.
+    assert!(!work.path().join("qualify-logs").exists());
+}
+
+/// A case whose daemon does not do what it states fails the run: exit 1, the failing case
+/// listed with its sentence, the step's line, what it expected and what happened, the same in
+/// the JSON and as a JUnit failure, and its broker and daemon logs kept under ./qualify-logs.
+/// Mutation seen failing: `qualify_one` recording the failure's step as 0 (the JSON's
+/// `failure.step` is not the failing step).
+#[test]
+fn a_failing_case_exits_1_names_its_step_and_keeps_its_logs() {
+    let cat = catalogue_of(&[("lifecycle/clean-start-sigterm", |s| {
+        s.replace(
+            "expect_exit = { daemon = \"a\", code = 0 }",
+            "expect_exit = { daemon = \"a\", code = 3 }",
+        )
+    })]);
+    let work = tempfile::tempdir().expect("work dir");
+    let scenarios = cat.path().display().to_string();
+    let out = qualify(
+        &[
+            "--scenarios",
+            &scenarios,
+            "--json",
+            "r.json",
+            "--junit",
+            "r.xml",
+        ],
+        work.path(),
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("FAILED lifecycle/clean-start-sigterm [operator]"),
+        "{all}"
+    );
+    assert!(
+        stdout.contains("expected: daemon a to exit with code 3"),
+        "{all}"
+    );
+    assert!(stdout.contains("happened: exit status: 0"), "{all}");
+    let json = read_json(&work.path().join("r.json"));
+    assert_eq!(json["verdict"], "fail");
+    let f = &json["cases"][0]["failure"];
+    assert_eq!(f["verb"], "expect_exit", "{f}");
+    assert_eq!(f["step"], 7, "{f}");
+    assert!(f["line"].as_u64().is_some_and(|l| l > 10), "{f}");
+    let logs = PathBuf::from(json["cases"][0]["logs"].as_str().expect("logs kept"));
+    assert!(
+        logs.starts_with(work.path().join("qualify-logs")),
+        "{logs:?}"
+    );
+    let daemon_log = std::fs::read_to_string(logs.join("daemon-a.log")).expect("daemon log");
+    assert!(
+        daemon_log.contains("received SIGTERM, exiting"),
+        "{daemon_log}"
+    );
+    assert!(logs.join("broker-0.log").is_file(), "{logs:?}");
+    assert!(logs.join("transcript.txt").is_file(), "{logs:?}");
+    let xml = std::fs::read_to_string(work.path().join("r.xml")).expect("JUnit");
+    assert!(xml.contains("<failure type=\"behaviour\""), "{xml}");
+    assert!(xml.contains("failures=\"1\""), "{xml}");
+}
+
+/// A release whose lines changed but whose behaviour holds: the behaviour passes, the
+/// transcript drifts, and that fails the run for this distribution (exit 1, "pass, drift", the
+/// first differing line); `--behaviour-only` leaves transcripts out (exit 0), and the JSON
+/// keeps the two verdicts apart.
+/// Mutation seen failing: `CaseReport::fails` ignoring the transcript (the drifted run exits 0).
+#[test]
+fn a_drifted_transcript_is_its_own_verdict_and_behaviour_only_ignores_it() {
+    let cat = catalogue_of(&[("lifecycle/tls-mesh-serves", unchanged)]);
+    let snap = cat.path().join("lifecycle/snapshots/tls-mesh-serves.snap");
+    let old = std::fs::read_to_string(&snap).expect("snapshot");
+    std::fs::write(
+        &snap,
+        old.replace("delivery daemon up", "delivery daemon started"),
+    )
+    .expect("edit");
+    let work = tempfile::tempdir().expect("work dir");
+    let scenarios = cat.path().display().to_string();
+    let strict = qualify(
+        &["--scenarios", &scenarios, "--json", "s.json"],
+        work.path(),
+    );
+    let all = text(&strict);
+    assert_eq!(strict.status.code(), Some(1), "{all}");
+    assert!(
+        String::from_utf8_lossy(&strict.stdout).contains("pass, drift"),
+        "{all}"
+    );
+    assert!(
+        String::from_utf8_lossy(&strict.stdout).contains("its transcript changed: line"),
+        "{all}"
+    );
+    let json = read_json(&work.path().join("s.json"));
+    assert_eq!(json["cases"][0]["verdict"], "pass");
+    assert_eq!(json["cases"][0]["transcript"], "drift");
+    let lenient = qualify(
+        &[
+            "--scenarios",
+            &scenarios,
+            "--behaviour-only",
+            "--json",
+            "b.json",
+        ],
+        work.path(),
+    );
+    assert_eq!(lenient.status.code(), Some(0), "{}", text(&lenient));
+    let json = read_json(&work.path().join("b.json"));
+    assert_eq!(json["behaviour_only"], true);
+    assert_eq!(json["cases"][0]["transcript"], "not-compared");
+}
+
+/// A run that cannot start exits 2 with a line naming what was wrong, and writes no report.
+/// Mutation seen failing: `refuse` exiting 1.
+#[test]
+fn bad_flags_a_missing_daemon_or_broker_binary_exit_2() {
+    let work = tempfile::tempdir().expect("work dir");
+    for (args, says) in [
+        (
+            vec!["--daemon", "no/such/daemon"],
+            "--daemon no/such/daemon",
+        ),
+        (
+            vec!["--nats-server", "/no/such/nats-server"],
+            "--nats-server",
+        ),
+        (
+            vec!["--only", "no-such-family"],
+            "no family or case of that name",
+        ),
+        (vec!["-j", "0"], "0"),
+        (
+            vec!["--daemon-cmd", "daemon --server {server}"],
+            "must pass {space}",
+        ),
+        (
+            vec!["--daemon-cmd", "/no/such/daemon --space {space}"],
+            "is not a file or on PATH",
+        ),
+    ] {
+        let mut with_json = args.clone();
+        with_json.extend(["--json", "r.json"]);
+        let out = qualify(&with_json, work.path());
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {all}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{args:?}: {all}"
+        );
+        assert!(!work.path().join("r.json").exists(), "{args:?}");
+    }
+}
+
+/// Another implementation, given as a command template: a case that needs only the `deliver`
+/// entry point runs (here against this distribution's binary behind the template), a case that
+/// uses this distribution's own commands is skipped with that reason, and skips do not fail the
+/// run.
+/// Mutation seen failing: `skip_reason` ignoring the template (the `status` case runs and fails
+/// on its missing command).
+#[test]
+fn a_command_template_runs_the_wire_cases_and_skips_the_distribution_ones() {
+    let bin = delivery_harness::daemon::daemon_bin().expect("the workspace's daemon binary");
+    let template = format!(
+        "{} deliver --space {{space}} --server {{server}} --root {{root}} [ --tls --tls-ca {{tls_ca}} ] [ --creds {{creds}} ]",
+        bin.display()
+    );
+    let work = tempfile::tempdir().expect("work dir");
+    let out = qualify(
+        &[
+            "--daemon-cmd",
+            &template,
+            "--only",
+            "data-path/offline-member-surfaces",
+            "--only",
+            "lifecycle/clean-start-sigterm",
+            "--behaviour-only",
+            "--json",
+            "t.json",
+        ],
+        work.path(),
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let json = read_json(&work.path().join("t.json"));
+    assert_eq!(json["daemon_version"], "(a command template)");
+    let cases = json["cases"].as_array().expect("cases");
+    let find = |id: &str, shape: &str| {
+        cases
+            .iter()
+            .find(|c| c["id"] == id && c["shape"] == shape)
+            .unwrap_or_else(|| panic!("{id} [{shape}] in {json}"))
+    };
+    assert_eq!(
+        find("data-path/offline-member-surfaces", "operator")["verdict"],
+        "pass"
+    );
+    let skipped = find("lifecycle/clean-start-sigterm", "operator");
+    assert_eq!(skipped["verdict"], "skipped", "{skipped}");
+    assert!(
+        skipped["skip_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("cotal-delivery status")),
+        "{skipped}"
+    );
+}
