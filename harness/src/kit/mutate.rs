@@ -244,3 +244,60 @@ pub async fn run(
     }
     Ok(results)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CASE: &str = r#"id = "lifecycle/x"
+family = "lifecycle"
+seed = "delivery-daemon-concept.txt"
+sentence = "s"
+description = "d"
+[[step]]
+start = { daemon = "a" }
+"#;
+
+    fn setup(mutations: &str) -> (tempfile::TempDir, Catalogue) {
+        let dir = tempfile::tempdir().unwrap();
+        let cat_root = dir.path().join("scenarios");
+        std::fs::create_dir_all(cat_root.join("lifecycle")).unwrap();
+        std::fs::write(cat_root.join("lifecycle/x.toml"), CASE).unwrap();
+        std::fs::write(cat_root.join("lifecycle/mutations.toml"), mutations).unwrap();
+        std::fs::create_dir_all(dir.path().join("daemon/src")).unwrap();
+        std::fs::write(
+            dir.path().join("daemon/src/a.rs"),
+            "if check() {\n    refuse();\n}\nif check() {\n}\n",
+        )
+        .unwrap();
+        let cat = Catalogue::load(&cat_root).unwrap();
+        (dir, cat)
+    }
+
+    fn mutation(case: &str, find: &str) -> String {
+        format!(
+            "[[mutation]]\nid = \"m\"\ncase = \"{case}\"\nfile = \"daemon/src/a.rs\"\nfind = \"{find}\"\nreplace = \"x\"\nwhy = \"w\"\n"
+        )
+    }
+
+    /// A mutation whose text is no longer in its file (or is there twice), or whose case does
+    /// not exist, is refused before anything is built: a stale mutation proves nothing.
+    /// Mutation seen failing: `load` accepting any count of occurrences above zero.
+    #[test]
+    fn stale_ambiguous_and_orphan_mutations_are_refused() {
+        let (dir, cat) = setup(&mutation("lifecycle/x", "refuse();"));
+        assert_eq!(load(&cat, dir.path()).unwrap().len(), 1);
+        for (m, says) in [
+            (mutation("lifecycle/x", "no such text"), "occurs 0 times"),
+            (mutation("lifecycle/x", "if check() {"), "occurs 2 times"),
+            (mutation("lifecycle/y", "refuse();"), "no case \\\"lifecycle/y\\\""),
+        ] {
+            let (dir, cat) = setup(&m);
+            let errors = load(&cat, dir.path()).unwrap_err();
+            assert!(
+                errors.iter().any(|e| format!("{e:?}").contains(says)),
+                "{says}: {errors:?}"
+            );
+        }
+    }
+}
