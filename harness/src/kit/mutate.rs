@@ -290,7 +290,10 @@ start = { daemon = "a" }
         for (m, says) in [
             (mutation("lifecycle/x", "no such text"), "occurs 0 times"),
             (mutation("lifecycle/x", "if check() {"), "occurs 2 times"),
-            (mutation("lifecycle/y", "refuse();"), "no case \\\"lifecycle/y\\\""),
+            (
+                mutation("lifecycle/y", "refuse();"),
+                "no case \\\"lifecycle/y\\\"",
+            ),
         ] {
             let (dir, cat) = setup(&m);
             let errors = load(&cat, dir.path()).unwrap_err();

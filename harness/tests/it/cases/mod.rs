@@ -150,3 +150,44 @@ fn harness_run_resolves_a_relative_daemon_path_against_the_callers_directory() {
     );
     assert!(stdout.contains("harness: 1 passed, 0 failed"), "{stdout}");
 }
+
+/// docs/conformance.md names every case of the catalogue, and every case it names exists: the
+/// matrix and the kit cannot drift apart.
+/// Mutation seen failing: a case id removed from the matrix (and, the other way, a row naming
+/// `case lifecycle/no-such-case`).
+#[test]
+fn the_conformance_matrix_names_every_case_and_only_cases_that_exist() {
+    let cat = Catalogue::load(&shipped_root()).expect("the catalogue loads");
+    let matrix = std::fs::read_to_string(shipped_root().join("../docs/conformance.md"))
+        .expect("docs/conformance.md");
+    let named = named_cases(&matrix);
+    for c in &cat.cases {
+        assert!(
+            named.contains(&c.id),
+            "docs/conformance.md does not name case `{}` (write it as case `{}` in the row of the paragraph it proves)",
+            c.id,
+            c.id
+        );
+    }
+    for id in &named {
+        assert!(
+            cat.cases.iter().any(|c| &c.id == id),
+            "docs/conformance.md names case `{id}`, which the catalogue does not hold"
+        );
+    }
+}
+
+/// The ids the matrix names: `case `<id>``, and the further ids of `cases `<id>`, `<id>``.
+fn named_cases(matrix: &str) -> std::collections::BTreeSet<String> {
+    let lead = regex::Regex::new(r"\bcases? `([a-z-]+/[a-z0-9-]+)`((?:, `[a-z-]+/[a-z0-9-]+`)*)")
+        .expect("pattern");
+    let more = regex::Regex::new(r"`([a-z-]+/[a-z0-9-]+)`").expect("pattern");
+    let mut out = std::collections::BTreeSet::new();
+    for cap in lead.captures_iter(matrix) {
+        out.insert(cap[1].to_string());
+        for m in more.captures_iter(&cap[2]) {
+            out.insert(m[1].to_string());
+        }
+    }
+    out
+}
