@@ -18,6 +18,7 @@ mod process;
 pub mod proxy;
 pub mod scenario;
 pub mod server_bin;
+pub mod sim;
 pub mod tls;
 pub mod wait;
 

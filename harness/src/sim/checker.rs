@@ -1,0 +1,654 @@
+//! The checker: given a history and the broker's final state, what was lost, leaked, served
+//! twice or by two daemons at once, how each daemon exit fits the faults, and whether delivery
+//! came back after the heal. Pure: no broker, no clock, so it runs on a stored run directory and
+//! on hand-written histories alike.
+//!
+//! Each rule decides one of three answers and never guesses: *owed* (every schedule the history
+//! allows makes the reader hand the post off), *not owed* (the history shows a legitimate way
+//! for it to be dropped: a narrowing, a retirement, a leave), or *uncertain* (only an operation
+//! whose outcome is unknown could have made it not owed). Uncertainty makes the verdict unknown,
+//! never invalid. docs/simulation.md cites the seed sentence behind each rule.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::daemons;
+use super::history::{Class, FrameEvent, History, Member, Ms, Outcome};
+use super::model::{Post, Standing, World};
+use super::report::{
+    Counts, Duplicate, DuplicateWhy, FaultRef, Leak, LeakKind, Liveness, Lost, PostRef, Report,
+    SingleFlight, Stuck, Uncertain, Undecided, Unexpected, UnexpectedKind, Verdict,
+};
+use super::snapshot::Snapshot;
+
+/// The bounds the rules judge time by. Defaults are the seeds' (broker-gone window 15 s,
+/// backstop four times it, lease TTL 30 s); the runner passes what it configured the daemon
+/// with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckConfig {
+    /// `COTAL_DELIVERY_BROKER_GONE_MS`.
+    pub broker_gone_window_ms: Ms,
+    /// `COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS`.
+    pub broker_gone_backstop_ms: Ms,
+    /// How long a broker that stops answering without closing the socket takes to count as
+    /// disconnected (two unanswered client pings: 2 × `COTAL_DELIVERY_PING_INTERVAL_MS`, plus
+    /// one interval for where the clock stood).
+    pub silent_detect_ms: Ms,
+    /// Slack on either side of a broker-gone exit's window.
+    pub exit_margin_ms: Ms,
+    /// The lease bucket's TTL: a row not renewed this long is gone.
+    pub lease_ttl_ms: Ms,
+    /// How long a daemon thawed from a pause, or whose row was replaced, may still look as if
+    /// it serves before noticing: overlaps no longer than this are not reported.
+    pub takeover_grace_ms: Ms,
+    /// Most time between the reader's check and the broker's stamp of its hand-off, when no
+    /// fault runs: bounds when the check happened, for leaks after a narrowing.
+    pub handoff_slack_ms: Ms,
+    /// Most time from a post's ok to its hand-off (fan-out, then the reader's check) while a
+    /// daemon serves and no fault runs: bounds when a mention was resolved against presence,
+    /// and makes a narrowing begun after it irrelevant to the post.
+    pub handoff_bound_ms: Ms,
+    /// The first post after the heal must surface within this of its ok.
+    pub liveness_bound_ms: Ms,
+    /// The DLV stream's duplicate window: a hand-off repeated later than this is not deduped.
+    pub dedup_window_ms: Ms,
+}
+
+impl Default for CheckConfig {
+    fn default() -> CheckConfig {
+        CheckConfig {
+            broker_gone_window_ms: 15_000,
+            broker_gone_backstop_ms: 60_000,
+            silent_detect_ms: 7_500,
+            exit_margin_ms: 3_000,
+            lease_ttl_ms: 30_000,
+            takeover_grace_ms: 2_000,
+            handoff_slack_ms: 2_000,
+            handoff_bound_ms: 10_000,
+            liveness_bound_ms: 30_000,
+            dedup_window_ms: 120_000,
+        }
+    }
+}
+
+/// Checks a run: the history, the broker's final state and the bounds to judge time by.
+pub fn check(history: &History, snapshot: &Snapshot, cfg: &CheckConfig) -> Report {
+    let world = World::build(history, snapshot, cfg);
+    let mut report = Report {
+        verdict: Verdict::Unknown,
+        why: Vec::new(),
+        counts: Counts::default(),
+        lost: Vec::new(),
+        uncertain: Vec::new(),
+        leaked: Vec::new(),
+        unexpected: Vec::new(),
+        duplicates: Vec::new(),
+        single_flight: SingleFlight::default(),
+        exits: Vec::new(),
+        liveness: Liveness::NotChecked {
+            why: "not run".into(),
+        },
+    };
+    let matched = match_frames(&world, &mut report);
+    let owed = delivery(&world, &matched, &mut report);
+    leaks(&world, &matched, &mut report);
+    duplicates(&world, &matched, &mut report);
+    report.liveness = liveness(&world, &owed, &matched);
+    report.single_flight = daemons::single_flight(&world);
+    report.exits = daemons::exits(&world);
+    count(&world, &mut report);
+    report.decide();
+    report
+}
+
+/// Which member is owed which post (post index -> owed members), for liveness.
+type OwedMap<'h> = BTreeMap<usize, Vec<&'h Member>>;
+
+/// The frames of each (member, post), in surface order.
+type Matched<'h> = BTreeMap<(&'h Member, usize), Vec<&'h FrameEvent>>;
+
+pub(crate) fn post_ref(p: &Post<'_>) -> PostRef {
+    PostRef {
+        op: p.op.id,
+        sender: p.sender.clone(),
+        channel: p.channel.to_string(),
+        seq: p.seq,
+        id: p.id.map(str::to_string),
+        tag: p.tag.to_string(),
+    }
+}
+
+/// Pairs each frame with the post it is a copy of: by the workload's tag, else by message id
+/// (ids the workload used once), else by the CHAT sequence the frame carries. A frame that
+/// fits none, or whose post failed or went to another channel, is unexpected.
+fn match_frames<'h>(world: &World<'h>, report: &mut Report) -> Matched<'h> {
+    let mut by_tag: HashMap<&str, usize> = HashMap::new();
+    let mut by_id: HashMap<&str, Option<usize>> = HashMap::new();
+    let mut by_seq: HashMap<u64, usize> = HashMap::new();
+    for (i, p) in world.posts.iter().enumerate() {
+        by_tag.insert(p.tag, i);
+        if let Some(id) = p.id {
+            // An id posted twice names neither post.
+            by_id.entry(id).and_modify(|e| *e = None).or_insert(Some(i));
+        }
+        if let Some(seq) = p.seq {
+            by_seq.insert(seq, i);
+        }
+    }
+    let mut matched: Matched<'h> = BTreeMap::new();
+    for f in &world.history.frames {
+        let fr = &f.frame;
+        let found = fr
+            .tag
+            .as_deref()
+            .and_then(|t| by_tag.get(t).copied())
+            .or_else(|| {
+                fr.id
+                    .as_deref()
+                    .and_then(|id| by_id.get(id).copied().flatten())
+            })
+            .or_else(|| fr.chat_seq.and_then(|s| by_seq.get(&s).copied()));
+        let unexpected = |kind| Unexpected {
+            member: f.member.clone(),
+            surfaced_ms: f.ms,
+            line: f.line,
+            channel: fr.channel.clone(),
+            dlv_seq: fr.dlv_seq,
+            kind,
+        };
+        let Some(i) = found else {
+            report
+                .unexpected
+                .push(unexpected(UnexpectedKind::NoSuchPost));
+            continue;
+        };
+        let p = &world.posts[i];
+        if matches!(p.op.outcome, Outcome::Fail { .. }) {
+            report
+                .unexpected
+                .push(unexpected(UnexpectedKind::FailedPost { op: p.op.id }));
+        } else if fr.channel != p.channel {
+            report
+                .unexpected
+                .push(unexpected(UnexpectedKind::WrongChannel {
+                    op: p.op.id,
+                    posted_on: p.channel.to_string(),
+                }));
+        } else if &f.member == p.sender {
+            report
+                .unexpected
+                .push(unexpected(UnexpectedKind::SenderCopy { op: p.op.id }));
+        } else {
+            matched.entry((&f.member, i)).or_default().push(f);
+        }
+    }
+    for frames in matched.values_mut() {
+        frames.sort_by_key(|f| (f.ms, f.line));
+    }
+    matched
+}
+
+/// Whether the member's read ACL let the reader hand the post off, judged over every moment
+/// from `from` (the post's invoke) to the end: the hand-off may happen any time in between.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Due {
+    Owed,
+    NotOwed(String),
+    Uncertain(String),
+}
+
+/// "Retired lifecycles owe nothing"; a narrowing acknowledged and not certainly undone before
+/// the post makes it not owed (the reader re-checks the current ACL at hand-off); a narrowing
+/// whose outcome is unknown makes it uncertain.
+///
+/// `until` is when the hand-off certainly happened (see [`handoff_deadline`]): a write invoked
+/// after it cannot have been in force at the reader's check.
+pub(crate) fn authorized(
+    world: &World<'_>,
+    member: &Member,
+    channel: &str,
+    from: Ms,
+    until: Ms,
+) -> Due {
+    let Some(lc) = world.lifecycles.get(member) else {
+        return Due::NotOwed("never provisioned".into());
+    };
+    if lc.name.is_none() {
+        return Due::NotOwed("never provisioned".into());
+    }
+    if lc.retired {
+        return Due::NotOwed("retired lifecycle".into());
+    }
+    let superseded = |acked: Ms| {
+        lc.acl.iter().any(|c| {
+            c.covers(channel) && c.op.invoke_ms > acked && c.acked_ms.is_some_and(|ok| ok < from)
+        })
+    };
+    let mut undecided = None;
+    for w in lc
+        .acl
+        .iter()
+        .filter(|w| !w.covers(channel) && w.op.invoke_ms <= until)
+    {
+        match w.acked_ms {
+            Some(acked) if !superseded(acked) => {
+                return Due::NotOwed(format!(
+                    "ACL excluding {channel} acknowledged by op {} at {acked} ms",
+                    w.op.id
+                ))
+            }
+            Some(_) => {}
+            None => undecided = Some(w.op.id),
+        }
+    }
+    if lc.maybe_retired {
+        return Due::Uncertain("a retirement of unknown outcome".into());
+    }
+    match undecided {
+        Some(op) => Due::Uncertain(format!(
+            "op {op} excluding {channel} has an unknown outcome"
+        )),
+        None => Due::Owed,
+    }
+}
+
+/// Who is owed post `p`, and how sure: members whose interval admits its sequence (durable),
+/// or the peer its mention resolves to (live).
+fn owed_to<'h>(world: &World<'h>, p: &Post<'h>) -> Vec<(&'h Member, Due)> {
+    let (Some(seq), Some(ok_ms)) = (p.seq, p.op.outcome.ok_ms()) else {
+        return Vec::new();
+    };
+    let until = handoff_deadline(world, p.op.invoke_ms, ok_ms);
+    let mut out = Vec::new();
+    match p.class {
+        Class::Durable => {
+            for (member, lc) in &world.lifecycles {
+                if *member == p.sender || !lc.channels.contains_key(p.channel) {
+                    continue;
+                }
+                let standing = world.standing(member, p.channel, seq);
+                if standing == Standing::Outside {
+                    continue;
+                }
+                let owed = match (
+                    standing,
+                    authorized(world, member, p.channel, p.op.invoke_ms, until),
+                ) {
+                    (_, Due::NotOwed(why)) => Due::NotOwed(why),
+                    (Standing::Inside, o) => o,
+                    (_, _) => Due::Uncertain(format!(
+                        "whether seq {seq} is inside its membership of {} is undecided",
+                        p.channel
+                    )),
+                };
+                out.push((*member, owed));
+            }
+        }
+        Class::Live => {
+            for name in p.mentions {
+                let Some(member) = mention_target(world, p, name) else {
+                    continue;
+                };
+                if out.iter().any(|(m, _)| *m == member) {
+                    continue;
+                }
+                // The writer resolves presence when it routes the post: fresh only if the
+                // peer was online until the hand-off surely happened.
+                let fresh =
+                    until < Ms::MAX && world.online_throughout(member, p.op.invoke_ms, until);
+                let owed = if fresh {
+                    authorized(world, member, p.channel, p.op.invoke_ms, until)
+                } else {
+                    Due::NotOwed("presence not provably fresh when the post was routed".into())
+                };
+                out.push((member, owed));
+            }
+        }
+    }
+    out
+}
+
+/// When the hand-off of a post invoked at `invoke` and stored at `ok` certainly happened: within
+/// the hand-off bound, if a daemon served and nothing faulted all that time (capped at the
+/// run's end phase, when the runner stops the daemons); otherwise it may have happened any time
+/// (`Ms::MAX`).
+fn handoff_deadline(world: &World<'_>, invoke: Ms, ok: Ms) -> Ms {
+    let end = world
+        .history
+        .phase_ms(super::history::Phase::End)
+        .unwrap_or(world.history.end_ms);
+    let until = ok.saturating_add(world.cfg.handoff_bound_ms).min(end);
+    if world.served_throughout(invoke, until) && world.faults_within(invoke, until).is_empty() {
+        until
+    } else {
+        Ms::MAX
+    }
+}
+
+/// The one lifecycle a mention reaches: the name names exactly one principal (not the
+/// sender), and that principal has exactly one lifecycle not retired.
+fn mention_target<'h>(world: &World<'h>, p: &Post<'h>, name: &str) -> Option<&'h Member> {
+    let named = world.named(name);
+    let principal = named.first()?.principal();
+    if named.iter().any(|m| m.principal() != principal) || principal == p.sender.principal() {
+        return None;
+    }
+    let live: Vec<&'h Member> = named
+        .into_iter()
+        .filter(|m| {
+            world
+                .lifecycles
+                .get(m)
+                .is_some_and(|lc| !lc.retired && !lc.maybe_retired)
+        })
+        .collect();
+    match live.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
+}
+
+/// Lost and uncertain: every (post, member) owed, and whether the member surfaced it.
+fn delivery<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) -> OwedMap<'h> {
+    let mut owed_map = OwedMap::new();
+    for (i, p) in world.posts.iter().enumerate() {
+        for (member, owed) in owed_to(world, p) {
+            let surfaced = matched.contains_key(&(member, i));
+            match owed {
+                Due::NotOwed(_) => report.counts.not_owed += 1,
+                Due::Uncertain(why) => {
+                    if !surfaced {
+                        report.uncertain.push(Uncertain {
+                            post: post_ref(p),
+                            member: member.clone(),
+                            about: Undecided::Owed,
+                            why,
+                        });
+                    }
+                }
+                Due::Owed => {
+                    report.counts.owed += 1;
+                    owed_map.entry(i).or_default().push(member);
+                    if surfaced {
+                        report.counts.delivered += 1;
+                    } else {
+                        report.lost.push(Lost {
+                            post: post_ref(p),
+                            member: member.clone(),
+                            stuck: stuck(world.snapshot, member, p),
+                            faults: world
+                                .faults_within(p.op.invoke_ms, world.history.end_ms)
+                                .into_iter()
+                                .map(|f| FaultRef {
+                                    id: f.id,
+                                    kind: f.kind,
+                                    target: f.target.clone(),
+                                    from_ms: f.from_ms,
+                                    to_ms: f.to_ms,
+                                })
+                                .collect(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    owed_map
+}
+
+/// Where a lost post still sits for the member, if the broker still holds it.
+fn stuck(snapshot: &Snapshot, member: &Member, p: &Post<'_>) -> Option<Stuck> {
+    let pending = snapshot.pending_of(member)?;
+    let same = |tag: &Option<String>, id: &Option<String>| {
+        tag.as_deref() == Some(p.tag) || (p.id.is_some() && id.as_deref() == p.id)
+    };
+    if pending
+        .dlv
+        .iter()
+        .any(|f| f.channel == p.channel && same(&f.tag, &f.id))
+    {
+        return Some(Stuck::Dlv);
+    }
+    if pending
+        .inbox
+        .iter()
+        .any(|e| e.channel == p.channel && (Some(e.chat_seq) == p.seq || same(&e.tag, &e.id)))
+    {
+        return Some(Stuck::Inbox);
+    }
+    None
+}
+
+/// Leaks: a frame outside the member's interval, a live post's frame to a member no mention
+/// names, or a frame whose reader check certainly ran after a narrowing or retirement was
+/// acknowledged.
+fn leaks<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
+    for (&(member, i), frames) in matched {
+        let p = &world.posts[i];
+        for f in frames {
+            let leak = |kind| Leak {
+                post: post_ref(p),
+                member: member.clone(),
+                surfaced_ms: f.ms,
+                line: f.line,
+                dlv_seq: f.frame.dlv_seq,
+                kind,
+            };
+            let undecided = |why: String| Uncertain {
+                post: post_ref(p),
+                member: member.clone(),
+                about: Undecided::Leak,
+                why,
+            };
+            match (p.class, p.seq) {
+                (Class::Durable, Some(seq)) => match world.standing(member, p.channel, seq) {
+                    Standing::Inside => {}
+                    Standing::Outside => {
+                        report.leaked.push(leak(LeakKind::OutsideInterval));
+                        continue;
+                    }
+                    Standing::Uncertain => report.uncertain.push(undecided(format!(
+                        "whether seq {seq} is inside its membership of {} is undecided",
+                        p.channel
+                    ))),
+                },
+                (Class::Live, _) => {
+                    let named = p.mentions.iter().any(|n| {
+                        world
+                            .named(n)
+                            .iter()
+                            .any(|m| m.principal() == member.principal())
+                    });
+                    if !named {
+                        report.unexpected.push(Unexpected {
+                            member: member.clone(),
+                            surfaced_ms: f.ms,
+                            line: f.line,
+                            channel: f.frame.channel.clone(),
+                            dlv_seq: f.frame.dlv_seq,
+                            kind: UnexpectedKind::NotMentioned { op: p.op.id },
+                        });
+                        continue;
+                    }
+                }
+                (Class::Durable, None) => {}
+            }
+            match after_exclusion(world, member, p, f) {
+                Some(Ok(kind)) => report.leaked.push(leak(kind)),
+                Some(Err(why)) => report.uncertain.push(undecided(why)),
+                None => {}
+            }
+        }
+    }
+}
+
+/// Whether the reader's check for frame `f` certainly ran after an acknowledged narrowing
+/// excluding the channel (or the retirement) that nothing may have undone by then:
+/// `Some(Ok(leak))`, `Some(Err(why))` when it may have, `None` when it did not.
+///
+/// The check ran after the post was invoked, and no later than the broker's stamp of the
+/// hand-off (or the surface, without a stamp); with a stamp and no fault around it, no earlier
+/// than the stamp less the hand-off slack.
+fn after_exclusion(
+    world: &World<'_>,
+    member: &Member,
+    p: &Post<'_>,
+    f: &FrameEvent,
+) -> Option<Result<LeakKind, String>> {
+    let lc = world.lifecycles.get(member)?;
+    let latest = f.frame.handed_off_ms.unwrap_or(f.ms);
+    let mut earliest = p.op.invoke_ms;
+    if let Some(stamp) = f.frame.handed_off_ms {
+        let from = stamp.saturating_sub(world.cfg.handoff_slack_ms);
+        if world.faults_within(from, stamp).is_empty() {
+            earliest = earliest.max(from);
+        }
+    }
+    let mut undecided = None;
+    for w in lc.acl.iter().filter(|w| !w.covers(p.channel)) {
+        let Some(acked) = w.acked_ms else { continue };
+        // A widening that may have landed between this write and the check undoes it.
+        let undone = !w.is_retire()
+            && lc.acl.iter().any(|c| {
+                c.covers(p.channel)
+                    && c.op.invoke_ms <= latest
+                    && c.acked_ms.is_none_or(|ok| ok > w.op.invoke_ms)
+            });
+        if undone {
+            continue;
+        }
+        let kind = if w.is_retire() {
+            LeakKind::AfterRetirement {
+                op: w.op.id,
+                acked_ms: acked,
+            }
+        } else {
+            LeakKind::AfterNarrowing {
+                op: w.op.id,
+                acked_ms: acked,
+            }
+        };
+        if acked < earliest {
+            return Some(Ok(kind));
+        }
+        if acked < latest {
+            undecided = Some(format!(
+                "op {} excluding {} was acknowledged at {acked} ms, and the reader's check ran between {earliest} and {latest} ms",
+                w.op.id, p.channel
+            ));
+        }
+    }
+    undecided.map(Err)
+}
+
+/// Duplicates: each frame of a (member, post) after the first, classified.
+fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
+    let exits: Vec<Ms> = world
+        .history
+        .observed
+        .iter()
+        .filter(|o| matches!(o.what, super::history::Observation::DaemonExited { .. }))
+        .map(|o| o.ms)
+        .collect();
+    for (&(member, i), frames) in matched {
+        let p = &world.posts[i];
+        let Some(first) = frames.first() else {
+            continue;
+        };
+        for (k, again) in frames.iter().enumerate().skip(1) {
+            let earlier = &frames[..k];
+            let why = if let Some(same) = earlier
+                .iter()
+                .find(|e| e.frame.dlv_seq == again.frame.dlv_seq)
+            {
+                if same.frame.acked {
+                    DuplicateWhy::AfterConfirmedAck
+                } else {
+                    DuplicateWhy::AckUnconfirmed
+                }
+            } else if p.id.is_none() {
+                DuplicateWhy::IdLess
+            } else {
+                let t0 = first.frame.handed_off_ms.unwrap_or(first.ms);
+                let t1 = again.frame.handed_off_ms.unwrap_or(again.ms);
+                let crashed = exits.iter().any(|&e| e >= t0 && e <= t1);
+                if crashed && t1.saturating_sub(t0) >= world.cfg.dedup_window_ms {
+                    DuplicateWhy::CrashRedelivery
+                } else {
+                    DuplicateWhy::SecondHandOff
+                }
+            };
+            report.duplicates.push(Duplicate {
+                post: post_ref(p),
+                member: member.clone(),
+                first_ms: first.ms,
+                again_ms: again.ms,
+                first_dlv_seq: first.frame.dlv_seq,
+                again_dlv_seq: again.frame.dlv_seq,
+                allowed: why.allowed(),
+                why,
+            });
+        }
+    }
+}
+
+/// After the heal, the first post owed to someone must surface within the bound.
+fn liveness<'h>(world: &World<'h>, owed: &OwedMap<'h>, matched: &Matched<'h>) -> Liveness {
+    let Some(heal) = world.history.phase_ms(super::history::Phase::Heal) else {
+        return Liveness::NotChecked {
+            why: "the history has no heal phase".into(),
+        };
+    };
+    let first = owed
+        .iter()
+        .filter(|(i, _)| world.posts[**i].op.invoke_ms >= heal)
+        .min_by_key(|(i, _)| (world.posts[**i].op.invoke_ms, **i));
+    let Some((&i, members)) = first else {
+        return Liveness::NotChecked {
+            why: "no post after the heal was owed to anyone".into(),
+        };
+    };
+    let p = &world.posts[i];
+    let ok = p.op.outcome.ok_ms().unwrap_or(p.op.invoke_ms);
+    let bound = world.cfg.liveness_bound_ms;
+    let surfaced = members
+        .iter()
+        .filter_map(|m| matched.get(&(*m, i)))
+        .filter_map(|frames| frames.first().map(|f| f.ms))
+        .min();
+    match surfaced {
+        Some(t) if t.saturating_sub(ok) <= bound => Liveness::Met {
+            post: post_ref(p),
+            latency_ms: t.saturating_sub(ok),
+        },
+        _ => Liveness::Missed {
+            post: post_ref(p),
+            bound_ms: bound,
+        },
+    }
+}
+
+fn count(world: &World<'_>, report: &mut Report) {
+    let c = &mut report.counts;
+    c.posts = world.posts.len() as u64;
+    c.posts_ok = world.posts.iter().filter(|p| p.seq.is_some()).count() as u64;
+    c.posts_indeterminate = world
+        .posts
+        .iter()
+        .filter(|p| p.op.outcome.is_indeterminate())
+        .count() as u64;
+    c.recovered = world
+        .posts
+        .iter()
+        .filter(|p| p.op.outcome.is_indeterminate())
+        .filter(|p| {
+            world.history.frames.iter().any(|f| {
+                f.frame.tag.as_deref() == Some(p.tag)
+                    || (p.id.is_some() && f.frame.id.as_deref() == p.id)
+            })
+        })
+        .count() as u64;
+    c.frames = world.history.frames.len() as u64;
+    for f in &world.faults {
+        *c.faults.entry(f.kind.name().to_string()).or_default() += 1;
+    }
+}

@@ -1,0 +1,370 @@
+//! The daemon rules: single flight (one daemon serves a space; a lease row is written only by
+//! its holder) and exits (each classified by its last line, and judged against the faults that
+//! ran).
+
+use std::collections::BTreeMap;
+
+use super::history::{Call, FaultKind, Ms, Observation};
+use super::model::{Fault, World};
+use super::report::{ExitClass, ExitJudgement, ExitReport, ForeignWrite, Overlap, SingleFlight};
+use super::snapshot::LeaseOp;
+
+/// Overlapping serving spans, and lease rows written over another holder's live row.
+///
+/// A daemon's serving span runs from its serving line to its quiesce or exit; a pause of that
+/// daemon (SIGSTOP) is cut out of it, and so is the grace after its SIGCONT, in which it has
+/// not yet seen that its lease was taken. Overlaps no longer than that grace are not reported.
+pub(crate) fn single_flight(world: &World<'_>) -> SingleFlight {
+    let grace = world.cfg.takeover_grace_ms;
+    let mut spans: BTreeMap<&str, Vec<(Ms, Ms)>> = BTreeMap::new();
+    for (daemon, served) in &world.serving {
+        let frozen: Vec<(Ms, Ms)> = world
+            .faults
+            .iter()
+            .filter(|f| f.kind.freezes() && World::daemon_of_target(&f.target) == Some(daemon))
+            .map(|f| (f.from_ms, f.to_ms.saturating_add(grace)))
+            .collect();
+        let mut cut = served.clone();
+        for hole in frozen {
+            cut = cut
+                .into_iter()
+                .flat_map(|span| subtract(span, hole))
+                .collect();
+        }
+        spans.insert(daemon, cut);
+    }
+    let mut out = SingleFlight::default();
+    let names: Vec<&str> = spans.keys().copied().collect();
+    for (k, a) in names.iter().enumerate() {
+        for b in &names[k + 1..] {
+            for sa in &spans[a] {
+                for sb in &spans[b] {
+                    let from = sa.0.max(sb.0);
+                    let to = sa.1.min(sb.1);
+                    if to > from && to - from > grace {
+                        out.overlaps.push(Overlap {
+                            a: a.to_string(),
+                            b: b.to_string(),
+                            from_ms: from,
+                            to_ms: to,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out.foreign_writes = foreign_writes(world);
+    out
+}
+
+/// `span` less `hole`: zero, one or two spans.
+fn subtract(span: (Ms, Ms), hole: (Ms, Ms)) -> Vec<(Ms, Ms)> {
+    let mut out = Vec::new();
+    if hole.0 > span.0 {
+        out.push((span.0, hole.0.min(span.1)));
+    }
+    if hole.1 < span.1 {
+        out.push((hole.1.max(span.0), span.1));
+    }
+    out.retain(|(a, b)| b > a);
+    out
+}
+
+/// A row write while another holder's row is live (not deleted, not expired, written less than
+/// a TTL ago): the writer did not hold the lease.
+fn foreign_writes(world: &World<'_>) -> Vec<ForeignWrite> {
+    // holder/incarnation -> daemon name, from the serving lines.
+    let mut names: BTreeMap<(&str, &str), &str> = BTreeMap::new();
+    for o in &world.history.observed {
+        if let Observation::DaemonServing {
+            daemon,
+            holder,
+            incarnation,
+        } = &o.what
+        {
+            names.insert((holder, incarnation), daemon);
+        }
+    }
+    let name = |h: &str, i: &str| {
+        names
+            .get(&(h, i))
+            .map(|d| d.to_string())
+            .unwrap_or_else(|| format!("{h}/{i}"))
+    };
+    let mut writes: Vec<_> = world.snapshot.lease_writes.iter().collect();
+    writes.sort_by_key(|w| w.revision);
+    let mut live: Option<(&str, &str, Ms)> = None;
+    let mut out = Vec::new();
+    for w in writes {
+        match w.op {
+            LeaseOp::Row => {
+                let holder = w.holder.as_deref().unwrap_or("");
+                let inc = w.incarnation.as_deref().unwrap_or("");
+                if let Some((h, i, at)) = live {
+                    let expired = w.ms >= at.saturating_add(world.cfg.lease_ttl_ms);
+                    if (h, i) != (holder, inc) && !expired {
+                        out.push(ForeignWrite {
+                            revision: w.revision,
+                            ms: w.ms,
+                            writer: name(holder, inc),
+                            over: name(h, i),
+                        });
+                    }
+                }
+                live = Some((holder, inc, w.ms));
+            }
+            LeaseOp::Delete | LeaseOp::Purge | LeaseOp::Expired => live = None,
+        }
+    }
+    out
+}
+
+/// The seeds' exit lines, as substrings of the last line (which may be the log file's
+/// `run ended — exit code <n>: <reason>` frame around them). Order matters: the backstop line
+/// contains the window line's start.
+const EXIT_LINES: [(&str, ExitClass); 8] = [
+    (
+        "unavailable past backstop (broker unreachable)",
+        ExitClass::BrokerGoneBackstop,
+    ),
+    (
+        "broker connection unavailable (broker unreachable), exiting",
+        ExitClass::BrokerGone,
+    ),
+    (
+        "credential expired without renewal",
+        ExitClass::CredentialExpired,
+    ),
+    ("exiting so the holder is single", ExitClass::LeaseLost),
+    (
+        "it serves only under its lease, exiting",
+        ExitClass::LeaseLost,
+    ),
+    ("a live lease already exists", ExitClass::LeaseHeld),
+    (
+        "belongs to a holder that is not running",
+        ExitClass::LeaseHeld,
+    ),
+    ("start-up failed", ExitClass::StartupFailed),
+];
+
+/// Classifies an exit: SIGKILL first (a killed daemon's last line is whatever it last wrote),
+/// then the line, then the code for a line the table does not know.
+pub fn classify_exit(code: Option<i32>, signal: Option<i32>, last_line: Option<&str>) -> ExitClass {
+    const SIGKILL: i32 = 9;
+    if signal == Some(SIGKILL) {
+        return ExitClass::Killed;
+    }
+    if signal.is_some() {
+        return ExitClass::Other;
+    }
+    if let Some(line) = last_line {
+        if let Some((_, class)) = EXIT_LINES.iter().find(|(text, _)| line.contains(text)) {
+            return *class;
+        }
+        if line.contains("received SIG") || line.contains("stopped by SIG") {
+            return ExitClass::Signal;
+        }
+    }
+    match code {
+        Some(9) => ExitClass::BrokerGone,
+        Some(10) => ExitClass::CredentialExpired,
+        _ => ExitClass::Other,
+    }
+}
+
+/// Every daemon exit, classified and judged.
+pub(crate) fn exits(world: &World<'_>) -> Vec<ExitReport> {
+    world
+        .history
+        .observed
+        .iter()
+        .filter_map(|o| match &o.what {
+            Observation::DaemonExited {
+                daemon,
+                code,
+                signal,
+                last_line,
+                ..
+            } => {
+                let class = classify_exit(*code, *signal, last_line.as_deref());
+                Some(ExitReport {
+                    daemon: daemon.clone(),
+                    ms: o.ms,
+                    code: *code,
+                    signal: *signal,
+                    last_line: last_line.clone(),
+                    class,
+                    judged: judge(world, daemon, o.ms, class),
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudgement {
+    let aimed = |f: &&Fault, kinds: &[FaultKind]| {
+        kinds.contains(&f.kind)
+            && World::daemon_of_target(&f.target) == Some(daemon)
+            && f.from_ms <= at
+    };
+    let expected = |because: String| ExitJudgement::Expected { because };
+    match class {
+        ExitClass::BrokerGone | ExitClass::BrokerGoneBackstop => {
+            broker_gone(world, daemon, at, class)
+        }
+        ExitClass::Killed => {
+            let margin = world.cfg.exit_margin_ms;
+            match world.faults.iter().find(|f| {
+                aimed(f, &[FaultKind::DaemonKill]) && at <= f.to_ms.saturating_add(margin)
+            }) {
+                Some(f) => expected(format!("SIGKILL of fault {}", f.id)),
+                None => ExitJudgement::Unexplained,
+            }
+        }
+        ExitClass::Signal => {
+            if let Some(f) = world
+                .faults
+                .iter()
+                .find(|f| aimed(f, &[FaultKind::DaemonRestart]))
+            {
+                return expected(format!("graceful restart of fault {}", f.id));
+            }
+            let stopped = world.history.ops.iter().any(|op| {
+                matches!(&op.call, Call::DaemonStop { daemon: d } if d == daemon)
+                    && op.invoke_ms <= at
+            });
+            if stopped {
+                expected("stopped by the runner".into())
+            } else {
+                ExitJudgement::Unexplained
+            }
+        }
+        ExitClass::CredentialExpired => {
+            match world
+                .faults
+                .iter()
+                .find(|f| aimed(f, &[FaultKind::CredentialExpiry]))
+            {
+                Some(f) => expected(format!(
+                    "credential let expire without renewal, fault {}",
+                    f.id
+                )),
+                None => ExitJudgement::Unexplained,
+            }
+        }
+        ExitClass::LeaseLost | ExitClass::LeaseHeld => {
+            if let Some(other) = other_holder_before(world, daemon, at) {
+                return expected(format!("the lease was held by {other}"));
+            }
+            match world.faults.iter().find(|f| {
+                f.from_ms <= at
+                    && (f.kind == FaultKind::LeaseDelete
+                        || (f.kind.freezes() && World::daemon_of_target(&f.target) == Some(daemon)))
+            }) {
+                Some(f) => expected(format!("{} of fault {}", f.kind.name(), f.id)),
+                None => ExitJudgement::Unexplained,
+            }
+        }
+        ExitClass::StartupFailed | ExitClass::Other => ExitJudgement::Unexplained,
+    }
+}
+
+/// Another daemon that wrote the lease row or said it served before `at`.
+fn other_holder_before(world: &World<'_>, daemon: &str, at: Ms) -> Option<String> {
+    let mine: Vec<(&str, &str)> = world
+        .history
+        .observed
+        .iter()
+        .filter_map(|o| match &o.what {
+            Observation::DaemonServing {
+                daemon: d,
+                holder,
+                incarnation,
+            } if d == daemon => Some((holder.as_str(), incarnation.as_str())),
+            _ => None,
+        })
+        .collect();
+    let row = world.snapshot.lease_writes.iter().find(|w| {
+        w.op == LeaseOp::Row
+            && w.ms <= at
+            && !mine.contains(&(
+                w.holder.as_deref().unwrap_or(""),
+                w.incarnation.as_deref().unwrap_or(""),
+            ))
+    });
+    if let Some(w) = row {
+        return Some(w.holder.clone().unwrap_or_default());
+    }
+    world
+        .serving
+        .iter()
+        .find(|(d, spans)| d.as_str() != daemon && spans.iter().any(|(from, _)| *from <= at))
+        .map(|(d, _)| d.clone())
+}
+
+/// A broker-gone exit must fall within the window (or backstop) of a fault that cut the
+/// daemon off its broker: no earlier than the fault's start plus the window, no later than
+/// that plus the time a silent broker takes to count as gone, plus the margin. A pause of the
+/// daemon itself is credited as its own stall, so the window line may then come as late as the
+/// backstop.
+fn broker_gone(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudgement {
+    let cfg = world.cfg;
+    let stalled = world.faults.iter().any(|f| {
+        f.kind.freezes() && World::daemon_of_target(&f.target) == Some(daemon) && f.from_ms <= at
+    });
+    let causes: Vec<&Fault> = world
+        .faults
+        .iter()
+        .filter(|f| f.kind.cuts_broker() && f.from_ms <= at)
+        .collect();
+    let window = |f: &Fault| {
+        let detect = if f.kind.is_silent() {
+            cfg.silent_detect_ms
+        } else {
+            0
+        };
+        let (lo, hi) = match class {
+            ExitClass::BrokerGoneBackstop => {
+                (cfg.broker_gone_backstop_ms, cfg.broker_gone_backstop_ms)
+            }
+            _ if stalled => (cfg.broker_gone_window_ms, cfg.broker_gone_backstop_ms),
+            _ => (cfg.broker_gone_window_ms, cfg.broker_gone_window_ms),
+        };
+        (
+            f.from_ms
+                .saturating_add(lo)
+                .saturating_sub(cfg.exit_margin_ms),
+            f.from_ms
+                .saturating_add(detect)
+                .saturating_add(hi)
+                .saturating_add(cfg.exit_margin_ms),
+        )
+    };
+    if let Some(f) = causes.iter().find(|f| {
+        let (lo, hi) = window(f);
+        at >= lo && at <= hi
+    }) {
+        return ExitJudgement::Expected {
+            because: format!("{} of fault {} at {} ms", f.kind.name(), f.id, f.from_ms),
+        };
+    }
+    match causes.iter().max_by_key(|f| f.from_ms) {
+        None => ExitJudgement::Unexplained,
+        Some(f) => {
+            let (lo, hi) = window(f);
+            if at > hi {
+                ExitJudgement::Late {
+                    fault: f.id,
+                    by_ms: at - hi,
+                }
+            } else {
+                ExitJudgement::Early {
+                    fault: f.id,
+                    by_ms: lo - at,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The simulation suite's pure core (issue 31): the history a run writes and the checker that
+//! judges it with the broker's final state.
+//!
+//! Owns the history format ([`history`]: JSON lines, `"v": 1`, invoke / ok / fail / unknown per
+//! operation, every surfaced frame, what the runner saw of the daemons), the final-state snapshot
+//! ([`snapshot`]) and the checker ([`checker::check`]) with its report ([`report`]). Invariant:
+//! nothing here talks to a broker or reads a clock, so a stored run is checked exactly as it was
+//! live, and every rule has a unit test over a hand-written history. The live runner (workload,
+//! nemesis, actors) builds on the kit and feeds these types; it is not here.
+
+mod checker;
+mod daemons;
+pub mod history;
+mod model;
+pub mod report;
+pub mod snapshot;
+
+#[cfg(test)]
+mod tests;
+
+pub use checker::{check, CheckConfig};
+pub use daemons::classify_exit;
+pub use history::{
+    Body, Call, Class, Done, Event, FaultKind, History, HistoryError, HistoryErrorKind,
+    HistoryWriter, Member, Ms, Observation, Op, Outcome, Phase, Process, RunHeader, Surfaced,
+    HISTORY_FILE, HISTORY_VERSION,
+};
+pub use report::{Report, Verdict};
+pub use snapshot::{Snapshot, SnapshotError, SnapshotErrorKind, SNAPSHOT_FILE};

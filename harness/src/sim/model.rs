@@ -1,0 +1,674 @@
+//! The run as the checker reasons about it, built once from the history and the snapshot:
+//! posts with their CHAT sequences, each member's membership intervals per channel, its ACL
+//! writes, its online spans, the faults and each daemon's serving spans.
+//!
+//! Why bounds everywhere: the join and leave replies carry no cursor, and an operation whose
+//! answer never came may or may not have landed. A cursor the runner did not read is bounded by
+//! the posts around it (the CHAT last sequence at some moment between the invoke and the ok is
+//! at least every post acknowledged before the invoke, and below every post invoked after the
+//! ok), and a post between the bounds is *uncertain*, never lost and never leaked.
+
+use std::collections::BTreeMap;
+
+use cotal_delivery::wire::channel_matches;
+
+use super::checker::CheckConfig;
+use super::history::{Call, Class, Done, FaultKind, History, Member, Ms, Observation, Op, Outcome};
+use super::snapshot::Snapshot;
+
+/// A cursor known to lie in `[lo, hi]` (`lo == hi`: known exactly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bound {
+    pub lo: u64,
+    pub hi: u64,
+}
+
+impl Bound {
+    pub fn exact(v: u64) -> Bound {
+        Bound { lo: v, hi: v }
+    }
+}
+
+/// How a membership interval ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    Open,
+    /// Closed at a cursor within `at`; `certain: false` when the close itself may not have
+    /// happened (a leave or a rejoin whose answer never came).
+    Closed {
+        at: Bound,
+        certain: bool,
+    },
+}
+
+/// One generation of a member on a channel: `(join cursor, leave cursor]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Interval {
+    /// `None` for a join whose answer never came.
+    pub generation: Option<u64>,
+    /// Whether the join certainly happened.
+    pub certain: bool,
+    pub start: Bound,
+    pub end: End,
+}
+
+/// Where a member stands at a post's CHAT sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    Inside,
+    Outside,
+    Uncertain,
+}
+
+/// A post, as posted.
+#[derive(Debug, Clone)]
+pub(crate) struct Post<'h> {
+    pub op: &'h Op,
+    pub sender: &'h Member,
+    pub channel: &'h str,
+    pub class: Class,
+    pub id: Option<&'h str>,
+    pub tag: &'h str,
+    pub mentions: &'h [String],
+    /// The CHAT sequence, for a post acknowledged ok.
+    pub seq: Option<u64>,
+}
+
+/// A write to a member's ACL row (provisioning, narrowing, widening, retirement).
+#[derive(Debug, Clone)]
+pub(crate) struct AclWrite<'h> {
+    pub op: &'h Op,
+    /// `None` for a retirement: it covers nothing, for good.
+    pub allow: Option<&'h [String]>,
+    /// When the broker's acknowledgement was seen; `None`: it may have landed any time after
+    /// its invoke (unknown or pending), or is known only from the snapshot.
+    pub acked_ms: Option<Ms>,
+}
+
+impl AclWrite<'_> {
+    pub fn covers(&self, channel: &str) -> bool {
+        self.allow
+            .is_some_and(|allow| allow.iter().any(|p| channel_matches(p, channel)))
+    }
+    pub fn is_retire(&self) -> bool {
+        self.allow.is_none()
+    }
+}
+
+/// A fault as it really ran: from its start's invoke to its end's completion (or the end of
+/// the history, when it never ended).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fault {
+    pub id: u64,
+    pub kind: FaultKind,
+    pub target: String,
+    pub from_ms: Ms,
+    pub to_ms: Ms,
+}
+
+/// A lifecycle's membership of one channel: its intervals, and the CHAT sequence ranges
+/// `(lo, hi]` a failed or undecided leave leaves uncertain.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Membership {
+    pub intervals: Vec<Interval>,
+    pub gaps: Vec<(u64, u64)>,
+}
+
+/// What the checker knows of one lifecycle.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Lifecycle<'h> {
+    /// The card name mentions resolve, lowercased; `None` until provisioned ok.
+    pub name: Option<String>,
+    pub acl: Vec<AclWrite<'h>>,
+    /// Retired for certain (acknowledged, or the snapshot's tombstone).
+    pub retired: bool,
+    /// When the retirement was acknowledged (what leaks are judged from).
+    pub retired_ms: Option<Ms>,
+    /// A retirement that may have landed and the snapshot cannot settle.
+    pub maybe_retired: bool,
+    /// Spans `[from, to)` in which the agent was certainly online.
+    pub online: Vec<(Ms, Ms)>,
+    /// Per channel: its membership.
+    pub channels: BTreeMap<String, Membership>,
+}
+
+/// The run, as the rules read it.
+pub(crate) struct World<'h> {
+    pub history: &'h History,
+    pub snapshot: &'h Snapshot,
+    pub cfg: &'h CheckConfig,
+    pub posts: Vec<Post<'h>>,
+    pub lifecycles: BTreeMap<&'h Member, Lifecycle<'h>>,
+    pub faults: Vec<Fault>,
+    /// Per daemon: spans `[from, to)` it said it served.
+    pub serving: BTreeMap<String, Vec<(Ms, Ms)>>,
+    /// `(ok ms, seq)` of every post acknowledged, by ok time, with the running max of seq.
+    acked: Vec<(Ms, u64)>,
+    /// `(invoke ms, seq)` of every post acknowledged, by invoke time, with the min of seq from
+    /// each on.
+    invoked: Vec<(Ms, u64)>,
+}
+
+impl<'h> World<'h> {
+    pub fn build(history: &'h History, snapshot: &'h Snapshot, cfg: &'h CheckConfig) -> World<'h> {
+        let mut world = World {
+            history,
+            snapshot,
+            cfg,
+            posts: Vec::new(),
+            lifecycles: BTreeMap::new(),
+            faults: Vec::new(),
+            serving: BTreeMap::new(),
+            acked: Vec::new(),
+            invoked: Vec::new(),
+        };
+        world.collect_posts();
+        world.collect_lifecycles();
+        world.collect_faults();
+        world.collect_serving();
+        world
+    }
+
+    fn collect_posts(&mut self) {
+        for op in &self.history.ops {
+            let Call::Post {
+                channel,
+                class,
+                id,
+                tag,
+                mentions,
+            } = &op.call
+            else {
+                continue;
+            };
+            let Some(sender) = op.process.member() else {
+                continue;
+            };
+            let seq = match &op.outcome {
+                Outcome::Ok {
+                    done: Done::Post { seq },
+                    ..
+                } => Some(*seq),
+                _ => None,
+            };
+            if let (Some(seq), Some(ok)) = (seq, op.outcome.ok_ms()) {
+                self.acked.push((ok, seq));
+                self.invoked.push((op.invoke_ms, seq));
+            }
+            self.posts.push(Post {
+                op,
+                sender,
+                channel,
+                class: *class,
+                id: id.as_deref().filter(|i| !i.is_empty()),
+                tag,
+                mentions,
+                seq,
+            });
+        }
+        self.acked.sort_unstable();
+        let mut max = 0;
+        for e in &mut self.acked {
+            max = max.max(e.1);
+            e.1 = max;
+        }
+        self.invoked.sort_unstable();
+        let mut min = u64::MAX;
+        for e in self.invoked.iter_mut().rev() {
+            min = min.min(e.1);
+            e.1 = min;
+        }
+    }
+
+    /// The CHAT last sequence read at some moment in `[from, to]`: at least every post
+    /// acknowledged before `from`, below every post invoked after `to`.
+    pub fn cursor_between(&self, from: Ms, to: Ms) -> Bound {
+        let below = self.acked.partition_point(|(ok, _)| *ok < from);
+        let lo = if below == 0 {
+            0
+        } else {
+            self.acked[below - 1].1
+        };
+        let after = self.invoked.partition_point(|(inv, _)| *inv <= to);
+        let hi = self
+            .invoked
+            .get(after)
+            .map(|(_, min)| min.saturating_sub(1))
+            .unwrap_or(u64::MAX);
+        Bound { lo, hi: hi.max(lo) }
+    }
+
+    fn lifecycle(&mut self, member: &'h Member) -> &mut Lifecycle<'h> {
+        self.lifecycles.entry(member).or_default()
+    }
+
+    fn collect_lifecycles(&mut self) {
+        let history = self.history;
+        for op in &history.ops {
+            match &op.call {
+                Call::Provision {
+                    member,
+                    name,
+                    allow,
+                } => {
+                    if let Some(ok) = op.outcome.ok_ms() {
+                        let lc = self.lifecycle(member);
+                        lc.name = Some(name.trim().to_lowercase());
+                        lc.acl.push(AclWrite {
+                            op,
+                            allow: Some(allow),
+                            acked_ms: Some(ok),
+                        });
+                    }
+                }
+                // A write the broker refused changed nothing.
+                Call::AclNarrow { member, allow } | Call::AclWiden { member, allow }
+                    if !matches!(op.outcome, Outcome::Fail { .. }) =>
+                {
+                    let acked_ms = op.outcome.ok_ms();
+                    self.lifecycle(member).acl.push(AclWrite {
+                        op,
+                        allow: Some(allow),
+                        acked_ms,
+                    });
+                }
+                Call::Retire { member } if !matches!(op.outcome, Outcome::Fail { .. }) => {
+                    let acked_ms = op.outcome.ok_ms();
+                    self.lifecycle(member).acl.push(AclWrite {
+                        op,
+                        allow: None,
+                        acked_ms,
+                    });
+                }
+                _ => {}
+            }
+        }
+        let members: Vec<&'h Member> = self.lifecycles.keys().copied().collect();
+        for member in members {
+            self.settle_acl(member);
+            self.collect_online(member);
+            self.collect_membership(member);
+        }
+    }
+
+    /// Settles what the snapshot can of the member's undecided ACL writes: a tombstone is for
+    /// good (a retirement that may have landed did, if the row carries one, and did not if
+    /// not), and a row still at the revision of a write acknowledged before an undecided one
+    /// began shows the undecided one never landed.
+    fn settle_acl(&mut self, member: &'h Member) {
+        let row = self.snapshot.acl_row(member);
+        let Some(lc) = self.lifecycles.get_mut(member) else {
+            return;
+        };
+        let revision_of = |w: &AclWrite<'_>| match &w.op.outcome {
+            Outcome::Ok {
+                done:
+                    Done::Provision { revision }
+                    | Done::AclNarrow { revision }
+                    | Done::AclWiden { revision }
+                    | Done::Retire { revision },
+                ..
+            } => Some(*revision),
+            _ => None,
+        };
+        let settled_before: Vec<Ms> = match row {
+            Some(row) => lc
+                .acl
+                .iter()
+                .filter(|w| revision_of(w) == Some(row.revision))
+                .filter_map(|w| w.acked_ms)
+                .collect(),
+            None => Vec::new(),
+        };
+        lc.acl.retain(|w| {
+            w.acked_ms.is_some()
+                || w.is_retire()
+                || !settled_before.iter().any(|acked| *acked < w.op.invoke_ms)
+        });
+        for w in &lc.acl {
+            if !w.is_retire() {
+                continue;
+            }
+            match (w.acked_ms, row) {
+                (Some(ms), _) => {
+                    lc.retired = true;
+                    lc.retired_ms = Some(lc.retired_ms.map_or(ms, |t| t.min(ms)));
+                }
+                (None, Some(row)) if row.retired => lc.retired = true,
+                (None, Some(_)) => {}
+                (None, None) => lc.maybe_retired = true,
+            }
+        }
+        if row.is_some_and(|r| r.retired) {
+            lc.retired = true;
+        }
+        if lc.retired {
+            lc.maybe_retired = false;
+        }
+        // A retirement the tombstone disproves is not a write at all.
+        lc.acl.retain(|w| {
+            !(w.is_retire() && w.acked_ms.is_none() && row.is_some_and(|r| !r.retired))
+        });
+    }
+
+    fn collect_online(&mut self, member: &'h Member) {
+        let end = self.history.end_ms;
+        let mut spans = Vec::new();
+        let mut since: Option<Ms> = None;
+        for op in self.ops_of(member) {
+            match (&op.call, &op.outcome) {
+                (Call::Online, Outcome::Ok { ms, .. }) => {
+                    since.get_or_insert(*ms);
+                }
+                // Offline from its invoke, whatever the answer: presence may lapse then.
+                (Call::Offline, outcome) if !matches!(outcome, Outcome::Fail { .. }) => {
+                    if let Some(from) = since.take() {
+                        spans.push((from, op.invoke_ms));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(from) = since {
+            spans.push((from, end.saturating_add(1)));
+        }
+        self.lifecycle(member).online = spans;
+    }
+
+    fn ops_of(&self, member: &Member) -> Vec<&'h Op> {
+        let history: &'h History = self.history;
+        history
+            .ops
+            .iter()
+            .filter(|op| op.process.member() == Some(member))
+            .collect()
+    }
+
+    fn collect_membership(&mut self, member: &'h Member) {
+        let mut channels: BTreeMap<String, Membership> = BTreeMap::new();
+        let ops: Vec<&'h Op> = self.ops_of(member);
+        for (i, op) in ops.iter().enumerate() {
+            match &op.call {
+                Call::Join { channel } => {
+                    let entry = channels.entry(channel.clone()).or_default();
+                    self.apply_join(member, channel, op, &mut entry.intervals);
+                }
+                Call::Leave {
+                    channel,
+                    generation,
+                } => {
+                    // The next certain membership operation on the channel bounds how long an
+                    // undecided leave can have stood before it was taken back.
+                    let next_ok = ops[i + 1..]
+                        .iter()
+                        .find(|o| {
+                            o.outcome.is_ok()
+                                && matches!(&o.call, Call::Join { channel: c } | Call::Leave { channel: c, .. } if c == channel)
+                        })
+                        .map(|o| o.invoke_ms);
+                    let entry = channels.entry(channel.clone()).or_default();
+                    self.apply_leave(member, channel, *generation, op, next_ok, entry);
+                }
+                _ => {}
+            }
+        }
+        self.lifecycle(member).channels = channels;
+    }
+
+    fn apply_join(&self, member: &Member, channel: &str, op: &Op, intervals: &mut Vec<Interval>) {
+        let (start, generation, certain) = match &op.outcome {
+            Outcome::Fail { .. } => return,
+            Outcome::Ok {
+                ms,
+                done:
+                    Done::Join {
+                        generation,
+                        join_cursor,
+                    },
+            } => {
+                let known = join_cursor.or_else(|| {
+                    self.snapshot
+                        .member_row(member, channel)
+                        .and_then(|r| r.cursors_of(*generation))
+                        .map(|(join, _)| join)
+                });
+                let start = known
+                    .map(Bound::exact)
+                    .unwrap_or_else(|| self.cursor_between(op.invoke_ms, *ms));
+                (start, Some(*generation), true)
+            }
+            _ => (
+                self.cursor_between(op.invoke_ms, self.history.end_ms),
+                None,
+                false,
+            ),
+        };
+        // A rejoin closes an open interval at the new join cursor.
+        if let Some(last) = intervals.last_mut() {
+            if last.end == End::Open {
+                last.end = End::Closed { at: start, certain };
+            }
+        }
+        intervals.push(Interval {
+            generation,
+            certain,
+            start,
+            end: End::Open,
+        });
+    }
+
+    fn apply_leave(
+        &self,
+        member: &Member,
+        channel: &str,
+        generation: u64,
+        op: &Op,
+        next_ok: Option<Ms>,
+        Membership { intervals, gaps }: &mut Membership,
+    ) {
+        let row = self.snapshot.member_row(member, channel);
+        let from_row = row
+            .and_then(|r| r.cursors_of(generation))
+            .and_then(|(_, leave)| leave);
+        let target = intervals
+            .iter()
+            .rposition(|i| i.generation == Some(generation))
+            .or_else(|| intervals.iter().rposition(|i| i.generation.is_none()));
+        match &op.outcome {
+            Outcome::Ok {
+                ms,
+                done:
+                    Done::Leave {
+                        leave_cursor,
+                        already_left,
+                    },
+            } => {
+                let Some(t) = target else { return };
+                let interval = &mut intervals[t];
+                // A leave of this generation answered proves the join that made it.
+                interval.generation = Some(generation);
+                interval.certain = true;
+                let at = match (leave_cursor.or(from_row), &interval.end, already_left) {
+                    (Some(exact), _, _) => Bound::exact(exact),
+                    // Already left: an earlier undecided close did land.
+                    (None, End::Closed { at, .. }, true) => *at,
+                    _ => self.cursor_between(op.invoke_ms, *ms),
+                };
+                interval.end = End::Closed { at, certain: true };
+            }
+            Outcome::Fail { ms, .. } => {
+                // A leave refused after its write takes the row back: between the two, the
+                // reader may have dropped entries past the temporary cursor.
+                let b = self.cursor_between(op.invoke_ms, *ms);
+                gaps.push((b.lo, b.hi));
+            }
+            Outcome::Unknown { .. } | Outcome::Pending => {
+                let lo = self.cursor_between(op.invoke_ms, op.invoke_ms).lo;
+                let Some(t) = target else { return };
+                let interval = &mut intervals[t];
+                match (from_row, row.and_then(|r| r.cursors_of(generation))) {
+                    (Some(exact), _) => {
+                        interval.end = End::Closed {
+                            at: Bound::exact(exact),
+                            certain: true,
+                        }
+                    }
+                    // The row stands open at this generation: the leave never landed or was
+                    // taken back; posts while it may have stood are uncertain.
+                    (None, Some(_)) => {
+                        let hi = next_ok.map_or(u64::MAX, |t| self.cursor_between(t, t).hi);
+                        gaps.push((lo, hi));
+                    }
+                    (None, None) => {
+                        if interval.end == End::Open {
+                            interval.end = End::Closed {
+                                at: Bound { lo, hi: u64::MAX },
+                                certain: false,
+                            };
+                        }
+                    }
+                }
+            }
+            Outcome::Ok { .. } => {}
+        }
+    }
+
+    fn collect_faults(&mut self) {
+        let end = self.history.end_ms;
+        let mut ends: BTreeMap<u64, &Op> = BTreeMap::new();
+        for op in &self.history.ops {
+            if let Call::FaultEnd { fault } = &op.call {
+                ends.insert(*fault, op);
+            }
+        }
+        for op in &self.history.ops {
+            let Call::FaultStart {
+                fault,
+                kind,
+                target,
+                ..
+            } = &op.call
+            else {
+                continue;
+            };
+            if matches!(op.outcome, Outcome::Fail { .. }) {
+                continue;
+            }
+            let to_ms = match ends.get(fault).map(|o| &o.outcome) {
+                Some(Outcome::Ok { ms, .. }) => *ms,
+                _ => end,
+            };
+            self.faults.push(Fault {
+                id: *fault,
+                kind: *kind,
+                target: target.clone(),
+                from_ms: op.invoke_ms,
+                to_ms,
+            });
+        }
+    }
+
+    fn collect_serving(&mut self) {
+        let end = self.history.end_ms.saturating_add(1);
+        let mut open: BTreeMap<String, Ms> = BTreeMap::new();
+        for o in &self.history.observed {
+            match &o.what {
+                Observation::DaemonServing { daemon, .. } => {
+                    open.entry(daemon.clone()).or_insert(o.ms);
+                }
+                Observation::DaemonQuiesced { daemon }
+                | Observation::DaemonExited { daemon, .. } => {
+                    if let Some(from) = open.remove(daemon) {
+                        self.serving
+                            .entry(daemon.clone())
+                            .or_default()
+                            .push((from, o.ms));
+                    }
+                }
+            }
+        }
+        for (daemon, from) in open {
+            self.serving.entry(daemon).or_default().push((from, end));
+        }
+    }
+
+    /// Where `member` stands on `channel` at CHAT sequence `seq`.
+    pub fn standing(&self, member: &Member, channel: &str, seq: u64) -> Standing {
+        let Some(Membership { intervals, gaps }) = self
+            .lifecycles
+            .get(member)
+            .and_then(|lc| lc.channels.get(channel))
+        else {
+            return Standing::Outside;
+        };
+        let in_gap = gaps.iter().any(|(lo, hi)| seq > *lo && seq <= *hi);
+        let surely_in = intervals.iter().any(|i| {
+            i.certain
+                && seq > i.start.hi
+                && match i.end {
+                    End::Open => true,
+                    End::Closed { at, .. } => seq <= at.lo,
+                }
+        });
+        let maybe_in = intervals.iter().any(|i| {
+            seq > i.start.lo
+                && match i.end {
+                    End::Open => true,
+                    End::Closed { at, certain } => seq <= at.hi || !certain,
+                }
+        });
+        if surely_in && !in_gap {
+            Standing::Inside
+        } else if !maybe_in && !in_gap {
+            Standing::Outside
+        } else {
+            Standing::Uncertain
+        }
+    }
+
+    /// Whether the agent was certainly online over all of `[from, to]`.
+    pub fn online_throughout(&self, member: &Member, from: Ms, to: Ms) -> bool {
+        self.lifecycles
+            .get(member)
+            .is_some_and(|lc| lc.online.iter().any(|(a, b)| *a <= from && to < *b))
+    }
+
+    /// Whether some daemon said it served over all of `[from, to]` (spans joined end to end).
+    pub fn served_throughout(&self, from: Ms, to: Ms) -> bool {
+        let mut spans: Vec<(Ms, Ms)> = self.serving.values().flatten().copied().collect();
+        spans.sort_unstable();
+        let mut reached = from;
+        for (a, b) in spans {
+            if a <= reached && b > reached {
+                reached = b;
+            }
+            if reached > to {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The faults whose span meets `[from, to]`.
+    pub fn faults_within(&self, from: Ms, to: Ms) -> Vec<&Fault> {
+        self.faults
+            .iter()
+            .filter(|f| f.from_ms <= to && f.to_ms >= from)
+            .collect()
+    }
+
+    /// The daemon a process names, for a `daemon:<name>` fault target.
+    pub fn daemon_of_target(target: &str) -> Option<&str> {
+        target.strip_prefix("daemon:")
+    }
+
+    /// The lifecycles whose card name is `name` (lowercased, trimmed), by principal.
+    pub fn named(&self, name: &str) -> Vec<&'h Member> {
+        let name = name.trim().to_lowercase();
+        self.lifecycles
+            .iter()
+            .filter(|(_, lc)| lc.name.as_deref() == Some(name.as_str()))
+            .map(|(m, _)| *m)
+            .collect()
+    }
+}
