@@ -120,8 +120,7 @@ fn foreign_writes(world: &World<'_>) -> Vec<ForeignWrite> {
 }
 
 /// The seeds' exit lines, as substrings of the last line (which may be the log file's
-/// `run ended — exit code <n>: <reason>` frame around them). Order matters: the backstop line
-/// contains the window line's start.
+/// `run ended — exit code <n>: <reason>` frame around them).
 const EXIT_LINES: [(&str, ExitClass); 8] = [
     (
         "unavailable past backstop (broker unreachable)",

@@ -273,9 +273,8 @@ fn clean() -> Script {
     s
 }
 
-/// Mutation seen failing: `Report::decide` counting `lost` twice into `why` (verdict stays
-/// valid only while every count is zero): no; seen failing on `delivery` treating every owed
-/// post as lost (`if surfaced` → `if false`).
+/// Mutation seen failing: `delivery` treating every owed post as lost (`if surfaced` read as
+/// `if false`).
 #[test]
 fn a_clean_history_is_valid_and_every_owed_post_delivered() {
     let r = clean().check();
@@ -311,8 +310,8 @@ fn a_post_a_member_never_surfaced_is_lost_with_the_faults_around_it() {
     assert!(r.summary().contains("lost:"));
 }
 
-/// Mutation seen failing: `World::standing` reading an interval's end as `seq <= at.hi + 1`
-/// (the leave cursor off by one, admitting the first post after the leave).
+/// Mutation seen failing: `World::standing` reading a closed interval's end one past its leave
+/// cursor (`seq <= at.lo + 1`, `seq <= at.hi + 1`: the first post after the leave admitted).
 #[test]
 fn a_frame_past_the_leave_cursor_is_leaked_and_one_before_it_is_not() {
     let mut s = clean();
@@ -339,9 +338,10 @@ fn a_frame_past_the_leave_cursor_is_leaked_and_one_before_it_is_not() {
     assert!(r.lost.is_empty(), "{:?}", r.lost);
 }
 
-/// Mutation seen failing: `after_exclusion` comparing `acked < latest` where it compares
-/// `acked < earliest` (a check that may have run before the ack called a leak), caught by the
-/// second half: a frame handed off before the narrowing and surfaced after it is no leak.
+/// Mutation seen failing: `after_exclusion` calling a leak when the ack came before the
+/// *latest* moment the check can have run (`acked < latest` for `acked < earliest`), caught
+/// by the last case: without the broker's stamp, a frame surfaced after the narrowing may have
+/// been checked before it, so it is undecided, not leaked.
 #[test]
 fn a_frame_checked_after_an_acknowledged_narrowing_is_leaked() {
     let mut s = clean();
@@ -469,8 +469,9 @@ fn an_id_less_redelivery_and_a_frame_whose_ack_was_not_confirmed_are_allowed_dup
     assert!(r.duplicates.iter().all(|d| d.allowed));
 }
 
-/// Mutation seen failing: `single_flight` cutting a pause out of *every* daemon's spans
-/// instead of its target's.
+/// Mutation seen failing: the grace after a SIGCONT left out of the cut (`f.to_ms` for
+/// `f.to_ms + grace`): the thawed daemon's time to notice the taken lease then reads as an
+/// overlap.
 #[test]
 fn two_daemons_serving_at_once_are_an_overlap_unless_one_was_paused() {
     let mut s = clean();
@@ -497,11 +498,12 @@ fn two_daemons_serving_at_once_are_an_overlap_unless_one_was_paused() {
         ("a", "b", 2500, 4800)
     );
 
-    // `a` frozen from 2400 to 2600 while `b` takes over; `a` exits within the grace.
+    // `a` frozen from 2400 to 3000 while `b` takes over; `a` exits within the grace after it
+    // is thawed, overlapping `b` only in that grace.
     let mut s = clean();
-    s.fault((2400, 2600), 2, FaultKind::DaemonPause, "daemon:a");
+    s.fault((2400, 3000), 2, FaultKind::DaemonPause, "daemon:a");
     s.serving(2500, "b", "j1");
-    s.exited(2700, "a", Some(6), None, Some("✗ delivery: a lease watch event read the key as held by local.UB, not by this process, exiting so the holder is single"));
+    s.exited(5500, "a", Some(6), None, Some("✗ delivery: a lease watch event read the key as held by local.UB, not by this process, exiting so the holder is single"));
     s.events.retain(|e| !matches!(&e.body, Body::Observed(Observation::DaemonExited { daemon, .. }) if daemon == "a" && e.ms == 5010));
     let r = s.check();
     assert!(r.single_flight.overlaps.is_empty(), "{}", r.summary());
@@ -547,8 +549,8 @@ fn a_broker_gone_exit_past_the_window_and_margin_is_late_and_one_within_it_is_ex
     );
 }
 
-/// Mutation seen failing: `liveness` measuring from the heal's start instead of the post's ok
-/// (then 40 s after a post made 100 ms into the heal still reads as met at a 45 s bound).
+/// Mutation seen failing: `liveness` accepting any surfacing however late (`Some(_)` for
+/// `Some(t) if t - ok <= bound`).
 #[test]
 fn the_first_post_after_the_heal_surfacing_past_the_bound_misses_liveness() {
     let mut s = clean();
@@ -629,8 +631,9 @@ fn a_narrowing_acknowledged_after_the_post_but_before_hand_off_makes_it_not_owed
     assert_eq!(r.lost[0].post.tag, "t3");
 }
 
-/// Mutation seen failing: `World::cursor_between` taking the max seq acknowledged *after*
-/// the invoke as the lower bound (a post made during the join reads as inside).
+/// Mutation seen failing: `World::cursor_between` taking as the lower bound every post
+/// acknowledged before the join's *ok* instead of its invoke (a post made during the join then
+/// reads as before the cursor: not owed, and its frame a leak).
 #[test]
 fn a_join_cursor_the_runner_did_not_read_is_bounded_by_the_posts_around_the_join() {
     let mut s = clean();
@@ -680,7 +683,8 @@ fn frames_that_fit_no_post_or_reach_the_sender_are_unexpected() {
         .any(|k| matches!(k, UnexpectedKind::SenderCopy { .. })));
 }
 
-/// Mutation seen failing: `mention_target` accepting a name that names two principals.
+/// Mutation seen failing: `mention_target` taking the first of several lifecycles a name
+/// reaches (`_ => live.first().copied()`) instead of none.
 #[test]
 fn a_mention_is_owed_to_its_unique_online_peer_and_to_no_one_when_ambiguous() {
     let mut s = clean();
@@ -731,8 +735,8 @@ fn a_mention_is_owed_to_its_unique_online_peer_and_to_no_one_when_ambiguous() {
     );
 }
 
-/// Mutation seen failing: `classify_exit` checking the window line before the backstop line
-/// (the backstop exit then reads as the window's).
+/// Mutation seen failing: `classify_exit` without its SIGKILL-first rule (a killed daemon's
+/// stale last line then decides, and it reads as `Other`).
 #[test]
 fn every_seed_exit_line_is_classified() {
     type Case<'a> = (Option<i32>, Option<i32>, Option<&'a str>, ExitClass);
@@ -795,8 +799,8 @@ fn the_reader_refuses_a_malformed_line_or_another_version_naming_its_line() {
     assert_eq!((e.kind(), e.line()), (HistoryErrorKind::TooLarge, Some(1)));
 }
 
-/// Mutation seen failing: `History::schedule` sorting by line instead of invoke time (the
-/// fault's end, written before a later-invoked post completes, comes out of order).
+/// Mutation seen failing: `History::schedule` sorting by line instead of invoke time (an
+/// invoke written after a later one, as concurrent actors may, comes out of order).
 #[test]
 fn a_history_written_to_a_run_directory_reads_back_with_its_schedule() {
     let dir = tempfile::tempdir().unwrap();
@@ -823,17 +827,28 @@ fn a_history_written_to_a_run_directory_reads_back_with_its_schedule() {
         },
     );
     w.append(&waited).unwrap();
+    // Written after `waited` but invoked before it.
+    let earlier = Event::new(
+        5990,
+        Process::Nemesis,
+        Body::Invoke {
+            op: 501,
+            call: Call::FaultEnd { fault: 1 },
+            after_line: None,
+        },
+    );
+    w.append(&earlier).unwrap();
     assert!(
         HistoryWriter::create(dir.path()).is_err(),
         "a run directory holds one history"
     );
     let h = History::read_dir(dir.path()).unwrap();
-    assert_eq!(h, {
-        let mut h2 = s.history();
-        h2.ops.push(h.ops.last().unwrap().clone());
-        h2.end_ms = 6000;
-        h2
-    });
+    let mut expected = s.history();
+    expected
+        .ops
+        .extend(h.ops[h.ops.len() - 2..].iter().cloned());
+    expected.end_ms = 6000;
+    assert_eq!(h, expected);
     let schedule = h.schedule();
     assert_eq!(schedule.len(), h.ops.len());
     assert!(schedule
