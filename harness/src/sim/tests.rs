@@ -719,6 +719,13 @@ fn a_mention_is_owed_to_its_unique_online_peer_and_to_no_one_when_ambiguous() {
     mention(&mut s, 3400, "m2", 5, "carol");
     let r = s.check();
     assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    // A second live lifecycle of bob: an @bob mention reaches neither (one live ACL row only).
+    let bob2 = who("bob", "2");
+    s.provision(8, &bob2, &["ops"], 10);
+    s.ok((10, 20), &agent(&bob2), Call::Online, Done::Online);
+    mention(&mut s, 3450, "m3", 6, "bob");
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
     // A live post surfaced by a member its mentions do not name is unexpected.
     s.frame(3500, &carol(), "ops", "m1", true, 41);
     let r = s.check();
