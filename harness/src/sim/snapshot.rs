@@ -12,6 +12,9 @@ use super::history::{Member, Ms};
 
 /// The file a run directory keeps its snapshot in.
 pub const SNAPSHOT_FILE: &str = "snapshot.json";
+/// Largest snapshot a reader accepts: per-subject retention keeps at most 1000 entries per
+/// member in each stream, so even 1000 members stay far below it.
+pub const SNAPSHOT_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
 /// The broker's final state, as far as the checker reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,6 +179,8 @@ pub enum SnapshotErrorKind {
     Io,
     /// The file is not a snapshot's JSON.
     Malformed,
+    /// The file is past [`SNAPSHOT_MAX_BYTES`].
+    TooLarge,
 }
 
 impl SnapshotError {
@@ -213,13 +218,25 @@ impl Snapshot {
     /// Reads `<dir>/snapshot.json`.
     pub fn read_dir(dir: &std::path::Path) -> Result<Snapshot, SnapshotError> {
         let path = dir.join(SNAPSHOT_FILE);
-        let text = std::fs::read(&path).map_err(|e| {
+        let io = |e: std::io::Error| {
             SnapshotError::new(
                 SnapshotErrorKind::Io,
                 format!("reading {}: {e}", path.display()),
                 e,
             )
-        })?;
+        };
+        let size = std::fs::metadata(&path).map_err(io)?.len();
+        if size > SNAPSHOT_MAX_BYTES {
+            return Err(SnapshotError {
+                kind: SnapshotErrorKind::TooLarge,
+                detail: format!(
+                    "{}: {size} bytes, past the {SNAPSHOT_MAX_BYTES}-byte bound",
+                    path.display()
+                ),
+                source: None,
+            });
+        }
+        let text = std::fs::read(&path).map_err(io)?;
         serde_json::from_slice(&text).map_err(|e| {
             SnapshotError::new(
                 SnapshotErrorKind::Malformed,
