@@ -103,6 +103,19 @@ impl Script {
             Done::Provision { revision },
         );
     }
+    /// The manager narrows (or rewrites) `m`'s ACL row to `allow`, acknowledged.
+    fn narrow(&mut self, at: (Ms, Ms), m: &Member, allow: &[&str]) {
+        let call = Call::AclNarrow {
+            member: m.clone(),
+            allow: allow.iter().map(|a| a.to_string()).collect(),
+        };
+        self.ok(
+            at,
+            &Process::Manager,
+            call,
+            Done::AclNarrow { revision: 20 },
+        );
+    }
     fn join(&mut self, ms: Ms, m: &Member, channel: &str, generation: u64, cursor: u64) {
         let call = Call::Join {
             channel: channel.into(),
@@ -345,16 +358,7 @@ fn a_frame_past_the_leave_cursor_is_leaked_and_one_before_it_is_not() {
 #[test]
 fn a_frame_checked_after_an_acknowledged_narrowing_is_leaked() {
     let mut s = clean();
-    let narrow = Call::AclNarrow {
-        member: carol(),
-        allow: vec!["ops".into()],
-    };
-    s.ok(
-        (3200, 3210),
-        &Process::Manager,
-        narrow,
-        Done::AclNarrow { revision: 20 },
-    );
+    s.narrow((3200, 3210), &carol(), &["ops"]);
     s.post(3300, &alice(), "eng", "t5", true, 5);
     s.frame(3400, &bob(), "eng", "t5", true, 9);
     s.frame(3410, &carol(), "eng", "t5", true, 10);
@@ -371,15 +375,7 @@ fn a_frame_checked_after_an_acknowledged_narrowing_is_leaked() {
     let mut s = clean();
     s.drop_frames(&carol(), "t3");
     s.ok((3120, 3130), &agent(&carol()), Call::Offline, Done::Offline);
-    s.ok(
-        (3200, 3210),
-        &Process::Manager,
-        Call::AclNarrow {
-            member: carol(),
-            allow: vec!["ops".into()],
-        },
-        Done::AclNarrow { revision: 20 },
-    );
+    s.narrow((3200, 3210), &carol(), &["ops"]);
     let mut late = Surfaced {
         channel: "eng".into(),
         id: Some("id-t3".into()),
@@ -599,16 +595,7 @@ fn a_narrowing_of_unknown_outcome_makes_a_missing_post_uncertain_and_the_verdict
 fn a_narrowing_acknowledged_after_the_post_but_before_hand_off_makes_it_not_owed() {
     let mut s = clean();
     // t2 was posted during the outage; carol's ACL narrowed before the daemon came back.
-    let narrow = Call::AclNarrow {
-        member: carol(),
-        allow: vec!["ops".into()],
-    };
-    s.ok(
-        (1000, 1010),
-        &Process::Manager,
-        narrow,
-        Done::AclNarrow { revision: 20 },
-    );
+    s.narrow((1000, 1010), &carol(), &["ops"]);
     let widen = Call::AclWiden {
         member: carol(),
         allow: vec!["eng".into(), "ops".into()],
@@ -875,16 +862,7 @@ fn a_history_written_to_a_run_directory_reads_back_with_its_schedule() {
 #[test]
 fn a_narrowing_begun_after_the_hand_off_bound_does_not_excuse_a_missing_post() {
     let mut s = clean();
-    let narrow = Call::AclNarrow {
-        member: carol(),
-        allow: vec!["ops".into()],
-    };
-    s.ok(
-        (3700, 3710),
-        &Process::Manager,
-        narrow,
-        Done::AclNarrow { revision: 20 },
-    );
+    s.narrow((3700, 3710), &carol(), &["ops"]);
     s.drop_frames(&carol(), "t3");
     // Within a 10 s bound the hand-off of t3 (ok at 3105) may have come after the narrowing.
     assert_eq!(s.check().verdict, Verdict::Valid);
