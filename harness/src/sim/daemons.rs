@@ -6,10 +6,13 @@ use std::collections::BTreeMap;
 
 use super::history::{Call, FaultKind, Ms, Observation};
 use super::model::{Fault, World};
-use super::report::{ExitClass, ExitJudgement, ExitReport, ForeignWrite, Overlap, SingleFlight};
-use super::snapshot::LeaseOp;
+use super::report::{
+    ExitClass, ExitJudgement, ExitReport, ForeignWrite, Overlap, OverlapSeen, SingleFlight,
+};
+use super::snapshot::{LeaseOp, LeaseWrite};
 
-/// Overlapping serving spans, and lease rows written over another holder's live row.
+/// Overlapping serving spans, a daemon serving while another holder's lease row is written,
+/// and lease rows written over another holder's live row.
 ///
 /// A daemon's serving span runs from its serving line to its quiesce or exit; a pause of that
 /// daemon (SIGSTOP) is cut out of it, and so is the grace after its SIGCONT, in which it has
@@ -47,14 +50,77 @@ pub(crate) fn single_flight(world: &World<'_>) -> SingleFlight {
                             b: b.to_string(),
                             from_ms: from,
                             to_ms: to,
+                            seen: OverlapSeen::BothServing,
                         });
                     }
                 }
             }
         }
     }
-    out.foreign_writes = foreign_writes(world);
+    // The lease row says who holds it: another holder's row written while a daemon still
+    // serves (past the grace before its span ends) is two daemons serving at once, whether or
+    // not the runner saw the other's serving line.
+    let names = holder_names(world);
+    for (daemon, cut) in &spans {
+        for w in world
+            .snapshot
+            .lease_writes
+            .iter()
+            .filter(|w| w.op == LeaseOp::Row)
+        {
+            let writer = names.name(w);
+            if writer == *daemon {
+                continue;
+            }
+            if let Some(&(_, to)) = cut
+                .iter()
+                .find(|(from, to)| *from < w.ms && w.ms.saturating_add(grace) < *to)
+            {
+                out.overlaps.push(Overlap {
+                    a: daemon.to_string(),
+                    b: writer,
+                    from_ms: w.ms,
+                    to_ms: to,
+                    seen: OverlapSeen::RowOfAnother,
+                });
+            }
+        }
+    }
+    out.foreign_writes = foreign_writes(world, &names);
     out
+}
+
+/// Lease holders by name: the daemon whose serving line named the holder and incarnation.
+struct HolderNames<'h>(BTreeMap<(&'h str, &'h str), &'h str>);
+
+impl HolderNames<'_> {
+    fn of(&self, holder: &str, incarnation: &str) -> String {
+        self.0
+            .get(&(holder, incarnation))
+            .map(|d| d.to_string())
+            .unwrap_or_else(|| format!("{holder}/{incarnation}"))
+    }
+    fn name(&self, w: &LeaseWrite) -> String {
+        self.of(
+            w.holder.as_deref().unwrap_or(""),
+            w.incarnation.as_deref().unwrap_or(""),
+        )
+    }
+}
+
+fn holder_names<'h>(world: &World<'h>) -> HolderNames<'h> {
+    let mut names = BTreeMap::new();
+    for o in &world.history.observed {
+        if let Observation::DaemonServing {
+            daemon,
+            holder,
+            incarnation,
+        } = &o.what
+        {
+            names.insert((holder.as_str(), incarnation.as_str()), daemon.as_str());
+        }
+    }
+    HolderNames(names)
 }
 
 /// `span` less `hole`: zero, one or two spans.
@@ -72,25 +138,8 @@ fn subtract(span: (Ms, Ms), hole: (Ms, Ms)) -> Vec<(Ms, Ms)> {
 
 /// A row write while another holder's row is live (not deleted, not expired, written less than
 /// a TTL ago): the writer did not hold the lease.
-fn foreign_writes(world: &World<'_>) -> Vec<ForeignWrite> {
-    // holder/incarnation -> daemon name, from the serving lines.
-    let mut names: BTreeMap<(&str, &str), &str> = BTreeMap::new();
-    for o in &world.history.observed {
-        if let Observation::DaemonServing {
-            daemon,
-            holder,
-            incarnation,
-        } = &o.what
-        {
-            names.insert((holder, incarnation), daemon);
-        }
-    }
-    let name = |h: &str, i: &str| {
-        names
-            .get(&(h, i))
-            .map(|d| d.to_string())
-            .unwrap_or_else(|| format!("{h}/{i}"))
-    };
+fn foreign_writes(world: &World<'_>, names: &HolderNames<'_>) -> Vec<ForeignWrite> {
+    let name = |h: &str, i: &str| names.of(h, i);
     let mut writes: Vec<_> = world.snapshot.lease_writes.iter().collect();
     writes.sort_by_key(|w| w.revision);
     let mut live: Option<(&str, &str, Ms)> = None;

@@ -187,6 +187,16 @@ pub struct Duplicate {
     pub why: DuplicateWhy,
 }
 
+/// How two daemons were seen serving at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlapSeen {
+    /// Both said they served (their serving lines, no quiesce or exit between).
+    BothServing,
+    /// `a` said it served while the lease row of `b` was written.
+    RowOfAnother,
+}
+
 /// Two daemons serving at once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Overlap {
@@ -194,6 +204,7 @@ pub struct Overlap {
     pub b: String,
     pub from_ms: Ms,
     pub to_ms: Ms,
+    pub seen: OverlapSeen,
 }
 
 /// A lease row written over another holder's live row.

@@ -347,6 +347,10 @@ fn a_frame_past_the_leave_cursor_is_leaked_and_one_before_it_is_not() {
     assert_eq!(r.leaked.len(), 1, "{:?}", r.leaked);
     assert_eq!(r.leaked[0].post.tag, "t4");
     assert_eq!(r.leaked[0].kind, LeakKind::OutsideInterval);
+    assert!(r
+        .to_json()
+        .unwrap()
+        .contains("\"kind\": \"outside_interval\""));
     // t3 (after the leave) is owed to carol only; bob's missing t3 is not lost.
     assert!(r.lost.is_empty(), "{:?}", r.lost);
 }
@@ -536,6 +540,7 @@ fn a_broker_gone_exit_past_the_window_and_margin_is_late_and_one_within_it_is_ex
     let bad: Vec<&ExitReport> = r.exits.iter().filter(|e| e.is_bad()).collect();
     assert_eq!(bad.len(), 1);
     assert_eq!(bad[0].class, ExitClass::BrokerGone);
+    assert!(r.to_json().unwrap().contains("\"judged\": \"late\""));
     assert_eq!(
         bad[0].judged,
         ExitJudgement::Late {
@@ -874,4 +879,24 @@ fn a_narrowing_begun_after_the_hand_off_bound_does_not_excuse_a_missing_post() {
     let r = s.check_with(&cfg);
     assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
     assert_eq!(r.lost.len(), 1);
+}
+
+/// Mutation seen failing: `single_flight` skipping every lease row (`writer == *daemon` read as
+/// `true`), so a daemon serving on while another holder's row is written goes unseen.
+#[test]
+fn a_daemon_serving_while_another_holders_lease_row_is_written_is_an_overlap() {
+    let mut s = clean();
+    // `b` writes its row at 2500 and serves only briefly; `a` never stops serving.
+    s.lease(14, 2500, LeaseOp::Row, Some("j1"));
+    s.serving(2600, "b", "j1");
+    s.exited(2700, "b", Some(6), None, Some("✗ delivery: a lease watch event read the key as held by local.UA, not by this process, exiting so the holder is single"));
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+    let seen: Vec<(&str, &str, OverlapSeen)> = r
+        .single_flight
+        .overlaps
+        .iter()
+        .map(|o| (o.a.as_str(), o.b.as_str(), o.seen))
+        .collect();
+    assert_eq!(seen, vec![("a", "b", OverlapSeen::RowOfAnother)]);
 }
