@@ -258,6 +258,9 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             && f.from_ms <= at
     };
     let expected = |because: String| ExitJudgement::Expected { because };
+    let stopped = world.history.ops.iter().any(|op| {
+        matches!(&op.call, Call::DaemonStop { daemon: d } if d == daemon) && op.invoke_ms <= at
+    });
     match class {
         ExitClass::BrokerGone | ExitClass::BrokerGoneBackstop => {
             broker_gone(world, daemon, at, class)
@@ -268,6 +271,8 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
                 aimed(f, &[FaultKind::DaemonKill]) && at <= f.to_ms.saturating_add(margin)
             }) {
                 Some(f) => expected(format!("SIGKILL of fault {}", f.id)),
+                // A stop that SIGTERM did not end in time ends with SIGKILL.
+                None if stopped => expected("killed at the runner's stop".into()),
                 None => ExitJudgement::Unexplained,
             }
         }
@@ -279,10 +284,6 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             {
                 return expected(format!("graceful restart of fault {}", f.id));
             }
-            let stopped = world.history.ops.iter().any(|op| {
-                matches!(&op.call, Call::DaemonStop { daemon: d } if d == daemon)
-                    && op.invoke_ms <= at
-            });
             if stopped {
                 expected("stopped by the runner".into())
             } else {
@@ -303,6 +304,13 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             }
         }
         ExitClass::LeaseLost | ExitClass::LeaseHeld => {
+            // "a crashed holder's lease has not expired yet" refuses a start too, the
+            // daemon's own earlier incarnation included.
+            if class == ExitClass::LeaseHeld {
+                if let Some(by) = live_row_at(world, at) {
+                    return expected(format!("the lease row of {by} was live"));
+                }
+            }
             if let Some(other) = other_holder_before(world, daemon, at) {
                 return expected(format!("the lease was held by {other}"));
             }
@@ -317,6 +325,19 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
         }
         ExitClass::StartupFailed | ExitClass::Other => ExitJudgement::Unexplained,
     }
+}
+
+/// The holder of the lease row live at `at` (the last write before it a row, written less than
+/// a TTL before), if the snapshot has one.
+fn live_row_at(world: &World<'_>, at: Ms) -> Option<String> {
+    let last = world
+        .snapshot
+        .lease_writes
+        .iter()
+        .filter(|w| w.ms <= at)
+        .max_by_key(|w| w.revision)?;
+    let live = last.op == LeaseOp::Row && at < last.ms.saturating_add(world.cfg.lease_ttl_ms);
+    live.then(|| holder_names(world).name(last))
 }
 
 /// Another daemon that wrote the lease row or said it served before `at`.
@@ -367,6 +388,25 @@ fn broker_gone(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> Exi
         .iter()
         .filter(|f| f.kind.cuts_broker() && f.from_ms <= at)
         .collect();
+    // Past the backstop "however long the daemon was stalled": a daemon frozen long enough
+    // for the broker to drop it may find itself past the backstop once thawed.
+    if class == ExitClass::BrokerGoneBackstop {
+        let thawed = world.faults.iter().find(|f| {
+            f.kind.freezes()
+                && World::daemon_of_target(&f.target) == Some(daemon)
+                && f.from_ms <= at
+                && at
+                    <= f.to_ms
+                        .saturating_add(cfg.silent_detect_ms)
+                        .saturating_add(cfg.broker_gone_backstop_ms)
+                        .saturating_add(cfg.exit_margin_ms)
+        });
+        if let Some(f) = thawed {
+            return ExitJudgement::Expected {
+                because: format!("{} of fault {} at {} ms", f.kind.name(), f.id, f.from_ms),
+            };
+        }
+    }
     let window = |f: &Fault| {
         let detect = if f.kind.is_silent() {
             cfg.silent_detect_ms

@@ -261,7 +261,15 @@ fn clean() -> Script {
         Some("✓ delivery daemon up (space demo)"),
     );
     s.post(500, &alice(), "eng", "t2", true, 2);
-    s.lease(11, 1900, LeaseOp::Expired, None);
+    // Restarted at the fault's end, `a` finds its killed incarnation's row still live.
+    s.exited(
+        2010,
+        "a",
+        Some(6),
+        None,
+        Some("✗ delivery: the lease row for shard 0 belongs to a holder that is not running (local.UDELIVERY, incarnation i1): no connection of its credential is on the broker ($SYS CONNZ of account AX); the row expires in 28 s. Not binding; start the daemon again once it has expired."),
+    );
+    s.lease(11, 2030, LeaseOp::Expired, None);
     s.lease(12, 2050, LeaseOp::Row, Some("i2"));
     s.serving(2100, "a", "i2");
     s.frame(2200, &bob(), "eng", "t2", true, 3);
@@ -286,8 +294,9 @@ fn clean() -> Script {
     s
 }
 
-/// Mutation seen failing: `delivery` treating every owed post as lost (`if surfaced` read as
-/// `if false`).
+/// Mutations seen failing: `delivery` treating every owed post as lost (`if surfaced` read as
+/// `if false`); `judge` without the live-row clause of a `lease_held` exit (the restart refused
+/// by its own killed incarnation's row then unexplained).
 #[test]
 fn a_clean_history_is_valid_and_every_owed_post_delivered() {
     let r = clean().check();
@@ -298,7 +307,8 @@ fn a_clean_history_is_valid_and_every_owed_post_delivered() {
         "{:?}",
         r.liveness
     );
-    assert_eq!(r.exits.len(), 2);
+    assert_eq!(r.exits.len(), 3);
+    assert_eq!(r.exits[1].class, ExitClass::LeaseHeld);
     assert!(r.exits.iter().all(|e| !e.is_bad()), "{:?}", r.exits);
     assert!(r.summary().starts_with("verdict: VALID"));
     let json: serde_json::Value = serde_json::from_str(&r.to_json().unwrap()).unwrap();
@@ -899,4 +909,36 @@ fn a_daemon_serving_while_another_holders_lease_row_is_written_is_an_overlap() {
         .map(|o| (o.a.as_str(), o.b.as_str(), o.seen))
         .collect();
     assert_eq!(seen, vec![("a", "b", OverlapSeen::RowOfAnother)]);
+}
+
+/// Mutations seen failing: `judge` without its runner's-stop clause for a SIGKILL (a stop that
+/// SIGTERM did not end in time); `broker_gone` without a pause of the daemon as a cause of a
+/// backstop exit.
+#[test]
+fn a_kill_at_the_runners_stop_and_a_backstop_exit_after_a_long_pause_are_expected() {
+    let mut s = clean();
+    s.events.retain(
+        |e| !matches!(&e.body, Body::Observed(Observation::DaemonExited { .. }) if e.ms == 5010),
+    );
+    s.exited(
+        5015,
+        "a",
+        None,
+        Some(9),
+        Some("• delivery: received SIGTERM, exiting (space demo, shard 0)"),
+    );
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert_eq!(r.exits.last().map(|e| e.class), Some(ExitClass::Killed));
+
+    let mut s = clean();
+    s.fault((2300, 80_000), 4, FaultKind::DaemonPause, "daemon:a");
+    s.exited(81_000, "a", Some(9), None, Some("✗ delivery: broker connection unavailable past backstop (broker unreachable), exiting (coupled to the broker)"));
+    let r = s.check();
+    let bad: Vec<&ExitReport> = r.exits.iter().filter(|e| e.is_bad()).collect();
+    assert!(bad.is_empty(), "{}", r.summary());
+    assert_eq!(
+        r.exits.last().map(|e| e.class),
+        Some(ExitClass::BrokerGoneBackstop)
+    );
 }
