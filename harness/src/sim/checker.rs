@@ -591,25 +591,38 @@ fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report)
     }
 }
 
-/// After the heal, the first post owed to someone must surface within the bound.
+/// After the heal, the first post owed to a member online to surface it must surface within
+/// the bound. A member offline in that time cannot surface anything, whatever the daemon does,
+/// so such a post says nothing about liveness and the next one is taken.
 fn liveness<'h>(world: &World<'h>, owed: &OwedMap<'h>, matched: &Matched<'h>) -> Liveness {
     let Some(heal) = world.history.phase_ms(super::history::Phase::Heal) else {
         return Liveness::NotChecked {
             why: "the history has no heal phase".into(),
         };
     };
-    let first = owed
+    let bound = world.cfg.liveness_bound_ms;
+    let mut after: Vec<(&usize, &Vec<&'h Member>)> = owed
         .iter()
         .filter(|(i, _)| world.posts[**i].op.invoke_ms >= heal)
-        .min_by_key(|(i, _)| (world.posts[**i].op.invoke_ms, **i));
-    let Some((&i, members)) = first else {
+        .collect();
+    after.sort_by_key(|(i, _)| (world.posts[**i].op.invoke_ms, **i));
+    let first = after.into_iter().find_map(|(&i, members)| {
+        let p = &world.posts[i];
+        let ok = p.op.outcome.ok_ms().unwrap_or(p.op.invoke_ms);
+        let until = ok.saturating_add(bound).min(world.history.end_ms);
+        let online: Vec<&Member> = members
+            .iter()
+            .copied()
+            .filter(|m| world.online_throughout(m, p.op.invoke_ms, until))
+            .collect();
+        (!online.is_empty()).then_some((i, ok, online))
+    });
+    let Some((i, ok, members)) = first else {
         return Liveness::NotChecked {
-            why: "no post after the heal was owed to anyone".into(),
+            why: "no post after the heal was owed to a member online to surface it".into(),
         };
     };
     let p = &world.posts[i];
-    let ok = p.op.outcome.ok_ms().unwrap_or(p.op.invoke_ms);
-    let bound = world.cfg.liveness_bound_ms;
     let surfaced = members
         .iter()
         .filter_map(|m| matched.get(&(*m, i)))

@@ -170,7 +170,7 @@ fn foreign_writes(world: &World<'_>, names: &HolderNames<'_>) -> Vec<ForeignWrit
 
 /// The seeds' exit lines, as substrings of the last line (which may be the log file's
 /// `run ended — exit code <n>: <reason>` frame around them).
-const EXIT_LINES: [(&str, ExitClass); 8] = [
+const EXIT_LINES: [(&str, ExitClass); 9] = [
     (
         "unavailable past backstop (broker unreachable)",
         ExitClass::BrokerGoneBackstop,
@@ -193,6 +193,7 @@ const EXIT_LINES: [(&str, ExitClass); 8] = [
         "belongs to a holder that is not running",
         ExitClass::LeaseHeld,
     ),
+    ("can't reach NATS at", ExitClass::Unreachable),
     ("start-up failed", ExitClass::StartupFailed),
 ];
 
@@ -217,6 +218,7 @@ pub fn classify_exit(code: Option<i32>, signal: Option<i32>, last_line: Option<&
     match code {
         Some(9) => ExitClass::BrokerGone,
         Some(10) => ExitClass::CredentialExpired,
+        Some(4) => ExitClass::Unreachable,
         _ => ExitClass::Other,
     }
 }
@@ -318,6 +320,16 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
                 f.from_ms <= at
                     && (f.kind == FaultKind::LeaseDelete
                         || (f.kind.freezes() && World::daemon_of_target(&f.target) == Some(daemon)))
+            }) {
+                Some(f) => expected(format!("{} of fault {}", f.kind.name(), f.id)),
+                None => ExitJudgement::Unexplained,
+            }
+        }
+        ExitClass::Unreachable => {
+            // Started while a fault kept the broker away: "restart once the broker is up".
+            let margin = world.cfg.exit_margin_ms;
+            match world.faults.iter().find(|f| {
+                f.kind.cuts_broker() && f.from_ms <= at && at <= f.to_ms.saturating_add(margin)
             }) {
                 Some(f) => expected(format!("{} of fault {}", f.kind.name(), f.id)),
                 None => ExitJudgement::Unexplained,

@@ -244,6 +244,8 @@ pub enum ExitClass {
     Signal,
     /// SIGKILL: no line.
     Killed,
+    /// `delivery: can't reach NATS at …`: the start-up reachability check failed (4).
+    Unreachable,
     /// `✗ delivery: start-up failed …` (1).
     StartupFailed,
     /// Anything else: a crash, a panic, an unknown line.

@@ -560,8 +560,9 @@ fn a_broker_gone_exit_past_the_window_and_margin_is_late_and_one_within_it_is_ex
     );
 }
 
-/// Mutation seen failing: `liveness` accepting any surfacing however late (`Some(_)` for
-/// `Some(t) if t - ok <= bound`).
+/// Mutations seen failing: `liveness` accepting any surfacing however late (`Some(_)` for
+/// `Some(t) if t - ok <= bound`); `liveness` judging a post whose owed members were all
+/// offline (the online filter dropped).
 #[test]
 fn the_first_post_after_the_heal_surfacing_past_the_bound_misses_liveness() {
     let mut s = clean();
@@ -573,6 +574,22 @@ fn the_first_post_after_the_heal_surfacing_past_the_bound_misses_liveness() {
     assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
     assert!(r.lost.is_empty());
     assert!(matches!(&r.liveness, Liveness::Missed { post, bound_ms: 30_000 } if post.tag == "t3"));
+
+    // Both members offline when t3 is posted: t3 says nothing of liveness; the next post does.
+    let mut s = clean();
+    for m in [bob(), carol()] {
+        s.drop_frames(&m, "t3");
+        s.ok((3050, 3060), &agent(&m), Call::Offline, Done::Offline);
+        s.ok((40_000, 40_010), &agent(&m), Call::Online, Done::Online);
+    }
+    s.frame(40_100, &bob(), "eng", "t3", true, 5);
+    s.frame(40_110, &carol(), "eng", "t3", true, 6);
+    s.post(41_000, &alice(), "eng", "t7", true, 4);
+    s.frame(41_050, &bob(), "eng", "t7", true, 7);
+    s.frame(41_060, &carol(), "eng", "t7", true, 8);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert!(matches!(&r.liveness, Liveness::Met { post, latency_ms: 45 } if post.tag == "t7"));
 }
 
 /// Mutation seen failing: `authorized` returning `Owed` for an excluding write with an
@@ -749,7 +766,7 @@ fn a_mention_is_owed_to_its_unique_online_peer_and_to_no_one_when_ambiguous() {
 #[test]
 fn every_seed_exit_line_is_classified() {
     type Case<'a> = (Option<i32>, Option<i32>, Option<&'a str>, ExitClass);
-    let cases: [Case<'_>; 9] = [
+    let cases: [Case<'_>; 10] = [
         (Some(9), None, Some("✗ delivery: broker connection unavailable (broker unreachable), exiting (coupled to the broker)"), ExitClass::BrokerGone),
         (Some(9), None, Some("✗ delivery: broker connection unavailable past backstop (broker unreachable), exiting (coupled to the broker)"), ExitClass::BrokerGoneBackstop),
         (Some(10), None, Some("✗ delivery: credential expired without renewal"), ExitClass::CredentialExpired),
@@ -759,6 +776,12 @@ fn every_seed_exit_line_is_classified() {
         (None, Some(9), Some("✓ delivery daemon up (space demo)"), ExitClass::Killed),
         (Some(9), None, Some("• delivery: run ended — exit code 9: broker connection unavailable (broker unreachable), exiting (coupled to the broker) (pid 7)"), ExitClass::BrokerGone),
         (None, Some(6), None, ExitClass::Other),
+        (
+            Some(4),
+            None,
+            Some("✗ delivery: can't reach NATS at nats://127.0.0.1:4222. Start its broker (a local mesh: cotal-delivery up --space demo) (timed out)"),
+            ExitClass::Unreachable,
+        ),
     ];
     for (code, signal, line, class) in cases {
         assert_eq!(classify_exit(code, signal, line), class, "{line:?}");
@@ -941,4 +964,20 @@ fn a_kill_at_the_runners_stop_and_a_backstop_exit_after_a_long_pause_are_expecte
         r.exits.last().map(|e| e.class),
         Some(ExitClass::BrokerGoneBackstop)
     );
+}
+
+/// Mutation seen failing: `judge` answering `Unexplained` for every `unreachable` exit.
+#[test]
+fn a_start_refused_while_the_broker_is_cut_off_is_expected_and_one_without_a_fault_is_not() {
+    let line = "✗ delivery: can't reach NATS at nats://127.0.0.1:4222. Start its broker (a local mesh: cotal-delivery up --space demo) (timed out)";
+    let mut s = clean();
+    s.fault((2300, 2900), 5, FaultKind::ProxyCut, "proxy");
+    s.exited(2500, "a", Some(4), None, Some(line));
+    let r = s.check();
+    assert!(!r.exits.iter().any(|e| e.is_bad()), "{}", r.summary());
+    let mut s = clean();
+    s.exited(2500, "a", Some(4), None, Some(line));
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+    assert_eq!(r.exits[2].judged, ExitJudgement::Unexplained);
 }
