@@ -95,7 +95,7 @@ pub fn check(history: &History, snapshot: &Snapshot, cfg: &CheckConfig) -> Repor
     report.liveness = liveness(&world, &owed, &matched);
     report.single_flight = daemons::single_flight(&world);
     report.exits = daemons::exits(&world);
-    count(&world, &mut report);
+    count(&world, &matched, &mut report);
     report.decide();
     report
 }
@@ -317,7 +317,10 @@ fn handoff_deadline(world: &World<'_>, invoke: Ms, ok: Ms) -> Ms {
         .phase_ms(super::history::Phase::End)
         .unwrap_or(world.history.end_ms);
     let until = ok.saturating_add(world.cfg.handoff_bound_ms).min(end);
-    if world.served_throughout(invoke, until) && world.faults_within(invoke, until).is_empty() {
+    if until >= invoke
+        && world.served_throughout(invoke, until)
+        && world.faults_within(invoke, until).is_empty()
+    {
         until
     } else {
         Ms::MAX
@@ -640,7 +643,7 @@ fn liveness<'h>(world: &World<'h>, owed: &OwedMap<'h>, matched: &Matched<'h>) ->
     }
 }
 
-fn count(world: &World<'_>, report: &mut Report) {
+fn count(world: &World<'_>, matched: &Matched<'_>, report: &mut Report) {
     let c = &mut report.counts;
     c.posts = world.posts.len() as u64;
     c.posts_ok = world.posts.iter().filter(|p| p.seq.is_some()).count() as u64;
@@ -649,16 +652,10 @@ fn count(world: &World<'_>, report: &mut Report) {
         .iter()
         .filter(|p| p.op.outcome.is_indeterminate())
         .count() as u64;
-    c.recovered = world
-        .posts
+    let surfaced: std::collections::BTreeSet<usize> = matched.keys().map(|(_, i)| *i).collect();
+    c.recovered = surfaced
         .iter()
-        .filter(|p| p.op.outcome.is_indeterminate())
-        .filter(|p| {
-            world.history.frames.iter().any(|f| {
-                f.frame.tag.as_deref() == Some(p.tag)
-                    || (p.id.is_some() && f.frame.id.as_deref() == p.id)
-            })
-        })
+        .filter(|i| world.posts[**i].op.outcome.is_indeterminate())
         .count() as u64;
     c.frames = world.history.frames.len() as u64;
     for f in &world.faults {

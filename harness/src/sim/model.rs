@@ -635,6 +635,9 @@ impl<'h> World<'h> {
 
     /// Whether some daemon said it served over all of `[from, to]` (spans joined end to end).
     pub fn served_throughout(&self, from: Ms, to: Ms) -> bool {
+        if to < from {
+            return false;
+        }
         let mut spans: Vec<(Ms, Ms)> = self.serving.values().flatten().copied().collect();
         spans.sort_unstable();
         let mut reached = from;

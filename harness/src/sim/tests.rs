@@ -981,3 +981,38 @@ fn a_start_refused_while_the_broker_is_cut_off_is_expected_and_one_without_a_fau
     assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
     assert_eq!(r.exits[2].judged, ExitJudgement::Unexplained);
 }
+
+/// Mutations seen failing: `match_frames` without its failed-post check (the frame of a post
+/// the broker refused then passes as a copy); `count` counting as recovered the posts of
+/// *known* outcome (`!is_indeterminate()`).
+#[test]
+fn a_post_of_unknown_outcome_is_owed_to_no_one_and_a_frame_of_a_failed_post_is_unexpected() {
+    let mut s = clean();
+    let post = |tag: &str| Call::Post {
+        channel: "eng".into(),
+        class: Class::Durable,
+        id: Some(format!("id-{tag}")),
+        tag: tag.into(),
+        mentions: Vec::new(),
+    };
+    // Stored or not, nobody knows: bob surfaced it (recovered), carol did not (not lost).
+    s.unknown((3200, 3300), &agent(&alice()), post("t8"));
+    s.frame(3400, &bob(), "eng", "t8", true, 50);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert_eq!((r.counts.posts_indeterminate, r.counts.recovered), (1, 1));
+    // A post the broker refused cannot surface.
+    let op = s.invoke(3500, &agent(&alice()), post("t9"));
+    let error = "no responders".to_string();
+    s.push(3510, agent(&alice()), Body::Fail { op, error });
+    s.frame(3600, &carol(), "eng", "t9", true, 51);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+    assert!(matches!(
+        r.unexpected[..],
+        [Unexpected {
+            kind: UnexpectedKind::FailedPost { .. },
+            ..
+        }]
+    ));
+}
