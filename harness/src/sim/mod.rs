@@ -22,8 +22,8 @@ pub use checker::{check, CheckConfig};
 pub use daemons::classify_exit;
 pub use history::{
     Body, Call, Class, Done, Event, FaultKind, History, HistoryError, HistoryErrorKind,
-    HistoryWriter, Member, Ms, Observation, Op, Outcome, Phase, Process, RunHeader, Surfaced,
-    HISTORY_FILE, HISTORY_VERSION,
+    HistoryWriter, Member, MemberError, MemberErrorKind, Ms, Observation, Op, Outcome, Phase,
+    Process, RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION,
 };
 pub use report::{Report, Verdict};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotErrorKind, SNAPSHOT_FILE};

@@ -826,6 +826,12 @@ fn the_reader_refuses_a_malformed_line_or_another_version_naming_its_line() {
     assert_eq!(e.kind(), HistoryErrorKind::Structure);
     assert!(e.to_string().contains("not by an agent"), "{e}");
 
+    let e = Member::parse("local.bob").unwrap_err();
+    assert_eq!(e.kind(), MemberErrorKind::Form);
+    let e = Member::parse("local.bob#short").unwrap_err();
+    assert_eq!(e.kind(), MemberErrorKind::Token);
+    assert!(std::error::Error::source(&e).is_some(), "{e}");
+
     let long = format!("{{\"v\":1,\"pad\":\"{}\"}}", "x".repeat(MAX_LINE_BYTES));
     let e = History::parse(long.as_bytes()).unwrap_err();
     assert_eq!((e.kind(), e.line()), (HistoryErrorKind::TooLarge, Some(1)));

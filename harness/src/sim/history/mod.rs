@@ -17,7 +17,7 @@ pub use io::{FrameEvent, History, HistoryWriter, Observed, Op, Outcome};
 
 use std::fmt;
 
-use cotal_delivery::wire::{LifecycleUid, Principal};
+use cotal_delivery::wire::{LifecycleUid, Principal, WireError};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The history format's version, on every line.
@@ -47,12 +47,17 @@ impl Member {
         Member { principal, uid }
     }
     /// Parses `<owner>.<actor>#<uid>`, each part by the wire grammar.
-    pub fn parse(raw: &str) -> Result<Member, String> {
+    pub fn parse(raw: &str) -> Result<Member, MemberError> {
+        let error = |kind, source| MemberError {
+            kind,
+            raw: raw.to_string(),
+            source,
+        };
         let (p, u) = raw
             .split_once('#')
-            .ok_or_else(|| format!("member {raw:?} is not <owner>.<actor>#<lifecycle uid>"))?;
-        let principal = Principal::parse(p).map_err(|e| format!("member {raw:?}: {e}"))?;
-        let uid = LifecycleUid::parse(u).map_err(|e| format!("member {raw:?}: {e}"))?;
+            .ok_or_else(|| error(MemberErrorKind::Form, None))?;
+        let principal = Principal::parse(p).map_err(|e| error(MemberErrorKind::Token, Some(e)))?;
+        let uid = LifecycleUid::parse(u).map_err(|e| error(MemberErrorKind::Token, Some(e)))?;
         Ok(Member { principal, uid })
     }
     pub fn principal(&self) -> &Principal {
@@ -60,6 +65,50 @@ impl Member {
     }
     pub fn uid(&self) -> &LifecycleUid {
         &self.uid
+    }
+}
+
+/// Why a member could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberError {
+    kind: MemberErrorKind,
+    raw: String,
+    source: Option<WireError>,
+}
+
+/// What was wrong with a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberErrorKind {
+    /// Not `<principal>#<uid>`.
+    Form,
+    /// The principal or the uid breaks the wire grammar (the source says which rule).
+    Token,
+}
+
+impl MemberError {
+    pub fn kind(&self) -> MemberErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for MemberError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            None => write!(
+                f,
+                "member {:?} is not <owner>.<actor>#<lifecycle uid>",
+                self.raw
+            ),
+            Some(e) => write!(f, "member {:?}: {e}", self.raw),
+        }
+    }
+}
+
+impl std::error::Error for MemberError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
