@@ -418,7 +418,7 @@ impl Report {
                 faults.join(", ")
             }
         );
-        let _ = writeln!(out, "{:<16} {:>7}  status", "check", "count");
+        let _ = writeln!(out, "{:<16} {:<20} status", "check", "count");
         let bad_dups = self.duplicates.iter().filter(|d| !d.allowed).count();
         let bad_exits = self.exits.iter().filter(|e| e.is_bad()).count();
         let sf = self.single_flight.overlaps.len() + self.single_flight.foreign_writes.len();
@@ -468,7 +468,7 @@ impl Report {
             ("liveness", live.0, live.1),
         ];
         for (name, count, st) in rows {
-            let _ = writeln!(out, "{name:<16} {count:>7}  {st}");
+            let _ = writeln!(out, "{name:<16} {count:<20} {st}");
         }
         list(&mut out, "lost", &self.lost, |l| {
             let faults: Vec<String> = l
