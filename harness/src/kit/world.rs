@@ -153,7 +153,19 @@ const INSPECTOR_LIFETIME: Duration = Duration::from_secs(4 * 3600);
 impl World {
     /// Starts the mesh of `case` in `shape`.
     pub async fn start(case: &Case, shape: &Shape, opts: &RunOptions) -> Result<World, Failure> {
-        let spec = &case.mesh;
+        let env = case.env_for(opts.scaled).map_err(Failure::could_not)?;
+        World::start_with(&case.mesh, shape, env, case.vars_for(opts.scaled), opts).await
+    }
+
+    /// Starts a mesh of `spec` in `shape` with no case behind it (the simulation's world): its
+    /// daemons get `env`, its durations are `vars`.
+    pub async fn start_with(
+        spec: &super::case::MeshSpec,
+        shape: &Shape,
+        env: Vec<(String, String)>,
+        vars: Vars,
+        opts: &RunOptions,
+    ) -> Result<World, Failure> {
         let mut builder = Mesh::builder()
             .space(&spec.space)?
             .lease_ttl(Duration::from_millis(spec.lease_ttl_ms))
@@ -212,8 +224,8 @@ impl World {
         Ok(World {
             opts: opts.clone(),
             shape: shape.clone(),
-            vars: case.vars_for(opts.scaled),
-            env: case.env_for(opts.scaled).map_err(Failure::could_not)?,
+            vars,
+            env,
             mesh,
             insp,
             proxies: BTreeMap::new(),
