@@ -245,7 +245,7 @@ impl Watching {
                 } else if !self.no_markers_said {
                     self.no_markers_said = true;
                     journal.line(format!(
-                        "! delivery host: the lease bucket {} leaves no marker when a row expires (it has no subject_delete_marker_ttl), so this standby sees an expired row only on its {} ms retry; provisioning the space again (cotal-delivery up, or the provisioner's provision_space) migrates it in place (reported once)",
+                        "! delivery host: the lease bucket {} leaves no marker when a row expires (it has no subject_delete_marker_ttl), so this standby sees an expired row only on its {} ms retry; a cotal-delivery up --space {space} that starts the space's mesh provisions it again, migrating it in place (reported once)",
                         SpaceNames::kv_stream(&SpaceNames::new(space).delivery_bucket()),
                         timing.standby_retry.as_millis()
                     ));

@@ -284,13 +284,31 @@ impl MeshAuthority {
         })
     }
 
+    /// Whether `space` has a data account in this signer.
+    pub fn has_space(&self, space: &Space) -> bool {
+        self.accounts.contains_key(space)
+    }
+
+    /// The refusal of a space without a data account, read by operators (`status`, `up`): it
+    /// says which spaces the signer holds and names the command that adds one, never a library
+    /// function (an `up` that starts a mesh adds its space before it starts the broker).
     fn account(&self, space: &Space) -> Result<&KeyPair, AuthorityError> {
         self.accounts.get(space).ok_or_else(|| {
+            let held: Vec<String> = self
+                .accounts
+                .keys()
+                .map(|s| format!("{:?}", s.as_str()))
+                .collect();
             AuthorityError::new(
                 AuthorityErrorKind::UnknownSpace,
                 format!(
-                    "space {:?} has no data account in this signer (add_space first)",
-                    space.as_str()
+                    "space {:?} has no data account in this signer (it holds {}); `cotal-delivery up --space {space}` adds it when it starts a mesh",
+                    space.as_str(),
+                    if held.is_empty() {
+                        "none".to_string()
+                    } else {
+                        held.join(", ")
+                    },
                 ),
             )
         })
@@ -697,20 +715,32 @@ mod tests {
         assert_eq!(claims.lifetime_secs(), Some(30 * 24 * 3600));
     }
 
+    /// The refusal names the space, the spaces the signer holds, and the command that adds one
+    /// (`cotal-delivery up`), never a library function.
+    /// Mutation seen failing: the old text `… in this signer (add_space first)` restored.
     #[test]
     fn unknown_space_is_refused_by_name() {
-        let a = MeshAuthority::new();
+        let mut a = MeshAuthority::new();
+        let supervisor = Profile::Supervisor {
+            principal: Principal::parse("local.x").unwrap(),
+        };
         let err = a
-            .mint(
-                &demo(),
-                &Profile::Supervisor {
-                    principal: Principal::parse("local.x").unwrap(),
-                },
-                MintOptions::new(),
-            )
+            .mint(&demo(), &supervisor, MintOptions::new())
             .unwrap_err();
         assert_eq!(err.kind(), AuthorityErrorKind::UnknownSpace);
-        assert!(err.to_string().contains("\"demo\""));
+        assert_eq!(
+            err.to_string(),
+            "mesh signer: space \"demo\" has no data account in this signer (it holds none); `cotal-delivery up --space demo` adds it when it starts a mesh"
+        );
+        a.add_space(&Space::parse("alpha").unwrap());
+        a.add_space(&Space::parse("beta").unwrap());
+        let err = a
+            .mint(&demo(), &supervisor, MintOptions::new())
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "mesh signer: space \"demo\" has no data account in this signer (it holds \"alpha\", \"beta\"); `cotal-delivery up --space demo` adds it when it starts a mesh"
+        );
     }
 
     #[test]

@@ -460,6 +460,7 @@ async fn relaunch(
         }
     ));
     refuse_start_only(cfg, workspace, mesh)?;
+    refuse_unknown_space(cfg, workspace, mesh)?;
     let served = relaunch_daemon(cfg, workspace, mesh, journal).await;
     // Also when the daemon could not serve yet: its credentials keep being renewed.
     let owner = remint::ensure_renewal_owner(root, space, true, journal).await;
@@ -513,6 +514,51 @@ fn refuse_start_only(
             root.display()
         ),
     ))
+}
+
+/// A missing daemon's space that the running mesh's signer has no account for, refused before
+/// anything is touched (no daemon, no renewal owner): the broker preloads the accounts it was
+/// started with, so a running mesh takes no new space. The line says what to run instead.
+fn refuse_unknown_space(
+    cfg: &UpConfig,
+    workspace: &Workspace,
+    mesh: &MeshRecord,
+) -> Result<(), UpError> {
+    let space = &cfg.space;
+    let root = workspace.root();
+    // A daemon already serving needs nothing of the signer: the relaunch says it serves.
+    if base::pid_liveness(&workspace.pid_path(space))
+        .daemon_pid()
+        .is_some()
+    {
+        return Ok(());
+    }
+    // A signer that cannot be read is the relaunch's own error, said there.
+    let Ok(authority) = MeshAuthority::load(&workspace.auth_dir()) else {
+        return Ok(());
+    };
+    if authority.has_space(space) {
+        return Ok(());
+    }
+    let text = if mesh.space == space.as_str() {
+        format!(
+            "✗ up: the mesh at {} (root {}) was started for space {space}, but its signer ({}) no longer holds the space's account; start the mesh again: cotal-delivery down --space {space} --root {}, then cotal-delivery up --space {space} --root {}",
+            mesh.server,
+            root.display(),
+            workspace.auth_dir().display(),
+            root.display(),
+            root.display()
+        )
+    } else {
+        format!(
+            "✗ up: the mesh at {} (root {}) was started for space {}, and its signer ({}) has no account for space {space}: a running broker takes no new space. Serve {space} from a root of its own: cotal-delivery up --space {space} --root <another directory> --port 0",
+            mesh.server,
+            root.display(),
+            mesh.space,
+            workspace.auth_dir().display()
+        )
+    };
+    Err(UpError::new(UpErrorKind::Authority, text))
 }
 
 /// The daemon half of a bare `up`: relaunched when it is missing.

@@ -190,3 +190,157 @@ async fn up_passes_metrics_addr_to_the_daemon_it_starts_and_relaunches() {
     let (st, t) = down(root.path(), &[]).await;
     assert_eq!(st.code(), Some(0), "{t}");
 }
+
+/// `up` for a space the running mesh's signer has no account for (a mesh started for `demo`,
+/// then `up --space other` at the same root, as an operator types it) is refused (exit 1)
+/// before anything is touched: no renewal owner for `other`, the `demo` daemon still serving.
+/// The line names only commands of this distribution, and the one it says to run works: `up
+/// --space other` at a root of its own serves. `status --space other` at the first root says
+/// the signer holds `demo` only and names the command that adds a space. Snapshot of both. The
+/// mesh's own space, its account file removed: a bare `up` still says its daemon serves, and
+/// once that daemon is missing is refused naming the restart (`down`, then `up`), which serves
+/// again.
+/// Mutations seen failing: `refuse_unknown_space` not called by `relaunch` (the refusal is the
+/// library's line, a renewal owner for `other` is started); the signer's old text
+/// `(add_space first)` restored in `MeshAuthority::account` (the status line asserted below);
+/// the own-space branch of `refuse_unknown_space` never taken (the line tells to serve demo
+/// from another root); the serving daemon's early return removed from it (the bare `up`
+/// while demo's daemon serves is refused, exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_for_a_space_the_running_mesh_lacks_names_the_commands_to_run() {
+    let root = tempfile::tempdir().expect("root");
+    let own = tempfile::tempdir().expect("the other space's own root");
+    let other = cotal_delivery::wire::Space::parse("other").expect("space");
+    let _guard = MeshGuard(root.path().to_path_buf());
+    let _stray = MeshGuardOf(root.path().to_path_buf(), other.clone());
+    let _own = MeshGuardOf(own.path().to_path_buf(), other.clone());
+    let r = root.path().to_str().expect("utf-8");
+    let mut up = spawn_up(root.path(), &["--detach"], &[]);
+    assert_eq!(
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
+        Some(0),
+        "{}",
+        up.transcript()
+    );
+    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
+
+    let (st, t) = run(root.path(), &["up", "--space", "other", "--root", r], &[]).await;
+    assert_eq!(st.code(), Some(1), "{t}");
+    let line = names_only_commands(root.path(), &t).await;
+    assert!(
+        line.contains("has no account for space other: a running broker takes no new space"),
+        "{line}"
+    );
+    assert!(
+        base::read_pid(&base::remint_pid_path(root.path(), &other)).is_none(),
+        "no renewal owner was started for other: {t}"
+    );
+    assert_eq!(
+        base::read_pid(&pid_path(root.path())),
+        Some(daemon),
+        "the mesh is left as it was"
+    );
+    assert!(alive(daemon));
+
+    let (st, status) = run(
+        root.path(),
+        &["status", "--space", "other", "--root", r],
+        &[],
+    )
+    .await;
+    assert_eq!(st.code(), Some(1), "{status}");
+    let broker = status
+        .lines()
+        .find(|l| l.starts_with("broker:"))
+        .unwrap_or_else(|| panic!("no broker line: {status}"));
+    assert!(
+        broker.ends_with("(mesh signer: space \"other\" has no data account in this signer (it holds \"demo\"); `cotal-delivery up --space other` adds it when it starts a mesh)"),
+        "{broker}"
+    );
+    up_snapshot!(
+        "up_another_space_on_a_running_mesh",
+        format!("{t}\n{broker}\n")
+    );
+
+    // What the line says to run, run: the other space served from a root of its own.
+    let o = own.path().to_str().expect("utf-8");
+    let (st, t) = run(
+        own.path(),
+        &[
+            "up", "--space", "other", "--root", o, "--port", "0", "--detach",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(st.code(), Some(0), "{t}");
+    assert!(t.contains("✓ delivery daemon serving space other"), "{t}");
+    let (st, t) = run(own.path(), &["down", "--space", "other", "--root", o], &[]).await;
+    assert_eq!(st.code(), Some(0), "{t}");
+
+    // The mesh's own space, its account gone from the signer and its daemon missing: a bare
+    // `up` is refused the same way, and the restart it names serves again.
+    let auth = cotal_delivery::provision::Workspace::new(root.path()).auth_dir();
+    let accounts: Vec<_> = std::fs::read_dir(&auth)
+        .expect("the signer")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with("account.") && name.ends_with(".json")
+        })
+        .collect();
+    assert_eq!(accounts.len(), 1, "demo's account only: {accounts:?}");
+    std::fs::remove_file(&accounts[0]).expect("remove the account file");
+    // While its daemon serves, a bare `up` needs nothing of the signer.
+    let (code, t) = up_at(root.path(), &[]).await;
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("already serving space demo"), "{t}");
+    signal(daemon, Signal::SIGTERM);
+    until("the daemon stopped", COMMAND_BOUND, || !alive(daemon)).await;
+    let (code, t) = up_at(root.path(), &[]).await;
+    assert_eq!(code, Some(1), "{t}");
+    let line = names_only_commands(root.path(), &t).await;
+    assert!(
+        line.contains("was started for space demo, but its signer")
+            && line.contains("no longer holds the space's account; start the mesh again: cotal-delivery down --space demo --root"),
+        "{line}"
+    );
+    let (st, t) = down(root.path(), &[]).await;
+    assert_eq!(st.code(), Some(0), "{t}");
+    let mut up = spawn_up(root.path(), &["--detach"], &[]);
+    assert_eq!(
+        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
+        Some(0),
+        "{}",
+        up.transcript()
+    );
+    let (st, t) = down(root.path(), &[]).await;
+    assert_eq!(st.code(), Some(0), "{t}");
+}
+
+/// The `✗ up:` line of `transcript`, asserted to name no library function and only commands
+/// `cotal-delivery --help` lists.
+async fn names_only_commands(root: &std::path::Path, transcript: &str) -> String {
+    let line = transcript
+        .lines()
+        .find(|l| l.starts_with("✗ up:"))
+        .unwrap_or_else(|| panic!("no refusal line: {transcript}"));
+    assert!(
+        !line.contains("add_space") && !line.contains("first)"),
+        "{line}"
+    );
+    let (_, help) = run(root, &["--help"], &[]).await;
+    let named: Vec<&str> = line
+        .split("cotal-delivery ")
+        .skip(1)
+        .map(|rest| rest.split_whitespace().next().expect("a command"))
+        .collect();
+    assert!(!named.is_empty(), "the line names no command: {line}");
+    for command in &named {
+        assert!(
+            help.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{command} "))),
+            "`cotal-delivery {command}` is not a command:\n{help}"
+        );
+    }
+    line.to_string()
+}

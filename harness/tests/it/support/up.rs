@@ -23,29 +23,29 @@ pub struct MeshGuard(pub PathBuf);
 
 impl Drop for MeshGuard {
     fn drop(&mut self) {
-        use cotal_delivery::base::PidLiveness;
-        let root = &self.0;
-        let space = demo();
-        let daemons = [
-            base::pid_path(root, &space),
-            base::launched_path(root, &space),
-        ];
-        for path in daemons {
-            if let Some(pid) = base::read_pid(&path) {
-                if let PidLiveness::Alive(p) =
-                    base::process_liveness(pid, base::argv_names_delivery_daemon)
-                {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(p as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-        }
-        // The renewal owner a detached up leaves (never a foreground up's record).
-        if let Some(pid) = base::read_pid(&base::remint_pid_path(root, &space)) {
+        kill_mesh(&self.0, &demo());
+    }
+}
+
+/// [`MeshGuard`] of a mesh `up` started for another space than `demo`.
+pub struct MeshGuardOf(pub PathBuf, pub Space);
+
+impl Drop for MeshGuardOf {
+    fn drop(&mut self) {
+        kill_mesh(&self.0, &self.1);
+    }
+}
+
+fn kill_mesh(root: &Path, space: &Space) {
+    use cotal_delivery::base::PidLiveness;
+    let daemons = [
+        base::pid_path(root, space),
+        base::launched_path(root, space),
+    ];
+    for path in daemons {
+        if let Some(pid) = base::read_pid(&path) {
             if let PidLiveness::Alive(p) =
-                base::process_liveness(pid, base::argv_names_remint_watch)
+                base::process_liveness(pid, base::argv_names_delivery_daemon)
             {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(p as i32),
@@ -53,14 +53,22 @@ impl Drop for MeshGuard {
                 );
             }
         }
-        if let Some(pid) = base::read_pid(&base::broker_pid_path(root)) {
-            if let PidLiveness::Alive(p) = base::process_liveness(pid, base::argv_names_nats_server)
-            {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(p as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+    }
+    // The renewal owner a detached up leaves (never a foreground up's record).
+    if let Some(pid) = base::read_pid(&base::remint_pid_path(root, space)) {
+        if let PidLiveness::Alive(p) = base::process_liveness(pid, base::argv_names_remint_watch) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    if let Some(pid) = base::read_pid(&base::broker_pid_path(root)) {
+        if let PidLiveness::Alive(p) = base::process_liveness(pid, base::argv_names_nats_server) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
 }
