@@ -167,29 +167,133 @@ async fn a_stale_record_with_a_reused_pid_is_cleared_and_nothing_is_signalled() 
     let _ = other.wait();
 }
 
+/// The user the hidden reader runs as (`nobody`).
+const HIDDEN_READER_UID: u32 = 65534;
+
+/// What the hidden reader of [`status_json_without_cmdlines`] needs and this host lacks, probed
+/// in order, each independent of the daemon under test: an effective uid of 0, `unshare` and
+/// `setpriv` (util-linux) on `PATH` and runnable, Linux 5.8 or later (`hidepid` is a mount's
+/// own option only since 5.8; before, it belongs to the pid namespace the host's `/proc` shares,
+/// so the mount is never tried there), and then, tried: in a private mount namespace, a `/proc`
+/// mounted `hidepid=2` hides a root process's command line from uid 65534, who can reach and
+/// execute the daemon binary. `None`: all there.
+async fn hidden_reader_missing() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(str::to_string));
+    match euid.as_deref() {
+        Some("0") => {}
+        Some(uid) => {
+            return Some(format!(
+                "the effective uid is {uid}, not 0 (unshare --mount and setpriv need root)"
+            ))
+        }
+        None => return Some("the effective uid cannot be read from /proc/self/status".into()),
+    }
+    for tool in ["unshare", "setpriv"] {
+        match tokio::process::Command::new(tool)
+            .arg("--version")
+            .output()
+            .await
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Some(format!("`{tool}` (util-linux) is not on PATH"))
+            }
+            Err(e) => return Some(format!("`{tool}` on PATH cannot be run: {e}")),
+            Ok(out) if !out.status.success() => {
+                return Some(format!(
+                    "`{tool} --version` exits {}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+            Ok(_) => {}
+        }
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().ok());
+    match (numbers.next().flatten(), numbers.next().flatten()) {
+        (Some(major), Some(minor)) if (major, minor) >= (5, 8) => {}
+        (Some(_), Some(_)) => {
+            return Some(format!(
+                "Linux {release} is older than 5.8 (a private /proc mounted hidepid=2 needs 5.8)"
+            ))
+        }
+        _ => return Some(format!("the kernel release {release:?} names no version")),
+    }
+    let bin = match delivery_harness::daemon::daemon_bin() {
+        Ok(bin) => bin,
+        Err(e) => return Some(format!("no daemon binary to run as the hidden reader: {e}")),
+    };
+    // The markers say which step failed; the test process itself is the root process to hide.
+    let script = format!(
+        "mount -t proc -o hidepid=2 proc /proc || {{ echo PROBE:mount; exit 0; }}; \
+         exec setpriv --reuid={uid} --regid={uid} --clear-groups -- sh -c \
+         'test -x {bin} || {{ echo PROBE:bin; exit 0; }}; \
+          if cat /proc/{pid}/cmdline >/dev/null 2>&1; then echo PROBE:readable; else echo PROBE:hidden; fi'",
+        uid = HIDDEN_READER_UID,
+        bin = bin.display(),
+        pid = std::process::id()
+    );
+    let out = match tokio::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .await
+    {
+        Ok(out) => out,
+        Err(e) => return Some(format!("`unshare` cannot be run: {e}")),
+    };
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let err = err.trim();
+    match said.lines().find_map(|l| l.strip_prefix("PROBE:")) {
+        Some("hidden") => None,
+        Some("readable") => Some(format!(
+            "a /proc mounted hidepid=2 still shows a root process's command line to uid {HIDDEN_READER_UID}"
+        )),
+        Some("mount") => Some(format!(
+            "mounting /proc with hidepid=2 in a private mount namespace fails: {err}"
+        )),
+        Some("bin") => Some(format!(
+            "uid {HIDDEN_READER_UID} cannot execute the daemon binary {}",
+            bin.display()
+        )),
+        _ => Some(format!(
+            "`unshare --mount --propagation private` with `setpriv --reuid={HIDDEN_READER_UID}` does not run here ({}): {err}",
+            out.status
+        )),
+    }
+}
+
 /// `status --space demo --root <root> --json` run as another user (`nobody`) in a mount
 /// namespace whose `/proc` is mounted `hidepid=2`: that reader can signal-probe the recorded pid
 /// (`EPERM`: alive) but cannot read its command line, as on a host that hides other users'
-/// processes. Needs root, `unshare` and `setpriv` (util-linux), and Linux 5.8 or later.
+/// processes. Its prerequisites are probed first ([`hidden_reader_missing`]).
 async fn status_json_without_cmdlines(root: &std::path::Path) -> serde_json::Value {
     let bin = delivery_harness::daemon::daemon_bin().expect("daemon binary");
     let script = format!(
-        "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 --regid=65534 --clear-groups -- {} status --space demo --root {} --json",
+        "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid={uid} --regid={uid} --clear-groups -- {} status --space demo --root {} --json",
         bin.display(),
-        root.display()
+        root.display(),
+        uid = HIDDEN_READER_UID
     );
     let out = tokio::process::Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
         .output()
         .await
-        .expect("unshare runs (this test needs root and util-linux)");
+        .expect("unshare runs (probed)");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let line = text
         .lines()
         .find(|l| l.starts_with('{'))
         .unwrap_or_else(|| {
             panic!(
-                "no status JSON (this test needs root, unshare, setpriv and hidepid): {text}\n{}",
+                "no status JSON from the hidden reader (its prerequisites were probed present): {text}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             )
         });
@@ -199,11 +303,24 @@ async fn status_json_without_cmdlines(root: &std::path::Path) -> serde_json::Val
 /// Where a command line cannot be read, the record is trusted as before: the same live pid
 /// (a root-owned `sleep`) is `foreign` to a reader that can read its command line, and
 /// `alive-unverified` (trusted: reported running) to one that cannot, because the check only
-/// ever downgrades on proof. Mutation seen failing: `process_liveness` answering `Stale` when
-/// `/proc/<pid>/cmdline` cannot be read (the hidden reader's verdict is `stale`).
+/// ever downgrades on proof. Needs root, `unshare` and `setpriv` (util-linux) and Linux 5.8 or
+/// later: probed first, and where one is missing the test writes `SKIPPED: …` naming it (on
+/// stderr, past the test harness's capture) and passes without running; with them present it
+/// runs and fails on a wrong verdict.
+/// Mutation seen failing: `process_liveness` answering `Stale` when `/proc/<pid>/cmdline`
+/// cannot be read (the hidden reader's verdict is `stale`). Skip seen: the test binary run with
+/// a `PATH` lacking `unshare`, then `setpriv`, and as uid 65534 (each skip line names it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_whose_command_line_cannot_be_read_is_trusted() {
+    use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
+    if let Some(missing) = hidden_reader_missing().await {
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "SKIPPED: supervisor::down::a_record_whose_command_line_cannot_be_read_is_trusted: {missing}"
+        );
+        return;
+    }
     let root = tempfile::tempdir().expect("root");
     std::fs::create_dir_all(root.path().join(".cotal")).expect("cotal");
     // Long enough to outlive a rebuild of the daemon binary by the first `status` below.
