@@ -21,7 +21,9 @@ fn one_suite() -> std::sync::MutexGuard<'static, ()> {
 /// release deletes it; a kill leaves it to the broker's expiry marker, within a second of its
 /// nominal expiry), one create by the standby after it and no other write (`single_winner`), and
 /// the standby's first answer and first post never before the row's end and within the case's
-/// bound plus the machine's margin. A node case whose lane rode the failover has no row's end;
+/// bound plus the machine's margin, and the first answer within the suite's 1 s target (from
+/// the SIGTERM for a stop, from the row's end for a kill or a return; not set for a node's
+/// loss). A node case whose lane rode the failover has no row's end;
 /// one whose lane rode it and then lost its row answered first as the holder (seen: 320 ms
 /// after the node's kill, the row expiring 6.6 s after it), so its figures may be negative.
 fn assert_lease_facts(c: &serde_json::Value, rounds: &str, ttl_ms: i64) {
@@ -57,5 +59,24 @@ fn assert_lease_facts(c: &serde_json::Value, rounds: &str, ttl_ms: i64) {
             assert!(max <= bound + 3_000, "{k}: {c}\n{rounds}");
         }
     }
-    assert!(c["answer_within_target"].is_boolean(), "{c}");
+    // The suite's 1 s target (issue 24; docs/host.md: reported by the suite, not failed on):
+    // a graceful stop answered within it of the SIGTERM, a kill within it of the row's expiry.
+    // Held here for every case but the node's loss (which it was never set for): checked on the
+    // figures themselves, and the suite's own flag must agree with them.
+    let target = c["answer_target_ms"].as_i64().expect("answer_target_ms");
+    if case == "node" {
+        assert!(c["answer_within_target"].is_boolean(), "{c}");
+    } else {
+        let answer = if case == "stop" {
+            c["rail_ms"]["max"].as_i64().expect("rail_ms")
+        } else {
+            stat("answer_after_gone_ms", "max").expect("answer_after_gone_ms")
+        };
+        assert!(
+            answer <= target,
+            "{case}: the first answer {answer} ms after the {}, beyond the {target} ms target: {c}\n{rounds}",
+            if case == "stop" { "SIGTERM" } else { "row's end" }
+        );
+        assert_eq!(c["answer_within_target"], true, "{c}\n{rounds}");
+    }
 }

@@ -20,9 +20,20 @@
 //! The lease's own facts, read by the suite from a broker watch of every write to the key, are
 //! checked too (`assert_lease_facts`): how each row ended (the release's delete after a stop,
 //! the broker's expiry marker after a kill), one create after each end by the standby and no
-//! other write, and the standby's first answer never before the row's end.
+//! other write, the standby's first answer never before the row's end, and the suite's 1 s
+//! answer target held (a stop answered within 1 s of the SIGTERM, a kill or a return within 1 s
+//! of the row's expiry as the broker stamped it; docs/host.md): the suite reports it, this test
+//! fails on it.
 //!
-//! Mutations seen failing: the lease bucket provisioned without expiry markers (the two fields
+//! Mutations seen failing: the standby lane's claim after its watch's wake delayed by one
+//! standby retry (`host/lane.rs`, a sleep of `standby_retry` before the wake's `break`): the
+//! first answer 1215 and 1297 ms after the row's end, beyond the 1 s target (3 runs: twice on
+//! the target, once the suite itself exited 1 first; the cluster test on the target in 2 runs of
+//! 2, 1172 and 1201 ms). The watch's wake ignored
+//! (`News::Gone` answered `false`): at this test's 1 s retry the fallback alone still lands
+//! within the target in 3 suite runs of 5 (beyond it in 2: 1480 ms return, 1720 ms kill and
+//! 1235 ms stop), so this test catches it only by chance; `host::standby` (retry 60 s) is the
+//! proof of the wake. The lease bucket provisioned without expiry markers (the two fields
 //! dropped in `provision/streams.rs`): the kill and return rows end with no write, the suite
 //! says "the holder's row never ended" and exits 1. A standby lane that returns after its
 //! first held-lease report instead of retrying (`host/lane.rs`): no takeover, the suite exits 1. `plane/pump.rs` put
