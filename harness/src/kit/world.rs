@@ -139,6 +139,8 @@ pub struct World {
     pub resigns: Resigns,
     /// The admin rail's caller, connected on first use.
     pub supervisor: Option<async_nats::Client>,
+    /// Requests in flight, one-shot connections and sweep watches (`steps::admin`).
+    pub admin: super::steps::admin::AdminState,
     pub marks: BTreeMap<String, Instant>,
     pub figures: Vec<(String, u128)>,
     /// An empty directory outside every workspace.
@@ -242,6 +244,7 @@ impl World {
                 written: Vec::new(),
             },
             supervisor: None,
+            admin: Default::default(),
             marks: BTreeMap::new(),
             figures: Vec::new(),
             outside,

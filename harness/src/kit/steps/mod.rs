@@ -3,6 +3,7 @@
 //! consumers, credentials, the rails, standby hosts. Each module's `Step` is parsed from its
 //! verb's arguments (unknown keys refused) and run against the [`World`].
 
+pub mod admin;
 pub mod agents;
 pub mod broker;
 pub mod creds;
@@ -30,6 +31,8 @@ pub enum Kind {
     Counter,
     Advisory,
     Post,
+    Request,
+    Sweeps,
 }
 
 impl fmt::Display for Kind {
@@ -43,6 +46,8 @@ impl fmt::Display for Kind {
             Kind::Counter => "remembered connection count",
             Kind::Advisory => "advisory watch",
             Kind::Post => "post",
+            Kind::Request => "sent request",
+            Kind::Sweeps => "sweep watch",
         })
     }
 }
@@ -172,6 +177,7 @@ groups! {
     Creds => creds,
     Rails => rails,
     Hosts => hosts,
+    Admin => admin,
 }
 
 /// The refusal of an unknown verb, naming the closest ones.

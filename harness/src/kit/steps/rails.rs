@@ -1,7 +1,10 @@
 //! The daemon's rails as their callers meet them: any verb on `ctl.delivery` (as an agent, on
 //! its own subject with the reply under its own subtree) or `ctl.delivery-admin` (as a
 //! supervisor), the reply judged as it arrived, within a bound the case states: a refusal that
-//! comes at once is not a refusal after the caller's timeout.
+//! comes at once is not a refusal after the caller's timeout. A request can also be sent with its
+//! reply target under another caller's subtree (a forged target, watched from that caller's own
+//! connection, where nothing may arrive), repeated with a round number in its arguments, or with
+//! a long generated list in one argument.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +28,30 @@ pub enum Rail {
     Admin,
 }
 
+impl Rail {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rail::Delivery => "ctl.delivery",
+            Rail::Admin => "ctl.delivery-admin",
+        }
+    }
+}
+
+/// `fill`: one argument set to a generated list of strings (appended to the argument's own
+/// list when it has one).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fill {
+    /// The argument the list goes in.
+    pub key: String,
+    /// Each item; `{i}` stands for its index.
+    pub item: String,
+    pub count: u64,
+}
+
+/// Longest list `fill` makes, and most rounds `repeat` sends.
+const MAX_GENERATED: u64 = 10_000;
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Step {
@@ -41,10 +68,27 @@ pub enum Step {
         #[serde(default)]
         raw: Option<String>,
         #[serde(default)]
+        fill: Option<Fill>,
+        /// Sent this many times, one after the other, each reply judged; `{i}` in the
+        /// arguments' strings stands for the round.
+        #[serde(default)]
+        repeat: Option<u64>,
+        /// The reply target lies under this agent's own subtree of the rail (a forged target),
+        /// watched from that agent's connection.
+        #[serde(default)]
+        reply_under: Option<String>,
+        /// Nothing may arrive on the reply subject within the step's bound.
+        #[serde(default)]
+        silent: bool,
+        #[serde(default)]
         ok: Option<bool>,
         /// The reply's `data`, exactly.
         #[serde(default)]
         answer: Option<toml::Value>,
+        /// The reply's `data` has these fields with these values (objects: the keys given,
+        /// recursively; arrays: as many elements, each matched in order).
+        #[serde(default)]
+        includes: Option<toml::Value>,
         /// The reply's `error` contains this text.
         #[serde(default)]
         error: Option<String>,
@@ -57,6 +101,208 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 /// The admin rail's caller.
 pub const SUPERVISOR: &str = "local.boss";
 
+/// What a request to send is: the caller's connection, the rail subject, the body.
+pub struct Call {
+    pub client: async_nats::Client,
+    pub subject: String,
+    pub body: Vec<u8>,
+    /// Who sends it and what, for the transcript.
+    pub who: String,
+    pub what: String,
+}
+
+/// A placeholder: `{` a name of word characters, dots, colons and dashes `}` (JSON braces around
+/// a body never match: their insides hold quotes).
+fn placeholder() -> &'static regex::Regex {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    RE.get_or_init(|| regex::Regex::new(r"\{([A-Za-z0-9_.:-]+)\}").expect("placeholder pattern"))
+}
+
+/// The agents a value's strings name in `{<agent>.uid}` / `{<agent>.principal}`.
+pub fn placeholder_agents(v: &toml::Value) -> Vec<String> {
+    fn walk(v: &toml::Value, out: &mut Vec<String>) {
+        match v {
+            toml::Value::String(s) => {
+                for c in placeholder().captures_iter(s) {
+                    if let Some((name, "uid" | "principal")) = c[1].rsplit_once('.') {
+                        out.push(name.to_string());
+                    }
+                }
+            }
+            toml::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            toml::Value::Table(t) => t.values().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, &mut out);
+    out
+}
+
+/// Longest `{pad:N}`.
+const MAX_PAD_BYTES: usize = 1 << 20;
+
+/// `s` with `{i}` replaced by the round, `{<agent>.uid}` / `{<agent>.principal}` by that
+/// agent's lifecycle uid or principal, and `{pad:N}` by N `x` characters (a hostile length).
+/// Anything else in braces is left as it is.
+fn expand(w: &World, s: &str, round: Option<u64>) -> Result<String, Failure> {
+    let mut out = String::with_capacity(s.len());
+    let mut last = 0;
+    for c in placeholder().captures_iter(s) {
+        let (whole, inner) = (c.get(0).expect("match"), &c[1]);
+        let value = if inner == "i" {
+            round.map(|i| i.to_string())
+        } else if let Some(n) = inner.strip_prefix("pad:") {
+            let n: usize = n
+                .parse()
+                .map_err(|_| Failure::could_not(format!("{{{inner}}}: `pad:` takes a count")))?;
+            if n > MAX_PAD_BYTES {
+                return Err(Failure::could_not(format!(
+                    "{{{inner}}}: at most {MAX_PAD_BYTES} characters"
+                )));
+            }
+            Some("x".repeat(n))
+        } else {
+            match inner.rsplit_once('.') {
+                Some((name, "uid")) => Some(agent_of(w, name)?.material.lifecycle_uid.to_string()),
+                Some((name, "principal")) => Some(agent_of(w, name)?.material.principal.dot_form()),
+                _ => None,
+            }
+        };
+        out.push_str(&s[last..whole.start()]);
+        match value {
+            Some(v) => out.push_str(&v),
+            None => out.push_str(whole.as_str()),
+        }
+        last = whole.end();
+    }
+    out.push_str(&s[last..]);
+    Ok(out)
+}
+
+fn agent_of<'a>(w: &'a World, name: &str) -> Result<&'a crate::kit::world::AgentActor, Failure> {
+    w.agents
+        .get(name)
+        .ok_or_else(|| Failure::could_not(format!("no agent named {name:?}")))
+}
+
+/// A JSON value with every string expanded ([`expand`]).
+fn expand_json(w: &World, v: &Value, round: Option<u64>) -> Result<Value, Failure> {
+    Ok(match v {
+        Value::String(s) => Value::String(expand(w, s, round)?),
+        Value::Array(a) => Value::Array(
+            a.iter()
+                .map(|x| expand_json(w, x, round))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, x)| Ok((k.clone(), expand_json(w, x, round)?)))
+                .collect::<Result<_, Failure>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
+/// The request `caller` sends on `rail`: `op` with `args` (expanded, `fill` applied) in the
+/// envelope, or the `raw` body.
+#[allow(clippy::too_many_arguments)]
+pub async fn call(
+    w: &mut World,
+    rail: Rail,
+    caller: Option<&String>,
+    op: Option<&String>,
+    args: Option<&toml::Value>,
+    raw: Option<&String>,
+    fill: Option<&Fill>,
+    round: Option<u64>,
+) -> Result<Call, Failure> {
+    if op.is_some() == raw.is_some() {
+        return Err(Failure::could_not(
+            "a request has `op` or `raw`, one of them",
+        ));
+    }
+    let (client, principal, service) = match rail {
+        Rail::Delivery => {
+            let name = caller
+                .ok_or_else(|| Failure::could_not("a `delivery` request names its agent (`as`)"))?;
+            let a = w.agent(name)?;
+            let c = a
+                .client
+                .as_ref()
+                .ok_or_else(|| Failure::could_not(format!("agent {name} is offline")))?;
+            (
+                c.client().clone(),
+                a.material.principal.clone(),
+                CtlService::Delivery,
+            )
+        }
+        Rail::Admin => {
+            if caller.is_some() {
+                return Err(Failure::could_not(
+                    "the admin rail's caller is the supervisor",
+                ));
+            }
+            (
+                supervisor(w).await?,
+                supervisor_principal()?,
+                CtlService::DeliveryAdmin,
+            )
+        }
+    };
+    let body = match (op, raw) {
+        (Some(op), _) => {
+            let mut args = match args {
+                Some(a) => expand_json(w, &toml_to_json(a), round)?,
+                None => json!({}),
+            };
+            if let Some(f) = fill {
+                if f.count > MAX_GENERATED {
+                    return Err(Failure::could_not(format!(
+                        "fill makes at most {MAX_GENERATED} items"
+                    )));
+                }
+                let items = (0..f.count)
+                    .map(|i| expand(w, &f.item, Some(i)).map(Value::String))
+                    .collect::<Result<Vec<_>, _>>()?;
+                match args.as_object_mut() {
+                    Some(m) => match m.get_mut(&f.key) {
+                        // The generated items follow the argument's own.
+                        Some(Value::Array(own)) => own.extend(items),
+                        _ => {
+                            m.insert(f.key.clone(), Value::Array(items));
+                        }
+                    },
+                    None => {
+                        return Err(Failure::could_not("`fill` needs `args` to be a table"));
+                    }
+                }
+            }
+            json!({
+                "op": op,
+                "args": args,
+                "from": {"id": principal.dot_form(), "name": "harness", "kind": "agent"},
+            })
+            .to_string()
+            .into_bytes()
+        }
+        (None, Some(r)) => expand(w, r, round)?.into_bytes(),
+        (None, None) => Vec::new(),
+    };
+    let what = match (op, fill) {
+        (Some(op), Some(f)) => format!("{op} with {} {}", f.count, f.key),
+        (Some(op), None) => op.clone(),
+        (None, _) => "a raw body".into(),
+    };
+    Ok(Call {
+        client,
+        subject: w.insp.names.ctl_subject(service, &principal),
+        body,
+        who: caller.cloned().unwrap_or_else(|| "the supervisor".into()),
+        what,
+    })
+}
+
 impl Step {
     pub fn default_within(&self) -> Option<Duration> {
         Some(ANSWER_WITHIN)
@@ -67,11 +313,22 @@ impl Step {
     }
 
     pub fn refs(&self) -> Refs {
-        let Step::Request { caller, rail, .. } = self;
-        match rail {
+        let Step::Request {
+            caller,
+            rail,
+            args,
+            reply_under,
+            ..
+        } = self;
+        let mut refs = match rail {
             Rail::Delivery => Refs::default().uses_opt(Kind::Agent, caller.as_ref()),
             Rail::Admin => Refs::default(),
+        };
+        refs = refs.uses_opt(Kind::Agent, reply_under.as_ref());
+        for name in args.iter().flat_map(placeholder_agents) {
+            refs = refs.uses(Kind::Agent, &name);
         }
+        refs
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
@@ -81,80 +338,194 @@ impl Step {
             op,
             args,
             raw,
+            fill,
+            repeat,
+            reply_under,
+            silent,
             ok,
             answer,
+            includes,
             error,
         } = self;
-        if op.is_some() == raw.is_some() {
+        let rounds = repeat.unwrap_or(1);
+        if rounds == 0 || rounds > MAX_GENERATED {
+            return Err(Failure::could_not(format!(
+                "repeat is 1 to {MAX_GENERATED}"
+            )));
+        }
+        let judged = ok.is_some() || answer.is_some() || includes.is_some() || error.is_some();
+        if *silent && judged {
             return Err(Failure::could_not(
-                "a request has `op` or `raw`, one of them",
+                "a `silent` request expects no reply to judge",
             ));
         }
-        let (client, principal, service) = match rail {
-            Rail::Delivery => {
-                let name = caller.as_ref().ok_or_else(|| {
-                    Failure::could_not("a `delivery` request names its agent (`as`)")
-                })?;
-                let a = w.agent(name)?;
-                let c = a
-                    .client
-                    .as_ref()
-                    .ok_or_else(|| Failure::could_not(format!("agent {name} is offline")))?;
-                (
-                    c.client().clone(),
-                    a.material.principal.clone(),
-                    CtlService::Delivery,
-                )
-            }
-            Rail::Admin => {
-                if caller.is_some() {
-                    return Err(Failure::could_not(
-                        "the admin rail's caller is the supervisor",
-                    ));
+        let expect = Expect::new(w, ok, answer, includes, error)?;
+        let mut last = Value::Null;
+        let mut first_call = None;
+        for round in 0..rounds {
+            let round_no = repeat.map(|_| round);
+            let c = call(
+                w,
+                *rail,
+                caller.as_ref(),
+                op.as_ref(),
+                args.as_ref(),
+                raw.as_ref(),
+                fill.as_ref(),
+                round_no,
+            )
+            .await?;
+            if let Some(victim) = reply_under {
+                let watcher = {
+                    let a = w.agent(victim)?;
+                    a.client
+                        .as_ref()
+                        .ok_or_else(|| Failure::could_not(format!("agent {victim} is offline")))?
+                        .client()
+                        .clone()
+                };
+                let service = match rail {
+                    Rail::Delivery => CtlService::Delivery,
+                    Rail::Admin => CtlService::DeliveryAdmin,
+                };
+                let principal = agent_of(w, victim)?.material.principal.clone();
+                let target = format!(
+                    "{}.reply.{}",
+                    w.insp.names.ctl_subject(service, &principal),
+                    uuid::Uuid::new_v4().simple()
+                );
+                let got =
+                    exchange_via(&c.client, &watcher, &c.subject, &target, c.body, ctx.left())
+                        .await;
+                match (got, *silent) {
+                    (Err(_), true) => {}
+                    (Ok(reply), true) => {
+                        return Err(Failure::new(
+                            format!("nothing on {victim}'s reply subtree"),
+                            reply.to_string(),
+                        ))
+                    }
+                    (Ok(reply), false) => {
+                        check(&reply, &expect)?;
+                        last = reply;
+                    }
+                    (Err(e), false) => return Err(e),
                 }
-                (
-                    supervisor(w).await?,
-                    supervisor_principal()?,
-                    CtlService::DeliveryAdmin,
-                )
+            } else {
+                let got = exchange(&c.client, &c.subject, c.body, ctx.left()).await;
+                match (got, *silent) {
+                    (Err(_), true) => {}
+                    (Ok(reply), true) => return Err(Failure::new("no answer", reply.to_string())),
+                    (Ok(reply), false) => {
+                        check(&reply, &expect)?;
+                        last = reply;
+                    }
+                    (Err(e), false) => return Err(e),
+                }
             }
+            first_call.get_or_insert((c.who, c.what));
+        }
+        let (who, what) = first_call.unwrap_or_default();
+        let times = match repeat {
+            Some(n) => format!(" {n} times"),
+            None => String::new(),
         };
-        let body = match (op, raw) {
-            (Some(op), _) => json!({
-                "op": op,
-                "args": args.as_ref().map(toml_to_json).unwrap_or_else(|| json!({})),
-                "from": {"id": principal.dot_form(), "name": "harness", "kind": "agent"},
-            })
-            .to_string()
-            .into_bytes(),
-            (None, Some(r)) => r.clone().into_bytes(),
-            (None, None) => Vec::new(),
+        let target = match reply_under {
+            Some(v) => format!(" with its reply target under {v}'s subtree"),
+            None => String::new(),
         };
-        let subject = w.insp.names.ctl_subject(service, &principal);
-        let reply = exchange(&client, &subject, body, ctx.left()).await?;
-        check_reply(
-            &reply,
-            *ok,
-            answer.as_ref().map(toml_to_json),
-            error.as_deref(),
-        )?;
-        let what = op.clone().unwrap_or_else(|| "a raw body".into());
-        let rail_name = match rail {
-            Rail::Delivery => "ctl.delivery",
-            Rail::Admin => "ctl.delivery-admin",
-        };
-        let who = caller.clone().unwrap_or_else(|| "the supervisor".into());
-        let verdict = match (ok, answer, error) {
-            (_, _, Some(e)) => format!("refused: {e:?}"),
-            (_, Some(_), _) => format!(
+        let verdict = match (silent, ok, answer, includes, error) {
+            (true, ..) => "nothing arrives".to_string(),
+            (_, _, _, _, Some(e)) => format!("refused: {e:?}"),
+            (_, _, Some(_), _, _) => format!(
                 "answered {}",
-                reply.get("data").cloned().unwrap_or(Value::Null)
+                last.get("data").cloned().unwrap_or(Value::Null)
             ),
-            (Some(true), _, _) => "answered ok".to_string(),
-            (Some(false), _, _) => "refused".to_string(),
+            (_, _, _, Some(i), _) => format!("answered, including {}", toml_to_json(i)),
+            (_, Some(true), ..) => "answered ok".to_string(),
+            (_, Some(false), ..) => "refused".to_string(),
             _ => "answered".to_string(),
         };
-        Ok(format!("{who} sends {what} on {rail_name}: {verdict}"))
+        Ok(format!(
+            "{who} sends {what} on {}{target}{times}: {verdict}",
+            rail.name()
+        ))
+    }
+}
+
+/// What a reply is judged by, placeholders expanded ([`expand`]).
+pub struct Expect {
+    pub ok: Option<bool>,
+    pub answer: Option<Value>,
+    pub includes: Option<Value>,
+    pub error: Option<String>,
+}
+
+impl Expect {
+    pub fn new(
+        w: &World,
+        ok: &Option<bool>,
+        answer: &Option<toml::Value>,
+        includes: &Option<toml::Value>,
+        error: &Option<String>,
+    ) -> Result<Expect, Failure> {
+        let json = |v: &Option<toml::Value>| {
+            v.as_ref()
+                .map(|v| expand_json(w, &toml_to_json(v), None))
+                .transpose()
+        };
+        Ok(Expect {
+            ok: *ok,
+            answer: json(answer)?,
+            includes: json(includes)?,
+            error: error.as_ref().map(|e| expand(w, e, None)).transpose()?,
+        })
+    }
+}
+
+/// Judges a reply: [`check_reply`] and the `includes` fields.
+pub fn check(reply: &Value, want: &Expect) -> Result<(), Failure> {
+    let want_ok = want.ok.or(want.includes.as_ref().map(|_| true));
+    check_reply(reply, want_ok, want.answer.clone(), want.error.as_deref())?;
+    if let Some(want) = &want.includes {
+        let want = want.clone();
+        let data = reply.get("data").cloned().unwrap_or(Value::Null);
+        if let Err(at) = contains(&data, &want, "data") {
+            return Err(Failure::new(
+                format!("the data to include {want} ({at} differs)"),
+                data.to_string(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `have` includes `want`: an object has each of `want`'s keys with an including
+/// value, an array has as many elements as `want`'s, each including its match, anything else is
+/// equal. `Err` names the first place that differs.
+pub fn contains(have: &Value, want: &Value, at: &str) -> Result<(), String> {
+    match (have, want) {
+        (Value::Object(h), Value::Object(w)) => {
+            for (k, wv) in w {
+                let place = format!("{at}.{k}");
+                match h.get(k) {
+                    Some(hv) => contains(hv, wv, &place)?,
+                    None => return Err(place),
+                }
+            }
+            Ok(())
+        }
+        (Value::Array(h), Value::Array(w)) => {
+            if h.len() != w.len() {
+                return Err(format!("{at} (length {} against {})", h.len(), w.len()));
+            }
+            for (i, (hv, wv)) in h.iter().zip(w).enumerate() {
+                contains(hv, wv, &format!("{at}[{i}]"))?;
+            }
+            Ok(())
+        }
+        (h, w) if h == w => Ok(()),
+        _ => Err(at.to_string()),
     }
 }
 
@@ -230,17 +601,30 @@ pub async fn exchange(
     bound: Duration,
 ) -> Result<Value, Failure> {
     let reply = format!("{subject}.reply.{}", uuid::Uuid::new_v4().simple());
-    let mut sub = client
-        .subscribe(reply.clone())
+    exchange_via(client, client, subject, &reply, body, bound).await
+}
+
+/// One request `client` sends on `subject` with the reply target `reply`, which `watcher`
+/// subscribes to before the request leaves.
+pub async fn exchange_via(
+    client: &async_nats::Client,
+    watcher: &async_nats::Client,
+    subject: &str,
+    reply: &str,
+    body: Vec<u8>,
+    bound: Duration,
+) -> Result<Value, Failure> {
+    let mut sub = watcher
+        .subscribe(reply.to_string())
         .await
         .map_err(|e| Failure::could_not(format!("subscribe {reply}: {e}")))?;
-    client
+    watcher
         .flush()
         .await
         .map_err(|e| Failure::could_not(format!("flush: {e}")))?;
     let sent = Instant::now();
     client
-        .publish_with_reply(subject.to_string(), reply, body.into())
+        .publish_with_reply(subject.to_string(), reply.to_string(), body.into())
         .await
         .map_err(|e| Failure::could_not(format!("publish {subject}: {e}")))?;
     let got = tokio::time::timeout(bound, sub.next()).await;
@@ -254,15 +638,60 @@ pub async fn exchange(
         Ok(Some(m)) if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) => Err(
             Failure::new("an answer", "no responders (no daemon serves the rail)"),
         ),
-        Ok(Some(m)) => serde_json::from_slice(&m.payload).map_err(|e| {
-            Failure::new(
-                "a JSON reply",
-                format!(
-                    "{} after {} ms: {e}",
-                    String::from_utf8_lossy(&m.payload),
-                    sent.elapsed().as_millis()
-                ),
-            )
-        }),
+        Ok(Some(m)) => parse_reply(&m.payload, sent),
+    }
+}
+
+/// A reply body as JSON, or the failure naming what arrived.
+pub fn parse_reply(payload: &[u8], sent: Instant) -> Result<Value, Failure> {
+    serde_json::from_slice(payload).map_err(|e| {
+        Failure::new(
+            "a JSON reply",
+            format!(
+                "{} after {} ms: {e}",
+                String::from_utf8_lossy(payload),
+                sent.elapsed().as_millis()
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn includes_matches_objects_by_key_and_arrays_by_element() {
+        let have = json!({"fenced": true, "read": 3, "memberships": [{"channel": "g", "generation": 1, "revision": 9}]});
+        assert!(contains(&have, &json!({"fenced": true}), "data").is_ok());
+        assert!(contains(
+            &have,
+            &json!({"memberships": [{"channel": "g", "generation": 1}]}),
+            "data"
+        )
+        .is_ok());
+        assert_eq!(
+            contains(&have, &json!({"memberships": []}), "data"),
+            Err("data.memberships (length 1 against 0)".to_string())
+        );
+        assert_eq!(
+            contains(&have, &json!({"fenced": false}), "data"),
+            Err("data.fenced".to_string())
+        );
+        assert_eq!(
+            contains(&have, &json!({"missing": 1}), "data"),
+            Err("data.missing".to_string())
+        );
+    }
+
+    #[test]
+    fn placeholders_name_their_agents() {
+        let v: toml::Value = toml::from_str(
+            r#"a = { principal = "{alice.principal}", lifecycleUid = "{alice.uid}", x = "{i}", y = "{bob.other}", z = '{"a":{"b":"{carol.uid}"}}' }"#,
+        )
+        .unwrap();
+        let mut named = placeholder_agents(&v);
+        named.sort();
+        assert_eq!(named, vec!["alice", "alice", "carol"]);
     }
 }
