@@ -250,6 +250,8 @@ pub async fn call(
             )
         }
     };
+    // How many items the filled argument holds in the end, for the transcript.
+    let mut filled = 0;
     let body = match (op, raw) {
         (Some(op), _) => {
             let mut args = match args {
@@ -268,8 +270,12 @@ pub async fn call(
                 match args.as_object_mut() {
                     Some(m) => match m.get_mut(&f.key) {
                         // The generated items follow the argument's own.
-                        Some(Value::Array(own)) => own.extend(items),
+                        Some(Value::Array(own)) => {
+                            own.extend(items);
+                            filled = own.len();
+                        }
                         _ => {
+                            filled = items.len();
                             m.insert(f.key.clone(), Value::Array(items));
                         }
                     },
@@ -290,7 +296,7 @@ pub async fn call(
         (None, None) => Vec::new(),
     };
     let what = match (op, fill) {
-        (Some(op), Some(f)) => format!("{op} with {} {}", f.count, f.key),
+        (Some(op), Some(f)) => format!("{op} with {filled} {}", f.key),
         (Some(op), None) => op.clone(),
         (None, _) => "a raw body".into(),
     };
