@@ -6,4 +6,3 @@ mod host_kick;
 mod inventory;
 mod liveness;
 mod manager;
-mod rail;
