@@ -101,6 +101,21 @@ pub struct AdminState {
     sweeps: BTreeMap<String, Collector>,
 }
 
+impl AdminState {
+    /// The request sent as `name` and the collector its reply arrives in.
+    fn sent(&self, name: &str) -> Result<(&Sent, &Collector), Failure> {
+        let sent = self
+            .sent
+            .get(name)
+            .ok_or_else(|| Failure::could_not(format!("no request {name:?} was sent")))?;
+        let collector = self
+            .collectors
+            .get(&sent.collector)
+            .ok_or_else(|| Failure::could_not("no reply collector"))?;
+        Ok((sent, collector))
+    }
+}
+
 /// A subscription that keeps what arrives, in arrival order.
 struct Collector {
     arrived: Arc<Mutex<Vec<Arrival>>>,
@@ -282,15 +297,7 @@ impl Step {
                 includes,
                 error,
             } => {
-                let sent =
-                    w.admin.sent.get(name).ok_or_else(|| {
-                        Failure::could_not(format!("no request {name:?} was sent"))
-                    })?;
-                let collector = w
-                    .admin
-                    .collectors
-                    .get(&sent.collector)
-                    .ok_or_else(|| Failure::could_not("no reply collector"))?;
+                let (sent, collector) = w.admin.sent(name)?;
                 if *pending {
                     if ok.is_some() || answer.is_some() || includes.is_some() || error.is_some() {
                         return Err(Failure::could_not(
@@ -336,15 +343,7 @@ impl Step {
             Step::ReplyOrder { names } => {
                 let mut places = Vec::with_capacity(names.len());
                 for n in names {
-                    let sent =
-                        w.admin.sent.get(n).ok_or_else(|| {
-                            Failure::could_not(format!("no request {n:?} was sent"))
-                        })?;
-                    let collector = w
-                        .admin
-                        .collectors
-                        .get(&sent.collector)
-                        .ok_or_else(|| Failure::could_not("no reply collector"))?;
+                    let (sent, collector) = w.admin.sent(n)?;
                     if places
                         .first()
                         .is_some_and(|(c, _): &(String, usize)| *c != sent.collector)
