@@ -29,6 +29,12 @@ pub enum Rail {
 }
 
 impl Rail {
+    pub fn service(self) -> CtlService {
+        match self {
+            Rail::Delivery => CtlService::Delivery,
+            Rail::Admin => CtlService::DeliveryAdmin,
+        }
+    }
     pub fn name(self) -> &'static str {
         match self {
             Rail::Delivery => "ctl.delivery",
@@ -222,7 +228,8 @@ pub async fn call(
             "a request has `op` or `raw`, one of them",
         ));
     }
-    let (client, principal, service) = match rail {
+    let service = rail.service();
+    let (client, principal) = match rail {
         Rail::Delivery => {
             let name = caller
                 .ok_or_else(|| Failure::could_not("a `delivery` request names its agent (`as`)"))?;
@@ -231,11 +238,7 @@ pub async fn call(
                 .client
                 .as_ref()
                 .ok_or_else(|| Failure::could_not(format!("agent {name} is offline")))?;
-            (
-                c.client().clone(),
-                a.material.principal.clone(),
-                CtlService::Delivery,
-            )
+            (c.client().clone(), a.material.principal.clone())
         }
         Rail::Admin => {
             if caller.is_some() {
@@ -243,11 +246,7 @@ pub async fn call(
                     "the admin rail's caller is the supervisor",
                 ));
             }
-            (
-                supervisor(w).await?,
-                supervisor_principal()?,
-                CtlService::DeliveryAdmin,
-            )
+            (supervisor(w).await?, supervisor_principal()?)
         }
     };
     // How many items the filled argument holds in the end, for the transcript.
@@ -381,52 +380,46 @@ impl Step {
                 round_no,
             )
             .await?;
-            if let Some(victim) = reply_under {
-                let watcher = {
-                    let a = w.agent(victim)?;
-                    a.client
+            // The reply target: the caller's own subtree, or a forged one under another
+            // agent's, watched from that agent's connection.
+            let (watcher, target) = match reply_under {
+                Some(victim) => {
+                    let a = agent_of(w, victim)?;
+                    let watcher = a
+                        .client
                         .as_ref()
                         .ok_or_else(|| Failure::could_not(format!("agent {victim} is offline")))?
                         .client()
-                        .clone()
-                };
-                let service = match rail {
-                    Rail::Delivery => CtlService::Delivery,
-                    Rail::Admin => CtlService::DeliveryAdmin,
-                };
-                let principal = agent_of(w, victim)?.material.principal.clone();
-                let target = format!(
-                    "{}.reply.{}",
-                    w.insp.names.ctl_subject(service, &principal),
-                    uuid::Uuid::new_v4().simple()
-                );
-                let got =
-                    exchange_via(&c.client, &watcher, &c.subject, &target, c.body, ctx.left())
-                        .await;
-                match (got, *silent) {
-                    (Err(_), true) => {}
-                    (Ok(reply), true) => {
-                        return Err(Failure::new(
-                            format!("nothing on {victim}'s reply subtree"),
-                            reply.to_string(),
-                        ))
-                    }
-                    (Ok(reply), false) => {
-                        check(&reply, &expect)?;
-                        last = reply;
-                    }
-                    (Err(e), false) => return Err(e),
+                        .clone();
+                    let subject = w
+                        .insp
+                        .names
+                        .ctl_subject(rail.service(), &a.material.principal);
+                    (watcher, subject)
                 }
-            } else {
-                let got = exchange(&c.client, &c.subject, c.body, ctx.left()).await;
-                match (got, *silent) {
-                    (Err(_), true) => {}
-                    (Ok(reply), true) => return Err(Failure::new("no answer", reply.to_string())),
-                    (Ok(reply), false) => {
-                        check(&reply, &expect)?;
-                        last = reply;
-                    }
-                    (Err(e), false) => return Err(e),
+                None => (c.client.clone(), c.subject.clone()),
+            };
+            let target = format!("{target}.reply.{}", uuid::Uuid::new_v4().simple());
+            let sent = Instant::now();
+            let got = receive(&c.client, &watcher, &c.subject, &target, c.body, ctx.left()).await?;
+            match (got, *silent) {
+                (None, true) => {}
+                (Some(m), true) => {
+                    return Err(Failure::new(
+                        format!("nothing on {target}"),
+                        format!(
+                            "{}{}",
+                            String::from_utf8_lossy(&m.payload),
+                            m.status
+                                .map(|s| format!(" (status {s})"))
+                                .unwrap_or_default()
+                        ),
+                    ))
+                }
+                (got, false) => {
+                    let reply = answered(got, ctx.left(), sent)?;
+                    check(&reply, &expect)?;
+                    last = reply;
                 }
             }
             first_call.get_or_insert((c.who, c.what));
@@ -607,19 +600,21 @@ pub async fn exchange(
     bound: Duration,
 ) -> Result<Value, Failure> {
     let reply = format!("{subject}.reply.{}", uuid::Uuid::new_v4().simple());
-    exchange_via(client, client, subject, &reply, body, bound).await
+    let sent = Instant::now();
+    let got = receive(client, client, subject, &reply, body, bound).await?;
+    answered(got, bound, sent)
 }
 
 /// One request `client` sends on `subject` with the reply target `reply`, which `watcher`
-/// subscribes to before the request leaves.
-pub async fn exchange_via(
+/// subscribes to before the request leaves: the first message on it within `bound`, if any.
+async fn receive(
     client: &async_nats::Client,
     watcher: &async_nats::Client,
     subject: &str,
     reply: &str,
     body: Vec<u8>,
     bound: Duration,
-) -> Result<Value, Failure> {
+) -> Result<Option<async_nats::Message>, Failure> {
     let mut sub = watcher
         .subscribe(reply.to_string())
         .await
@@ -628,7 +623,6 @@ pub async fn exchange_via(
         .flush()
         .await
         .map_err(|e| Failure::could_not(format!("flush: {e}")))?;
-    let sent = Instant::now();
     client
         .publish_with_reply(subject.to_string(), reply.to_string(), body.into())
         .await
@@ -636,15 +630,28 @@ pub async fn exchange_via(
     let got = tokio::time::timeout(bound, sub.next()).await;
     let _ = sub.unsubscribe().await;
     match got {
-        Err(_) => Err(Failure::new(
+        Err(_) => Ok(None),
+        Ok(None) => Err(Failure::new("an answer", "the subscription ended")),
+        Ok(Some(m)) => Ok(Some(m)),
+    }
+}
+
+/// What [`receive`] got, as a reply: JSON, or the failure naming what happened instead.
+fn answered(
+    got: Option<async_nats::Message>,
+    bound: Duration,
+    sent: Instant,
+) -> Result<Value, Failure> {
+    match got {
+        None => Err(Failure::new(
             format!("an answer within {} ms", bound.as_millis()),
             "no answer",
         )),
-        Ok(None) => Err(Failure::new("an answer", "the subscription ended")),
-        Ok(Some(m)) if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) => Err(
-            Failure::new("an answer", "no responders (no daemon serves the rail)"),
-        ),
-        Ok(Some(m)) => parse_reply(&m.payload, sent),
+        Some(m) if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) => Err(Failure::new(
+            "an answer",
+            "no responders (no daemon serves the rail)",
+        )),
+        Some(m) => parse_reply(&m.payload, sent),
     }
 }
 
