@@ -400,8 +400,8 @@ impl Step {
                 None => (c.client.clone(), c.subject.clone()),
             };
             let target = format!("{target}.reply.{}", uuid::Uuid::new_v4().simple());
-            let sent = Instant::now();
-            let got = receive(&c.client, &watcher, &c.subject, &target, c.body, ctx.left()).await?;
+            let (sent, bound) = (Instant::now(), ctx.left());
+            let got = receive(&c.client, &watcher, &c.subject, &target, c.body, bound).await?;
             match (got, *silent) {
                 (None, true) => {}
                 (Some(m), true) => {
@@ -417,7 +417,7 @@ impl Step {
                     ))
                 }
                 (got, false) => {
-                    let reply = answered(got, ctx.left(), sent)?;
+                    let reply = answered(got, bound, sent)?;
                     check(&reply, &expect)?;
                     last = reply;
                 }
