@@ -117,11 +117,27 @@ pub struct Call {
     pub what: String,
 }
 
-/// A placeholder: `{` a name of word characters, dots, colons and dashes `}` (JSON braces around
-/// a body never match: their insides hold quotes).
-fn placeholder() -> &'static regex::Regex {
-    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
-    RE.get_or_init(|| regex::Regex::new(r"\{([A-Za-z0-9_.:-]+)\}").expect("placeholder pattern"))
+/// The placeholders of `s`: each `{` name `}` whose name is word characters, dots, colons and
+/// dashes, as (byte range of the whole, the name). JSON braces around a body never match: their
+/// insides hold quotes.
+fn placeholders(s: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-');
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(open) = s[from..].find('{').map(|i| from + i) {
+        let inner_start = open + 1;
+        let inner_len = s[inner_start..]
+            .find(|c: char| !name_char(c))
+            .unwrap_or(s.len() - inner_start);
+        let close = inner_start + inner_len;
+        if inner_len > 0 && s[close..].starts_with('}') {
+            out.push((open..close + 1, &s[inner_start..close]));
+            from = close + 1;
+        } else {
+            from = inner_start;
+        }
+    }
+    out
 }
 
 /// The agents a value's strings name in `{<agent>.uid}` / `{<agent>.principal}`.
@@ -129,8 +145,8 @@ pub fn placeholder_agents(v: &toml::Value) -> Vec<String> {
     fn walk(v: &toml::Value, out: &mut Vec<String>) {
         match v {
             toml::Value::String(s) => {
-                for c in placeholder().captures_iter(s) {
-                    if let Some((name, "uid" | "principal")) = c[1].rsplit_once('.') {
+                for (_, inner) in placeholders(s) {
+                    if let Some((name, "uid" | "principal")) = inner.rsplit_once('.') {
                         out.push(name.to_string());
                     }
                 }
@@ -154,8 +170,7 @@ const MAX_PAD_BYTES: usize = 1 << 20;
 fn expand(w: &World, s: &str, round: Option<u64>) -> Result<String, Failure> {
     let mut out = String::with_capacity(s.len());
     let mut last = 0;
-    for c in placeholder().captures_iter(s) {
-        let (whole, inner) = (c.get(0).expect("match"), &c[1]);
+    for (whole, inner) in placeholders(s) {
         let value = if inner == "i" {
             round.map(|i| i.to_string())
         } else if let Some(n) = inner.strip_prefix("pad:") {
@@ -175,12 +190,12 @@ fn expand(w: &World, s: &str, round: Option<u64>) -> Result<String, Failure> {
                 _ => None,
             }
         };
-        out.push_str(&s[last..whole.start()]);
+        out.push_str(&s[last..whole.start]);
         match value {
             Some(v) => out.push_str(&v),
-            None => out.push_str(whole.as_str()),
+            None => out.push_str(&s[whole.clone()]),
         }
-        last = whole.end();
+        last = whole.end;
     }
     out.push_str(&s[last..]);
     Ok(out)
@@ -695,6 +710,13 @@ mod tests {
             contains(&have, &json!({"missing": 1}), "data"),
             Err("data.missing".to_string())
         );
+    }
+
+    #[test]
+    fn placeholders_are_braced_names_and_json_braces_are_not() {
+        let s = r#"{"a":"{bob.uid}","b":{pad:3}} {i} { x} {}"#;
+        let found: Vec<&str> = placeholders(s).into_iter().map(|(_, n)| n).collect();
+        assert_eq!(found, vec!["bob.uid", "pad:3", "i"]);
     }
 
     #[test]
