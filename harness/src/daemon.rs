@@ -181,6 +181,7 @@ impl DaemonSpec {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
+        let spawned = std::time::SystemTime::now();
         let mut child = cmd.spawn().map_err(|source| HarnessError::Io {
             what: format!("spawn {}", bin.display()),
             source,
@@ -197,6 +198,7 @@ impl DaemonSpec {
         }
         Ok(Daemon {
             child,
+            spawned,
             pid,
             lines,
             tick: tick_rx,
@@ -225,6 +227,8 @@ where
 /// A running daemon process and everything it printed.
 pub struct Daemon {
     child: Child,
+    /// When it was spawned (wall clock, to compare with a broker's stamps on this host).
+    spawned: std::time::SystemTime,
     pid: u32,
     lines: Arc<Mutex<Vec<String>>>,
     tick: watch::Receiver<usize>,
@@ -234,6 +238,11 @@ pub struct Daemon {
 impl Daemon {
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// When the process was spawned, by the wall clock (a broker on this host stamps by it).
+    pub fn spawned_at(&self) -> std::time::SystemTime {
+        self.spawned
     }
 
     /// Every line printed so far, in arrival order.
@@ -356,6 +365,11 @@ impl Drop for Daemon {
 /// fall among the main job's depends on scheduling: main-job transcripts leave them out, and
 /// the components' own tests judge them.
 pub fn is_component_line(line: &str) -> bool {
+    // A multi-space host's lane line carries its `lane <space>: ` prefix first.
+    let line = match line.strip_prefix("lane ").and_then(|l| l.split_once(": ")) {
+        Some((space, rest)) if !space.contains(' ') => rest,
+        _ => line,
+    };
     let body = line.trim_start_matches(['✓', '✗', '!', '•', ' ']);
     body.starts_with("timer writer")
         || body.starts_with("membership feed")
@@ -383,5 +397,23 @@ mod tests {
         assert!(text.contains("cargo build --workspace --bins"), "{text}");
         let real = daemon_bin().expect("the workspace's daemon binary");
         same_build(&real, cotal_delivery::BUILD_ID).expect("built from these sources");
+    }
+
+    /// A lane's side-component lines are side-component lines too; its own lines are not.
+    /// Mutation seen failing: the `lane <space>: ` prefix not stripped (the lane's feed line
+    /// counts as the main job's).
+    #[test]
+    fn a_lanes_component_lines_are_told_by_their_body() {
+        assert!(is_component_line("✓ membership feed up (broker-sourced)"));
+        assert!(is_component_line(
+            "lane demo: ✓ membership feed up (broker-sourced)"
+        ));
+        assert!(is_component_line("lane alpha: ! timer writer down"));
+        assert!(!is_component_line(
+            "lane demo: ✓ delivery daemon up (space demo)"
+        ));
+        assert!(!is_component_line(
+            "• delivery host: 1 lane(s) from x: demo"
+        ));
     }
 }

@@ -113,8 +113,22 @@ async fn steps(case: &Case, w: &mut World, log: &mut Vec<String>) -> Result<(), 
             started: base,
             deadline: base + within,
         };
+        w.happened_at = None;
         let line = at.step.run(w, ctx).await.map_err(fail)?;
-        let done = Instant::now();
+        // A step that knows when its event happened (a broker's stamp) is timed by that.
+        let happened = w.happened_at.take();
+        if let (Some(h), Some(since)) = (happened, &at.timing.since) {
+            if h < base {
+                return Err(fail(Failure::new(
+                    format!("this to happen after {since}"),
+                    format!(
+                        "it happened {} ms before it",
+                        base.saturating_duration_since(h).as_millis()
+                    ),
+                )));
+            }
+        }
+        let done = happened.unwrap_or_else(Instant::now);
         let elapsed = done.saturating_duration_since(base);
         if let Some(floor) = &at.timing.at_least {
             let floor = Duration::from_millis(

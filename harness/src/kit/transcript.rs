@@ -42,6 +42,8 @@ pub fn normalise_paths(text: &str, tokens: &[(PathBuf, String)]) -> String {
         (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
         (r"localhost:\d+", "localhost:[PORT]"),
         (r"revision \d+", "revision [REV]"),
+        // A lease row's incarnation: unique per daemon run.
+        (r"incarnation [0-9a-f]{32}\b", "incarnation [INCARNATION]"),
         (r"wrong last sequence: \d+", "wrong last sequence: [SEQ]"),
         (r"\bpid \d+", "pid [PID]"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),

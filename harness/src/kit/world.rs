@@ -136,12 +136,17 @@ pub struct World {
     pub leases: BTreeMap<String, LeaseRow>,
     pub counters: BTreeMap<String, u64>,
     pub advisories: BTreeMap<String, super::steps::streams::AdvisoryWatch>,
+    /// Broker watches of the lease key (`watch_lease`), by name.
+    pub lease_logs: BTreeMap<String, super::steps::history::LeaseLogWatch>,
     pub resigns: Resigns,
     /// The admin rail's caller, connected on first use.
     pub supervisor: Option<async_nats::Client>,
     /// Requests in flight, one-shot connections and sweep watches (`steps::admin`).
     pub admin: super::steps::admin::AdminState,
     pub marks: BTreeMap<String, Instant>,
+    /// When the thing a step awaited happened, when the step knows it better than the moment
+    /// it saw it (a broker's stamp): its `mark`, `since` bound and `figure` use this instant.
+    pub happened_at: Option<Instant>,
     pub figures: Vec<(String, u128)>,
     /// An empty directory outside every workspace.
     pub outside: tempfile::TempDir,
@@ -168,9 +173,10 @@ impl World {
         vars: Vars,
         opts: &RunOptions,
     ) -> Result<World, Failure> {
+        let ttl_ms = spec.lease_ttl_ms.eval(&vars).map_err(Failure::could_not)?;
         let mut builder = Mesh::builder()
             .space(&spec.space)?
-            .lease_ttl(Duration::from_millis(spec.lease_ttl_ms))
+            .lease_ttl(Duration::from_millis(ttl_ms))
             .evictor(spec.evictor);
         for s in &spec.spaces {
             builder = builder.space(s)?;
@@ -239,6 +245,7 @@ impl World {
             leases: BTreeMap::new(),
             counters: BTreeMap::new(),
             advisories: BTreeMap::new(),
+            lease_logs: BTreeMap::new(),
             resigns: Resigns {
                 original: Some(original),
                 written: Vec::new(),
@@ -246,6 +253,7 @@ impl World {
             supervisor: None,
             admin: Default::default(),
             marks: BTreeMap::new(),
+            happened_at: None,
             figures: Vec::new(),
             outside,
             sleeper: None,

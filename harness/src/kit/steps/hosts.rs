@@ -1,21 +1,56 @@
 //! Standby hosts: roots prepared for the case's space as an operator provisions two multi-space
 //! hosts (a manifest naming the space, the host's own delivery credential with its own nkey, the
-//! `$SYS` material), each started with `start = { daemon = …, host = … }`.
+//! `$SYS` material), each started with `start = { daemon = …, host = … }`; and what an operator
+//! can get wrong on such a root (a credential of another account or a malformed one, no `$SYS`
+//! observer, the space not provisioned, a malformed manifest), and the credential put back.
 
 use std::time::Duration;
 
-use cotal_delivery::provision::{prepare_standby_hosts, StandbyPlan};
+use cotal_delivery::base::{read_creds_file, write_creds_file_atomic};
+use cotal_delivery::provision::{
+    manifest_path, prepare_standby_hosts, MintOptions, Profile, StandbyPlan, Workspace,
+};
 use serde::Deserialize;
 
 use super::{only_here, Ctx, Kind, Refs};
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
 
-pub const VERBS: &[&str] = &["host"];
+pub const VERBS: &[&str] = &["host", "host_material"];
+
+/// What becomes of a host's delivery credential of the case's space.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostCreds {
+    /// Not a credential at all.
+    Garbage,
+    /// The host's own JWT with another user's seed: a credential that fails its own check.
+    Mismatched,
+    /// A well-formed delivery credential of another space's account (`[mesh] spaces`).
+    OtherAccount,
+    /// The credential the host was prepared with, put back.
+    Restore,
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Step {
-    Host { name: String },
+    Host {
+        name: String,
+    },
+    HostMaterial {
+        host: String,
+        #[serde(default)]
+        creds: Option<HostCreds>,
+        /// `missing`: the `$SYS` membership observer removed from the host's root.
+        #[serde(default)]
+        observer: Option<String>,
+        /// `false`: the space's directory removed from the root (its manifest still names it).
+        #[serde(default)]
+        provisioned: Option<bool>,
+        /// `malformed`: a manifest of another version.
+        #[serde(default)]
+        manifest: Option<String>,
+    },
 }
 
 impl Step {
@@ -31,26 +66,141 @@ impl Step {
     }
 
     pub fn refs(&self) -> Refs {
-        let Step::Host { name } = self;
-        Refs::default().creates(Kind::Host, name)
+        match self {
+            Step::Host { name } => Refs::default().creates(Kind::Host, name),
+            Step::HostMaterial { host, .. } => Refs::default().uses(Kind::Host, host),
+        }
     }
 
     pub async fn run(&self, w: &mut World, _ctx: Ctx) -> StepResult {
-        let Step::Host { name } = self;
-        let root = tempfile::Builder::new()
-            .prefix("cotal-host-")
-            .tempdir()
-            .map_err(|e| Failure::could_not(format!("create the host root: {e}")))?;
-        prepare_standby_hosts(
-            &w.mesh.authority,
-            &StandbyPlan::new(vec![w.mesh.space().clone()]),
-            &[root.path()],
-        )
-        .map_err(|e| Failure::could_not(format!("prepare host {name}: {e}")))?;
-        w.hosts.insert(name.clone(), root);
-        Ok(format!(
-            "standby host {name} prepared for space {}",
-            w.mesh.space()
-        ))
+        match self {
+            Step::Host { name } => {
+                let root = tempfile::Builder::new()
+                    .prefix("cotal-host-")
+                    .tempdir()
+                    .map_err(|e| Failure::could_not(format!("create the host root: {e}")))?;
+                prepare_standby_hosts(
+                    &w.mesh.authority,
+                    &StandbyPlan::new(vec![w.mesh.space().clone()]),
+                    &[root.path()],
+                )
+                .map_err(|e| Failure::could_not(format!("prepare host {name}: {e}")))?;
+                w.hosts.insert(name.clone(), root);
+                Ok(format!(
+                    "standby host {name} prepared for space {}",
+                    w.mesh.space()
+                ))
+            }
+            Step::HostMaterial {
+                host,
+                creds,
+                observer,
+                provisioned,
+                manifest,
+            } => host_material(w, host, *creds, observer, *provisioned, manifest),
+        }
     }
+}
+
+fn host_material(
+    w: &mut World,
+    host: &str,
+    creds: Option<HostCreds>,
+    observer: &Option<String>,
+    provisioned: Option<bool>,
+    manifest: &Option<String>,
+) -> StepResult {
+    let fail = |e: &dyn std::fmt::Display| Failure::could_not(e.to_string());
+    let root = w
+        .hosts
+        .get(host)
+        .ok_or_else(|| Failure::could_not(format!("no host {host:?}")))?
+        .path()
+        .to_path_buf();
+    let space = w.mesh.space().clone();
+    let ws = Workspace::new(&root);
+    let path = ws.delivery_creds_path(&space);
+    // The prepared credential is kept outside every root, for `restore`.
+    let kept = w.outside.path().join(format!("host-{host}-delivery.creds"));
+    let mut done = Vec::new();
+    if let Some(c) = creds {
+        if c != HostCreds::Restore && !kept.exists() {
+            std::fs::copy(&path, &kept).map_err(|e| fail(&e))?;
+        }
+        match c {
+            HostCreds::Garbage => {
+                std::fs::write(&path, "not a credential\n").map_err(|e| fail(&e))?;
+                done.push(format!(
+                    "host {host}'s delivery credential is not a credential"
+                ));
+            }
+            HostCreds::Mismatched => {
+                let own = read_creds_file(&path).map_err(|e| fail(&e))?;
+                let stranger = w
+                    .mesh
+                    .mint(&space, &Profile::Delivery, MintOptions::new())?;
+                // Built field by field: `Credential::new` would refuse it, as the host must.
+                let torn = cotal_delivery::base::Credential {
+                    jwt: own.jwt,
+                    seed: stranger.seed,
+                };
+                std::fs::write(&path, torn.to_creds_text()).map_err(|e| fail(&e))?;
+                done.push(format!(
+                    "host {host}'s delivery credential pairs its JWT with another user's seed"
+                ));
+            }
+            HostCreds::OtherAccount => {
+                let other = w.mesh.spaces().get(1).cloned().ok_or_else(|| {
+                    Failure::could_not("`other-account` needs a second space in [mesh] spaces")
+                })?;
+                let cred = w
+                    .mesh
+                    .mint(&other, &Profile::Delivery, MintOptions::new())?;
+                write_creds_file_atomic(&path, &cred).map_err(|e| fail(&e))?;
+                done.push(format!(
+                    "host {host}'s delivery credential is one of space {other}'s account"
+                ));
+            }
+            HostCreds::Restore => {
+                std::fs::copy(&kept, &path).map_err(|e| fail(&e))?;
+                done.push(format!(
+                    "host {host}'s delivery credential is put back as prepared"
+                ));
+            }
+        }
+    }
+    match observer.as_deref() {
+        None => {}
+        Some("missing") => {
+            std::fs::remove_file(ws.membership_observer_creds_path(&space))
+                .map_err(|e| fail(&e))?;
+            done.push(format!("host {host} has no $SYS observer credential"));
+        }
+        Some(o) => return Err(Failure::could_not(format!("observer = {o:?}?"))),
+    }
+    match provisioned {
+        None | Some(true) => {}
+        Some(false) => {
+            std::fs::remove_dir_all(ws.space_dir(&space)).map_err(|e| fail(&e))?;
+            done.push(format!(
+                "host {host} is not provisioned for space {space} (its manifest still names it)"
+            ));
+        }
+    }
+    match manifest.as_deref() {
+        None => {}
+        Some("malformed") => {
+            std::fs::write(
+                manifest_path(&root),
+                format!("{{\"version\": 2, \"spaces\": [\"{space}\"]}}"),
+            )
+            .map_err(|e| fail(&e))?;
+            done.push(format!("host {host}'s manifest is of version 2"));
+        }
+        Some(m) => return Err(Failure::could_not(format!("manifest = {m:?}?"))),
+    }
+    if done.is_empty() {
+        return Err(Failure::could_not("host_material changes nothing"));
+    }
+    Ok(done.join("; "))
 }

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod agents;
 pub mod broker;
 pub mod creds;
+pub mod history;
 pub mod hosts;
 pub mod lease;
 pub mod process;
@@ -33,6 +34,7 @@ pub enum Kind {
     Post,
     Request,
     Sweeps,
+    LeaseLog,
 }
 
 impl fmt::Display for Kind {
@@ -48,6 +50,7 @@ impl fmt::Display for Kind {
             Kind::Post => "post",
             Kind::Request => "sent request",
             Kind::Sweeps => "sweep watch",
+            Kind::LeaseLog => "lease watch",
         })
     }
 }
@@ -178,6 +181,7 @@ groups! {
     Rails => rails,
     Hosts => hosts,
     Admin => admin,
+    History => history,
 }
 
 /// The refusal of an unknown verb, naming the closest ones.
