@@ -1,7 +1,8 @@
 //! The multi-space host (`deliver --spaces`) and standby hosts, against a real broker: the
-//! manifest refusal, a lane refused alone and retried, lane isolation, a standby's held-lease
-//! report (once), the takeover after the holder's death, and a returning host that leaves the
-//! new holder's row alone. Every claim about the lease is read from the broker.
+//! manifest refusal, a lane refused alone and retried, lane isolation, an unprovisioned lane and
+//! `status --spaces`. Every claim about the lease is read from the broker. The standby host's
+//! held-lease report, retry, takeover after the holder's death, graceful stop and returning
+//! host are the `standby` cases of the kit (`scenarios/standby/`).
 
 mod lanes;
 mod service;
@@ -13,13 +14,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::support::host::{
-    drain, foreign_row, holder_of, lane_lines, lane_lines_without_wakes, lease_history, wait_row,
-    without_not_running_report, HOST_BOUND, RETRY_MS,
+    foreign_row, lane_lines, lease_history, wait_row, HOST_BOUND, RETRY_MS,
 };
-use async_nats::jetstream::kv::Operation;
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::{manifest_path, Manifest};
-use cotal_delivery::provision::{prepare_standby_hosts, StandbyPlan};
 use delivery_harness::mesh::Mesh;
 use delivery_harness::scenario::{normalise, normalise_status};
 use futures::StreamExt;
@@ -210,195 +208,6 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
         insta::assert_snapshot!(
             "host__isolated_lane_alpha",
             normalise(&alpha_log.join("\n"), mesh.root(), mesh.root())
-        )
-    });
-}
-
-/// Two standby hosts for one space: B reports the held lease once (naming A) while retrying;
-/// A is SIGKILLed, its row expires with the bucket TTL and B takes over; A returns, reports B
-/// as the holder, and never writes the key (every write on it from A's return to B's release
-/// is B's); a third host whose credential is another account's, and a fourth lacking the `$SYS`
-/// observer, refuse on their own checks without a write on the key.
-/// Mutations seen failing: releasing a repeated attempt's lines (`attempt.release()` instead of
-/// `discard()`: the daemon's held-lease line repeats per retry, snapshot `standby_b` differs);
-/// deleting a held row in the claim path (`Lease::claim` deleting the row its create found:
-/// already B's first standby deletes A's row, and B's held-lease line names no holder).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_takes_over_after_the_ttl_and_a_returning_host_leaves_the_row() {
-    let ttl = Duration::from_secs(3);
-    let mesh = Mesh::builder()
-        .space("alpha")
-        .expect("space")
-        .space("other")
-        .expect("space")
-        .lease_ttl(ttl)
-        .start()
-        .await
-        .expect("mesh");
-    let space = mesh.space().clone();
-    let other = mesh.spaces()[1].clone();
-    let insp = mesh.inspector(&space).await.expect("inspector");
-    let roots: Vec<tempfile::TempDir> =
-        (0..4).map(|_| tempfile::tempdir().expect("root")).collect();
-    let paths: Vec<&Path> = roots.iter().map(|r| r.path()).collect();
-    prepare_standby_hosts(
-        &mesh.authority,
-        &StandbyPlan::new(vec![space.clone()]),
-        &paths,
-    )
-    .expect("provision");
-    let (a_root, b_root) = (paths[0], paths[1]);
-    let (a_holder, b_holder) = (holder_of(a_root, &space), holder_of(b_root, &space));
-    assert_ne!(a_holder, b_holder);
-    let spawn = |root: &Path| {
-        mesh.host(root)
-            .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
-            .spawn()
-            .expect("spawn")
-    };
-
-    let mut a = spawn(a_root);
-    a.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
-        .await
-        .expect("A serves");
-    let mut b = spawn(b_root);
-    let held = b
-        .wait_for_line("lane alpha: • delivery host: standing by", HOST_BOUND)
-        .await
-        .expect("B stands by");
-    assert!(held.contains(&a_holder), "{held}");
-
-    // Hosts that cannot be the space's daemon refuse on their own checks: no write on the key.
-    let mut history = Box::pin(lease_history(&insp).await);
-    let wrong = Workspace::new(paths[2]);
-    let other_cred = mesh
-        .mint(
-            &other,
-            &cotal_delivery::provision::Profile::Delivery,
-            Default::default(),
-        )
-        .expect("mint");
-    cotal_delivery::base::write_creds_file_atomic(&wrong.delivery_creds_path(&space), &other_cred)
-        .expect("write");
-    std::fs::remove_file(Workspace::new(paths[3]).membership_observer_creds_path(&space))
-        .expect("remove observer");
-    let mut c = spawn(paths[2]);
-    let mut d = spawn(paths[3]);
-    c.wait_for_line("lane alpha: ✗ delivery host: the lane refused", HOST_BOUND)
-        .await
-        .expect("C refused");
-    d.wait_for_line("lane alpha: ✗ delivery host: the lane refused", HOST_BOUND)
-        .await
-        .expect("D refused");
-    assert!(c.has_line("belongs to account"), "{}", c.transcript());
-    // Several standby retries of B pass (A renews meanwhile).
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    for h in [&mut c, &mut d] {
-        h.terminate().expect("SIGTERM");
-        assert_eq!(h.wait_exit(HOST_BOUND).await.expect("exit").code(), Some(0));
-    }
-
-    // A dies without a word: its row expires with the TTL and B takes it on a retry.
-    a.kill().expect("SIGKILL");
-    a.wait_exit(HOST_BOUND).await.expect("A gone");
-    b.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
-        .await
-        .expect("B takes over");
-    wait_row(&insp, "B holds", |r| {
-        r.as_ref().is_some_and(|i| i.holder == b_holder && i.ready)
-    })
-    .await;
-    let count = |needle: &str| {
-        lane_lines(&b, "alpha")
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
-    };
-    let live = count("standing by — the lease is held by");
-    assert_eq!(live, 1, "held lease reported once:\n{}", b.transcript());
-    // Between A's death and its row's expiry, a retry may meet the row of a holder that is not
-    // running: that outcome is reported once too.
-    let gone = count("standing by — the lease row is held by");
-    println!("RACE: B met A's row with A not running {gone} time(s) before it expired");
-    assert!(gone <= 1, "reported once:\n{}", b.transcript());
-    // Until B's takeover, every write was A's renewal, a delete/expiry, or B's claim.
-    let b_row = insp.lease().await.expect("read").expect("row");
-
-    // A returns: it stands by for B and never writes.
-    let mut a2 = spawn(a_root);
-    let held = a2
-        .wait_for_line("lane alpha: • delivery host: standing by", HOST_BOUND)
-        .await
-        .expect("A stands by");
-    assert!(held.contains(&b_holder), "{held}");
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    a2.terminate().expect("SIGTERM");
-    assert_eq!(
-        a2.wait_exit(HOST_BOUND).await.expect("exit").code(),
-        Some(0)
-    );
-    let row = insp.lease().await.expect("read").expect("row");
-    assert_eq!(
-        (row.info.holder.as_str(), row.info.incarnation.as_str()),
-        (b_holder.as_str(), b_row.info.incarnation.as_str()),
-        "B's row stays B's"
-    );
-    b.terminate().expect("SIGTERM");
-    assert_eq!(b.wait_exit(HOST_BOUND).await.expect("exit").code(), Some(0));
-    assert!(insp.lease().await.expect("read").is_none(), "B released");
-
-    // Every write on the key since C and D started: A's renewals, A's expiry, B's claim,
-    // renewals and release. None by C, D or the returning A.
-    let writes = drain(&mut history).await;
-    let mut b_incarnations = std::collections::BTreeSet::new();
-    for (op, info) in &writes {
-        if let (Operation::Put, Some(info)) = (op, info) {
-            assert!(
-                info.holder == a_holder || info.holder == b_holder,
-                "a write by {}",
-                info.holder
-            );
-            if info.holder == b_holder {
-                b_incarnations.insert(info.incarnation.clone());
-            }
-        }
-    }
-    assert_eq!(
-        b_incarnations.len(),
-        1,
-        "one B incarnation wrote: {writes:?}"
-    );
-    let first_b = writes
-        .iter()
-        .position(|(op, i)| {
-            *op == Operation::Put && i.as_ref().is_some_and(|i| i.holder == b_holder)
-        })
-        .expect("B wrote");
-    assert!(
-        !writes[first_b..].iter().any(
-            |(op, i)| *op == Operation::Put && i.as_ref().is_some_and(|i| i.holder == a_holder)
-        ),
-        "the returning A wrote after B's takeover: {writes:?}"
-    );
-    let deletes_after = writes[first_b..]
-        .iter()
-        .filter(|(op, _)| *op != Operation::Put)
-        .count();
-    assert_eq!(deletes_after, 1, "only B's own release deletes: {writes:?}");
-    // The attempt that met A's row after A's death (when there was one) is judged above; the
-    // snapshot is the rest, the same either way.
-    let mut b_lines = lane_lines_without_wakes(&b, "alpha");
-    without_not_running_report(&mut b_lines);
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "host__standby_b",
-            normalise(&b_lines.join("\n"), b_root, b_root)
-        )
-    });
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "host__returning_a",
-            normalise(&lane_lines(&a2, "alpha").join("\n"), a_root, a_root)
         )
     });
 }
