@@ -50,6 +50,8 @@ pub fn normalise_paths(text: &str, tokens: &[(PathBuf, String)]) -> String {
         (r"expires in \d+ s\b", "expires in [N] s"),
         (r"\b\d+ ms\b", "[N] ms"),
         (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
+        // A lifecycle uid (`local.bob.<uid>`): 26 to 32 of [a-z0-9], fresh per provisioning.
+        (r"\b[a-z0-9]{26,32}\b", "[UID]"),
     ];
     replace_all(out, rules)
 }
@@ -133,6 +135,19 @@ mod tests {
             "signed by [NKEY1] vs [NKEY2]\naccount [NKEY1]"
         );
         assert_eq!(number_nkeys(&format!("{a} vs {a}")), "[NKEY1] vs [NKEY1]");
+    }
+
+    /// A lifecycle uid is a token in a line the daemon prints (a member key, a retired
+    /// lifecycle); other words are left alone.
+    /// Mutation seen failing: the uid rule dropped (the uid printed as it was).
+    #[test]
+    fn lifecycle_uids_are_tokens() {
+        let uid = "k3v9x0a1b2c3d4e5f6g7h8i9j0";
+        let line = format!("the member row general/local.bob.{uid} of retired lifecycle local.bob.{uid}: subject_delete_marker_ttl");
+        assert_eq!(
+            normalise_paths(&line, &[]),
+            "the member row general/local.bob.[UID] of retired lifecycle local.bob.[UID]: subject_delete_marker_ttl"
+        );
     }
 
     /// Mutation seen failing: the body taken from after the first `---` (the header's

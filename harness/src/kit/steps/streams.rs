@@ -48,6 +48,9 @@ pub enum Step {
         delivered: Option<u64>,
         #[serde(default)]
         redelivered: Option<u64>,
+        /// Deliveries so far, redeliveries included (the consumer's own sequence).
+        #[serde(default)]
+        deliveries: Option<u64>,
     },
     Drained {},
     PauseConsumer {
@@ -128,10 +131,17 @@ impl Step {
                 ack_pending,
                 delivered,
                 redelivered,
+                deliveries,
             } => {
                 let (stream, name) = resolve(w, consumer)?;
                 let insp = &w.insp;
-                let want = (*pending, *ack_pending, *delivered, *redelivered);
+                let want = (
+                    *pending,
+                    *ack_pending,
+                    *delivered,
+                    *redelivered,
+                    *deliveries,
+                );
                 poll(ctx, &format!("consumer {consumer}'s state"), || async {
                     let c = consumer_info(insp, &stream, &name).await?;
                     let got = (
@@ -139,17 +149,19 @@ impl Step {
                         c.num_ack_pending as u64,
                         c.delivered.stream_sequence,
                         c.num_redelivered as u64,
+                        c.delivered.consumer_sequence,
                     );
                     let ok = want.0.is_none_or(|n| n == got.0)
                         && want.1.is_none_or(|n| n == got.1)
                         && want.2.is_none_or(|n| n == got.2)
-                        && want.3.is_none_or(|n| n == got.3);
+                        && want.3.is_none_or(|n| n == got.3)
+                        && want.4.is_none_or(|n| n == got.4);
                     if ok {
                         Ok(())
                     } else {
                         Err(format!(
-                            "pending {}, ack pending {}, delivered up to stream seq {}, redelivered {}",
-                            got.0, got.1, got.2, got.3
+                            "pending {}, ack pending {}, delivered up to stream seq {}, redelivered {}, {} deliveries",
+                            got.0, got.1, got.2, got.3, got.4
                         ))
                     }
                 })
@@ -164,6 +176,9 @@ impl Step {
                     if let Some(v) = v {
                         what.push(format!("{label} {v}"));
                     }
+                }
+                if let Some(v) = deliveries {
+                    what.push(format!("{v} deliveries"));
                 }
                 Ok(format!("consumer {consumer}: {}", what.join(", ")))
             }
@@ -345,7 +360,7 @@ impl Step {
     }
 }
 
-fn consumer_refs(consumer: &str) -> Refs {
+pub(crate) fn consumer_refs(consumer: &str) -> Refs {
     match consumer.strip_prefix("dlv:") {
         Some(agent) => Refs::default().uses(Kind::Agent, agent),
         None => Refs::default(),
@@ -353,7 +368,7 @@ fn consumer_refs(consumer: &str) -> Refs {
 }
 
 /// (stream, durable) of `fanout`, `reader` or `dlv:<agent>`.
-fn resolve(w: &mut World, consumer: &str) -> Result<(String, String), Failure> {
+pub(crate) fn resolve(w: &mut World, consumer: &str) -> Result<(String, String), Failure> {
     let names = w.insp.names.clone();
     match consumer {
         "fanout" => Ok((names.chat_stream(), "fanout".into())),
