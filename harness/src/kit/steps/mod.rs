@@ -7,6 +7,7 @@ pub mod admin;
 pub mod agents;
 pub mod broker;
 pub mod creds;
+pub mod entries;
 pub mod history;
 pub mod hosts;
 pub mod lease;
@@ -182,6 +183,7 @@ groups! {
     Hosts => hosts,
     Admin => admin,
     History => history,
+    Entries => entries,
 }
 
 /// The refusal of an unknown verb, naming the closest ones.
