@@ -50,8 +50,13 @@ pub fn normalise_paths(text: &str, tokens: &[(PathBuf, String)]) -> String {
         (r"expires in \d+ s\b", "expires in [N] s"),
         (r"\b\d+ ms\b", "[N] ms"),
         (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
-        // A lifecycle uid (`local.bob.<uid>`): 26 to 32 of [a-z0-9], fresh per provisioning.
-        (r"\b[a-z0-9]{26,32}\b", "[UID]"),
+        // A lifecycle uid after its principal (`local.bob.<uid>`): 26 to 32 of [a-z0-9], fresh
+        // per provisioning. Only there: a lease incarnation has the same alphabet and its own
+        // token in the status rules.
+        (
+            r"(\b[a-z][a-z0-9_-]*\.[A-Za-z0-9_-]+\.)[a-z0-9]{26,32}\b",
+            "${1}[UID]",
+        ),
     ];
     replace_all(out, rules)
 }
@@ -137,16 +142,20 @@ mod tests {
         assert_eq!(number_nkeys(&format!("{a} vs {a}")), "[NKEY1] vs [NKEY1]");
     }
 
-    /// A lifecycle uid is a token in a line the daemon prints (a member key, a retired
-    /// lifecycle); other words are left alone.
-    /// Mutation seen failing: the uid rule dropped (the uid printed as it was).
+    /// A lifecycle uid after its principal is a token in a line the daemon prints (a member key,
+    /// a retired lifecycle); a lease incarnation of the same alphabet, and other words, are left
+    /// alone.
+    /// Mutations seen failing: the uid rule dropped (the uid printed as it was); the rule
+    /// unanchored (`\b[a-z0-9]{26,32}\b`: the incarnation became `[UID]`, and five host
+    /// snapshots with it).
     #[test]
     fn lifecycle_uids_are_tokens() {
         let uid = "k3v9x0a1b2c3d4e5f6g7h8i9j0";
-        let line = format!("the member row general/local.bob.{uid} of retired lifecycle local.bob.{uid}: subject_delete_marker_ttl");
+        let inc = "f".repeat(32);
+        let line = format!("the member row general/local.bob.{uid} of retired lifecycle local.bob.{uid}: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation {inc}");
         assert_eq!(
             normalise_paths(&line, &[]),
-            "the member row general/local.bob.[UID] of retired lifecycle local.bob.[UID]: subject_delete_marker_ttl"
+            format!("the member row general/local.bob.[UID] of retired lifecycle local.bob.[UID]: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation {inc}")
         );
     }
 
