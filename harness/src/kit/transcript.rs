@@ -143,8 +143,8 @@ mod tests {
     }
 
     /// A lifecycle uid after its principal is a token in a line the daemon prints (a member key,
-    /// a retired lifecycle); a lease incarnation of the same alphabet, and other words, are left
-    /// alone.
+    /// a retired lifecycle); a lease incarnation of the same alphabet is its own token, never
+    /// `[UID]`.
     /// Mutations seen failing: the uid rule dropped (the uid printed as it was); the rule
     /// unanchored (`\b[a-z0-9]{26,32}\b`: the incarnation became `[UID]`, and five host
     /// snapshots with it).
@@ -155,7 +155,7 @@ mod tests {
         let line = format!("the member row general/local.bob.{uid} of retired lifecycle local.bob.{uid}: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation {inc}");
         assert_eq!(
             normalise_paths(&line, &[]),
-            format!("the member row general/local.bob.[UID] of retired lifecycle local.bob.[UID]: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation {inc}")
+            format!("the member row general/local.bob.[UID] of retired lifecycle local.bob.[UID]: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation [INCARNATION]")
         );
     }
 
