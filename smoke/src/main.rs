@@ -6,6 +6,7 @@
 //! daemon SIGKILL and a broker restart (docs/operations.md).
 
 mod bench_fanout;
+mod bench_scale;
 mod cluster;
 mod soak;
 mod standby;
@@ -27,6 +28,9 @@ enum Command {
     /// Fan-out throughput, CPU per frame and post-to-frame latency for 10 and 100 members,
     /// next to the raw JetStream pipeline (the same messages, no checks) on the same broker.
     BenchFanout(bench_fanout::Args),
+    /// What the daemon costs as the space grows: start-up, idle broker work, the feed's sweep,
+    /// inventories and inspection, CPU per frame of a fixed workload and RSS, per registry size.
+    BenchScale(bench_scale::Args),
     /// The raw pipeline of `bench-fanout`, which starts it as a process of its own.
     #[command(hide = true)]
     BenchFanoutRaw(bench_fanout::raw::Args),
@@ -59,6 +63,7 @@ fn main() {
     let code = runtime.block_on(async {
         match cli.command {
             Command::BenchFanout(args) => bench_fanout::run(args).await,
+            Command::BenchScale(args) => bench_scale::run(args).await,
             Command::BenchFanoutRaw(args) => bench_fanout::raw::run(args).await,
             Command::DeliveryStandby(args) => standby::run(args).await,
             Command::Soak(args) => soak::run(args).await,

@@ -19,7 +19,7 @@
 //! read back after the run; a row takes each side's median over the runs. The daemon's peak RSS
 //! is its `VmHWM` before each stop.
 
-mod measure;
+pub(crate) mod measure;
 pub mod raw;
 mod scrape;
 
