@@ -152,6 +152,8 @@ struct Inner {
     prefix: String,
     state: Mutex<State>,
     done_tx: watch::Sender<u64>,
+    /// Whether the cache is loaded (set at the load, cleared at each reset).
+    loaded_tx: watch::Sender<bool>,
 }
 
 /// One bucket's cache. Cheap to clone.
@@ -179,12 +181,14 @@ pub enum View<'a> {
 impl RowCache {
     pub fn new(bucket: &str) -> RowCache {
         let (done_tx, _) = watch::channel(0);
+        let (loaded_tx, _) = watch::channel(false);
         RowCache {
             inner: Arc::new(Inner {
                 bucket: bucket.to_string(),
                 prefix: format!("$KV.{bucket}."),
                 state: Mutex::new(State::default()),
                 done_tx,
+                loaded_tx,
             }),
         }
     }
@@ -378,12 +382,17 @@ impl RowCache {
 
     /// Every live row whose key starts with `prefix`, in key order.
     pub fn scan(&self, prefix: &str) -> Vec<(String, Row)> {
+        scan_locked(&self.lock(), prefix)
+    }
+
+    /// Every live row whose key `keep` accepts, in key order: one pass over the keys in
+    /// memory (a suffix such as `/<o>.<a>.<uid>` is no subject filter the broker can apply).
+    pub fn scan_matching(&self, keep: impl Fn(&str) -> bool) -> Vec<(String, Row)> {
         let st = self.lock();
         let now = crate::base::epoch_ms();
         st.rows
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(_, r)| !expired(&st, r, now))
+            .iter()
+            .filter(|(k, r)| keep(k) && !expired(&st, r, now))
             .filter_map(|(k, r)| {
                 r.value.as_ref().map(|v| {
                     (
@@ -463,11 +472,13 @@ impl RowCache {
             st.loaded = true;
             st.applied
         };
+        self.inner.loaded_tx.send_replace(true);
         tracing::info!(bucket = %self.inner.bucket, applied, "row cache loaded");
     }
 
     /// Forgets everything: not proved until the consumer has caught up again.
     fn reset(&self) {
+        self.inner.loaded_tx.send_replace(false);
         let mut st = self.lock();
         st.rows.clear();
         st.applied = 0;
@@ -597,6 +608,27 @@ impl RowCache {
     }
 }
 
+/// [`RowCache::scan`] on the state already locked.
+fn scan_locked(st: &State, prefix: &str) -> Vec<(String, Row)> {
+    let now = crate::base::epoch_ms();
+    st.rows
+        .range(prefix.to_string()..)
+        .take_while(|(k, _)| k.starts_with(prefix))
+        .filter(|(_, r)| !expired(st, r, now))
+        .filter_map(|(k, r)| {
+            r.value.as_ref().map(|v| {
+                (
+                    k.clone(),
+                    Row {
+                        value: v.clone(),
+                        revision: r.revision,
+                    },
+                )
+            })
+        })
+        .collect()
+}
+
 fn expired(st: &State, row: &CachedRow, now_ms: u64) -> bool {
     expired_at(st.max_age_ms, row, now_ms)
 }
@@ -622,7 +654,12 @@ fn apply(
     let Some(key) = subject.strip_prefix(prefix) else {
         return;
     };
-    let value = crate::base::row_op(headers).is_row().then_some(payload);
+    // A copy of exactly the value: the client hands the payload out as a slice of its read
+    // buffer, and a slice kept for as long as the row would keep the whole buffer (the
+    // subjects, reply subjects and headers of every message read with it) alive.
+    let value = crate::base::row_op(headers)
+        .is_row()
+        .then(|| Bytes::copy_from_slice(&payload));
     if st.rows.get(key).is_none_or(|r| r.revision < seq) {
         st.rows
             .insert(key.to_string(), CachedRow::new(value, seq, stored_at_ms));
@@ -743,6 +780,78 @@ impl Caches {
             let runs = all.map(|c| c.run(ctx.clone(), stop.clone()));
             futures::future::join_all(runs).await;
         })
+    }
+}
+
+/// One cache as a reader outside the data path reads it (the membership feed, inventories):
+/// each read is proved current by a leader fence asked after it began, exactly as the data
+/// path's are, or not made at all (`None`: the caller reads per key from the leader, as it
+/// did before).
+#[derive(Clone)]
+pub struct ProvedRows {
+    cache: RowCache,
+    ctx: PlaneCtx,
+}
+
+/// What the cache held when a read was proved: its incarnation and applied sequence. Equal
+/// stamps hold equal rows (every change is applied at a higher sequence, every reset is a new
+/// incarnation), so a reader that derived something from the rows at one stamp may keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    incarnation: u64,
+    applied: u64,
+}
+
+/// A proved read that may find nothing new ([`ProvedRows::scan_since`]).
+pub enum Since {
+    /// The rows are those of the stamp the caller gave.
+    Unchanged,
+    /// The rows now, and their stamp.
+    Rows(Vec<(String, Row)>, Stamp),
+}
+
+impl ProvedRows {
+    pub fn new(cache: RowCache, ctx: PlaneCtx) -> ProvedRows {
+        ProvedRows { cache, ctx }
+    }
+
+    /// Waits up to `bound` for the cache to be loaded; whether it is.
+    pub async fn loaded(&self, bound: Duration) -> bool {
+        let mut rx = self.cache.inner.loaded_tx.subscribe();
+        let waited = tokio::time::timeout(bound, rx.wait_for(|l| *l)).await;
+        matches!(waited, Ok(Ok(_)))
+    }
+
+    /// Every live row whose key starts with `prefix`, proved current at a moment after this
+    /// call, unless the rows are still those of `since` ([`Since::Unchanged`]); `None` when the
+    /// cache is not proved (not loaded, reset, its fence failed).
+    pub async fn scan_since(&self, prefix: &str, since: Option<Stamp>) -> Option<Since> {
+        let View::Proved(cache) = self.cache.prove(&self.ctx).await else {
+            return None;
+        };
+        let st = cache.lock();
+        let now = Stamp {
+            incarnation: st.incarnation,
+            applied: st.applied,
+        };
+        // The proof holds for this incarnation only (a reset since is not proved).
+        if !st.loaded || st.last_incarnation != now.incarnation {
+            return None;
+        }
+        if since == Some(now) {
+            return Some(Since::Unchanged);
+        }
+        // Scanned under the same lock the stamp was read under: the rows are the stamp's.
+        Some(Since::Rows(scan_locked(&st, prefix), now))
+    }
+
+    /// Every live row whose key `keep` accepts ([`RowCache::scan_matching`]), proved current
+    /// at a moment after this call, or `None` as [`ProvedRows::scan_since`].
+    pub async fn scan_matching(&self, keep: impl Fn(&str) -> bool) -> Option<Vec<(String, Row)>> {
+        match self.cache.prove(&self.ctx).await {
+            View::Proved(cache) => Some(cache.scan_matching(keep)),
+            View::Leader => None,
+        }
     }
 }
 

@@ -34,7 +34,7 @@ pub(crate) use acl::{AclRow, Acls};
 pub use acl::{RowDecodeError, RowDecodeErrorKind};
 pub use anycast::{row_key, AnycastError, AnycastErrorKind, AnycastRow, FAULT_HOLD_LINE};
 pub(crate) use anycast::{Anycast, SweepConfig};
-pub(crate) use cache::Caches;
+pub(crate) use cache::{Caches, ProvedRows, Since, Stamp};
 pub(crate) use catchup::activate;
 pub use catchup::{CatchUpError, CatchUpErrorKind};
 pub(crate) use durable::{durable_join, durable_leave, list_memberships};

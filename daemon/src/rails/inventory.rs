@@ -17,7 +17,9 @@ use tokio::sync::oneshot;
 
 use crate::base::RowError;
 use crate::plane::PlaneCtx;
-use crate::plane::{split_member_key, MemberRead, MemberRow, Members};
+use crate::plane::{
+    split_member_key, MemberRead, MemberRow, Members, MembershipRecord, ProvedRows,
+};
 use crate::plane::{AclRow, Acls};
 use crate::plane::{FenceError, Fences, MAX_FENCED};
 use crate::wire::{
@@ -130,8 +132,11 @@ impl Inventories {
     }
 }
 
-/// One read of the members bucket: every key, leader-served, then the rows whose key ends with
-/// one of `suffixes` (`/<o>.<a>.<uid>`).
+/// One read of the members bucket, the rows whose key ends with one of `suffixes`
+/// (`/<o>.<a>.<uid>`): from the plane's members cache, proved current by a leader fence asked
+/// after every request of the batch was ready (the same moment a leader read started now
+/// reads at), or, when the cache is not proved, every key listed and the wanted rows read from
+/// the leader.
 async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRow>, Refusal> {
     let fail = |e: &dyn std::fmt::Display| {
         Refusal::new(
@@ -139,6 +144,28 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
             format!("lifecycleMemberships: could not read the members registry: {e}"),
         )
     };
+    let wanted = |k: &str| suffixes.iter().any(|s| k.ends_with(s.as_str()));
+    let proved = ProvedRows::new(ctx.caches.members.clone(), ctx.clone());
+    if let Some(rows) = proved.scan_matching(wanted).await {
+        let mut out = Vec::new();
+        for (key, row) in rows {
+            let (_, member, uid) = split_member_key(&key)
+                .ok_or_else(|| fail(&format!("a member key does not parse: {key}")))?;
+            match serde_json::from_slice::<MembershipRecord>(&row.value) {
+                Ok(record) => out.push(MemberRow {
+                    member,
+                    uid,
+                    record,
+                    revision: row.revision,
+                }),
+                Err(e) => {
+                    let e = crate::plane::RowDecodeError::from(e);
+                    return Err(fail(&format!("a member row does not parse ({e})")).source(e));
+                }
+            }
+        }
+        return Ok(out);
+    }
     let broker = |e: RowError| fail(&e).source(e);
     let members = Members::open(ctx).await.map_err(broker)?;
     let keys = crate::base::keys(
@@ -149,10 +176,7 @@ async fn shared_read(ctx: &PlaneCtx, suffixes: &[String]) -> Result<Vec<MemberRo
     )
     .await
     .map_err(broker)?;
-    let wanted: Vec<String> = keys
-        .into_iter()
-        .filter(|k| suffixes.iter().any(|s| k.ends_with(s.as_str())))
-        .collect();
+    let wanted: Vec<String> = keys.into_iter().filter(|k| wanted(k)).collect();
     let work: Vec<_> = wanted
         .into_iter()
         .map(|key| {

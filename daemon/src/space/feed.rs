@@ -27,6 +27,7 @@ use crate::base::{
     self, credential_expired, epoch_ms, membership_rw_creds_key, Credential, CredentialCell,
     DialSpec, DrainError, Journal, Read, Resident, RowError, Rows, SecretStore,
 };
+use crate::plane::{ProvedRows, Since, Stamp};
 use crate::space::admission::{self, SysPair};
 use crate::wire::{Principal, Space, SpaceNames, MEMBERSHIP_OBSERVER_INBOX_PREFIX};
 
@@ -46,6 +47,14 @@ pub const HEARTBEAT_KEY: &str = "=feed";
 /// Bound on dials, writes and each drain at close.
 pub const BOUND: Duration = crate::base::BROKER_BOUND;
 pub const CLOSE_BOUND: Duration = Duration::from_millis(1_000);
+/// How often a sweep lists the display bucket's keys (and reads those it did not write) to
+/// prune rows it does not know of (another daemon's, before this one held the lease); between
+/// listings it prunes the rows it wrote itself, so a quiet sweep costs the broker nothing
+/// that grows with the rows.
+pub const RELIST_PERIOD: Duration = Duration::from_secs(600);
+/// How long the first sweep waits for the plane's members cache to load (100,000 rows load in
+/// a few seconds) before it reads every row from the leader instead; later sweeps never wait.
+pub const LOAD_WAIT: Duration = Duration::from_secs(30);
 
 /// One principal's row (`cotal_membership_<s>`, key `<o>.<a>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +76,9 @@ pub struct FeedParts {
     pub account: String,
     pub journal: Journal,
     pub interval: Duration,
+    /// The members registry as the plane's proved cache holds it; without it (or while it is
+    /// not proved) each sweep reads every members row from the leader.
+    pub members: Option<ProvedRows>,
 }
 
 impl FeedParts {
@@ -84,6 +96,7 @@ impl FeedParts {
             account,
             journal,
             interval: crate::base::DEFAULT_MEMBERSHIP_INTERVAL,
+            members: None,
         }
     }
 }
@@ -295,6 +308,10 @@ impl MembershipFeed {
             rw_self: rw_cell.get().public_key().unwrap_or_default(),
             rw_cell: rw_cell.clone(),
             written: BTreeMap::new(),
+            listed_at: None,
+            members: parts.members.clone(),
+            derived: None,
+            waited_for_load: false,
         };
         let task = tokio::spawn(run(sweeper, events, parts.interval, j, stop_rx));
         Some(MembershipFeed {
@@ -411,8 +428,27 @@ struct Sweeper {
     js: jetstream::Context,
     rw_self: String,
     rw_cell: CredentialCell,
-    /// The rows this feed last wrote (without `observedAt`), so unchanged rows are not rewritten.
-    written: BTreeMap<String, (Vec<String>, Vec<String>)>,
+    /// A digest of each row this feed last wrote (its `live` and `durable`, without
+    /// `observedAt`), so unchanged rows are not rewritten.
+    written: BTreeMap<String, u64>,
+    /// When the display bucket's keys were last listed ([`RELIST_PERIOD`]).
+    listed_at: Option<tokio::time::Instant>,
+    members: Option<ProvedRows>,
+    /// The durable channels last derived from the cache, and the cache's stamp then: a sweep
+    /// that finds the same stamp derives nothing again.
+    derived: Option<(Stamp, Arc<Durable>)>,
+    waited_for_load: bool,
+}
+
+/// Durable channels per principal (`<o>.<a>`).
+type Durable = BTreeMap<String, BTreeSet<String>>;
+
+/// The digest [`Sweeper::written`] keeps of a row.
+fn digest(live: &[String], durable: &[String]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (live, durable).hash(&mut h);
+    h.finish()
 }
 
 /// One CONNZ connection as the feed reads it.
@@ -454,7 +490,8 @@ impl Sweeper {
                 .get(p)
                 .map(|s| s.iter().cloned().collect())
                 .unwrap_or_default();
-            if self.written.get(p) == Some(&(l.clone(), d.clone())) {
+            let sum = digest(&l, &d);
+            if self.written.get(p) == Some(&sum) {
                 continue;
             }
             let row = FeedRow {
@@ -469,23 +506,42 @@ impl Sweeper {
                 false,
             )
             .await?;
-            self.written.insert(p.clone(), (l, d));
+            self.written.insert(p.clone(), sum);
         }
         // Prune rows of principals no longer live or durable (complete sweeps only).
-        let existing = crate::base::keys(&self.js, &bucket, ">", BOUND)
-            .await
-            .map_err(|e| bucket_error(format!("listing {bucket}: {e}"), e))?;
-        let rows = Rows::open(&self.js, &bucket, BOUND)
-            .await
-            .map_err(|e| bucket_error(format!("{bucket}: {e}"), e))?;
-        for key in existing {
-            if key == HEARTBEAT_KEY || principals.contains(&key) {
-                continue;
+        let relist = self
+            .listed_at
+            .is_none_or(|at| at.elapsed() >= RELIST_PERIOD);
+        if relist {
+            let existing = crate::base::keys(&self.js, &bucket, ">", BOUND)
+                .await
+                .map_err(|e| bucket_error(format!("listing {bucket}: {e}"), e))?;
+            let rows = Rows::open(&self.js, &bucket, BOUND)
+                .await
+                .map_err(|e| bucket_error(format!("{bucket}: {e}"), e))?;
+            for key in existing {
+                if key == HEARTBEAT_KEY || principals.contains(&key) {
+                    continue;
+                }
+                if let Ok(Read::Present(_)) = rows.read(&key).await {
+                    self.put(&bucket, &key, Vec::new(), true).await?;
+                }
+                self.written.remove(&key);
             }
-            if let Ok(Read::Present(_)) = rows.read(&key).await {
+            self.listed_at = Some(tokio::time::Instant::now());
+        } else {
+            // Only this feed writes the bucket under the lease: a row it wrote and no longer
+            // derives is present, and goes without a read.
+            let stale: Vec<String> = self
+                .written
+                .keys()
+                .filter(|k| !principals.contains(*k))
+                .cloned()
+                .collect();
+            for key in stale {
                 self.put(&bucket, &key, Vec::new(), true).await?;
+                self.written.remove(&key);
             }
-            self.written.remove(&key);
         }
         let beat = json!({"observedAt": now}).to_string().into_bytes();
         self.put(&bucket, HEARTBEAT_KEY, beat, false).await
@@ -521,8 +577,44 @@ impl Sweeper {
         }
     }
 
-    /// Durable channels per principal from the members registry (rows in a `durable-*` state).
-    async fn durable(&self) -> Result<BTreeMap<String, BTreeSet<String>>, FeedError> {
+    /// Durable channels per principal from the members registry (rows in a `durable-*` state):
+    /// from the plane's members cache, proved current now (one leader fence) and derived again
+    /// only when the cache changed since the last sweep, or, when it is not proved, every row
+    /// read from the leader. The first sweep waits for the cache to load ([`LOAD_WAIT`]).
+    async fn durable(&mut self) -> Result<Arc<Durable>, FeedError> {
+        if let Some(view) = &self.members {
+            let wait = if self.waited_for_load {
+                Duration::ZERO
+            } else {
+                LOAD_WAIT
+            };
+            self.waited_for_load = true;
+            if view.loaded(wait).await {
+                let since = self.derived.as_ref().map(|(stamp, _)| *stamp);
+                match view.scan_since("", since).await {
+                    Some(Since::Unchanged) => {
+                        if let Some((_, d)) = &self.derived {
+                            return Ok(d.clone());
+                        }
+                    }
+                    Some(Since::Rows(rows, stamp)) => {
+                        let mut out = Durable::new();
+                        for (key, row) in rows {
+                            if let Some((principal, channel)) = durable_of(&key, &row.value) {
+                                out.entry(principal.to_string())
+                                    .or_default()
+                                    .insert(channel.to_string());
+                            }
+                        }
+                        let out = Arc::new(out);
+                        self.derived = Some((stamp, out.clone()));
+                        return Ok(out);
+                    }
+                    None => {}
+                }
+            }
+        }
+        self.derived = None;
         let bucket = self.names.members_bucket();
         let keys = crate::base::keys(&self.js, &bucket, ">", BOUND)
             .await
@@ -530,28 +622,17 @@ impl Sweeper {
         let rows = Rows::open(&self.js, &bucket, BOUND)
             .await
             .map_err(|e| bucket_error(format!("{bucket}: {e}"), e))?;
-        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut out = Durable::new();
         for key in keys {
-            let Some((channel, member)) = key.split_once('/') else {
-                continue;
-            };
-            // `<o>.<a>.<uid>` → `<o>.<a>`
-            let Some((principal, _uid)) = member.rsplit_once('.') else {
-                continue;
-            };
             if let Ok(Read::Present(row)) = rows.read(&key).await {
-                let state = serde_json::from_slice::<Value>(&row.value)
-                    .ok()
-                    .and_then(|v| v["state"].as_str().map(str::to_string))
-                    .unwrap_or_default();
-                if state.starts_with("durable") {
+                if let Some((principal, channel)) = durable_of(&key, &row.value) {
                     out.entry(principal.to_string())
                         .or_default()
                         .insert(channel.to_string());
                 }
             }
         }
-        Ok(out)
+        Ok(Arc::new(out))
     }
 
     /// Every connection of the account, paged; an under-reported sweep is an error.
@@ -641,6 +722,25 @@ impl Sweeper {
             channels,
         }
     }
+}
+
+/// The principal (`<o>.<a>`) and channel of a members row `<channel>/<o>.<a>.<uid>` whose
+/// state is `durable-*`; `None` for another state, a key that does not split or a value that
+/// does not parse. Reads the `state` field alone.
+fn durable_of<'k>(key: &'k str, value: &[u8]) -> Option<(&'k str, &'k str)> {
+    #[derive(Deserialize)]
+    struct State<'a> {
+        #[serde(borrow, default)]
+        state: std::borrow::Cow<'a, str>,
+    }
+    let (channel, member) = key.split_once('/')?;
+    // `<o>.<a>.<uid>` → `<o>.<a>`
+    let (principal, _uid) = member.rsplit_once('.')?;
+    let state: State = serde_json::from_slice(value).ok()?;
+    state
+        .state
+        .starts_with("durable")
+        .then_some((principal, channel))
 }
 
 /// A dot-form key CONNZ attribution accepts: owner `local` or a derived `u_` + 26 base32.

@@ -55,6 +55,12 @@ impl Plane {
         self.ctx.caches.clone()
     }
 
+    /// The members registry as the membership feed reads it: the plane's members cache, proved
+    /// at each read (one cached copy of the registry per daemon, not one per reader).
+    pub fn proved_members(&self) -> crate::plane::ProvedRows {
+        crate::plane::ProvedRows::new(self.ctx.caches.members.clone(), self.ctx.clone())
+    }
+
     /// The serving gate (sampled as the lease-held gauge).
     pub fn gate(&self) -> crate::plane::ServingGate {
         self.ctx.gate.clone()

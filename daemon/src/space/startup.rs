@@ -627,6 +627,7 @@ impl Armed {
             journal.clone(),
         );
         feed_parts.interval = cfg.tuning.membership_interval;
+        feed_parts.members = Some(keeper.plane.proved_members());
         let feed = MembershipFeed::start(feed_parts).await;
         if let Some(feed) = &feed {
             let (cell, client) = feed.rw();

@@ -652,3 +652,118 @@ async fn the_membership_rw_grants_are_confined() {
     let mut chat_stream = insp.js.get_stream(names.chat_stream()).await.unwrap();
     assert_eq!(chat_stream.info().await.unwrap().state.messages, 0);
 }
+
+/// Writes a durable members row of `who` (lifecycle `uid`) on `channel`, in the daemon's shape.
+async fn put_member_row(insp: &Inspector, who: &str, uid: &str, channel: &str) {
+    let row = json!({
+        "channel": channel, "owner": who, "lifecycleUid": uid, "state": "durable-active",
+        "joinCursor": 0, "activated": true, "generation": 1,
+        "writerIdentity": "local.test", "updatedAt": 1,
+    });
+    let subject = format!("$KV.{}.{channel}/{who}.{uid}", insp.names.members_bucket());
+    insp.js
+        .publish(subject, row.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+/// Counts the leader reads (`STREAM.MSG.GET`) the account sends to the members bucket's stream.
+async fn count_members_reads(insp: &Inspector) -> Arc<std::sync::atomic::AtomicU64> {
+    let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let subject = format!("$JS.API.STREAM.MSG.GET.KV_{}", insp.names.members_bucket());
+    let mut sub = insp.client.subscribe(subject).await.unwrap();
+    insp.client.flush().await.unwrap();
+    let counter = n.clone();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        while sub.next().await.is_some() {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    n
+}
+
+/// A sweep reads the members registry from the plane's members cache, proved current by one
+/// leader fence, not row by row from the broker (issue 32): with 300 durable rows of 30
+/// principals and a sweep every 300 ms, the members bucket's stream sees a few leader reads
+/// per sweep (the fence), where reading each row was 300 per sweep; a principal whose rows
+/// appear after the cache loaded gets its row, and one whose rows are deleted is pruned
+/// without a listing of the display bucket (its next listing is 10 minutes away).
+/// Mutations seen failing: `feed_parts.members` left `None` in `space/startup.rs` (about 300
+/// reads per sweep); the prune's branch for the rows the feed wrote itself removed (the
+/// deleted principal's row stayed).
+#[tokio::test]
+async fn a_sweep_reads_the_registry_from_the_proved_cache_not_row_by_row() {
+    const PRINCIPALS: usize = 30;
+    const CHANNELS: usize = 10;
+    let mesh = crate::support::data_path::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let uid = |i: usize| format!("{i:0>26}");
+    for i in 0..PRINCIPALS {
+        for c in 0..CHANNELS {
+            put_member_row(&insp, &format!("local.p{i}"), &uid(i), &format!("c{c}")).await;
+        }
+    }
+    let mut d = start_sweeping_every(&mesh, "300").await;
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let every: Vec<String> = (0..CHANNELS).map(|c| format!("c{c}")).collect();
+    eventually("every principal's row", BOUND, || async {
+        for i in 0..PRINCIPALS {
+            match feed_row(&insp, &format!("local.p{i}")).await {
+                Some(r) if r.durable == every => {}
+                _ => return false,
+            }
+        }
+        true
+    })
+    .await;
+    // A row written now is in a later sweep: the cache is current, not a snapshot.
+    put_member_row(&insp, "local.late", &uid(99), "c0").await;
+    eventually("the late principal's row", BOUND, || async {
+        feed_row(&insp, "local.late")
+            .await
+            .is_some_and(|r| r.durable == ["c0"])
+    })
+    .await;
+
+    let reads = count_members_reads(&insp).await;
+    let sweeps_before = membership_writes(&insp).await;
+    eventually("three more sweeps", BOUND, || async {
+        membership_writes(&insp).await >= sweeps_before + 3
+    })
+    .await;
+    let sweeps = membership_writes(&insp).await - sweeps_before;
+    let read = reads.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("{read} members reads over {sweeps} sweeps of 301 rows");
+    assert!(
+        read <= 2 * sweeps,
+        "{read} leader reads of the members bucket over {sweeps} sweeps of 301 rows"
+    );
+
+    // p0's rows deleted: its display row goes, within the relist period, by the feed's own
+    // knowledge of what it wrote.
+    for c in 0..CHANNELS {
+        let subject = format!(
+            "$KV.{}.c{c}/local.p0.{}",
+            insp.names.members_bucket(),
+            uid(0)
+        );
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("KV-Operation", "DEL");
+        insp.js
+            .publish_with_headers(subject, h, bytes::Bytes::new())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    eventually("p0's row pruned", BOUND, || async {
+        feed_row(&insp, "local.p0").await.is_none()
+    })
+    .await;
+    assert!(feed_row(&insp, "local.p1").await.is_some());
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}

@@ -151,3 +151,84 @@ async fn inventories_arriving_together_share_one_read() {
     );
     s::stop_daemon(&mut d).await;
 }
+
+/// An inventory reads the members registry from the daemon's members cache, proved current by
+/// its leader fence, and never lists the bucket (issue 32: a listing is every key of the
+/// registry per request): with the cache's watch paused on the broker, a row written after
+/// the pause is still in the answer (only the fence can have brought it), and the account sent
+/// no `STREAM.INFO` with a subject filter to the members bucket's stream meanwhile.
+/// Mutations seen failing: `shared_read` without its cache branch (a listing is sent);
+/// `ProvedRows::scan_matching` scanning without its fence (the late row is missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inventory_is_read_from_the_proved_cache_without_a_listing() {
+    use futures::StreamExt;
+    let mesh = s::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, _bob) = s::alice_and_bob(&mesh, &insp).await;
+    let mut d = s::start_traced(&mesh).await;
+    let members = insp.names.members_bucket();
+    s::loaded(&d, &members, 1).await;
+    let gen = match alice.durable_join("general").await.unwrap().backstop {
+        cotal_delivery::agent::Backstop::Durable { generation } => generation,
+        other => panic!("alice's join: {other:?}"),
+    };
+    s::pause_watch(&insp, &members).await;
+    // A second row of alice's lifecycle, written past the paused watch.
+    let late = json!({
+        "channel": "late", "owner": "local.alice",
+        "lifecycleUid": alice.lifecycle_uid().as_str(), "state": "durable-active",
+        "joinCursor": 0, "activated": true, "generation": 1,
+        "writerIdentity": "local.test", "updatedAt": 1,
+    });
+    insp.js
+        .publish(
+            format!(
+                "$KV.{members}.late/local.alice.{}",
+                alice.lifecycle_uid().as_str()
+            ),
+            late.to_string().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let listings = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut sub = insp
+        .client
+        .subscribe(format!("$JS.API.STREAM.INFO.KV_{members}"))
+        .await
+        .unwrap();
+    insp.client.flush().await.unwrap();
+    let counted = listings.clone();
+    let counter = tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            if String::from_utf8_lossy(&m.payload).contains("subjects_filter") {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+
+    let m = a::manager(&mesh).await;
+    let inv = a::answered(
+        m.inventory(alice.principal(), alice.lifecycle_uid(), BOUND)
+            .await,
+    );
+    let mut got = a::listed(&inv);
+    got.sort();
+    assert_eq!(
+        got,
+        vec![("general".to_string(), gen), ("late".to_string(), 1)]
+    );
+    // The test's own listing (rows_of) comes after the count is read.
+    assert_eq!(
+        listings.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the inventory listed the members bucket"
+    );
+    counter.abort();
+    let mut on_broker = a::rows_of(&insp, alice.principal(), alice.lifecycle_uid()).await;
+    on_broker.sort();
+    assert_eq!(on_broker, got);
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}

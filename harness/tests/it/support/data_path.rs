@@ -348,3 +348,72 @@ pub async fn pause_durable(
         "pause/resume of {durable} answered {answer}"
     );
 }
+
+// Fenced row caches: the daemon's own `row cache` lines, and its watches paused so a change
+// reaches a cache only through its fence (data_path::cache, admin::inventory).
+
+/// The daemon with the cache's info lines on stderr.
+pub async fn start_traced(mesh: &Mesh) -> Daemon {
+    let mut d = daemon_spec(mesh)
+        .env("RUST_LOG", "cotal_delivery::plane::cache=info")
+        .spawn()
+        .expect("spawn daemon");
+    d.wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("daemon up");
+    d
+}
+
+/// How many `row cache <what>` lines name `bucket`.
+pub fn cache_lines(d: &Daemon, what: &str, bucket: &str) -> usize {
+    let needle = format!("row cache {what}");
+    d.lines()
+        .iter()
+        .filter(|l| l.contains(&needle) && l.contains(bucket))
+        .count()
+}
+
+/// Waits until the cache of `bucket` has loaded `n` times.
+pub async fn loaded(d: &Daemon, bucket: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + UP_BOUND;
+    while cache_lines(d, "loaded", bucket) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the {bucket} cache did not load: {:#?}",
+            d.lines()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Pauses every row-cache watch consumer of `bucket` on the broker, so changes reach the cache
+/// only through its fence. Returns how many were paused (at least one).
+pub async fn pause_watch(insp: &Inspector, bucket: &str) -> usize {
+    let stream = insp
+        .js
+        .get_stream_no_info(format!("KV_{bucket}"))
+        .await
+        .unwrap();
+    let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
+    let watches: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("rowcache_"))
+        .collect();
+    assert!(
+        !watches.is_empty(),
+        "no row-cache watch on {bucket}: {names:?}"
+    );
+    for name in &watches {
+        let reply = insp
+            .client
+            .request(
+                format!("$JS.API.CONSUMER.PAUSE.KV_{bucket}.{name}"),
+                r#"{"pause_until":"2099-01-01T00:00:00Z"}"#.into(),
+            )
+            .await
+            .unwrap();
+        let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(answer["paused"], true, "{name} not paused: {answer}");
+    }
+    watches.len()
+}
