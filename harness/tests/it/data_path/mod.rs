@@ -3,6 +3,7 @@
 //! state from the test side (stream contents, consumer state, rows), not only what the agent
 //! surfaced.
 
+mod bounds;
 mod cache;
 mod crash;
 mod join_atomic;
