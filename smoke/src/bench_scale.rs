@@ -59,6 +59,11 @@ pub struct Args {
     /// Samples of each answer time (the median is reported).
     #[arg(long, default_value_t = 3)]
     samples: usize,
+    /// INBOX entries pending for offline members that a restarted daemon drains after the
+    /// last point (0: none), against the raw pipeline draining as many; [`BACKLOG_PER_MEMBER`]
+    /// per member, under the per-subject retention.
+    #[arg(long, default_value_t = 100_000)]
+    backlog: usize,
     /// Every point on a 3-node loopback JetStream cluster with every stream at R3.
     #[arg(long)]
     cluster: bool,
@@ -86,6 +91,13 @@ const SETTLE_BOUND: Duration = Duration::from_secs(120);
 const START_BOUND: Duration = Duration::from_secs(120);
 const ANSWER_BOUND: Duration = Duration::from_secs(60);
 const WORKLOAD_BOUND: Duration = Duration::from_secs(300);
+/// Entries of the backlog per member (INBOX keeps 1,000 per subject).
+const BACKLOG_PER_MEMBER: usize = 500;
+const BACKLOG_CHANNEL: &str = "backlog";
+/// How often the drain's progress (DLV's message count) and the daemon's RSS are read.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+/// Bound on a drain.
+const DRAIN_BOUND: Duration = Duration::from_secs(600);
 /// How often the feed's heartbeat row is read while a sweep is timed.
 const HEARTBEAT_POLL: Duration = Duration::from_millis(10);
 /// The feed's debounce (`space::feed::DEBOUNCE`), taken off a timed sweep.
@@ -105,6 +117,10 @@ const TARGET_PEAK_RSS_MAX_MB: f64 = 128.0;
 const TARGET_SERVING_MAX_MS: f64 = 10_000.0;
 /// Inventories and inspection answered within, ms.
 const TARGET_ANSWER_MAX_MS: f64 = 1_000.0;
+/// The daemon's drain of a backlog at least this share of the raw pipeline's rate ...
+const TARGET_DRAIN_RATIO_MIN: f64 = 0.7;
+/// ... with its RSS during the drain at most this many times its idle RSS at the last point.
+const TARGET_DRAIN_RSS_RATIO_MAX: f64 = 1.25;
 
 pub async fn run(args: Args) -> i32 {
     match bench(args).await {
@@ -350,6 +366,15 @@ async fn bench(args: Args) -> Result<(), String> {
         points.push(p);
     }
     view.close().await;
+    let drain = if args.backlog > 0 {
+        let w = workload.as_ref().ok_or("no workload")?;
+        Some(backlog(&mesh, &insp, w, &brokers, &args).await?)
+    } else {
+        None
+    };
+    if let (Some(d), Some(last)) = (&drain, points.last()) {
+        print_drain(d, last, &args);
+    }
     if let (Some(small), Some(large)) = (points.first(), points.last()) {
         let t = Targets::of(small, large);
         if args.json {
@@ -669,6 +694,253 @@ fn rss_kb(pid: u32, field: &str) -> u64 {
                 .and_then(|n| n.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// A backlog drained by one side.
+#[derive(Default, Clone, Copy)]
+struct DrainSide {
+    secs: f64,
+    per_s: f64,
+    cpu_us_per_entry: f64,
+    broker_us_per_entry: f64,
+    rss_first_mb: f64,
+    rss_max_mb: f64,
+    rss_end_mb: f64,
+}
+
+struct Drain {
+    entries: usize,
+    members: usize,
+    write_s: f64,
+    daemon: DrainSide,
+    raw: DrainSide,
+}
+
+/// The backlog's members (ACL row and durable member row on [`BACKLOG_CHANNEL`], written as the
+/// bulk agents' are), then the drain: the daemon stopped, `--backlog` entries written into
+/// INBOX in the writer's shape, the daemon started in front of them until DLV holds every
+/// frame; then INBOX and DLV purged, as many entries again (other ids) and the raw pipeline's
+/// frame stage drains them the same way.
+async fn backlog(
+    mesh: &Mesh,
+    insp: &Inspector,
+    w: &Workload,
+    brokers: &[u32],
+    args: &Args,
+) -> Result<Drain, String> {
+    let n = &insp.names;
+    let members_n = args.backlog.div_ceil(BACKLOG_PER_MEMBER);
+    let now = cotal_delivery::base::epoch_ms();
+    let mut members = Vec::new();
+    let mut acks = Vec::new();
+    for i in 0..members_n {
+        let who = Principal::new("local", &format!("b{i}")).map_err(err)?;
+        let uid = LifecycleUid::generate();
+        let acl = AclRecord::new(vec![BACKLOG_CHANNEL.to_string()], 1, now);
+        let row = json!({
+            "channel": BACKLOG_CHANNEL, "owner": who.dot_form(), "lifecycleUid": uid.as_str(),
+            "state": "durable-active", "joinCursor": 0, "activated": true, "generation": 1,
+            "writerIdentity": "local.bench-scale", "updatedAt": now,
+        });
+        for (subject, body) in [
+            (
+                kv(&n.acl_bucket(), &SpaceNames::acl_key(&who, &uid)),
+                serde_json::to_vec(&acl).map_err(err)?,
+            ),
+            (
+                kv(
+                    &n.members_bucket(),
+                    &SpaceNames::member_key(BACKLOG_CHANNEL, &who, &uid),
+                ),
+                row.to_string().into_bytes(),
+            ),
+        ] {
+            acks.push(
+                insp.js
+                    .publish_with_headers(subject, HeaderMap::new(), body.into())
+                    .await
+                    .map_err(err)?,
+            );
+        }
+        members.push((who, uid));
+    }
+    settle_acks(&mut acks).await?;
+    let entries = members_n * BACKLOG_PER_MEMBER;
+    let dlv = insp
+        .js
+        .get_stream_no_info(n.dlv_stream())
+        .await
+        .map_err(err)?;
+
+    purge(insp).await?;
+    let t = Instant::now();
+    write_backlog(insp, w, &members, "a").await?;
+    let write_s = t.elapsed().as_secs_f64();
+    progress(&format!(
+        "backlog: {entries} entries for {members_n} offline members written in {write_s:.1} s; the daemon starts in front of them"
+    ));
+    let mut daemon = mesh.deliver(mesh.space()).spawn().map_err(err)?;
+    daemon
+        .wait_for_line("delivery daemon up", START_BOUND)
+        .await
+        .map_err(err)?;
+    let d = drain(&dlv, entries, daemon.pid(), brokers).await;
+    let _ = daemon.terminate();
+    let _ = daemon.wait_exit(Duration::from_secs(15)).await;
+    let d = d?;
+    progress(&format!(
+        "backlog: the daemon drained {entries} entries in {:.1} s ({:.0}/s), RSS {:.1} -> max {:.1} -> {:.1} MB",
+        d.secs, d.per_s, d.rss_first_mb, d.rss_max_mb, d.rss_end_mb
+    ));
+
+    purge(insp).await?;
+    write_backlog(insp, w, &members, "b").await?;
+    let raw =
+        crate::bench_fanout::raw::RawClient::start_draining(mesh, insp, BACKLOG_CHANNEL).await?;
+    let r = drain(&dlv, entries, raw.pid(), brokers).await;
+    if r.is_err() {
+        eprintln!("bench-scale: the raw client printed:\n{}", raw.transcript());
+    }
+    raw.stop(insp).await;
+    let r = r?;
+    progress(&format!(
+        "backlog: the raw pipeline drained {entries} entries in {:.1} s ({:.0}/s)",
+        r.secs, r.per_s
+    ));
+    purge(insp).await?;
+    Ok(Drain {
+        entries,
+        members: members_n,
+        write_s,
+        daemon: d,
+        raw: r,
+    })
+}
+
+/// Writes [`BACKLOG_PER_MEMBER`] entries for each member, as the fan-out writer stores them
+/// (`Plane3Entry`, the dedup id `<id>:<o>.<a>:<uid>:1`), ids prefixed with `tag`.
+async fn write_backlog(
+    insp: &Inspector,
+    w: &Workload,
+    members: &[(Principal, LifecycleUid)],
+    tag: &str,
+) -> Result<(), String> {
+    let channel_json = Value::String(BACKLOG_CHANNEL.to_string()).to_string();
+    let mut acks = Vec::with_capacity(PROVISION_WINDOW_MESSAGES);
+    for j in 0..BACKLOG_PER_MEMBER {
+        let id = format!("{tag}{j}");
+        let post = w
+            .sender
+            .message(BACKLOG_CHANNEL, "backlog", Some(&id))
+            .to_string();
+        // The CHAT sequence the entry names: inside every member's interval (join cursor 0).
+        // One body for every member (its type is the publish's payload's, which this crate
+        // does not name).
+        let body = Into::into(crate::bench_fanout::raw::entry_bytes(
+            post.as_bytes(),
+            &channel_json,
+            j as u64 + 1,
+        ));
+        for (who, uid) in members {
+            let mut h = HeaderMap::new();
+            h.insert(
+                "Nats-Msg-Id",
+                format!("{id}:{}:{uid}:1", who.dot_form()).as_str(),
+            );
+            acks.push(
+                insp.js
+                    .publish_with_headers(insp.names.dinbox_subject(who, uid), h, Clone::clone(&body))
+                    .await
+                    .map_err(err)?,
+            );
+            if acks.len() >= PROVISION_WINDOW_MESSAGES {
+                settle_acks(&mut acks).await?;
+            }
+        }
+    }
+    settle_acks(&mut acks).await
+}
+
+/// Waits until `dlv` holds `frames` messages, reading the side's RSS at every poll: the drain's
+/// time and rate (first frame stored to last, broker timestamps), CPU per entry (from this
+/// call, the side's start-up included) and RSS.
+async fn drain(
+    dlv: &Stream<()>,
+    frames: usize,
+    pid: u32,
+    brokers: &[u32],
+) -> Result<DrainSide, String> {
+    let a = CpuMark::take(pid, brokers)?;
+    let t = Instant::now();
+    let mut rss: Vec<u64> = Vec::new();
+    loop {
+        rss.push(rss_kb(pid, "VmRSS:"));
+        let held = dlv.get_info().await.map_err(err)?.state.messages;
+        if held >= frames as u64 {
+            break;
+        }
+        if t.elapsed() >= DRAIN_BOUND {
+            return Err(format!(
+                "a drain stored {held} of {frames} frames within {} s",
+                DRAIN_BOUND.as_secs()
+            ));
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    let spent = a.spent_until(&CpuMark::take(pid, brokers)?);
+    // The rate from the broker's own timestamps: first frame stored to last frame stored, so
+    // neither side's start-up (the daemon's or the raw client's process) is in it.
+    let state = dlv.get_info().await.map_err(err)?.state;
+    let first = crate::bench_fanout::measure::stored_at_ns(dlv, state.first_sequence).await?;
+    let last = crate::bench_fanout::measure::stored_at_ns(dlv, state.last_sequence).await?;
+    let secs = ((last - first) as f64 / 1e9).max(1e-6);
+    let mb = |kb: u64| kb as f64 / 1024.0;
+    Ok(DrainSide {
+        secs,
+        per_s: frames as f64 / secs.max(1e-9),
+        cpu_us_per_entry: spent.side.as_secs_f64() * 1e6 / frames as f64,
+        broker_us_per_entry: spent.brokers.as_secs_f64() * 1e6 / frames as f64,
+        rss_first_mb: mb(rss.first().copied().unwrap_or(0)),
+        rss_max_mb: mb(rss.iter().copied().max().unwrap_or(0)),
+        rss_end_mb: mb(rss.last().copied().unwrap_or(0)),
+    })
+}
+
+fn print_drain(d: &Drain, last: &Point, args: &Args) {
+    let ratio = d.daemon.per_s / d.raw.per_s.max(f64::MIN_POSITIVE);
+    let rss_ratio = d.daemon.rss_max_mb / last.rss_idle_mb.max(f64::MIN_POSITIVE);
+    let met = |ok: bool| if ok { "met" } else { "NOT met" };
+    if args.json {
+        let side = |s: &DrainSide| {
+            json!({
+                "secs": r2(s.secs), "entries_per_s": r2(s.per_s),
+                "cpu_us_per_entry": r2(s.cpu_us_per_entry),
+                "broker_cpu_us_per_entry": r2(s.broker_us_per_entry),
+                "rss_first_mb": r2(s.rss_first_mb), "rss_max_mb": r2(s.rss_max_mb),
+                "rss_end_mb": r2(s.rss_end_mb),
+            })
+        };
+        println!(
+            "{}",
+            json!({
+                "backlog": d.entries, "members": d.members, "rows": last.rows,
+                "write_s": r2(d.write_s), "daemon": side(&d.daemon), "raw": side(&d.raw),
+                "drain_ratio": r2(ratio), "rss_max_over_idle": r2(rss_ratio),
+                "targets_met": {
+                    "drain_ratio_min_0_7": ratio >= TARGET_DRAIN_RATIO_MIN,
+                    "drain_rss_max_1_25_x_idle": rss_ratio <= TARGET_DRAIN_RSS_RATIO_MAX,
+                },
+            })
+        );
+        return;
+    }
+    println!(
+        "backlog {} entries ({} members, {} rows, written in {:.1} s): daemon {:.0}/s ({:.1} µs CPU, broker {:.1} µs per entry), raw {:.0}/s ({:.1} µs, broker {:.1} µs); ratio {ratio:.2} (>= {TARGET_DRAIN_RATIO_MIN}) {}; daemon RSS {:.1} -> max {:.1} -> {:.1} MB, max {rss_ratio:.2} x its idle RSS (<= {TARGET_DRAIN_RSS_RATIO_MAX}) {}",
+        d.entries, d.members, last.rows, d.write_s, d.daemon.per_s, d.daemon.cpu_us_per_entry,
+        d.daemon.broker_us_per_entry, d.raw.per_s, d.raw.cpu_us_per_entry, d.raw.broker_us_per_entry,
+        met(ratio >= TARGET_DRAIN_RATIO_MIN), d.daemon.rss_first_mb, d.daemon.rss_max_mb,
+        d.daemon.rss_end_mb, met(rss_ratio <= TARGET_DRAIN_RSS_RATIO_MAX)
+    );
 }
 
 /// Where each target stands, the largest point against the smallest.

@@ -211,8 +211,9 @@ pub async fn pending(insp: &Inspector, member: &Principal) -> Result<Pending, In
     })
 }
 
-/// Every lifecycle the broker knows for `member`: ACL rows, membership rows, INBOX and DLV
-/// subjects.
+/// Every lifecycle the broker knows for `member` that can owe something: ACL rows, INBOX and
+/// DLV subjects (each found by a subject filter); membership rows only when none of those
+/// names one.
 async fn lifecycles(
     insp: &Inspector,
     member: &Principal,
@@ -235,16 +236,6 @@ async fn lifecycles(
             out.extend(LifecycleUid::parse(uid).ok());
         }
     }
-    let rows = crate::base::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
-        .await
-        .map_err(listed)?;
-    for key in rows {
-        if let Some((_, rest)) = key.split_once('/') {
-            if let Some(uid) = rest.strip_prefix(&format!("{who}.")) {
-                out.extend(LifecycleUid::parse(uid).ok());
-            }
-        }
-    }
     for (stream, prefix) in [
         (
             n.inbox_stream(),
@@ -255,6 +246,22 @@ async fn lifecycles(
         for (subject, _) in insp.subjects(&stream, &format!("{prefix}*")).await? {
             if let Some(uid) = subject.strip_prefix(&prefix) {
                 out.extend(LifecycleUid::parse(uid).ok());
+            }
+        }
+    }
+    // Membership rows name a lifecycle too, but a key's owner shares a subject token with the
+    // channel's last segment, so no subject filter selects one member's rows: finding them is
+    // a listing of the whole registry. A lifecycle known only by such rows owes nothing (no
+    // entry, no frame), so they are listed only to tell such a member from an unknown one.
+    if out.is_empty() {
+        let rows = crate::base::keys(&insp.js, &n.members_bucket(), ">", super::REQUEST_BOUND)
+            .await
+            .map_err(listed)?;
+        for key in rows {
+            if let Some((_, rest)) = key.split_once('/') {
+                if let Some(uid) = rest.strip_prefix(&format!("{who}.")) {
+                    out.extend(LifecycleUid::parse(uid).ok());
+                }
             }
         }
     }

@@ -323,3 +323,81 @@ async fn the_inspection_credential_is_confined_to_its_reads() {
     let _sub = client.subscribe(n.chat_all()).await.unwrap();
     expect_denied(&mut events, "Subscription", &n.chat_all()).await;
 }
+
+/// `pending` finds a member's lifecycles by subject filters (its ACL rows, its INBOX and DLV
+/// subjects) and lists the whole members registry only for a member none of those names
+/// (issue 32: the listing is every key of the registry): `pending local.bob` (an ACL row)
+/// sends no `STREAM.INFO` with a subject filter to the members bucket's stream, and
+/// `pending local.erin`, known only by a membership row, is still reported (nothing owed, exit
+/// 0), not refused as unknown. Mutations seen failing: the members listing made
+/// unconditional (bob's run lists the bucket); the listing removed (erin is unknown, exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_lists_the_registry_only_for_a_member_no_filter_finds() {
+    use futures::StreamExt;
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (_bob, _) = agent::spawn(&mesh, &insp, "bob", &["general"])
+        .await
+        .unwrap();
+    let erin_row = json!({
+        "channel": "general", "owner": "local.erin", "lifecycleUid": "e".repeat(26),
+        "state": "durable-active", "joinCursor": 0, "activated": true, "generation": 1,
+        "writerIdentity": "local.test", "updatedAt": 1,
+    });
+    insp.js
+        .publish(
+            format!(
+                "$KV.{}.general/local.erin.{}",
+                insp.names.members_bucket(),
+                "e".repeat(26)
+            ),
+            erin_row.to_string().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut info = insp
+        .client
+        .subscribe(format!(
+            "$JS.API.STREAM.INFO.KV_{}",
+            insp.names.members_bucket()
+        ))
+        .await
+        .unwrap();
+    insp.client.flush().await.unwrap();
+    // Every request the account sends to the members stream's info, as they arrive.
+    let (tx, mut listings) = tokio::sync::mpsc::unbounded_channel();
+    let counter = tokio::spawn(async move {
+        while let Some(m) = info.next().await {
+            let _ = tx.send(String::from_utf8_lossy(&m.payload).contains("subjects_filter"));
+        }
+    });
+    let listed = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<bool>| {
+        let mut n = 0;
+        while let Ok(l) = rx.try_recv() {
+            n += usize::from(l);
+        }
+        n
+    };
+
+    let bob = cli(&mesh, &["pending", "local.bob"], None).await;
+    assert_eq!(bob.code, Some(0), "{}", bob.stderr);
+    // The run's requests reached the broker before its answer; the flush brings this side's
+    // copies of them in before they are counted.
+    insp.client.flush().await.unwrap();
+    assert_eq!(listed(&mut listings), 0, "bob's pending listed the registry");
+
+    let erin = cli(&mesh, &["pending", "local.erin"], None).await;
+    assert_eq!(erin.code, Some(0), "{}{}", erin.stdout, erin.stderr);
+    assert!(
+        erin.stdout.contains("local.erin in space demo: nothing owed"),
+        "{}",
+        erin.stdout
+    );
+    insp.client.flush().await.unwrap();
+    // async-nats pages a listing (a request per page, and one past the last).
+    let erins = listed(&mut listings);
+    assert!(erins >= 1, "erin's pending did not list the registry");
+    counter.abort();
+}

@@ -86,6 +86,9 @@ struct Plan {
     inbox_prefix: String,
     dlv_prefix: String,
     members: Vec<Member>,
+    /// The frame stage's durable starts at the INBOX's first entry (a backlog already stored,
+    /// `smoke bench-scale`) instead of at the next one.
+    inbox_from_first: bool,
 }
 
 impl Plan {
@@ -118,6 +121,7 @@ impl Plan {
             inbox_stream: s("inbox_stream")?,
             inbox_filter: s("inbox_filter")?,
             channel_json: s("channel_json")?,
+            inbox_from_first: v["inbox_from_first"].as_bool().unwrap_or(false),
             inbox_prefix: s("inbox_prefix")?,
             dlv_prefix: s("dlv_prefix")?,
             members,
@@ -204,12 +208,25 @@ async fn serve(args: Args) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?,
     );
-    let posts = durable(&copy_js, &plan.chat_stream, RAW_FANOUT, &plan.chat_filter).await?;
+    let posts = durable(
+        &copy_js,
+        &plan.chat_stream,
+        RAW_FANOUT,
+        &plan.chat_filter,
+        DeliverPolicy::New,
+    )
+    .await?;
+    let from = if plan.inbox_from_first {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::New
+    };
     let entries = durable(
         &frame_js,
         &plan.inbox_stream,
         RAW_READER,
         &plan.inbox_filter,
+        from,
     )
     .await?;
     println!("{READY_LINE}");
@@ -239,6 +256,7 @@ async fn durable(
     stream: &str,
     name: &str,
     filter: &str,
+    deliver_policy: DeliverPolicy,
 ) -> Result<pull::Stream, String> {
     let consumer = js
         .get_stream_no_info(stream)
@@ -250,7 +268,7 @@ async fn durable(
                 durable_name: Some(name.to_string()),
                 filter_subject: filter.to_string(),
                 ack_policy: AckPolicy::Explicit,
-                deliver_policy: DeliverPolicy::New,
+                deliver_policy,
                 max_ack_pending: RAW_MAX_ACK_PENDING,
                 ..Default::default()
             },
@@ -408,6 +426,26 @@ impl RawClient {
         channel: &str,
         targets: &[AgentMaterial],
     ) -> Result<RawClient, String> {
+        RawClient::launch(mesh, insp, channel, targets, false).await
+    }
+
+    /// The raw client draining the INBOX entries already stored on `channel` (its frame stage
+    /// from the stream's first entry; its copy stage idle).
+    pub async fn start_draining(
+        mesh: &Mesh,
+        insp: &Inspector,
+        channel: &str,
+    ) -> Result<RawClient, String> {
+        RawClient::launch(mesh, insp, channel, &[], true).await
+    }
+
+    async fn launch(
+        mesh: &Mesh,
+        insp: &Inspector,
+        channel: &str,
+        targets: &[AgentMaterial],
+        inbox_from_first: bool,
+    ) -> Result<RawClient, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let cred = mesh
             .mint(
@@ -441,6 +479,7 @@ impl RawClient {
             "inbox_prefix": format!("{prefix}.dinbox."),
             "dlv_prefix": format!("{prefix}.dlv."),
             "members": members,
+            "inbox_from_first": inbox_from_first,
         });
         let plan_path = dir.path().join("plan.json");
         std::fs::write(&plan_path, plan.to_string()).map_err(|e| e.to_string())?;
