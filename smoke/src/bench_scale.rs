@@ -849,7 +849,11 @@ async fn write_backlog(
             );
             acks.push(
                 insp.js
-                    .publish_with_headers(insp.names.dinbox_subject(who, uid), h, Clone::clone(&body))
+                    .publish_with_headers(
+                        insp.names.dinbox_subject(who, uid),
+                        h,
+                        Clone::clone(&body),
+                    )
                     .await
                     .map_err(err)?,
             );

@@ -386,12 +386,17 @@ async fn pending_lists_the_registry_only_for_a_member_no_filter_finds() {
     // The run's requests reached the broker before its answer; the flush brings this side's
     // copies of them in before they are counted.
     insp.client.flush().await.unwrap();
-    assert_eq!(listed(&mut listings), 0, "bob's pending listed the registry");
+    assert_eq!(
+        listed(&mut listings),
+        0,
+        "bob's pending listed the registry"
+    );
 
     let erin = cli(&mesh, &["pending", "local.erin"], None).await;
     assert_eq!(erin.code, Some(0), "{}{}", erin.stdout, erin.stderr);
     assert!(
-        erin.stdout.contains("local.erin in space demo: nothing owed"),
+        erin.stdout
+            .contains("local.erin in space demo: nothing owed"),
         "{}",
         erin.stdout
     );
