@@ -361,7 +361,7 @@ async fn bench(args: Args) -> Result<(), String> {
         ));
         let _ = daemon.terminate();
         let _ = daemon.wait_exit(Duration::from_secs(15)).await;
-        purge(&insp).await?;
+        crate::bench_fanout::purge(&insp).await?;
         print_point(&p, &args);
         points.push(p);
     }
@@ -670,30 +670,9 @@ async fn run_workload(
     Ok(())
 }
 
-/// Purges CHAT, INBOX and DLV between points (the durables move past what was purged).
-async fn purge(insp: &Inspector) -> Result<(), String> {
-    for name in [
-        insp.names.chat_stream(),
-        insp.names.inbox_stream(),
-        insp.names.dlv_stream(),
-    ] {
-        let s = insp.js.get_stream_no_info(&name).await.map_err(err)?;
-        s.purge().await.map_err(|e| format!("purge {name}: {e}"))?;
-    }
-    Ok(())
-}
-
 /// `field` (`VmRSS:`, `VmHWM:`) of `pid` in kB, 0 if unreadable.
 fn rss_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
+    crate::bench_fanout::measure::status_kb(pid, field)
 }
 
 /// A backlog drained by one side.
@@ -772,7 +751,7 @@ async fn backlog(
         .await
         .map_err(err)?;
 
-    purge(insp).await?;
+    crate::bench_fanout::purge(insp).await?;
     let t = Instant::now();
     write_backlog(insp, w, &members, "a").await?;
     let write_s = t.elapsed().as_secs_f64();
@@ -793,7 +772,7 @@ async fn backlog(
         d.secs, d.per_s, d.rss_first_mb, d.rss_max_mb, d.rss_end_mb
     ));
 
-    purge(insp).await?;
+    crate::bench_fanout::purge(insp).await?;
     write_backlog(insp, w, &members, "b").await?;
     let raw =
         crate::bench_fanout::raw::RawClient::start_draining(mesh, insp, BACKLOG_CHANNEL).await?;
@@ -807,7 +786,7 @@ async fn backlog(
         "backlog: the raw pipeline drained {entries} entries in {:.1} s ({:.0}/s)",
         r.secs, r.per_s
     ));
-    purge(insp).await?;
+    crate::bench_fanout::purge(insp).await?;
     Ok(Drain {
         entries,
         members: members_n,

@@ -393,17 +393,7 @@ impl RowCache {
         st.rows
             .iter()
             .filter(|(k, r)| keep(k) && !expired(&st, r, now))
-            .filter_map(|(k, r)| {
-                r.value.as_ref().map(|v| {
-                    (
-                        k.clone(),
-                        Row {
-                            value: v.clone(),
-                            revision: r.revision,
-                        },
-                    )
-                })
-            })
+            .filter_map(live_row)
             .collect()
     }
 
@@ -615,18 +605,20 @@ fn scan_locked(st: &State, prefix: &str) -> Vec<(String, Row)> {
         .range(prefix.to_string()..)
         .take_while(|(k, _)| k.starts_with(prefix))
         .filter(|(_, r)| !expired(st, r, now))
-        .filter_map(|(k, r)| {
-            r.value.as_ref().map(|v| {
-                (
-                    k.clone(),
-                    Row {
-                        value: v.clone(),
-                        revision: r.revision,
-                    },
-                )
-            })
-        })
+        .filter_map(live_row)
         .collect()
+}
+
+/// A held row as a scan hands it out: `None` for a delete or purge marker.
+fn live_row((key, row): (&String, &CachedRow)) -> Option<(String, Row)> {
+    let value = row.value.clone()?;
+    Some((
+        key.clone(),
+        Row {
+            value,
+            revision: row.revision,
+        },
+    ))
 }
 
 fn expired(st: &State, row: &CachedRow, now_ms: u64) -> bool {

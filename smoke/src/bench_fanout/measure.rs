@@ -133,6 +133,19 @@ impl CpuMark {
     }
 }
 
+/// A field of `/proc/<pid>/status` counted in kB (`VmRSS:`, `VmHWM:`), 0 if unreadable.
+pub fn status_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// The load average (1, 5, 15 min) as `/proc/loadavg` has it.
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")

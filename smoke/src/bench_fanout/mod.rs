@@ -807,7 +807,7 @@ async fn retained_per_subject(insp: &Inspector) -> Result<usize, String> {
 }
 
 /// Purges CHAT, INBOX and DLV (consumers move past what was purged).
-async fn purge(insp: &Inspector) -> Result<(), String> {
+pub(crate) async fn purge(insp: &Inspector) -> Result<(), String> {
     for name in [
         insp.names.chat_stream(),
         insp.names.inbox_stream(),
@@ -856,15 +856,7 @@ async fn count_api_requests(insp: &Inspector) -> Result<ApiCount, String> {
 
 /// `VmHWM` (peak resident set) of `pid` in kB, 0 if unreadable.
 fn peak_rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
+    measure::status_kb(pid, "VmHWM:")
 }
 
 async fn start_daemon(mesh: &Mesh) -> Result<(Daemon, u16), String> {
