@@ -84,6 +84,47 @@ impl BrokerConn {
     }
 }
 
+impl BrokerConn {
+    /// When the broker accepted the connection, as unix microseconds.
+    pub fn start_unix_us(&self) -> Option<i64> {
+        rfc3339_unix_us(&self.start)
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` as unix microseconds: the broker's stamps
+/// (`/connz` trims trailing zeros of the fraction and writes the host's offset; advisories keep
+/// nine digits, in UTC).
+pub fn rfc3339_unix_us(text: &str) -> Option<i64> {
+    let (date, rest) = text.split_once('T')?;
+    let (time, offset_s) = if let Some(t) = rest.strip_suffix('Z') {
+        (t, 0)
+    } else {
+        let at = rest.rfind(['+', '-'])?;
+        let (t, off) = rest.split_at(at);
+        let sign = if off.starts_with('-') { -1 } else { 1 };
+        let (oh, om) = off[1..].split_once(':')?;
+        (
+            t,
+            sign * (oh.parse::<i64>().ok()? * 3600 + om.parse::<i64>().ok()? * 60),
+        )
+    };
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    let us: i64 = format!("{frac:0<6}").get(..6)?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let local = (((days * 24 + hh) * 60 + mm) * 60 + ss) * 1_000_000 + us;
+    Some(local - offset_s * 1_000_000)
+}
+
 impl Broker {
     /// Every connection in `state`, in every account, with its auth details.
     pub async fn connz(&self, state: ConnState) -> Result<Vec<BrokerConn>, HarnessError> {
@@ -108,5 +149,29 @@ impl Broker {
         let mut rows = self.connz(state).await?;
         rows.retain(|c| c.name == name);
         Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation seen failing: the offset added instead of subtracted (`+01:00` read an hour late).
+    #[test]
+    fn broker_stamps_are_read_in_utc_whatever_their_offset() {
+        assert_eq!(rfc3339_unix_us("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            rfc3339_unix_us("2026-11-30T15:40:01.123456789Z"),
+            Some(1_796_053_201_123_456)
+        );
+        assert_eq!(
+            rfc3339_unix_us("2026-11-30T16:40:01.5+01:00"),
+            Some(1_796_053_201_500_000)
+        );
+        assert_eq!(
+            rfc3339_unix_us("2026-11-30T10:10:01-05:30"),
+            Some(1_796_053_201_000_000)
+        );
+        assert_eq!(rfc3339_unix_us("yesterday"), None);
     }
 }

@@ -130,6 +130,7 @@ async fn steps(case: &Case, w: &mut World, log: &mut Vec<String>) -> Result<(), 
         }
         let done = happened.unwrap_or_else(Instant::now);
         let elapsed = done.saturating_duration_since(base);
+        let since_name = at.timing.since.as_deref().unwrap_or("the step began");
         if let Some(floor) = &at.timing.at_least {
             let floor = Duration::from_millis(
                 floor
@@ -139,13 +140,22 @@ async fn steps(case: &Case, w: &mut World, log: &mut Vec<String>) -> Result<(), 
             if elapsed < floor {
                 return Err(fail(Failure::new(
                     format!(
-                        "this to happen at least {} ms after {}",
-                        floor.as_millis(),
-                        at.timing.since.as_deref().unwrap_or("the step began")
+                        "this to happen at least {} ms after {since_name}",
+                        floor.as_millis()
                     ),
                     format!("after {} ms", elapsed.as_millis()),
                 )));
             }
+        }
+        // Its bound is checked after the fact: a stamp read late may lie past it.
+        if happened.is_some() && at.timing.within.is_some() && done > ctx.deadline {
+            return Err(fail(Failure::new(
+                format!(
+                    "this to happen within {} ms of {since_name}",
+                    ctx.deadline.saturating_duration_since(base).as_millis()
+                ),
+                format!("after {} ms", elapsed.as_millis()),
+            )));
         }
         if let Some(name) = &at.timing.figure {
             w.figures.push((name.clone(), elapsed.as_millis()));

@@ -48,7 +48,11 @@ pub fn normalise_paths(text: &str, tokens: &[(PathBuf, String)]) -> String {
         (r"\bpid \d+", "pid [PID]"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
         (r"expires in \d+ s\b", "expires in [N] s"),
+        // A JWT's expiry as unix seconds (adoption lines: `exp 1796053201`).
+        (r"\bexp \d{9,}\b", "exp [EXP]"),
         (r"\b\d+ ms\b", "[N] ms"),
+        // A repeated line's summary: how long its window ran before the close.
+        (r"in the last \d+(\.\d+)? s\b", "in the last [N] s"),
         (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
         // A lifecycle uid after its principal (`local.bob.<uid>`): 26 to 32 of [a-z0-9], fresh
         // per provisioning. Only there: a lease incarnation has the same alphabet and its own
@@ -156,6 +160,19 @@ mod tests {
         assert_eq!(
             normalise_paths(&line, &[]),
             format!("the member row general/local.bob.[UID] of retired lifecycle local.bob.[UID]: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation [INCARNATION]")
+        );
+    }
+
+    /// Mutation seen failing: the rule removed (`exp 1796053201` kept, a new number every run).
+    #[test]
+    fn a_jwt_expiry_and_a_summary_window_are_normalised() {
+        let line = "✓ delivery: adopted the renewed credential from x (the broker accepted U, exp 1796053201); reconnecting onto it";
+        let out = normalise_paths(line, &[]);
+        assert!(out.contains("exp [EXP])"), "{out}");
+        let summary = "! delivery: broker connection unavailable, reconnecting (space demo) (repeated 1 time in the last 5.9 s)";
+        assert!(
+            normalise_paths(summary, &[]).ends_with("(repeated 1 time in the last [N] s)"),
+            "{summary}"
         );
     }
 

@@ -174,6 +174,11 @@ impl World {
         opts: &RunOptions,
     ) -> Result<World, Failure> {
         let ttl_ms = spec.lease_ttl_ms.eval(&vars).map_err(Failure::could_not)?;
+        // Built (when stale) before anything is minted: a case's short credential lifetimes
+        // and its credential_time events are not spent on a build.
+        if let DaemonUnderTest::Workspace = opts.daemon {
+            crate::daemon::daemon_bin()?;
+        }
         let mut builder = Mesh::builder()
             .space(&spec.space)?
             .lease_ttl(Duration::from_millis(ttl_ms))

@@ -77,7 +77,8 @@ pub enum Step {
         opened: u64,
     },
     Observe {
-        ms: u64,
+        /// ms, or an expression of the case's variables (`"3 * ping"`).
+        ms: crate::kit::expr::Duration,
     },
 }
 
@@ -120,8 +121,11 @@ impl Step {
                     .mesh
                     .node_mut(*node)
                     .ok_or_else(|| Failure::could_not(format!("no broker node {node} (of {n})")))?;
+                // A kill's event is the signal, not the reaping that follows it.
+                let mut dealt = None;
                 match fault {
                     BrokerFault::Kill => {
+                        dealt = Some(Instant::now());
                         b.kill()?;
                         b.wait_exit(ctx.left()).await?;
                     }
@@ -132,6 +136,7 @@ impl Step {
                         b.restart().await?;
                     }
                 }
+                w.happened_at = dealt;
                 let what = match fault {
                     BrokerFault::Kill => "SIGKILL to",
                     BrokerFault::Term => "SIGTERM to",
@@ -233,14 +238,16 @@ impl Step {
                 ))
             }
             Step::Observe { ms } => {
-                let d = Duration::from_millis(*ms);
+                let ms = ms.eval(&w.vars).map_err(Failure::could_not)?;
+                let d = Duration::from_millis(ms);
                 if d > OBSERVE_MAX {
                     return Err(Failure::could_not(format!(
                         "an observation window longer than {} s",
                         OBSERVE_MAX.as_secs()
                     )));
                 }
-                let until = Instant::now() + d;
+                // From `since` when the step names one: "until 7 s after the expiry".
+                let until = ctx.started + d;
                 tokio::time::sleep_until(until.into()).await;
                 Ok(format!("observe for {ms} ms"))
             }

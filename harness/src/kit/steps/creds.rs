@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::rails::{check_reply, exchange, supervisor, supervisor_principal};
-use super::{poll, Ctx, Refs};
+use super::{poll, Ctx, Kind, Refs};
 use crate::connz::ConnState;
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
 
@@ -24,6 +24,16 @@ pub enum Which {
     Original,
     /// The latest re-sign of the renewal owner.
     Latest,
+}
+
+/// What the broker holds for the daemon's connection.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum BrokerJwt {
+    Original,
+    Latest,
+    /// No open connection of the daemon at all (closed for an expiry, not redialed).
+    None,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
@@ -45,13 +55,17 @@ pub enum Step {
         rogue: bool,
     },
     ExpectBrokerJwt {
-        is: Which,
+        is: BrokerJwt,
     },
     ReloadCreds {
         #[serde(default)]
         expect: ReloadExpect,
         #[serde(default)]
         error: Option<String>,
+        /// A proxy holding the daemon's bytes: the reply is expected among them (answered while
+        /// held), then released so it reaches the caller.
+        #[serde(default)]
+        release: Option<String>,
     },
 }
 
@@ -78,7 +92,12 @@ impl Step {
     }
 
     pub fn refs(&self) -> Refs {
-        Refs::default()
+        match self {
+            Step::ReloadCreds { release, .. } => {
+                Refs::default().uses_opt(Kind::Proxy, release.as_ref())
+            }
+            _ => Refs::default(),
+        }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
@@ -114,42 +133,61 @@ impl Step {
             }
             Step::ExpectBrokerJwt { is } => {
                 let want = match is {
-                    Which::Original => w.resigns.original.clone(),
-                    Which::Latest => w.resigns.written.last().cloned(),
+                    BrokerJwt::Original => w.resigns.original.clone(),
+                    BrokerJwt::Latest => w.resigns.written.last().cloned(),
+                    BrokerJwt::None => None,
+                };
+                if *is != BrokerJwt::None && want.is_none() {
+                    return Err(Failure::could_not(format!("no {is:?} credential")));
                 }
-                .ok_or_else(|| Failure::could_not(format!("no {is:?} credential")))?;
+                let want_jwt = want.map(|c| c.jwt);
                 let broker = &w.mesh.broker;
-                poll(
+                let started = poll(
                     ctx,
-                    "the broker to hold that JWT for the daemon's connection",
+                    "the broker to hold that for the daemon's connection",
                     || async {
                         let conns = broker
                             .connz_named(ConnState::Open, DAEMON_CONNECTION)
                             .await
                             .map_err(|e| e.to_string())?;
-                        if conns.is_empty() {
-                            return Err("no open daemon connection".into());
+                        let Some(jwt) = &want_jwt else {
+                            return match conns.len() {
+                                0 => Ok(None),
+                                n => Err(format!("{n} open daemon connections")),
+                            };
+                        };
+                        let [conn] = conns.as_slice() else {
+                            return Err(format!("{} open daemon connections", conns.len()));
+                        };
+                        if conn.jwt.as_deref() != Some(jwt.as_str()) {
+                            return Err("the daemon's connection presents another JWT".into());
                         }
-                        if conns
-                            .iter()
-                            .all(|c| c.jwt.as_deref() == Some(want.jwt.as_str()))
-                        {
-                            Ok(())
-                        } else {
-                            Err("the daemon's connection presents another JWT".into())
-                        }
+                        conn.start_unix_us()
+                            .map(|us| Some(us / 1000))
+                            .ok_or_else(|| format!("an unreadable start {:?}", conn.start))
                     },
                 )
                 .await?;
-                Ok(format!(
-                    "the broker holds the {} credential's JWT for the daemon's connection",
-                    match is {
-                        Which::Original => "original",
-                        Which::Latest => "re-signed",
+                // Timed at the broker's own stamp of that connection's start.
+                if let Some(ms) = started {
+                    w.happened_at = Some(super::timed::instant_at_unix_ms(ms)?);
+                }
+                Ok(match is {
+                    BrokerJwt::Original => {
+                        "the broker holds the original credential's JWT for the daemon's connection"
                     }
-                ))
+                    BrokerJwt::Latest => {
+                        "the broker holds the re-signed credential's JWT for the daemon's connection"
+                    }
+                    BrokerJwt::None => "the broker holds no connection of the daemon",
+                }
+                .to_string())
             }
-            Step::ReloadCreds { expect, error } => {
+            Step::ReloadCreds {
+                expect,
+                error,
+                release,
+            } => {
                 let expected = w
                     .resigns
                     .written
@@ -167,18 +205,41 @@ impl Step {
                     "args": expected,
                     "from": {"id": principal.dot_form(), "name": "manager", "kind": "endpoint"},
                 });
-                let reply =
-                    exchange(&client, &subject, body.to_string().into_bytes(), ctx.left()).await?;
+                let request =
+                    exchange(&client, &subject, body.to_string().into_bytes(), ctx.left());
+                let reply = match release {
+                    None => request.await?,
+                    Some(p) => {
+                        let proxy = w.proxy(p)?;
+                        let held = format!("{subject}.reply.");
+                        let (reply, held) = tokio::join!(request, async {
+                            let seen = proxy.wait_held(&held, ctx.left()).await;
+                            proxy.release();
+                            seen
+                        });
+                        held.map_err(|_| {
+                            Failure::new(
+                                format!("the reply held by proxy {p} before its release"),
+                                "it held no reply",
+                            )
+                        })?;
+                        reply?
+                    }
+                };
                 check_reply(
                     &reply,
                     Some(*expect == ReloadExpect::Ok),
                     None,
                     error.as_deref(),
                 )?;
+                let held = release
+                    .as_ref()
+                    .map(|p| format!(" (the reply held by proxy {p}, then released)"))
+                    .unwrap_or_default();
                 Ok(match expect {
-                    ReloadExpect::Ok => "reloadCreds is answered ok".to_string(),
+                    ReloadExpect::Ok => format!("reloadCreds is answered ok{held}"),
                     ReloadExpect::Refused => format!(
-                        "reloadCreds is refused{}",
+                        "reloadCreds is refused{}{held}",
                         error
                             .as_ref()
                             .map(|e| format!(": {e:?}"))

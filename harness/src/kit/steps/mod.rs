@@ -15,6 +15,7 @@ pub mod process;
 pub mod rails;
 pub mod rows;
 pub mod streams;
+pub mod timed;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -36,6 +37,8 @@ pub enum Kind {
     Request,
     Sweeps,
     LeaseLog,
+    /// A timed event a verb records itself (its `mark` modifier's kind).
+    Event,
 }
 
 impl fmt::Display for Kind {
@@ -52,6 +55,7 @@ impl fmt::Display for Kind {
             Kind::Request => "sent request",
             Kind::Sweeps => "sweep watch",
             Kind::LeaseLog => "lease watch",
+            Kind::Event => "event (a `mark`)",
         })
     }
 }
@@ -92,12 +96,23 @@ impl Names {
     pub fn check(&mut self, step: &Step) -> Result<(), String> {
         let refs = step.refs();
         for (kind, name) in &refs.uses {
-            if !self.known.contains(&(*kind, name.clone())) {
+            let known = match kind {
+                Kind::Event => self.marks.contains(name),
+                _ => self.known.contains(&(*kind, name.clone())),
+            };
+            if !known {
                 return Err(format!("{kind} {name:?} is not created by an earlier step"));
             }
         }
-        for c in refs.creates {
-            self.known.insert(c);
+        for (kind, name) in refs.creates {
+            match kind {
+                Kind::Event => {
+                    self.marks.insert(name);
+                }
+                _ => {
+                    self.known.insert((kind, name));
+                }
+            }
         }
         Ok(())
     }
@@ -184,6 +199,7 @@ groups! {
     Admin => admin,
     History => history,
     Entries => entries,
+    Timed => timed,
 }
 
 /// The refusal of an unknown verb, naming the closest ones.

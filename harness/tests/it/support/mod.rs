@@ -22,22 +22,7 @@ pub fn snapshot_base() -> insta::Settings {
     settings
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.fraction]Z` as unix microseconds (the broker reports UTC; `/connz`
-/// trims trailing zeros of the fraction, advisories keep nine digits).
+/// A broker stamp (`YYYY-MM-DDTHH:MM:SS[.fraction]Z`) as unix microseconds.
 pub fn rfc3339_us(text: &str) -> Option<i64> {
-    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
-    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
-    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut t = hms.split(':').map(|p| p.parse::<i64>().ok());
-    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
-    let us: i64 = format!("{frac:0<6}")[..6].parse().ok()?;
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((((days * 24 + hh) * 60 + mm) * 60 + ss) * 1_000_000 + us)
+    delivery_harness::connz::rfc3339_unix_us(text)
 }

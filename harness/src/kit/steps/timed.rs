@@ -1,0 +1,304 @@
+//! Time as the timed families meet it: a host that starves the daemon in cycles until it exits
+//! (stall credit against a backstop no credit defers), a credential's own clock (its JWT's
+//! `iat` and `exp` as events a bound is measured from), start-up complete as the broker shows
+//! it, an earlier event judged against another, and lines that must not follow a verdict.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+
+use super::creds::Which;
+use super::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use crate::connz::ConnState;
+use crate::kit::expr;
+use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+
+pub const VERBS: &[&str] = &[
+    "starve",
+    "credential_time",
+    "expect_started",
+    "expect_event",
+    "no_line_after",
+];
+
+/// Which instant of a credential's JWT.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum JwtTime {
+    Iat,
+    Exp,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Step {
+    Starve {
+        daemon: String,
+        /// How long each freeze lasts (ms, or an expression of the case's variables).
+        frozen: expr::Duration,
+        /// How long the daemon runs between two freezes.
+        awake: expr::Duration,
+    },
+    CredentialTime {
+        event: String,
+        of: Which,
+        at: JwtTime,
+    },
+    ExpectStarted {},
+    ExpectEvent {
+        event: String,
+    },
+    NoLineAfter {
+        daemon: String,
+        after: String,
+        contains: String,
+    },
+}
+
+/// The connection this distribution's checkpoint timer writer dials once start-up is complete
+/// (after the lease watch is bound and the membership feed's two connections are up).
+const TIMER_WRITER_CONNECTION: &str = "cotal-delivery-timer-writer";
+
+impl Step {
+    pub fn default_within(&self) -> Option<Duration> {
+        match self {
+            Step::Starve { .. } | Step::ExpectStarted {} => Some(DEFAULT_WITHIN),
+            // Judged at the event's instant: a bound is a check, not a wait.
+            Step::ExpectEvent { .. } => Some(Duration::ZERO),
+            _ => None,
+        }
+    }
+
+    pub fn unsupported(&self, _daemon: &DaemonUnderTest) -> Option<String> {
+        None
+    }
+
+    pub fn refs(&self) -> Refs {
+        match self {
+            Step::Starve { daemon, .. } | Step::NoLineAfter { daemon, .. } => {
+                Refs::default().uses(Kind::Daemon, daemon)
+            }
+            Step::CredentialTime { event, .. } => Refs::default().creates(Kind::Event, event),
+            Step::ExpectEvent { event } => Refs::default().uses(Kind::Event, event),
+            Step::ExpectStarted {} => Refs::default(),
+        }
+    }
+
+    pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
+        match self {
+            Step::Starve {
+                daemon,
+                frozen,
+                awake,
+            } => starve(w, ctx, daemon, frozen, awake).await,
+            Step::CredentialTime { event, of, at } => {
+                let cred = match of {
+                    Which::Original => w.resigns.original.clone(),
+                    Which::Latest => w.resigns.written.last().cloned(),
+                }
+                .ok_or_else(|| Failure::could_not(format!("no {of:?} credential")))?;
+                let claims = cred
+                    .claims()
+                    .map_err(|e| Failure::could_not(format!("read the JWT: {e}")))?;
+                let secs = match at {
+                    JwtTime::Iat => claims.iat,
+                    JwtTime::Exp => claims.exp.ok_or_else(|| {
+                        Failure::could_not("the credential never expires: it has no exp")
+                    })?,
+                };
+                let instant = instant_at_unix_ms(secs.saturating_mul(1000))?;
+                w.marks.insert(event.clone(), instant);
+                Ok(format!(
+                    "event {event}: the {} credential's {}",
+                    match of {
+                        Which::Original => "original",
+                        Which::Latest => "re-signed",
+                    },
+                    match at {
+                        JwtTime::Iat => "issue time (iat)",
+                        JwtTime::Exp => "expiry (exp)",
+                    }
+                ))
+            }
+            Step::ExpectStarted {} => {
+                // Any implementation: its lease watch bound (a push consumer on the lease
+                // bucket's stream). This distribution's daemon also dials its timer writer
+                // once start-up is complete, after the membership feed: that connection proves
+                // the daemon itself saw the bind's answer, which the consumer alone does not.
+                let own = !matches!(w.opts.daemon, DaemonUnderTest::Cmd(_));
+                let stream_name =
+                    cotal_delivery::wire::SpaceNames::kv_stream(&w.insp.names.delivery_bucket());
+                let (js, broker) = (&w.insp.js, &w.mesh.broker);
+                poll(ctx, "the daemon's start-up to complete", || async {
+                    let mut stream = js
+                        .get_stream(&stream_name)
+                        .await
+                        .map_err(|e| format!("the lease bucket's stream: {e}"))?;
+                    let info = stream
+                        .info()
+                        .await
+                        .map_err(|e| format!("the lease bucket's stream: {e}"))?;
+                    if info.state.consumer_count == 0 {
+                        return Err("no consumer watches the lease bucket".to_string());
+                    }
+                    let mut bound = false;
+                    let mut consumers = stream.consumers();
+                    while let Some(c) = futures::StreamExt::next(&mut consumers).await {
+                        bound |= c.map_err(|e| e.to_string())?.push_bound;
+                    }
+                    if !bound {
+                        return Err("the lease bucket's watch consumer is not bound".to_string());
+                    }
+                    if own
+                        && broker
+                            .connz_named(ConnState::Open, TIMER_WRITER_CONNECTION)
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .is_empty()
+                    {
+                        return Err("the broker holds no timer writer connection".to_string());
+                    }
+                    Ok(())
+                })
+                .await?;
+                Ok(
+                    "the daemon's start-up is complete (its lease watch bound on the broker)"
+                        .into(),
+                )
+            }
+            Step::ExpectEvent { event } => {
+                let at = *w
+                    .marks
+                    .get(event)
+                    .ok_or_else(|| Failure::could_not(format!("no event {event:?} happened")))?;
+                w.happened_at = Some(at);
+                Ok(format!("event {event}"))
+            }
+            Step::NoLineAfter {
+                daemon,
+                after,
+                contains,
+            } => {
+                let lines = w.daemon(daemon)?.lines();
+                let from = lines
+                    .iter()
+                    .position(|l| l.contains(after.as_str()))
+                    .ok_or_else(|| {
+                        Failure::new(
+                            format!("a line of daemon {daemon} containing {after:?}"),
+                            "none",
+                        )
+                    })?;
+                if let Some(l) = lines[from + 1..]
+                    .iter()
+                    .find(|l| l.contains(contains.as_str()))
+                {
+                    return Err(Failure::new(
+                        format!("no line containing {contains:?} after {after:?}"),
+                        l.clone(),
+                    ));
+                }
+                Ok(format!(
+                    "daemon {daemon} printed nothing containing {contains:?} after {after:?}"
+                ))
+            }
+        }
+    }
+}
+
+/// SIGSTOP, `frozen`, SIGCONT, `awake`, over and over until the daemon exits; the step ends at
+/// the exit. A daemon the bound leaves running is thawed before the failure.
+async fn starve(
+    w: &mut World,
+    ctx: Ctx,
+    daemon: &str,
+    frozen: &expr::Duration,
+    awake: &expr::Duration,
+) -> StepResult {
+    let frozen = Duration::from_millis(frozen.eval(&w.vars).map_err(Failure::could_not)?);
+    let awake = Duration::from_millis(awake.eval(&w.vars).map_err(Failure::could_not)?);
+    if frozen.is_zero() || awake.is_zero() {
+        return Err(Failure::could_not(
+            "`frozen` and `awake` are both longer than 0 ms",
+        ));
+    }
+    let d = w.daemon(daemon)?;
+    loop {
+        if d.freeze().is_err() {
+            // It exited between two cycles: the signal found no process to stop.
+            let status = d.wait_exit(ctx.left()).await.map_err(Failure::from)?;
+            return Ok(exited(daemon, frozen, awake, status));
+        }
+        tokio::time::sleep(frozen).await;
+        d.thaw()
+            .map_err(|e| Failure::could_not(format!("thaw daemon {daemon}: {e}")))?;
+        if let Ok(status) = d.wait_exit(awake).await {
+            return Ok(exited(daemon, frozen, awake, status));
+        }
+        if Instant::now() >= ctx.deadline {
+            return Err(Failure::new(
+                format!(
+                    "daemon {daemon} to exit while starved within {} ms",
+                    ctx.deadline
+                        .saturating_duration_since(ctx.started)
+                        .as_millis()
+                ),
+                "it is still running",
+            ));
+        }
+    }
+}
+
+fn exited(
+    daemon: &str,
+    frozen: Duration,
+    awake: Duration,
+    status: std::process::ExitStatus,
+) -> String {
+    format!(
+        "daemon {daemon} starved (frozen {} ms, awake {} ms, over and over) until it exited ({})",
+        frozen.as_millis(),
+        awake.as_millis(),
+        status
+            .code()
+            .map(|c| format!("code {c}"))
+            .unwrap_or_else(|| status.to_string())
+    )
+}
+
+/// The instant of this process's clock at unix time `ms` (past or future).
+pub fn instant_at_unix_ms(ms: i64) -> Result<Instant, Failure> {
+    let now = Instant::now();
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| Failure::could_not(format!("the system clock: {e}")))?
+        .as_millis() as i64;
+    let delta = ms.saturating_sub(now_ms);
+    let shift = Duration::from_millis(delta.unsigned_abs());
+    if delta >= 0 {
+        Ok(now + shift)
+    } else {
+        now.checked_sub(shift).ok_or_else(|| {
+            Failure::could_not(format!("unix time {ms} ms is before this process's clock"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation seen failing: the sign of the shift inverted (a past `iat` read as future).
+    #[test]
+    fn unix_times_map_onto_this_clock_both_ways() {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        let past = instant_at_unix_ms(now_ms - 5_000).expect("past");
+        let future = instant_at_unix_ms(now_ms + 5_000).expect("future");
+        let gap = future.duration_since(past).as_millis();
+        assert!((9_990..=10_010).contains(&gap), "{gap}");
+        assert!(past < Instant::now() && future > Instant::now());
+    }
+}
