@@ -601,6 +601,11 @@ impl Armed {
             plane,
             ..
         } = plan;
+        // A verdict ends the start where it waits, as it ends the serve loop: a bind or a dial
+        // against a broker that is gone would only time out, and a start refused that way is
+        // a fault (exit 1, after waiting to release) instead of the broker-gone exit at the
+        // window.
+        let mut verdicts = health.clone();
         let bound = LeaseWatch::bind(
             &js,
             &names,
@@ -609,11 +614,20 @@ impl Armed {
             &keeper.resident.events,
             plane.request_bound,
         );
-        let watch = match bound.await {
-            Ok(w) => w,
-            Err(e) => {
+        let bound = tokio::select! {
+            biased;
+            v = verdicts.verdict() => Err(v),
+            r = bound => Ok(r),
+        };
+        let watch = match bound {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => {
                 let detail = format!("delivery: the lease watch could not be bound ({e})");
                 return Err(fault_after_claim(&journal, keeper, PHASE, detail).await);
+            }
+            Err(verdict) => {
+                keeper.abandon(verdict).await;
+                return Err(StartError::of_verdict(verdict).at(PHASE));
             }
         };
         // A manual reconnect (the move onto an adopted credential) retires the watch first.
@@ -628,7 +642,15 @@ impl Armed {
         );
         feed_parts.interval = cfg.tuning.membership_interval;
         feed_parts.members = Some(keeper.plane.proved_members());
-        let feed = MembershipFeed::start(feed_parts).await;
+        let feed = tokio::select! {
+            biased;
+            v = verdicts.verdict() => {
+                drop(watch);
+                keeper.abandon(v).await;
+                return Err(StartError::of_verdict(v).at(PHASE));
+            }
+            f = MembershipFeed::start(feed_parts) => f,
+        };
         if let Some(feed) = &feed {
             let (cell, client) = feed.rw();
             renewal.attach_membership(cell, client);
