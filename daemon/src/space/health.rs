@@ -208,12 +208,18 @@ impl TransportHealth {
     }
 
     /// A renewal the broker accepted was adopted. Clears the expiry state; while connected it
-    /// also stops the clock (otherwise the reconnect that follows does).
-    pub fn adopted(&mut self, _now_ms: u64) -> Change {
+    /// also stops the clock (otherwise the reconnect that follows does). An expiry is not a
+    /// broker outage, so a clock it started restarts at the adoption: the window then measures
+    /// the reconnect onto the renewal, not the time spent awaiting it (which may be longer than
+    /// the window, and would otherwise end the daemon the moment it was renewed).
+    pub fn adopted(&mut self, now_ms: u64) -> Change {
         let was = self.expired;
         self.expired = false;
         if self.connected {
             self.disconnected_at_ms = None;
+        } else if was && self.disconnected_at_ms.is_some() {
+            self.disconnected_at_ms = Some(now_ms);
+            self.lag.rearm(now_ms);
         }
         if was {
             Change::ExpiryCleared
@@ -597,6 +603,24 @@ mod tests {
         let mut plain = TransportHealth::new(cfg(1_500, 6_000));
         plain.credential_expired(1_000);
         assert_eq!(plain.tick(1_250), None);
+    }
+
+    /// A renewal adopted after an expiry longer than the window does not end the daemon at
+    /// once: the window runs from the adoption (the reconnect onto the renewal stops it).
+    /// Mutation seen failing: the restart of the clock removed (a verdict at 4 500 ms, the
+    /// expiry's 4.5 s counted as an outage).
+    #[test]
+    fn a_renewal_after_a_long_expiry_starts_the_window_at_the_adoption() {
+        let mut h = TransportHealth::new(cfg(1_000, 6_000));
+        h.credential_expired(0);
+        h.transport(false, 5);
+        assert_eq!(h.tick(4_000), None);
+        assert_eq!(h.adopted(4_000), Change::ExpiryCleared);
+        assert_eq!(h.verdict(4_500), None);
+        assert_eq!(h.due_ms(), Some(5_000));
+        assert_eq!(h.verdict(5_000), Some(Verdict::BrokerGone));
+        assert_eq!(h.transport(true, 4_800), Change::ClockStopped);
+        assert_eq!(h.verdict(9_000), None);
     }
 
     #[test]
