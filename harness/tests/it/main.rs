@@ -12,7 +12,6 @@ mod brokers;
 mod cases;
 mod data_path;
 mod feed;
-mod health;
 mod host;
 mod inspect;
 mod lease;
