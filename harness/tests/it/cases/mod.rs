@@ -191,3 +191,31 @@ fn named_cases(matrix: &str) -> std::collections::BTreeSet<String> {
     }
     out
 }
+
+/// Every case quotes its sentence word for word from the seed it names (docs/seeds/, the user's
+/// documents): whitespace may be re-flowed and typographic quotes typed plainly, nothing else.
+/// Mutation seen failing: a word of a case's sentence changed (`a second binding` for `a second
+/// binding the same durables`).
+#[test]
+fn every_case_quotes_its_seed_word_for_word() {
+    fn plain(text: &str) -> String {
+        text.replace(['\u{2019}', '\u{2018}'], "'")
+            .replace(['\u{201c}', '\u{201d}'], "\"")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+    let cat = Catalogue::load(&shipped_root()).expect("the catalogue loads");
+    let seeds = shipped_root().join("../docs/seeds");
+    for c in &cat.cases {
+        let seed = std::fs::read_to_string(seeds.join(&c.seed))
+            .unwrap_or_else(|e| panic!("{}: seed {}: {e}", c.id, c.seed));
+        let quoted = plain(&c.sentence);
+        assert!(
+            plain(&seed).contains(&quoted),
+            "case {} quotes what {} does not say:\n{quoted}",
+            c.id,
+            c.seed
+        );
+    }
+}
