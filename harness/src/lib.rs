@@ -9,6 +9,7 @@ pub mod connz;
 pub mod daemon;
 pub mod error;
 pub mod events;
+pub mod frames;
 pub mod http;
 pub mod kit;
 pub mod lease_log;

@@ -15,6 +15,15 @@
 //! contains the pattern on, that connection's client-to-broker bytes are dropped, on each
 //! connection that sends it, until [`TcpProxy::stop_swallowing`]. A request that must never be
 //! answered however often the client retries it on a new connection.
+//!
+//! A *delay* works on whole frames of the NATS protocol (`frames.rs`, `proxy/delay.rs`), in
+//! either direction: the broker's replies to the requests a client makes on a subject
+//! (`PUB <subject> <reply> …`), or the client's own publishes on a subject, are kept while every
+//! other frame of the connection keeps flowing, until [`TcpProxy::release_delayed`] hands them
+//! over in order. A delayed reply is a slow JetStream API answer: the request reached the broker
+//! and was answered at once, so a read the client made (a stream's last sequence, say) is fixed
+//! at the broker while the client, and every task sharing its connection, carries on. A delayed
+//! publish reaches the broker late, or never if its connection dies first.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +36,10 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::error::HarnessError;
+use crate::frames::Direction;
+
+mod delay;
+use delay::{Delay, Framing};
 
 /// Largest chunk held per direction per connection.
 pub const CHUNK_BYTES: usize = 16 * 1024;
@@ -132,6 +145,9 @@ pub struct TcpProxy {
     /// Bumped at each release, so a holding pump flushes even while its client is silent.
     released: watch::Sender<u64>,
     swallow: Arc<Mutex<Swallow>>,
+    delay: Arc<Mutex<Delay>>,
+    /// Bumped at each release of the delay, so each pump hands over what it kept.
+    delay_released: watch::Sender<u64>,
     accept_task: JoinHandle<()>,
 }
 
@@ -151,6 +167,8 @@ impl TcpProxy {
         let hold = Arc::new(Mutex::new(Hold::default()));
         let (released, released_rx) = watch::channel(0u64);
         let swallow = Arc::new(Mutex::new(Swallow::default()));
+        let delay = Arc::new(Mutex::new(Delay::default()));
+        let (delay_released, delay_released_rx) = watch::channel(0u64);
         let accept_task = tokio::spawn(accept_loop(
             listener,
             upstream_port,
@@ -159,6 +177,8 @@ impl TcpProxy {
                 hold: Arc::clone(&hold),
                 released: released_rx,
                 swallow: Arc::clone(&swallow),
+                delay: Arc::clone(&delay),
+                delay_released: delay_released_rx,
             },
             Arc::clone(&next_id),
             Arc::clone(&active),
@@ -172,6 +192,8 @@ impl TcpProxy {
             hold,
             released,
             swallow,
+            delay,
+            delay_released,
             accept_task,
         })
     }
@@ -277,6 +299,48 @@ impl TcpProxy {
         self.released.send_modify(|n| *n += 1);
     }
 
+    /// Delays, from now on, the broker's replies to the requests any connection makes on
+    /// subjects `pattern` matches (`*` one token, a trailing `>` the rest), until
+    /// [`TcpProxy::release_delayed`].
+    pub fn delay_replies_to(&self, pattern: &str) {
+        self.delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .arm_replies(pattern);
+    }
+    /// Delays, from now on, every connection's publishes on subjects `pattern` matches, until
+    /// [`TcpProxy::release_delayed`].
+    pub fn delay_publishes_to(&self, pattern: &str) {
+        self.delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .arm_publishes(pattern);
+    }
+    /// How many frames the delay keeps whole since it was armed.
+    pub fn delayed_count(&self) -> usize {
+        self.delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .complete()
+    }
+    /// Waits, at most `bound`, until the delay keeps at least `count` whole frames.
+    pub async fn wait_delayed(&self, count: usize, bound: Duration) -> Result<(), HarnessError> {
+        let what = format!("{count} delayed frames");
+        crate::wait::wait_until(bound, HOLD_POLL, &what, || async {
+            (self.delayed_count() >= count).then_some(())
+        })
+        .await
+    }
+    /// Disarms the delay; what it kept goes on, in order, before any later bytes of its
+    /// connection.
+    pub fn release_delayed(&self) {
+        self.delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release();
+        self.delay_released.send_modify(|n| *n += 1);
+    }
+
     /// Lift both blackholes; held bytes and held connections proceed. Cut connections stay cut.
     pub fn heal(&self) {
         self.state.send_modify(|s| {
@@ -300,6 +364,8 @@ struct Shared {
     hold: Arc<Mutex<Hold>>,
     released: watch::Receiver<u64>,
     swallow: Arc<Mutex<Swallow>>,
+    delay: Arc<Mutex<Delay>>,
+    delay_released: watch::Receiver<u64>,
 }
 
 async fn accept_loop(
@@ -378,8 +444,8 @@ async fn serve(
     let (upstream_read, upstream_write) = upstream.into_split();
     tokio::select! {
         _ = cut.wait_for(|s| s.cut(id)) => {}
-        _ = pump(client_read, upstream_write, id, state.clone(), Some(&shared)) => {}
-        _ = pump(upstream_read, client_write, id, state.clone(), None) => {}
+        _ = pump(client_read, upstream_write, id, state.clone(), &shared, Direction::ToBroker) => {}
+        _ = pump(upstream_read, client_write, id, state.clone(), &shared, Direction::ToClient) => {}
     }
 }
 
@@ -396,33 +462,65 @@ async fn flush_hold(hold: &Mutex<Hold>, id: u64, to: &mut OwnedWriteHalf) -> boo
     kept.is_empty() || to.write_all(&kept).await.is_ok()
 }
 
+/// Writes the bytes a released delay kept for connection `id` going `direction`.
+async fn flush_delay(
+    delay: &Mutex<Delay>,
+    id: u64,
+    direction: Direction,
+    to: &mut OwnedWriteHalf,
+) -> bool {
+    let kept = delay
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take_released(id, direction);
+    kept.is_empty() || to.write_all(&kept).await.is_ok()
+}
+
 /// Copies `from` to `to` one chunk at a time, holding the chunk while the connection is
-/// blackholed. The client-to-broker direction (`hold` given) also honours a hold. Ends on EOF,
-/// on an error, or when the proxy is gone.
+/// blackholed, and keeping the frames a delay keeps. The client-to-broker direction also
+/// honours a hold and a swallow. Ends on EOF, on an error, or when the proxy is gone.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     id: u64,
     mut state: watch::Receiver<FaultState>,
-    hold: Option<&Shared>,
+    shared: &Shared,
+    direction: Direction,
 ) {
+    let to_broker = direction == Direction::ToBroker;
     let mut buf = vec![0u8; CHUNK_BYTES];
-    let mut released = hold.map(|h| h.released.clone());
+    let mut released = shared.released.clone();
+    let mut released_open = to_broker;
+    let mut delay_released = shared.delay_released.clone();
+    let mut delay_released_open = true;
+    let mut framing = Framing::new(direction);
     loop {
-        let full = hold.is_some_and(|h| h.hold.lock().unwrap_or_else(|p| p.into_inner()).full(id));
+        let full = to_broker
+            && shared
+                .hold
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .full(id);
         let n = tokio::select! {
             read = from.read(&mut buf), if !full => match read {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             },
-            changed = async { released.as_mut()?.changed().await.ok() }, if released.is_some() => {
-                if changed.is_none() {
-                    released = None;
+            changed = released.changed(), if released_open => {
+                if changed.is_err() {
+                    released_open = false;
                 }
-                if let Some(h) = hold {
-                    if !flush_hold(&h.hold, id, &mut to).await {
-                        return;
-                    }
+                if !flush_hold(&shared.hold, id, &mut to).await {
+                    return;
+                }
+                continue;
+            }
+            changed = delay_released.changed(), if delay_released_open => {
+                if changed.is_err() {
+                    delay_released_open = false;
+                }
+                if !flush_delay(&shared.delay, id, direction, &mut to).await {
+                    return;
                 }
                 continue;
             }
@@ -431,26 +529,35 @@ async fn pump(
         if state.wait_for(|s| !s.blackholed(id)).await.is_err() {
             return;
         }
-        if let Some(h) = hold {
-            if h.swallow
+        let (kept_before, out) = framing.split(&shared.delay, id, &buf[..n]);
+        if !kept_before.is_empty() && to.write_all(&kept_before).await.is_err() {
+            return;
+        }
+        if out.is_empty() {
+            continue;
+        }
+        if to_broker {
+            if shared
+                .swallow
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .drops(id, &buf[..n])
+                .drops(id, &out)
             {
                 continue;
             }
-            if !flush_hold(&h.hold, id, &mut to).await {
+            if !flush_hold(&shared.hold, id, &mut to).await {
                 return;
             }
-            if h.hold
+            if shared
+                .hold
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .capture(id, &buf[..n])
+                .capture(id, &out)
             {
                 continue;
             }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
+        if to.write_all(&out).await.is_err() {
             return;
         }
     }

@@ -464,6 +464,60 @@ async fn proxy_blackhole_new_holds_only_new_connections() -> TestResult {
     Ok(())
 }
 
+/// A delay keeps the broker's reply to each request on one subject, frame-exact, while every
+/// other frame on the same connection flows (a reply larger than a proxy chunk among them); the
+/// release hands the kept reply over whole, and later requests are answered at once.
+/// Mutation seen failing: `Delay::keeps` matching any `MSG` (the echo's reply is kept too).
+#[tokio::test]
+async fn proxy_delay_keeps_only_the_replies_to_one_subject_until_release() -> TestResult {
+    let broker = Broker::builder()
+        .name("proxydelay")
+        .jetstream(false)
+        .start()
+        .await?;
+    let echo = spawn_echo(&broker).await?;
+    let responder = async_nats::connect(broker.client_url()).await?;
+    let mut info = responder.subscribe("info").await?;
+    responder.flush().await?;
+    let answering = tokio::spawn(async move {
+        while let Some(msg) = info.next().await {
+            if let Some(reply) = msg.reply {
+                let _ = responder
+                    .publish(reply, Bytes::from_static(b"the frontier"))
+                    .await;
+            }
+        }
+    });
+    let proxy = TcpProxy::start(broker.port()).await?;
+    let client = ConnectOptions::new()
+        .request_timeout(Some(Duration::from_secs(10)))
+        .connect(proxy.url())
+        .await?;
+    proxy.delay_replies_to("info");
+    let slow = tokio::spawn({
+        let client = client.clone();
+        async move { client.request("info", Bytes::new()).await }
+    });
+    proxy.wait_delayed(1, IO_BOUND).await?;
+    // Other replies on the same connection flow, a large one included.
+    let big = Bytes::from(vec![b'x'; 100 * 1024]);
+    let reply = tokio::time::timeout(IO_BOUND, client.request("echo", big.clone())).await??;
+    assert_eq!(reply.payload, big);
+    assert!(
+        !slow.is_finished(),
+        "the delayed reply arrived before the release"
+    );
+    proxy.release_delayed();
+    let delayed = tokio::time::timeout(IO_BOUND, slow).await???;
+    assert_eq!(delayed.payload, Bytes::from_static(b"the frontier"));
+    let again = tokio::time::timeout(IO_BOUND, client.request("info", Bytes::new())).await??;
+    assert_eq!(again.payload, Bytes::from_static(b"the frontier"));
+    assert_eq!(proxy.delayed_count(), 0);
+    echo.abort();
+    answering.abort();
+    Ok(())
+}
+
 #[tokio::test]
 async fn proxy_cut_closes_established_connections() -> TestResult {
     let broker = Broker::builder()
