@@ -59,6 +59,10 @@ pub enum Step {
     },
     Announce {
         agent: String,
+        /// The `card.name` announced, when not the agent's own name (two agents may announce
+        /// one name: a mention of it is ambiguous).
+        #[serde(default)]
+        card: Option<String>,
     },
     Join {
         agent: String,
@@ -153,7 +157,7 @@ impl Step {
             Step::Agent { name, .. } => Refs::default().creates(Kind::Agent, name),
             Step::Offline { agent }
             | Step::Online { agent }
-            | Step::Announce { agent }
+            | Step::Announce { agent, .. }
             | Step::Join { agent, .. }
             | Step::Leave { agent, .. }
             | Step::ExpectPending { agent, .. } => Refs::default().uses(Kind::Agent, agent),
@@ -248,13 +252,25 @@ impl Step {
                 }
                 Ok(format!("agent {agent} comes back online"))
             }
-            Step::Announce { agent } => {
+            Step::Announce { agent, card: None } => {
                 let a = w.agent(agent)?;
                 online(a, agent)?
                     .announce("idle")
                     .await
                     .map_err(|e| Failure::could_not(format!("announce {agent}: {e}")))?;
                 Ok(format!("agent {agent} announces its presence"))
+            }
+            Step::Announce {
+                agent,
+                card: Some(card),
+            } => {
+                // The agent's own credential on a connection whose card carries `card`.
+                let material = w.agent(agent)?.material.clone();
+                let client = crate::agent::connect(&w.mesh, &material, card).await?;
+                let announced = client.announce("idle").await;
+                let _ = client.client().drain().await;
+                announced.map_err(|e| Failure::could_not(format!("announce {agent}: {e}")))?;
+                Ok(format!("agent {agent} announces its presence as {card:?}"))
             }
             Step::Join {
                 agent,

@@ -8,11 +8,13 @@ pub mod agents;
 pub mod broker;
 pub mod creds;
 pub mod entries;
+pub mod flight;
 pub mod history;
 pub mod hosts;
 pub mod lease;
 pub mod process;
 pub mod rails;
+pub mod registry;
 pub mod rows;
 pub mod streams;
 pub mod timed;
@@ -200,6 +202,8 @@ groups! {
     History => history,
     Entries => entries,
     Timed => timed,
+    Flight => flight,
+    Registry => registry,
 }
 
 /// The refusal of an unknown verb, naming the closest ones.

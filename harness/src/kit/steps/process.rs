@@ -98,7 +98,11 @@ pub enum Step {
     },
     ExpectExit {
         daemon: String,
-        code: i32,
+        #[serde(default)]
+        code: Option<i32>,
+        /// The process ended by this signal instead (`KILL`: a SIGKILL leaves no exit code).
+        #[serde(default)]
+        signal: Option<String>,
     },
     ExpectRunning {
         daemon: String,
@@ -306,22 +310,51 @@ impl Step {
                 sent.map_err(|e| Failure::could_not(format!("signal daemon {daemon}: {e}")))?;
                 Ok(format!("SIG{signal} to daemon {daemon}"))
             }
-            Step::ExpectExit { daemon, code } => {
+            Step::ExpectExit {
+                daemon,
+                code,
+                signal,
+            } => {
+                use std::os::unix::process::ExitStatusExt;
+                let (want, signo) = match (code, signal) {
+                    (Some(c), None) => (format!("exit with code {c}"), None),
+                    (None, Some(name)) => (
+                        format!("end by SIG{name}"),
+                        Some(signal_number(name).ok_or_else(|| {
+                            Failure::could_not(format!("unknown signal {name:?}"))
+                        })?),
+                    ),
+                    _ => {
+                        return Err(Failure::could_not(
+                            "an exit has `code` or `signal`, one of them",
+                        ))
+                    }
+                };
                 let left = ctx.left();
                 let d = w.daemon(daemon)?;
                 let status = d.wait_exit(left).await.map_err(|_| {
                     Failure::new(
-                        format!("daemon {daemon} to exit with code {code}"),
+                        format!("daemon {daemon} to {want}"),
                         format!("still running after {} ms", left.as_millis()),
                     )
                 })?;
-                if status.code() != Some(*code) {
+                let met = match signo {
+                    None => status.code() == *code,
+                    Some(n) => status.signal() == Some(n),
+                };
+                if !met {
                     return Err(Failure::new(
-                        format!("daemon {daemon} to exit with code {code}"),
+                        format!("daemon {daemon} to {want}"),
                         format!("{status}; {}", last_lines(d)),
                     ));
                 }
-                Ok(format!("daemon {daemon} exited with code {code}"))
+                Ok(match signo {
+                    None => format!("daemon {daemon} exited with code {}", code.unwrap_or(0)),
+                    Some(_) => format!(
+                        "daemon {daemon} ended by SIG{}",
+                        signal.as_deref().unwrap_or("")
+                    ),
+                })
             }
             Step::ExpectRunning { daemon } => {
                 let d = w.daemon(daemon)?;
@@ -573,4 +606,19 @@ fn start(
     } else {
         Ok(format!("start daemon {daemon} ({})", how.join(", ")))
     }
+}
+
+/// The number of a signal `signal` and `expect_exit` name (`TERM`, `INT`, `KILL`, …).
+fn signal_number(name: &str) -> Option<i32> {
+    use nix::sys::signal::Signal;
+    let s = match name {
+        "TERM" => Signal::SIGTERM,
+        "INT" => Signal::SIGINT,
+        "KILL" => Signal::SIGKILL,
+        "STOP" => Signal::SIGSTOP,
+        "CONT" => Signal::SIGCONT,
+        "HUP" => Signal::SIGHUP,
+        _ => return None,
+    };
+    Some(s as i32)
 }
