@@ -8,9 +8,10 @@
 
 use std::time::Duration;
 
+use cotal_delivery::base::Rows;
 use cotal_delivery::wire::SpaceNames;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::agents::consumer_info;
 use super::rows::read_row;
@@ -51,8 +52,10 @@ pub enum Step {
 
 /// Default bound of `expect_routed`: posts routed on a loaded 2-core machine.
 const ROUTED_WITHIN: Duration = Duration::from_secs(10);
-/// How long the broker has to refuse a forged row (its `-ERR` comes before the flush's `PONG`).
+/// How long the broker has to refuse an agent's forbidden request (its `-ERR`).
 const REFUSAL_BOUND: Duration = Duration::from_secs(5);
+/// Bound of one row read.
+const ROW_BOUND: Duration = Duration::from_secs(5);
 
 impl Step {
     pub fn default_within(&self) -> Option<Duration> {
@@ -193,8 +196,9 @@ async fn interval(
     ))
 }
 
-/// The agent, on a connection of its own credential, writes the member row it would have if it
-/// were a member: the broker must refuse the publish, and no row may appear.
+/// The agent, on a connection of its own credential, writes the member row it would have as an
+/// open durable member: the broker must refuse the publish, and the row must stay as it was
+/// (absent, or at its revision).
 async fn forge(w: &mut World, agent: &str, channel: &str) -> StepResult {
     let a = w.agent(agent)?;
     let (p, u) = (
@@ -205,7 +209,16 @@ async fn forge(w: &mut World, agent: &str, channel: &str) -> StepResult {
     let key = SpaceNames::member_key(channel, &p, &u);
     let bucket = w.insp.names.members_bucket();
     let subject = format!("$KV.{bucket}.{key}");
-    // What a daemon would write for a durable member (`plane/membership.rs`).
+    let rows = Rows::open(&w.insp.js, &bucket, ROW_BOUND)
+        .await
+        .map_err(|e| Failure::could_not(format!("bucket {bucket}: {e}")))?;
+    let read = || async {
+        rows.read(&key)
+            .await
+            .map_err(|e| Failure::could_not(format!("read {key}: {e}")))
+    };
+    let before = read().await?;
+    // What a daemon writes for an open durable member (`plane/membership.rs`).
     let row = json!({
         "channel": channel,
         "owner": p.dot_form(),
@@ -235,17 +248,15 @@ async fn forge(w: &mut World, agent: &str, channel: &str) -> StepResult {
             format!("no refusal; events {:?}", events.seen()),
         )
     })?;
-    if let Some(r) = read_row(&w.insp.js, &bucket, &key)
-        .await
-        .map_err(Failure::could_not)?
-    {
+    let after = read().await?;
+    if after != before {
         return Err(Failure::new(
-            "no member row after the refused write",
-            Value::to_string(&r),
+            "the member row as it was before the refused write",
+            format!("{before:?} became {after:?}"),
         ));
     }
     Ok(format!(
-        "agent {agent} writes its own member row of {channel:?}: the broker refuses it, and no row exists"
+        "agent {agent} writes its own member row of {channel:?}: the broker refuses it, and the row is as it was"
     ))
 }
 

@@ -14,9 +14,11 @@
 //! The burst is paced to stay inside CHAT's per-subject retention, and capped so bob's copies
 //! stay inside INBOX's (1000 per subject): a copy retention discards is outside the guarantee.
 //!
-//! Not forced: the fan-out writer routing a post between the join's cursor read and its row
-//! write (the activation catch-up's case); with the catch-up disabled this test still passes,
-//! because the writer lags the burst and reads the row after it is written.
+//! Not forced here: the fan-out writer routing a post between the join's cursor read and its
+//! row write (the activation catch-up's case); with the catch-up disabled this test still
+//! passes, because the writer lags the burst and reads the row after it is written. The case
+//! `data-path/join-while-posts-flow` forces it (the join's frontier answer delayed at a proxy
+//! while posts are routed) and fails without the catch-up.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
