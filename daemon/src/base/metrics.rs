@@ -290,6 +290,8 @@ impl Families {
 pub struct MetricsRegistry {
     registry: Arc<Mutex<Registry>>,
     families: Arc<Families>,
+    /// Set once an endpoint serves this registry ([`serve`]): only then are the gauges sampled.
+    served: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for MetricsRegistry {
@@ -318,6 +320,7 @@ impl MetricsRegistry {
         MetricsRegistry {
             registry: Arc::new(Mutex::new(registry)),
             families,
+            served: Arc::default(),
         }
     }
 
@@ -327,6 +330,7 @@ impl MetricsRegistry {
             families: self.families.clone(),
             space: Arc::from(space),
             hot: Arc::default(),
+            served: self.served.clone(),
         }
     }
 
@@ -352,6 +356,8 @@ pub struct Metrics {
     /// The counters the data path bumps per copy and per frame, resolved from their family at
     /// the first bump (the series appears then, as before) instead of per bump.
     hot: Arc<HotCounters>,
+    /// Whether an endpoint serves the registry this handle counts into.
+    served: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// This space's series of the per-message counters, once resolved (a clone shares the series).
@@ -369,6 +375,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Whether an endpoint serves these series (`--metrics-addr`): the gauges are sampled from
+    /// the broker only then, since nobody else reads them.
+    pub fn is_served(&self) -> bool {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
     fn space(&self) -> SpaceLabel {
         SpaceLabel {
             space: self.space.to_string(),
@@ -567,6 +578,9 @@ pub async fn serve(addr: SocketAddr, registry: MetricsRegistry) -> Result<Endpoi
         )
     })?;
     let bound = listener.local_addr().unwrap_or(addr);
+    registry
+        .served
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let slots = Arc::new(tokio::sync::Semaphore::new(SCRAPES_IN_FLIGHT));
     let task = tokio::spawn(async move {
         loop {

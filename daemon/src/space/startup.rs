@@ -665,39 +665,43 @@ impl Armed {
         timer_parts.poll = cfg.tuning.timer_poll;
         let timer = TimerWriter::start(timer_parts);
 
-        // Lags and states for `--metrics-addr`, sampled off the hot path until the end.
+        // Lags and states for `--metrics-addr`, sampled off the hot path until the end; not at
+        // all when no endpoint serves them (nobody reads them, and each sample is five broker
+        // requests on the resident connection).
         let gate = keeper.plane.gate();
         let caches = keeper.plane.caches();
-        let sampler = crate::base::Sampler {
-            js: js.clone(),
-            names,
-            credential: keeper.resident.credential.clone(),
-            client: keeper.resident.client.clone(),
-            events: keeper.resident.events.subscribe(),
-            metrics: cfg.metrics.clone(),
-            period: cfg.tuning.metrics_sample,
-            serving: Arc::new(move || gate.is_serving()),
-            caches: Arc::new(move || {
-                [
-                    ("acl", &caches.acl),
-                    ("members", &caches.members),
-                    ("channels", &caches.channels),
-                    ("presence", &caches.presence),
-                ]
-                .into_iter()
-                .map(|(cache, c)| {
-                    let s = c.stats();
-                    crate::base::CacheCounts {
-                        cache,
-                        fences: s.fences,
-                        fallbacks: s.fallbacks,
-                        resets: s.resets,
-                    }
-                })
-                .collect()
-            }),
-        }
-        .spawn();
+        let sampler = cfg.metrics.is_served().then(|| {
+            crate::base::Sampler {
+                js: js.clone(),
+                names,
+                credential: keeper.resident.credential.clone(),
+                client: keeper.resident.client.clone(),
+                events: keeper.resident.events.subscribe(),
+                metrics: cfg.metrics.clone(),
+                period: cfg.tuning.metrics_sample,
+                serving: Arc::new(move || gate.is_serving()),
+                caches: Arc::new(move || {
+                    [
+                        ("acl", &caches.acl),
+                        ("members", &caches.members),
+                        ("channels", &caches.channels),
+                        ("presence", &caches.presence),
+                    ]
+                    .into_iter()
+                    .map(|(cache, c)| {
+                        let s = c.stats();
+                        crate::base::CacheCounts {
+                            cache,
+                            fences: s.fences,
+                            fallbacks: s.fallbacks,
+                            resets: s.resets,
+                        }
+                    })
+                    .collect()
+                }),
+            }
+            .spawn()
+        });
         let metrics = cfg.metrics.clone();
         let flush = journal.clone();
         let serving = Serving {
@@ -716,7 +720,9 @@ impl Armed {
             let closed = end.await.unwrap_or_else(|e| Closed::Fault {
                 detail: format!("the keeper task ended abnormally ({e})"),
             });
-            sampler.abort();
+            if let Some(sampler) = &sampler {
+                sampler.abort();
+            }
             metrics.lease_held(false);
             // What was only counted is said before the end.
             flush.flush_repeats();

@@ -162,6 +162,56 @@ async fn the_endpoint_is_absent_without_the_flag() {
     stop_daemon(&mut served).await;
 }
 
+/// Without the flag nothing is sampled: the daemon makes none of the sampler's broker reads,
+/// which nobody could read the gauges of. Seen through a proxy that delays the replies to a
+/// request only the sampler makes (`STREAM.INFO` of `DLV_<s>`): none in 3 s at a 100 ms sample
+/// period, while the same daemon started with the flag makes one at once.
+/// Mutation seen failing: the sampler spawned whether an endpoint serves or not
+/// (`is_served()` always true): the unserved daemon's read is kept within the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_flag_nothing_is_sampled_from_the_broker() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .unwrap();
+    proxy.delay_replies_to(&format!("$JS.API.STREAM.INFO.{}", insp.names.dlv_stream()));
+    let spec = || {
+        delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+            .server(&proxy.url())
+            .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
+    };
+    let mut unserved = spec().spawn().expect("spawn");
+    unserved
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("up");
+    // An observation window of thirty sample periods.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        proxy.delayed_count(),
+        0,
+        "a daemon without --metrics-addr read the DLV stream's info"
+    );
+    stop_daemon(&mut unserved).await;
+    let port = free_port();
+    let mut served = spec()
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .spawn()
+        .expect("spawn");
+    served
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("up");
+    proxy
+        .wait_delayed(1, Duration::from_secs(5))
+        .await
+        .expect("the served daemon samples the DLV stream");
+    proxy.release_delayed();
+    stop_daemon(&mut served).await;
+}
+
 /// Posts made while the daemon is frozen (SIGSTOP) show as fan-out lag once it runs again, the
 /// lag falls back to 0, and the counters match what was sent: `posts_copied` and `handed_off`
 /// grow by posts x members, as the broker's INBOX and DLV stores do. Mutations applied and seen
