@@ -138,8 +138,6 @@ pub struct World {
     pub advisories: BTreeMap<String, super::steps::streams::AdvisoryWatch>,
     /// Broker watches of the lease key (`watch_lease`), by name.
     pub lease_logs: BTreeMap<String, super::steps::history::LeaseLogWatch>,
-    /// Each agent's request still in flight (`send_join`, `send_leave`), by agent name.
-    pub requests: BTreeMap<String, super::steps::flight::InFlight>,
     pub resigns: Resigns,
     /// The admin rail's caller, connected on first use.
     pub supervisor: Option<async_nats::Client>,
@@ -253,7 +251,6 @@ impl World {
             counters: BTreeMap::new(),
             advisories: BTreeMap::new(),
             lease_logs: BTreeMap::new(),
-            requests: BTreeMap::new(),
             resigns: Resigns {
                 original: Some(original),
                 written: Vec::new(),

@@ -7,8 +7,8 @@ pub mod admin;
 pub mod agents;
 pub mod broker;
 pub mod creds;
+pub mod delay;
 pub mod entries;
-pub mod flight;
 pub mod history;
 pub mod hosts;
 pub mod lease;
@@ -202,7 +202,7 @@ groups! {
     History => history,
     Entries => entries,
     Timed => timed,
-    Flight => flight,
+    Delay => delay,
     Registry => registry,
 }
 

@@ -1,0 +1,104 @@
+//! Delayed frames: a proxy keeps whole frames of the daemon's connection (`proxy.rs`, "delay")
+//! while every other frame flows, then hands them over in order: the broker's replies to
+//! requests on a subject (the request reaches the broker and is answered at once; only the
+//! answer is late, as a slow JetStream API answer is), or the daemon's own publishes on a
+//! subject (they reach the broker late, or never if the daemon dies first). With a request sent
+//! and not waited for (`send`), they open a window deterministically, e.g. between a join's or a
+//! leave's cursor read (a JetStream API read the daemon makes before it writes the member row)
+//! and the row's write, so a case can post into it and prove from the broker that it opened.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{Ctx, Kind, Refs, DEFAULT_WITHIN};
+use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+
+pub const VERBS: &[&str] = &["delay_frames", "expect_delayed", "release_delayed"];
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Step {
+    DelayFrames {
+        proxy: String,
+        /// Delay the broker's replies to requests on subjects this matches (e.g.
+        /// `$JS.API.STREAM.INFO.CHAT_demo`; `*` one token, a trailing `>` the rest).
+        #[serde(default)]
+        replies_to: Option<String>,
+        /// Delay the client's publishes on subjects this matches.
+        #[serde(default)]
+        publishes_to: Option<String>,
+    },
+    ExpectDelayed {
+        proxy: String,
+        count: usize,
+    },
+    ReleaseDelayed {
+        proxy: String,
+    },
+}
+
+impl Step {
+    pub fn default_within(&self) -> Option<Duration> {
+        match self {
+            Step::ExpectDelayed { .. } => Some(DEFAULT_WITHIN),
+            _ => None,
+        }
+    }
+
+    pub fn unsupported(&self, _daemon: &DaemonUnderTest) -> Option<String> {
+        None
+    }
+
+    pub fn refs(&self) -> Refs {
+        match self {
+            Step::DelayFrames { proxy, .. }
+            | Step::ExpectDelayed { proxy, .. }
+            | Step::ReleaseDelayed { proxy } => Refs::default().uses(Kind::Proxy, proxy),
+        }
+    }
+
+    pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
+        match self {
+            Step::DelayFrames {
+                proxy,
+                replies_to,
+                publishes_to,
+            } => {
+                let p = w.proxy(proxy)?;
+                let mut what = Vec::new();
+                if let Some(r) = replies_to {
+                    p.delay_replies_to(r);
+                    what.push(format!("the broker's replies to requests on {r}"));
+                }
+                if let Some(s) = publishes_to {
+                    p.delay_publishes_to(s);
+                    what.push(format!("publishes on {s}"));
+                }
+                if what.is_empty() {
+                    return Err(Failure::could_not(
+                        "a delay names `replies_to`, `publishes_to` or both",
+                    ));
+                }
+                Ok(format!("proxy {proxy} delays {}", what.join(" and ")))
+            }
+            Step::ExpectDelayed { proxy, count } => {
+                let p = w.proxy(proxy)?;
+                p.wait_delayed(*count, ctx.left()).await.map_err(|_| {
+                    Failure::new(
+                        format!("proxy {proxy} to hold {count} delayed frames"),
+                        format!("it holds {}", p.delayed_count()),
+                    )
+                })?;
+                Ok(format!(
+                    "proxy {proxy} holds {count} delayed frame{}",
+                    if *count == 1 { "" } else { "s" }
+                ))
+            }
+            Step::ReleaseDelayed { proxy } => {
+                w.proxy(proxy)?.release_delayed();
+                Ok(format!("proxy {proxy} releases what it delayed"))
+            }
+        }
+    }
+}
