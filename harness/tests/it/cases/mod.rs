@@ -219,3 +219,23 @@ fn every_case_quotes_its_seed_word_for_word() {
         );
     }
 }
+
+/// Every case has at least one mutation kept beside it, and every mutation still applies: its
+/// text occurs exactly once in its file, its case exists. A daemon change that moves a mutated
+/// line makes the mutation stale here, in CI, not silently at the next `harness mutate`.
+/// Mutation seen failing: a case's only mutation removed from its family's mutations.toml.
+#[test]
+fn every_case_has_a_mutation_that_still_applies() {
+    let cat = Catalogue::load(&shipped_root()).expect("the catalogue loads");
+    let workspace = shipped_root().join("..");
+    let mutations = delivery_harness::kit::mutate::load(&cat, &workspace)
+        .unwrap_or_else(|errors| panic!("stale or invalid mutations:\n{}", errors.join("\n")));
+    for c in &cat.cases {
+        assert!(
+            mutations.iter().any(|m| m.case == c.id),
+            "case {} has no mutation in scenarios/{}/mutations.toml",
+            c.id,
+            c.family
+        );
+    }
+}
