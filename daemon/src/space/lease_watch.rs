@@ -22,7 +22,10 @@
 //!   for, deletes the consumer it created instead of installing it (a bind whose answer was
 //!   lost deletes its name in case it landed, silently when it had not); after a replacement
 //!   it binds again at once on the new connection;
-//! - the endpoint's stop retires it the same way before the connection closes.
+//! - the endpoint's stop retires it the same way before the connection closes;
+//! - the first bind (start-up's last phase) outlives a blip: an attempt whose connection drops
+//!   is abandoned and made again under a fresh name once the connection is back, so only the
+//!   broker-gone verdict the start races, or [`FIRST_BIND_ATTEMPTS`], ends it.
 
 use std::time::Duration;
 
@@ -60,6 +63,11 @@ const REBIND_RETRY: Duration = Duration::from_secs(5);
 const EVENTS_QUEUED: usize = 16;
 /// Retirement requests waiting for the watch's task.
 const COMMANDS_QUEUED: usize = 4;
+/// Attempts of the first bind (start-up's last phase). Another attempt is made only after the
+/// connection dropped while one was in flight and came back; the wait for it is bounded by the
+/// broker-gone verdict its caller races (docs/operations.md, "Start-up"), and this bounds a
+/// connection that keeps flapping without the verdict ever falling due.
+pub(crate) const FIRST_BIND_ATTEMPTS: u32 = 4;
 
 /// What the watch's task is asked to do.
 enum Command {
@@ -132,7 +140,7 @@ impl LeaseWatch {
             replaced_while_binding: false,
             seen: 0,
         };
-        let first = watcher.bind_consumer().await?;
+        let first = watcher.first_bind().await?;
         watcher.installed = Some(first);
         let (events_tx, events) = mpsc::channel(EVENTS_QUEUED);
         let (commands, commands_rx) = mpsc::channel(COMMANDS_QUEUED);
@@ -226,6 +234,16 @@ enum Absent {
     Failure,
     /// Its create's answer was lost, so it may never have been created: nothing to say.
     Expected,
+}
+
+/// How one attempt of the first bind ended.
+enum Attempt {
+    /// The create answered (or timed out) with the connection it was sent on.
+    Answered(Result<Installed, BrokerError>),
+    /// The connection dropped while it was in flight.
+    Dropped,
+    /// The connection closed for good.
+    Closed,
 }
 
 /// What a bind was told while it was in flight.
@@ -406,17 +424,86 @@ impl Watcher {
         told.command
     }
 
-    /// The first bind: a consumer, subscribed.
-    async fn bind_consumer(&mut self) -> Result<Installed, BrokerError> {
-        let name = self.next_name();
-        create(
-            &self.stream,
-            &self.client,
-            &self.filter,
-            &name,
-            self.request_bound,
-        )
-        .await
+    /// The first bind: a consumer, subscribed. An attempt whose connection drops while it is in
+    /// flight is abandoned (its request or its answer went with the connection, so it could only
+    /// time out), and once the connection is back the bind is made again under a fresh name, from
+    /// the key's last row; the abandoned name is deleted in case its create landed. So a blip
+    /// while start-up binds the watch is not a start-up failure, and a broker gone for good ends
+    /// the start with the verdict its caller races, at the window. A create the broker refuses,
+    /// or that times out on a connection that stayed up, fails the bind; so does a connection
+    /// that dropped during each of [`FIRST_BIND_ATTEMPTS`] attempts, or that closed.
+    async fn first_bind(&mut self) -> Result<Installed, BrokerError> {
+        let mut attempt = 1;
+        loop {
+            let name = self.next_name();
+            let outcome = {
+                let bind = create(
+                    &self.stream,
+                    &self.client,
+                    &self.filter,
+                    &name,
+                    self.request_bound,
+                );
+                tokio::pin!(bind);
+                loop {
+                    tokio::select! {
+                        r = &mut bind => break Attempt::Answered(r),
+                        ev = self.conn.recv() => match ev {
+                            Ok(ConnEvent::Disconnected) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                                break Attempt::Dropped
+                            }
+                            Ok(ConnEvent::Closed) | Err(broadcast::error::RecvError::Closed) => {
+                                break Attempt::Closed
+                            }
+                            Ok(_) => {}
+                        },
+                    }
+                }
+            };
+            match outcome {
+                Attempt::Answered(Ok(installed)) => return Ok(installed),
+                // Failed on a connection that is still up: the broker's answer, or its silence.
+                Attempt::Answered(Err(e)) if self.connected() => return Err(e),
+                Attempt::Closed => {
+                    return Err(BrokerError::new(
+                        BrokerErrorKind::Unsent,
+                        "the connection closed while the watch was being bound",
+                    ))
+                }
+                Attempt::Answered(Err(_)) | Attempt::Dropped => {}
+            }
+            if attempt >= FIRST_BIND_ATTEMPTS {
+                return Err(BrokerError::new(
+                    BrokerErrorKind::Unsent,
+                    format!(
+                        "the connection dropped during each of {FIRST_BIND_ATTEMPTS} attempts to bind it"
+                    ),
+                ));
+            }
+            attempt += 1;
+            self.reconnected().await?;
+            self.delete_name(&name, Absent::Expected).await;
+        }
+    }
+
+    /// Waits for the connection to be back (its `Connected`, or a state that already reads
+    /// connected). Unbounded here: the caller races it against the broker-gone verdict.
+    async fn reconnected(&mut self) -> Result<(), BrokerError> {
+        loop {
+            if self.connected() {
+                return Ok(());
+            }
+            match self.conn.recv().await {
+                Ok(ConnEvent::Connected) => return Ok(()),
+                Ok(ConnEvent::Closed) | Err(broadcast::error::RecvError::Closed) => {
+                    return Err(BrokerError::new(
+                        BrokerErrorKind::Unsent,
+                        "the connection closed while the watch was being bound",
+                    ))
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            }
+        }
     }
 
     fn next_name(&mut self) -> String {

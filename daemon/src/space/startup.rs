@@ -127,7 +127,7 @@ impl Plan {
     }
 
     fn stopped(&self, phase: StartPhase, by: &str) -> StartError {
-        StartError::new(StartErrorKind::Stopped, format!("stopped by {by}")).at(phase)
+        stopped_at(phase, by)
     }
 
     /// Reachability: the first dial of the resident connection; from here on the broker is
@@ -591,7 +591,7 @@ impl Armed {
         }) = self;
         let Plan {
             cfg,
-            stops,
+            mut stops,
             close,
             journal,
             space,
@@ -604,7 +604,9 @@ impl Armed {
         // A verdict ends the start where it waits, as it ends the serve loop: a bind or a dial
         // against a broker that is gone would only time out, and a start refused that way is
         // a fault (exit 1, after waiting to release) instead of the broker-gone exit at the
-        // window.
+        // window. The bind itself outlives a blip: an attempt whose connection drops is made
+        // again once it is back (`LeaseWatch::bind`), so only the verdict or a stop ends the
+        // wait for it.
         let mut verdicts = health.clone();
         let bound = LeaseWatch::bind(
             &js,
@@ -616,7 +618,8 @@ impl Armed {
         );
         let bound = tokio::select! {
             biased;
-            v = verdicts.verdict() => Err(v),
+            v = verdicts.verdict() => Err(Ok(v)),
+            by = stops.stopped() => Err(Err(by)),
             r = bound => Ok(r),
         };
         let watch = match bound {
@@ -625,9 +628,13 @@ impl Armed {
                 let detail = format!("delivery: the lease watch could not be bound ({e})");
                 return Err(fault_after_claim(&journal, keeper, PHASE, detail).await);
             }
-            Err(verdict) => {
+            Err(Ok(verdict)) => {
                 keeper.abandon(verdict).await;
                 return Err(StartError::of_verdict(verdict).at(PHASE));
+            }
+            Err(Err(by)) => {
+                keeper.stop_signalled(by).await;
+                return Err(stopped_at(PHASE, by));
             }
         };
         // A manual reconnect (the move onto an adopted credential) retires the watch first.
@@ -730,6 +737,11 @@ impl Armed {
         });
         Ok(SpaceDaemon::running(space, close, end.shared(), health))
     }
+}
+
+/// A start ended by a stop in `phase`.
+fn stopped_at(phase: StartPhase, by: &str) -> StartError {
+    StartError::new(StartErrorKind::Stopped, format!("stopped by {by}")).at(phase)
 }
 
 /// A fault after the claim won: said, the claim released (the keeper's way out), refused.
