@@ -63,16 +63,29 @@ impl CredentialCell {
     /// wait ends when a credential is set; the handshake's own timeout bounds it (the client then
     /// retries, which is what a redial during an expiry should do).
     pub async fn wait_unexpired(&self) -> Credential {
+        self.wait_unexpired_generation().await.1
+    }
+    /// [`CredentialCell::wait_unexpired`] with the generation it belongs to, or an older one: the
+    /// generation is read before the credential, so a credential set in between is counted as
+    /// the older generation (a connection that presented it is then moved once more, never
+    /// taken for one that presents the latest when it does not).
+    pub async fn wait_unexpired_generation(&self) -> (u64, Credential) {
         let mut changes = self.generation.subscribe();
         loop {
+            let generation = *changes.borrow_and_update();
             let p = self.get();
             if !credential_expired(&p) {
-                return p;
+                return (generation, p);
             }
             if changes.changed().await.is_err() {
-                return p;
+                return (generation, p);
             }
         }
+    }
+    /// The generation of the credential held now: 0 for the first, one more at each
+    /// [`CredentialCell::set`].
+    pub fn generation(&self) -> u64 {
+        *self.generation.borrow()
     }
 }
 
@@ -346,6 +359,8 @@ const RETIRED_REDIAL_PAUSE: Duration = Duration::from_secs(24 * 3600);
 pub struct Link {
     dropped_at: Arc<Mutex<Option<Instant>>>,
     retired: Arc<std::sync::atomic::AtomicBool>,
+    /// The [`CredentialCell`] generation the connection's last (re)connect presented.
+    presented: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Link {
@@ -371,6 +386,16 @@ impl Link {
     }
     pub fn is_retired(&self) -> bool {
         self.retired.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    /// The credential generation the last (re)connect presented (see
+    /// [`CredentialCell::wait_unexpired_generation`]): once connected, what the live connection
+    /// carries. A connection that presents the latest generation needs no move onto it.
+    pub fn presented(&self) -> u64 {
+        self.presented.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn present(&self, generation: u64) {
+        self.presented
+            .store(generation, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -515,11 +540,12 @@ pub async fn dial(spec: &DialSpec, credential: CredentialCell) -> Result<Residen
             if retired.is_retired() {
                 return Err(AuthError::new("this connection was closed by its owner"));
             }
-            let p = cell.wait_unexpired().await;
+            let (generation, p) = cell.wait_unexpired_generation().await;
             // Retired while it waited for an unexpired credential: still never comes back.
             if retired.is_retired() {
                 return Err(AuthError::new("this connection was closed by its owner"));
             }
+            retired.present(generation);
             let kp = nkeys::KeyPair::from_seed(&p.seed).map_err(AuthError::new)?;
             let sig = kp.sign(&nonce).map_err(AuthError::new)?;
             let mut auth = async_nats::Auth::new();

@@ -14,7 +14,7 @@ use tokio::sync::{broadcast, watch};
 
 use crate::base::{
     delivery_creds_key, membership_rw_creds_key, ConnEvent, Credential, CredentialCell, Journal,
-    JwtClaims, SecretStore,
+    JwtClaims, Link, SecretStore,
 };
 use crate::provision::{BrokerAccepted, Preflight};
 use crate::rails::RECONNECT_WAIT_BOUND;
@@ -98,13 +98,23 @@ impl ReconnectGate {
         self.awaiting_reply.send_replace(false);
     }
 
-    /// Reconnects `client` (after the admin reply plus [`RECONNECT_AFTER_REPLY`] when
-    /// `after_reply`, at once otherwise), marking the gate busy until the `Connected` event
-    /// (bounded by [`RECONNECT_WAIT_BOUND`]). The wait for the reply is bounded by the same 5 s.
+    /// Moves `client` onto the credential of generation `adopted` (after the admin reply plus
+    /// [`RECONNECT_AFTER_REPLY`] when `after_reply`, at once otherwise), marking the gate busy
+    /// until the `Connected` event (bounded by [`RECONNECT_WAIT_BOUND`]). The wait for the reply
+    /// is bounded by the same 5 s.
+    ///
+    /// Only a live connection that presented an older generation is reconnected. A connection
+    /// that is down redials with the held credential, which is the adopted one: after an expiry
+    /// its redial waited for exactly this adoption (`CredentialCell::wait_unexpired`). It is
+    /// awaited (the same bound), and moved only if it came back on an older credential (a
+    /// redial whose handshake began before the adoption). Reconnecting it again would open a
+    /// second gap in the rails, in which a reply sent on the first connection is lost.
     fn schedule(
         &self,
         client: async_nats::Client,
         events: broadcast::Sender<ConnEvent>,
+        link: Link,
+        adopted: u64,
         after_reply: bool,
     ) {
         self.in_flight.send_replace(true);
@@ -123,6 +133,17 @@ impl ReconnectGate {
                 let _ = tokio::time::timeout(RECONNECT_WAIT_BOUND, replied.wait_for(|w| !*w)).await;
                 tokio::time::sleep(RECONNECT_AFTER_REPLY).await;
             }
+            use async_nats::connection::State;
+            let mut rx = events.subscribe();
+            if client.connection_state() != State::Connected {
+                let _ = tokio::time::timeout(RECONNECT_WAIT_BOUND, connected(&mut rx)).await;
+            }
+            let presents_adopted = link.presented() >= adopted;
+            if client.connection_state() != State::Connected || presents_adopted {
+                // Down still: its next redial presents the adopted credential. Or back on it.
+                gate.send_replace(false);
+                return;
+            }
             // A manual reconnect of a live connection: the lease watch finishes a bind in flight
             // and deletes its consumer while this connection can still carry the delete (bounded
             // by the JetStream request timeout); it binds again once reconnected.
@@ -131,19 +152,20 @@ impl ReconnectGate {
             }
             let mut rx = events.subscribe();
             if client.force_reconnect().await.is_ok() {
-                let _ = tokio::time::timeout(RECONNECT_WAIT_BOUND, async {
-                    loop {
-                        match rx.recv().await {
-                            Ok(ConnEvent::Connected) => return,
-                            Err(broadcast::error::RecvError::Closed) => return,
-                            _ => {}
-                        }
-                    }
-                })
-                .await;
+                let _ = tokio::time::timeout(RECONNECT_WAIT_BOUND, connected(&mut rx)).await;
             }
             gate.send_replace(false);
         });
+    }
+}
+
+/// Resolves at the connection's next `Connected` (or when its event feed ended).
+async fn connected(rx: &mut broadcast::Receiver<ConnEvent>) {
+    loop {
+        match rx.recv().await {
+            Ok(ConnEvent::Connected) | Err(broadcast::error::RecvError::Closed) => return,
+            _ => {}
+        }
     }
 }
 
@@ -181,6 +203,8 @@ pub struct Renewal {
     preflight: Preflight,
     client: async_nats::Client,
     events: broadcast::Sender<ConnEvent>,
+    /// The resident connection's link: which credential generation it presented.
+    link: Link,
     health: HealthHandle,
     journal: Journal,
     retry: Duration,
@@ -205,6 +229,7 @@ pub struct RenewalParts {
     pub preflight: Preflight,
     pub client: async_nats::Client,
     pub events: broadcast::Sender<ConnEvent>,
+    pub link: Link,
     pub health: HealthHandle,
     pub journal: Journal,
     /// The re-read's retry after a missed remint or a refused candidate.
@@ -222,6 +247,7 @@ impl Renewal {
             preflight: parts.preflight,
             client: parts.client,
             events: parts.events,
+            link: parts.link,
             health: parts.health,
             journal: parts.journal,
             retry: parts.retry,
@@ -506,8 +532,13 @@ impl Renewal {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = candidate;
         self.health.adopted();
-        self.reconnect
-            .schedule(self.client.clone(), self.events.clone(), from_admin);
+        self.reconnect.schedule(
+            self.client.clone(),
+            self.events.clone(),
+            self.link.clone(),
+            self.cell.generation(),
+            from_admin,
+        );
         Reread::Adopted(accepted)
     }
 

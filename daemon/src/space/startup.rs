@@ -431,6 +431,7 @@ impl Claimed {
             preflight: Preflight::new(plan.cfg.server.clone(), plan.cfg.tls_ca.clone()),
             client: resident.client.clone(),
             events: resident.events.clone(),
+            link: resident.link.clone(),
             health: health.clone(),
             journal: plan.journal.clone(),
             retry: plan.cfg.tuning.remint_retry,
