@@ -300,6 +300,9 @@ impl TransportHealth {
 pub struct HealthHandle {
     adopted: mpsc::UnboundedSender<()>,
     verdict: watch::Receiver<Option<Verdict>>,
+    /// From an expiry's line until a proved adoption clears it: when it began (unix ms). The
+    /// renewal's re-read comes sooner meanwhile.
+    expired: watch::Receiver<Option<i64>>,
     /// Set when the daemon begins its own shutdown: the connection events that follow (its own
     /// drain) are not the broker going away, so the watchdog says nothing more.
     retired: Arc<AtomicBool>,
@@ -314,6 +317,17 @@ impl HealthHandle {
     /// Reports a broker-proved adoption (the only thing that clears an expiry).
     pub fn adopted(&self) {
         let _ = self.adopted.send(());
+    }
+
+    /// Whether the credential has expired and no proved renewal has cleared it yet.
+    pub fn expired_now(&self) -> bool {
+        self.expired.borrow().is_some()
+    }
+
+    /// The expiry state as it changes: since when (unix ms) the credential has expired
+    /// unrenewed, `None` while it has not.
+    pub fn expiry(&self) -> watch::Receiver<Option<i64>> {
+        self.expired.clone()
     }
 
     /// The verdict, if the watchdog has reached one.
@@ -349,6 +363,7 @@ impl Watchdog {
     ) -> HealthHandle {
         let (adopted_tx, mut adopted_rx) = mpsc::unbounded_channel::<()>();
         let (verdict_tx, verdict_rx) = watch::channel(None);
+        let (expired_tx, expired_rx) = watch::channel(None);
         let base = Instant::now();
         let now_ms = move || base.elapsed().as_millis() as u64;
         let retired = Arc::new(AtomicBool::new(false));
@@ -427,10 +442,16 @@ impl Watchdog {
                         &format!("restored:{space}"),
                         format!("✓ delivery: broker connection restored (space {space})"),
                     ),
-                    Change::Expired => journal.line(LINE_EXPIRED),
-                    Change::ExpiryCleared => journal.line(format!(
-                        "✓ delivery: a renewal the broker accepted was adopted; the credential-expiry state is cleared (space {space})"
-                    )),
+                    Change::Expired => {
+                        journal.line(LINE_EXPIRED);
+                        expired_tx.send_replace(Some(crate::base::epoch_ms() as i64));
+                    }
+                    Change::ExpiryCleared => {
+                        expired_tx.send_replace(None);
+                        journal.line(format!(
+                            "✓ delivery: a renewal the broker accepted was adopted; the credential-expiry state is cleared (space {space})"
+                        ))
+                    }
                     Change::None => {}
                 }
             };
@@ -448,6 +469,7 @@ impl Watchdog {
         HealthHandle {
             adopted: adopted_tx,
             verdict: verdict_rx,
+            expired: expired_rx,
             retired,
         }
     }

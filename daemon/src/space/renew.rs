@@ -26,6 +26,16 @@ use crate::wire::{Accepted, CredentialOutcome, Skipped, Space};
 pub const RENEW_AT_SHARE: f64 = 0.75;
 /// The resident connection moves onto an adopted credential this long after the reply.
 pub const RECONNECT_AFTER_REPLY: Duration = Duration::from_millis(250);
+/// While the credential has expired, the store is read at most this long after the last read
+/// (or after the retry interval, when that is shorter). The broker closed the connection the
+/// admin rail rides on, so a renewal owner's `reloadCreds` finds no responder; this read is how
+/// its re-sign is adopted before the backstop (60 s by default: twelve reads, not one a second).
+pub const EXPIRED_REREAD: Duration = Duration::from_secs(5);
+// Several reads fit in the default backstop.
+const _: () = assert!(
+    4 * EXPIRED_REREAD.as_millis()
+        <= (crate::base::DEFAULT_BROKER_GONE_WINDOW_MS * crate::base::BACKSTOP_WINDOWS) as u128
+);
 // An admin request waiting for that reconnect outlives its start.
 const _: () = assert!(RECONNECT_AFTER_REPLY.as_millis() < RECONNECT_WAIT_BOUND.as_millis());
 
@@ -187,6 +197,11 @@ pub enum Reread {
 /// Sleeps until the unix-ms instant held in `at` (forever for `i64::MAX`).
 async fn sleep_until_ms(at: &Mutex<i64>) {
     let at_ms = *at.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    sleep_until_at_ms(at_ms).await
+}
+
+/// Sleeps until the unix-ms instant `at_ms` (forever for `i64::MAX`).
+async fn sleep_until_at_ms(at_ms: i64) {
     if at_ms == i64::MAX {
         return std::future::pending().await;
     }
@@ -212,6 +227,8 @@ pub struct Renewal {
     last: Mutex<Credential>,
     /// When the timer re-reads next (unix ms).
     next_due_ms: Mutex<i64>,
+    /// When the store was last read for the delivery credential (unix ms).
+    last_read_ms: Mutex<i64>,
     adopting: tokio::sync::Mutex<()>,
     pub reconnect: ReconnectGate,
     /// The membership feed's rw connection and its credential cell, once the feed runs.
@@ -253,6 +270,7 @@ impl Renewal {
             retry: parts.retry,
             last: Mutex::new(live),
             next_due_ms: Mutex::new(due),
+            last_read_ms: Mutex::new(crate::base::epoch_ms() as i64),
             adopting: tokio::sync::Mutex::new(()),
             reconnect: ReconnectGate::default(),
             membership: Mutex::new(None),
@@ -291,9 +309,48 @@ impl Renewal {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = at_ms;
     }
 
-    /// Sleeps until the timer's next re-read is due.
+    /// Sleeps until the timer's next re-read is due: the renewal point or the retry; while the
+    /// credential has expired, at once when the store was not read since the expiry, then at
+    /// most [`Renewal::expired_retry`] after the last read (an expiry that begins during the
+    /// sleep brings it forward).
     pub async fn due(&self) {
-        sleep_until_ms(&self.next_due_ms).await
+        let mut expiry = self.health.expiry();
+        loop {
+            let at_ms = self.due_at_ms(*expiry.borrow_and_update());
+            tokio::select! {
+                _ = sleep_until_at_ms(at_ms) => return,
+                changed = expiry.changed() => {
+                    if changed.is_err() {
+                        return sleep_until_at_ms(at_ms).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// When the timer re-reads next (unix ms), given since when the credential has expired.
+    fn due_at_ms(&self, expired_since_ms: Option<i64>) -> i64 {
+        let due = *self
+            .next_due_ms
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(since) = expired_since_ms else {
+            return due;
+        };
+        let last = *self
+            .last_read_ms
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if last < since {
+            return due.min(since);
+        }
+        due.min(last.saturating_add(self.expired_retry().as_millis() as i64))
+    }
+
+    /// The re-read's interval while the credential has expired: [`EXPIRED_REREAD`], or the
+    /// retry interval when that is shorter.
+    fn expired_retry(&self) -> Duration {
+        self.retry.min(EXPIRED_REREAD)
     }
 
     /// Sleeps until the membership feed's own re-read of its rw credential is due.
@@ -359,9 +416,27 @@ impl Renewal {
     pub async fn on_due(&self) -> Reread {
         let outcome = self.reread(false, None).await;
         let now_ms = crate::base::epoch_ms() as i64;
-        let retry_ms = self.retry.as_millis() as i64;
-        let retry_s = self.retry.as_millis() as f64 / 1000.0;
+        let expired = self.health.expired_now();
+        let retry = if expired {
+            self.expired_retry()
+        } else {
+            self.retry
+        };
+        let retry_ms = retry.as_millis() as i64;
+        let retry_s = retry.as_millis() as f64 / 1000.0;
         match &outcome {
+            // Expired: the broker closed the connection, so no `reloadCreds` can reach this
+            // daemon; the store is read again soon instead, until a renewal or the backstop.
+            Reread::Missed(_) if expired => {
+                self.journal.repeated(
+                    &format!("remint-expired:{}", self.space),
+                    format!(
+                        "! delivery: the credential has expired and {} still holds it; awaiting the renewal owner's re-sign (reading it again every {retry_s} s until the backstop)",
+                        self.where_()
+                    ),
+                );
+                self.set_due_ms(now_ms + retry_ms);
+            }
             Reread::Fresh => self.set_due_ms(Self::due_ms_for(&self.live())),
             Reread::Adopted(acc) => {
                 self.journal.line(format!(
@@ -469,6 +544,10 @@ impl Renewal {
     async fn reread(&self, from_admin: bool, expected: Option<&str>) -> Reread {
         let _one_at_a_time = self.adopting.lock().await;
         let where_ = self.where_();
+        *self
+            .last_read_ms
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = crate::base::epoch_ms() as i64;
         let raw = match self.store.get(&delivery_creds_key(&self.space)) {
             Ok(Some(raw)) => raw,
             Ok(None) => {
