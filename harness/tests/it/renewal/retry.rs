@@ -13,8 +13,11 @@ use delivery_harness::mesh::Mesh;
 
 /// The retry the service runs with (its documented input, `tuning.remint_retry`).
 const RETRY: Duration = Duration::from_secs(2);
-/// How long the reads are counted from just before the 75 % point.
-const WINDOW: Duration = Duration::from_millis(7_000);
+/// How long the reads are counted from just before the 75 % point: it ends before the
+/// credential's expiry (`LIFETIME`), where an expired daemon reads its store at once.
+const WINDOW: Duration = Duration::from_millis(5_000);
+/// The credential's lifetime: its 75 % point (15 s) plus the window ends 0.5 s before the exp.
+const LIFETIME: Duration = Duration::from_secs(20);
 /// The window opens this long before the 75 % point, so the first re-read is inside it.
 const LEAD: Duration = Duration::from_millis(500);
 
@@ -30,11 +33,14 @@ async fn sleep_until_unix_ms(at: u64) {
 }
 
 /// Past the 75 % point, a store that still holds the live credential is read once per retry
-/// (2 s here), not once per second: over 7 s from just before that point the delivery
-/// credential is read at most 4 times (at the point, then every 2 s), and at least twice.
-/// The live credential stays until its expiry (8 s) and the service does not close on it
-/// within the window (backstop 30 s). Mutation seen failing: `on_due` setting the next re-read
-/// 1 s after a missed remint instead of `retry` (7 reads in the window, against at most 4).
+/// (2 s here), not once per second: over 5 s from just before that point the delivery
+/// credential is read at most 3 times (at the point, then every 2 s), and at least twice.
+/// The live credential stays until its expiry (20 s), after the window: at the expiry the
+/// daemon reads its store at once (the expired re-read), a read this test does not count (an
+/// 8 s credential and a 7 s window crossing its expiry counted it, 5 reads, in 2 runs of 4).
+/// The service does not close on it within the window (backstop 30 s). Mutation seen failing:
+/// `on_due` setting the next re-read 1 s after a missed remint instead of `retry` (5 reads in
+/// the window, against at most 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missed_remint_reads_the_store_once_per_retry_not_once_per_second() {
     let mesh = Mesh::demo().await.expect("mesh");
@@ -46,7 +52,7 @@ async fn a_missed_remint_reads_the_store_once_per_retry_not_once_per_second() {
             &Profile::Delivery,
             MintOptions::new()
                 .renewal_of(&material.delivery)
-                .expires_in(Duration::from_secs(8)),
+                .expires_in(LIFETIME),
         )
         .expect("mint");
     let store = Arc::new(MemoryStore::new("mem:retry"));
