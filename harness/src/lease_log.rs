@@ -38,6 +38,8 @@ pub enum LogFrom {
     Now,
     /// The key's last message first (the lease bucket keeps one per key), then every write.
     Last,
+    /// The writes after this stream sequence (a watch bound again after an error).
+    After(u64),
 }
 
 /// An ordered push consumer on the lease key, from the inspector's (unrestricted) connection.
@@ -60,6 +62,9 @@ impl LeaseLog {
                 deliver_policy: match from {
                     LogFrom::Now => DeliverPolicy::New,
                     LogFrom::Last => DeliverPolicy::LastPerSubject,
+                    LogFrom::After(seq) => DeliverPolicy::ByStartSequence {
+                        start_sequence: seq + 1,
+                    },
                 },
                 ..Default::default()
             })

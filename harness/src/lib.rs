@@ -20,6 +20,7 @@ pub mod proxy;
 pub mod scenario;
 pub mod server_bin;
 pub mod sim;
+pub mod simulate;
 pub mod tls;
 pub mod wait;
 

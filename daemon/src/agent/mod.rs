@@ -633,6 +633,9 @@ pub struct Frame {
     pub msg: Value,
     /// `DLV_<s>` stream sequence of the frame.
     pub dlv_sequence: u64,
+    /// When the broker stored the frame (its stamp of the `DLV_<s>` message): the moment of
+    /// the hand-off, as the broker saw it. `None` when the delivery carried no metadata.
+    pub handed_off: Option<std::time::SystemTime>,
 }
 
 /// The bound `dlv_` durable.
@@ -693,11 +696,12 @@ impl Delivery {
                 let _ = next.ack_with(AckKind::Term).await;
                 continue;
             };
-            let dlv_sequence = next.info().map(|i| i.stream_sequence).unwrap_or(0);
+            let info = next.info().ok();
             let surfaced = Frame {
                 channel: frame.channel,
                 msg: frame.msg,
-                dlv_sequence,
+                dlv_sequence: info.as_ref().map(|i| i.stream_sequence).unwrap_or(0),
+                handed_off: info.map(|i| std::time::SystemTime::from(i.published)),
             };
             surface(&surfaced);
             next.double_ack()

@@ -49,6 +49,33 @@ pub async fn provision_agent(
     options: MintOptions,
 ) -> Result<AgentMaterial, ProvisionError> {
     let lifecycle_uid = LifecycleUid::generate();
+    provision_lifecycle(
+        authority,
+        writer,
+        space,
+        principal,
+        lifecycle_uid,
+        read,
+        roles,
+        options,
+    )
+    .await
+}
+
+/// [`provision_agent`] for a lifecycle uid the caller chose (a manager that records the
+/// lifecycle before it exists, a replay that provisions the same lifecycles again). The uid
+/// must be fresh: a retired lifecycle never comes back.
+#[allow(clippy::too_many_arguments)]
+pub async fn provision_lifecycle(
+    authority: &MeshAuthority,
+    writer: &Context,
+    space: &Space,
+    principal: &Principal,
+    lifecycle_uid: LifecycleUid,
+    read: ReadChannels,
+    roles: Roles,
+    options: MintOptions,
+) -> Result<AgentMaterial, ProvisionError> {
     let credential = authority
         .mint(
             space,

@@ -14,7 +14,9 @@ mod server_conf;
 mod standby;
 mod streams;
 
-pub use agent::{provision_agent, remove_acl, retire, set_read_acl, AgentMaterial};
+pub use agent::{
+    provision_agent, provision_lifecycle, read_acl, remove_acl, retire, set_read_acl, AgentMaterial,
+};
 pub use bundle::{BundleError, BundleErrorKind, SIGNER_BUNDLE_KEY};
 pub use jwt::{encode_account_with_signing_keys, encode_operator, encode_user, UserClaimsSpec};
 pub(crate) use manifest::ManifestError;

@@ -1,0 +1,377 @@
+//! The nemesis: faults drawn by weight from the seed, each with its duration, one at a time,
+//! each run through the kit's verbs (`signal`, `broker`, `proxy_fault`, `delete_lease`,
+//! `resign`, `reload_creds`) against the world's actors, and recorded as `fault_start` /
+//! `fault_end` operations. Before a fault starts, the nemesis waits (bounded) for a daemon to
+//! serve, and records that serving line as the fault's `after_line`, so a replay keeps the
+//! order as well as the time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use super::config::{self, Aim, FaultSpec};
+use super::observe::{self, LeaseWrites};
+use super::prng::Prng;
+use super::record::Recorder;
+use super::Stage;
+use crate::kit::steps::broker::{BrokerFault, ProxyFault, Step as BrokerStep};
+use crate::kit::steps::creds::{ReloadExpect, Step as CredsStep};
+use crate::kit::steps::lease::Step as LeaseStep;
+use crate::kit::steps::process::Step as ProcessStep;
+use crate::kit::steps::{Ctx, Step};
+use crate::sim::{Call, Done, FaultKind, Ms, Process};
+
+/// Bound on one fault step (a broker restart waits for readiness).
+const STEP_BOUND: Duration = Duration::from_secs(30);
+/// Attempts at ending a fault before its end is recorded as failed.
+const END_ATTEMPTS: u32 = 3;
+/// Wait between two attempts at ending a fault.
+const END_RETRY_GAP: Duration = Duration::from_secs(2);
+/// Bound on a gracefully stopped daemon's exit.
+const STOP_EXIT_BOUND: Duration = Duration::from_secs(20);
+
+/// A fault in place, to be ended.
+#[derive(Debug, Clone)]
+pub struct Active {
+    pub id: u64,
+    pub kind: FaultKind,
+    pub target: String,
+}
+
+fn ctx() -> Ctx {
+    let now = Instant::now();
+    Ctx {
+        started: now,
+        deadline: now + STEP_BOUND,
+    }
+}
+
+async fn run_step(stage: &mut Stage, step: Step) -> Result<(), String> {
+    step.run(&mut stage.world, ctx())
+        .await
+        .map(|_| ())
+        .map_err(|f| f.to_string())
+}
+
+fn signal(daemon: &str, signal: &str) -> Step {
+    Step::Process(ProcessStep::Signal {
+        daemon: daemon.to_string(),
+        signal: signal.to_string(),
+    })
+}
+
+fn broker(fault: BrokerFault, node: usize) -> Step {
+    Step::Broker(BrokerStep::Broker { fault, node })
+}
+
+fn proxy(proxy: &str, fault: ProxyFault) -> Step {
+    Step::Broker(BrokerStep::ProxyFault {
+        proxy: proxy.to_string(),
+        fault,
+        pattern: None,
+    })
+}
+
+fn resign(lifetime: u64) -> Step {
+    Step::Creds(CredsStep::Resign {
+        lifetime,
+        rogue: false,
+    })
+}
+
+fn reload() -> Step {
+    Step::Creds(CredsStep::ReloadCreds {
+        expect: ReloadExpect::Ok,
+        error: None,
+        release: None,
+    })
+}
+
+/// `node:<k>` -> k; `broker` -> 0.
+fn node_of(target: &str) -> usize {
+    target
+        .strip_prefix("node:")
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Starts fault `id` of `kind` on `target`; records it. `None` when the start failed (no
+/// fault: the checker ignores a start that failed).
+#[allow(clippy::too_many_arguments)]
+pub async fn start(
+    stage: &Mutex<Stage>,
+    recorder: &Recorder,
+    lease: &LeaseWrites,
+    id: u64,
+    kind: FaultKind,
+    target: String,
+    planned_ms: Option<u64>,
+    after_line: Option<u64>,
+) -> Option<Active> {
+    let mut s = stage.lock().await;
+    let op = recorder.invoke(
+        &Process::Nemesis,
+        Call::FaultStart {
+            fault: id,
+            kind,
+            target: target.clone(),
+            planned_ms,
+        },
+        after_line,
+    );
+    let daemon = target.strip_prefix("daemon:").unwrap_or("").to_string();
+    let result = match kind {
+        FaultKind::DaemonKill => {
+            s.daemons.held.insert(daemon.clone());
+            run_step(&mut s, signal(&daemon, "KILL")).await
+        }
+        FaultKind::DaemonPause => {
+            s.daemons.held.insert(daemon.clone());
+            run_step(&mut s, signal(&daemon, "STOP")).await
+        }
+        FaultKind::DaemonRestart => {
+            s.daemons.held.insert(daemon.clone());
+            let r = run_step(&mut s, signal(&daemon, "TERM")).await;
+            if r.is_ok() {
+                if let Some(d) = s.world.daemons.get_mut(&daemon) {
+                    let _ = d.wait_exit(STOP_EXIT_BOUND).await;
+                }
+            }
+            r
+        }
+        FaultKind::BrokerKill | FaultKind::NodeKill => {
+            run_step(&mut s, broker(BrokerFault::Kill, node_of(&target))).await
+        }
+        FaultKind::BrokerPause => run_step(&mut s, broker(BrokerFault::Stop, 0)).await,
+        FaultKind::ProxyBlackhole => {
+            let p = target.strip_prefix("proxy:").unwrap_or("");
+            run_step(&mut s, proxy(p, ProxyFault::Blackhole)).await
+        }
+        FaultKind::ProxyCut => {
+            // Every connection closed, and new ones held until the end.
+            let p = target.strip_prefix("proxy:").unwrap_or("");
+            match run_step(&mut s, proxy(p, ProxyFault::Cut)).await {
+                Ok(()) => run_step(&mut s, proxy(p, ProxyFault::BlackholeNew)).await,
+                Err(e) => Err(e),
+            }
+        }
+        FaultKind::CredentialExpiry | FaultKind::CredentialExpiryRenewed => {
+            if kind == FaultKind::CredentialExpiry {
+                s.daemons.held.insert(daemon.clone());
+            }
+            // The renewal owner re-signs a short credential and the daemon adopts it now.
+            let r = match run_step(&mut s, resign(config::SHORT_CREDENTIAL_MS)).await {
+                Ok(()) => run_step(&mut s, reload()).await,
+                Err(e) => Err(e),
+            };
+            if r.is_err() {
+                // Nothing adopted: the store gets a long credential back.
+                let _ = run_step(&mut s, resign(config::LONG_CREDENTIAL_MS)).await;
+                s.daemons.held.remove(&daemon);
+            }
+            r
+        }
+        FaultKind::LeaseDelete => run_step(&mut s, Step::Lease(LeaseStep::DeleteLease {})).await,
+    };
+    // What the fault did at once (a kill's exit) is observed before the next step.
+    let Stage { world, daemons } = &mut *s;
+    observe::poll(world, daemons, recorder, lease).await;
+    match result {
+        Ok(()) => {
+            recorder.ok(&op, Done::FaultStart);
+            Some(Active { id, kind, target })
+        }
+        Err(e) => {
+            s.daemons.held.remove(&daemon);
+            recorder.fail(&op, e);
+            None
+        }
+    }
+}
+
+/// Ends `fault`: the process continued or started again, the broker restarted, the proxy
+/// healed, the credential renewed.
+pub async fn end(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWrites, fault: &Active) {
+    let op = recorder.invoke(&Process::Nemesis, Call::FaultEnd { fault: fault.id }, None);
+    let daemon = fault
+        .target
+        .strip_prefix("daemon:")
+        .unwrap_or("")
+        .to_string();
+    let mut last = String::new();
+    for attempt in 0..END_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(END_RETRY_GAP).await;
+        }
+        let mut s = stage.lock().await;
+        let result = match fault.kind {
+            FaultKind::DaemonKill | FaultKind::DaemonRestart => {
+                s.daemons.held.remove(&daemon);
+                Ok(())
+            }
+            FaultKind::DaemonPause => {
+                let r = run_step(&mut s, signal(&daemon, "CONT")).await;
+                s.daemons.held.remove(&daemon);
+                r
+            }
+            FaultKind::BrokerKill | FaultKind::NodeKill => {
+                run_step(&mut s, broker(BrokerFault::Restart, node_of(&fault.target))).await
+            }
+            FaultKind::BrokerPause => run_step(&mut s, broker(BrokerFault::Cont, 0)).await,
+            FaultKind::ProxyBlackhole | FaultKind::ProxyCut => {
+                let p = fault.target.strip_prefix("proxy:").unwrap_or("");
+                run_step(&mut s, proxy(p, ProxyFault::Heal)).await
+            }
+            FaultKind::CredentialExpiry | FaultKind::CredentialExpiryRenewed => {
+                let r = run_step(&mut s, resign(config::LONG_CREDENTIAL_MS)).await;
+                s.daemons.held.remove(&daemon);
+                r
+            }
+            FaultKind::LeaseDelete => Ok(()),
+        };
+        // A daemon the fault held is started again now, by the supervisor.
+        let Stage { world, daemons } = &mut *s;
+        observe::poll(world, daemons, recorder, lease).await;
+        match result {
+            Ok(()) => {
+                recorder.ok(&op, Done::FaultEnd);
+                return;
+            }
+            Err(e) => last = e,
+        }
+    }
+    recorder.fail(&op, last);
+}
+
+/// How long a fault of `spec` lasts, drawn. A credential let expire without renewal lasts
+/// until the daemon's backstop after the expiry; with a renewal, the renewal comes the drawn
+/// time after the expiry.
+pub fn duration_of(spec: &FaultSpec, rng: &mut Prng) -> u64 {
+    let drawn = rng.range(spec.duration_ms.0, spec.duration_ms.1);
+    match spec.kind {
+        FaultKind::CredentialExpiry => {
+            config::SHORT_CREDENTIAL_MS + config::BROKER_GONE_BACKSTOP_MS + config::EXIT_MARGIN_MS
+        }
+        FaultKind::CredentialExpiryRenewed => config::SHORT_CREDENTIAL_MS + drawn,
+        _ => drawn,
+    }
+}
+
+/// What the live nemesis needs.
+pub struct Live {
+    pub stage: Arc<Mutex<Stage>>,
+    pub recorder: Arc<Recorder>,
+    pub lease: LeaseWrites,
+    pub specs: Vec<FaultSpec>,
+    pub rng: Prng,
+    /// Cluster nodes (1 on one broker).
+    pub nodes: usize,
+    /// Run ms at which faults may start and by which every fault must have ended.
+    pub from_ms: Ms,
+    pub until_ms: Ms,
+}
+
+async fn sleep_until_ms(recorder: &Recorder, at: Ms) {
+    let now = recorder.now_ms();
+    if at > now {
+        tokio::time::sleep(Duration::from_millis(at - now)).await;
+    }
+}
+
+/// The target a fault of `spec` aims at now.
+async fn aim(live: &mut Live, spec: &FaultSpec) -> String {
+    let s = live.stage.lock().await;
+    let holder = s
+        .daemons
+        .holder(&live.lease)
+        .or_else(|| s.daemons.plans.first().map(|p| p.name.clone()))
+        .unwrap_or_default();
+    match spec.aim {
+        Aim::Holder => format!("daemon:{holder}"),
+        Aim::Broker if live.nodes > 1 => format!("node:{}", live.rng.below(live.nodes as u64)),
+        Aim::Broker => "broker".to_string(),
+        Aim::HolderProxy => {
+            let via = s
+                .daemons
+                .plans
+                .iter()
+                .find(|p| p.name == holder)
+                .map(|p| p.via.clone())
+                .unwrap_or_default();
+            format!("proxy:{via}")
+        }
+        Aim::Lease => "lease".to_string(),
+    }
+}
+
+/// Waits, bounded, until a daemon serves; the line of that serving observation.
+async fn serving_line(live: &Live) -> Option<u64> {
+    let deadline = Instant::now() + Duration::from_millis(config::SERVING_WAIT_MS);
+    loop {
+        {
+            let s = live.stage.lock().await;
+            if !s.daemons.serving.is_empty() {
+                return s.daemons.last_line("serving", None);
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(observe::OBSERVE_TICK).await;
+    }
+}
+
+/// Draws and runs faults from `from_ms` until `until_ms`, one at a time.
+pub async fn live(mut live: Live) {
+    sleep_until_ms(&live.recorder, live.from_ms).await;
+    let weights: Vec<(usize, u64)> = live
+        .specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i, s.weight))
+        .collect();
+    let mut id = 0u64;
+    loop {
+        let after_line = serving_line(&live).await;
+        let now = live.recorder.now_ms();
+        let Some(i) = live.rng.weighted(&weights) else {
+            return;
+        };
+        let spec = live.specs[i];
+        let planned = duration_of(&spec, &mut live.rng);
+        let gap = live
+            .rng
+            .range(config::FAULT_GAP_MS.0, config::FAULT_GAP_MS.1);
+        if now + planned + 1_000 > live.until_ms {
+            // Too long for what is left: try a short one, else stop.
+            if now + 2_000 > live.until_ms {
+                return;
+            }
+            sleep_until_ms(&live.recorder, now + 500).await;
+            continue;
+        }
+        id += 1;
+        let target = aim(&mut live, &spec).await;
+        let active = start(
+            &live.stage,
+            &live.recorder,
+            &live.lease,
+            id,
+            spec.kind,
+            target,
+            Some(planned),
+            after_line,
+        )
+        .await;
+        if let Some(active) = active {
+            sleep_until_ms(&live.recorder, now + planned).await;
+            end(&live.stage, &live.recorder, &live.lease, &active).await;
+        }
+        let next = live.recorder.now_ms() + gap;
+        if next >= live.until_ms {
+            return;
+        }
+        sleep_until_ms(&live.recorder, next).await;
+    }
+}

@@ -1,0 +1,390 @@
+//! What the runner sees of the daemons, and what it does about it: every daemon's lines and
+//! exit turned into observations (serving, quiesced, exited) with their run time, the lease
+//! key's writes as the broker stamped them, and a supervisor that starts a daemon again when it
+//! exits and no fault holds it, as a foreground `cotal up` does ("a failed restart is logged and
+//! retried after the lease TTL").
+//!
+//! The observer reads the kit's daemon actors (`World::daemons`) on a 100 ms tick, under the
+//! world's lock, so an observation is at most a tick (and whatever a fault step holds the lock
+//! for) later than the line. A later observation only shortens a serving span the checker
+//! credits, or delays an exit the checker judges with a margin.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::process::ExitStatusExt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cotal_delivery::base::RowOp;
+use tokio::sync::watch;
+
+use super::record::Recorder;
+use crate::kit::steps::process::{CredsChoice, CwdChoice, Step as ProcessStep};
+use crate::kit::steps::Ctx;
+use crate::kit::world::World;
+use crate::lease_log::{LeaseLog, LogFrom};
+use crate::mesh::Inspector;
+use crate::sim::snapshot::{LeaseOp, LeaseWrite};
+use crate::sim::{classify_exit, Call, Done, Observation, Process};
+
+/// How often the daemons' lines and exits are read.
+pub const OBSERVE_TICK: Duration = Duration::from_millis(100);
+/// First wait before a daemon that exited is started again; doubled per failed start.
+const RESTART_FIRST: Duration = Duration::from_millis(500);
+/// Longest wait between two starts of a daemon that keeps exiting.
+const RESTART_MAX: Duration = Duration::from_millis(4_000);
+/// How long the lease watch waits for a write before it checks whether it must stop.
+const LEASE_POLL: Duration = Duration::from_millis(500);
+/// Wait before the lease watch is bound again after an error.
+const LEASE_REBIND_GAP: Duration = Duration::from_millis(1_000);
+
+/// How the runner starts one daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonPlan {
+    pub name: String,
+    /// The proxy it dials through.
+    pub via: String,
+    /// The standby host root it serves (`deliver --spaces`), if it is a host.
+    pub host: Option<String>,
+}
+
+/// One process of a daemon, as far as it has been observed.
+#[derive(Debug, Default)]
+struct Seen {
+    pid: u32,
+    lines: usize,
+    exited: bool,
+}
+
+/// What the runner knows of its daemons.
+#[derive(Debug, Default)]
+pub struct Daemons {
+    pub plans: Vec<DaemonPlan>,
+    seen: BTreeMap<String, Seen>,
+    /// Daemons a fault holds: not started again until it ends.
+    pub held: BTreeSet<String>,
+    /// The run is ending: nothing is started again.
+    pub stopping: bool,
+    /// Daemons serving as last observed.
+    pub serving: BTreeSet<String>,
+    /// When each exited daemon may be started again, and the wait after the next failure.
+    restart: BTreeMap<String, (Instant, Duration)>,
+    /// Every observation's line, daemon and kind (`serving`, `quiesced`, `exited`) in order:
+    /// what a replay maps an `after_line` through.
+    pub lines: Vec<(u64, String, &'static str)>,
+    /// The daemons' holders (`local.<nkey>`), by name.
+    holders: BTreeMap<String, String>,
+}
+
+impl Daemons {
+    pub fn new(plans: Vec<DaemonPlan>) -> Daemons {
+        Daemons {
+            plans,
+            ..Daemons::default()
+        }
+    }
+
+    /// The daemon that serves now: the one last seen serving, else the lease row's holder.
+    pub fn holder(&self, lease: &LeaseWrites) -> Option<String> {
+        if let Some(d) = self.serving.iter().next() {
+            return Some(d.clone());
+        }
+        let writes = lease.lock().unwrap_or_else(|p| p.into_inner());
+        let last = writes.values().rev().find(|w| w.op == LeaseOp::Row)?;
+        let holder = last.holder.as_deref()?;
+        self.holders
+            .iter()
+            .find(|(_, h)| h.as_str() == holder)
+            .map(|(d, _)| d.clone())
+    }
+
+    /// The line of the latest observation of `kind` (of `daemon`, when given).
+    pub fn last_line(&self, kind: &str, daemon: Option<&str>) -> Option<u64> {
+        self.lines
+            .iter()
+            .rev()
+            .find(|(_, d, k)| *k == kind && daemon.is_none_or(|want| want == d))
+            .map(|(l, _, _)| *l)
+    }
+
+    /// How many observations of `kind` of `daemon` were made so far.
+    pub fn count(&self, kind: &str, daemon: &str) -> usize {
+        self.lines
+            .iter()
+            .filter(|(_, d, k)| *k == kind && d == daemon)
+            .count()
+    }
+
+    /// Whether `name`'s current process has exited (or never started).
+    pub fn is_down(&self, name: &str) -> bool {
+        self.seen.get(name).is_none_or(|s| s.exited)
+    }
+}
+
+/// The lease key's writes by revision, as the broker stamped them.
+pub type LeaseWrites = Arc<Mutex<BTreeMap<u64, LeaseWrite>>>;
+
+/// Reads every daemon's new lines and exit into observations, then starts again the daemons
+/// that exited and may be.
+pub async fn poll(w: &mut World, d: &mut Daemons, recorder: &Recorder, lease: &LeaseWrites) {
+    let names: Vec<String> = w.daemons.keys().cloned().collect();
+    for name in names {
+        observe_one(w, d, recorder, lease, &name).await;
+    }
+    supervise(w, d, recorder, lease).await;
+}
+
+async fn observe_one(
+    w: &mut World,
+    d: &mut Daemons,
+    recorder: &Recorder,
+    lease: &LeaseWrites,
+    name: &str,
+) {
+    if !d.holders.contains_key(name) {
+        if let Some(path) = w.daemon_creds.get(name) {
+            if let Ok(h) = World::holder_of_creds(path) {
+                d.holders.insert(name.to_string(), h);
+            }
+        }
+    }
+    let Some(daemon) = w.daemons.get_mut(name) else {
+        return;
+    };
+    let pid = daemon.pid();
+    let seen = d.seen.entry(name.to_string()).or_default();
+    if seen.pid != pid {
+        *seen = Seen {
+            pid,
+            ..Seen::default()
+        };
+    }
+    if seen.exited {
+        return;
+    }
+    let running = daemon.is_running();
+    let status = if running {
+        None
+    } else {
+        daemon.wait_exit(Duration::ZERO).await.ok()
+    };
+    let lines = daemon.lines();
+    let fresh: Vec<String> = lines.iter().skip(seen.lines).cloned().collect();
+    seen.lines = lines.len();
+    let mut observed: Vec<Observation> = Vec::new();
+    for line in &fresh {
+        if line.contains("✓ delivery daemon up") || line.contains("serving shard 0 again") {
+            let holder = d.holders.get(name).cloned().unwrap_or_default();
+            observed.push(Observation::DaemonServing {
+                daemon: name.to_string(),
+                incarnation: incarnation_of(lease, &holder),
+                holder,
+            });
+        } else if line.contains("stopped serving shard 0") || line.contains("the lane closed") {
+            observed.push(Observation::DaemonQuiesced {
+                daemon: name.to_string(),
+            });
+        }
+    }
+    if let Some(status) = status {
+        let last_line = lines
+            .iter()
+            .rev()
+            .find(|l| !crate::daemon::is_component_line(l) && !l.trim().is_empty())
+            .cloned();
+        observed.push(Observation::DaemonExited {
+            daemon: name.to_string(),
+            pid: Some(pid),
+            code: status.code(),
+            signal: status.signal(),
+            last_line,
+        });
+    }
+    for o in observed {
+        let kind = match &o {
+            Observation::DaemonServing { .. } => {
+                d.serving.insert(name.to_string());
+                d.restart.remove(name);
+                "serving"
+            }
+            Observation::DaemonQuiesced { .. } => {
+                if !d.serving.remove(name) {
+                    continue;
+                }
+                "quiesced"
+            }
+            Observation::DaemonExited {
+                code,
+                signal,
+                last_line,
+                ..
+            } => {
+                d.serving.remove(name);
+                let class = classify_exit(*code, *signal, last_line.as_deref());
+                let wait = d
+                    .restart
+                    .get(name)
+                    .map(|(_, next)| *next)
+                    .unwrap_or(RESTART_FIRST);
+                // A live row (its own killed incarnation's, say) refuses every start until it
+                // expires: wait one TTL, as `up` does.
+                let wait = if class == crate::sim::report::ExitClass::LeaseHeld {
+                    Duration::from_millis(super::config::LEASE_TTL_MS)
+                } else {
+                    wait
+                };
+                d.restart.insert(
+                    name.to_string(),
+                    (Instant::now() + wait, (wait * 2).min(RESTART_MAX)),
+                );
+                "exited"
+            }
+        };
+        let line = recorder.observed(name, o);
+        d.lines.push((line, name.to_string(), kind));
+    }
+    if let Some(seen) = d.seen.get_mut(name) {
+        seen.exited = status.is_some();
+    }
+}
+
+/// The incarnation of `holder`'s latest lease row.
+fn incarnation_of(lease: &LeaseWrites, holder: &str) -> String {
+    let writes = lease.lock().unwrap_or_else(|p| p.into_inner());
+    writes
+        .values()
+        .rev()
+        .find(|w| w.op == LeaseOp::Row && w.holder.as_deref() == Some(holder))
+        .and_then(|w| w.incarnation.clone())
+        .unwrap_or_default()
+}
+
+/// Starts again every daemon that exited, is not held by a fault, and whose wait is over.
+async fn supervise(w: &mut World, d: &mut Daemons, recorder: &Recorder, lease: &LeaseWrites) {
+    if d.stopping {
+        return;
+    }
+    let now = Instant::now();
+    let due: Vec<DaemonPlan> = d
+        .plans
+        .iter()
+        .filter(|p| !d.held.contains(&p.name) && d.is_down(&p.name))
+        .filter(|p| d.restart.get(&p.name).is_none_or(|(at, _)| *at <= now))
+        .cloned()
+        .collect();
+    for plan in due {
+        start(w, d, recorder, &plan, &Process::Runner).await;
+        // Observe the new process at once, so its start is not mistaken for the old one's.
+        observe_one(w, d, recorder, lease, &plan.name).await;
+    }
+}
+
+/// Starts `plan`'s daemon (the kit's `start` verb), recording `daemon_start` by `by`.
+pub async fn start(
+    w: &mut World,
+    d: &mut Daemons,
+    recorder: &Recorder,
+    plan: &DaemonPlan,
+    by: &Process,
+) {
+    let op = recorder.invoke(
+        by,
+        Call::DaemonStart {
+            daemon: plan.name.clone(),
+        },
+        None,
+    );
+    let step = ProcessStep::Start {
+        daemon: plan.name.clone(),
+        via: Some(plan.via.clone()),
+        host: plan.host.clone(),
+        node: 0,
+        env: BTreeMap::new(),
+        args: Vec::new(),
+        creds: CredsChoice::Workspace,
+        cwd: CwdChoice::Root,
+        demand_tls: false,
+    };
+    let now = Instant::now();
+    let ctx = Ctx {
+        started: now,
+        deadline: now + Duration::from_secs(10),
+    };
+    match step.run(w, ctx).await {
+        Ok(_) => {
+            let pid = w.daemons.get(&plan.name).map(|x| x.pid()).unwrap_or(0);
+            recorder.ok(&op, Done::DaemonStart { pid });
+            d.seen.insert(
+                plan.name.clone(),
+                Seen {
+                    pid,
+                    ..Seen::default()
+                },
+            );
+        }
+        Err(f) => {
+            recorder.fail(&op, f.to_string());
+            let wait = d
+                .restart
+                .get(&plan.name)
+                .map(|(_, next)| *next)
+                .unwrap_or(RESTART_FIRST);
+            d.restart.insert(
+                plan.name.clone(),
+                (Instant::now() + wait, (wait * 2).min(RESTART_MAX)),
+            );
+        }
+    }
+}
+
+/// Watches the lease key until `stop`, collecting every write by revision; bound again after
+/// an error, from the last revision seen (writes the bucket no longer holds by then are
+/// missed: it keeps one per key).
+pub async fn watch_lease(
+    insp: Inspector,
+    recorder: Arc<Recorder>,
+    writes: LeaseWrites,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut log: Option<LeaseLog> = None;
+    while !*stop.borrow() {
+        let Some(current) = log.as_mut() else {
+            let last = writes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .keys()
+                .next_back()
+                .copied();
+            let from = last.map_or(LogFrom::Last, LogFrom::After);
+            match insp.lease_log(from).await {
+                Ok(l) => log = Some(l),
+                Err(_) => {
+                    let _ = tokio::time::timeout(LEASE_REBIND_GAP, stop.changed()).await;
+                }
+            }
+            continue;
+        };
+        match current.next(LEASE_POLL).await {
+            Ok(Some(w)) => {
+                let write = LeaseWrite {
+                    revision: w.revision,
+                    ms: recorder.run_ms_of(w.stamped).unwrap_or(0),
+                    op: match w.op {
+                        RowOp::Put => LeaseOp::Row,
+                        RowOp::Deleted => LeaseOp::Delete,
+                        RowOp::Purged => LeaseOp::Purge,
+                        RowOp::Expired => LeaseOp::Expired,
+                    },
+                    holder: w.info.as_ref().map(|i| i.holder.clone()),
+                    incarnation: w.info.as_ref().map(|i| i.incarnation.clone()),
+                    ready: w.info.as_ref().is_some_and(|i| i.ready),
+                };
+                writes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(write.revision, write);
+            }
+            Ok(None) => {}
+            Err(_) => log = None,
+        }
+    }
+}
