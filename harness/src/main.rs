@@ -118,6 +118,15 @@ enum Command {
         /// The nats-server binary.
         #[arg(long, value_name = "PATH")]
         nats_server: Option<PathBuf>,
+        /// The simulation's mutations instead (scenarios/simulation-mutations.toml): each
+        /// broken build runs `harness simulate` with its seed and is KILLED when the verdict is
+        /// invalid (docs/simulation.md).
+        #[arg(long)]
+        simulation: bool,
+        /// With --simulation: run each seed against the unmutated build first (a control that
+        /// is not valid proves nothing).
+        #[arg(long, requires = "simulation")]
+        control: bool,
     },
     /// Run a seeded workload and nemesis against a live mesh, record the history, check it:
     /// valid (exit 0), invalid (1) or unknown (2). docs/simulation.md explains the run.
@@ -459,6 +468,16 @@ fn main() {
             scratch,
             json,
             nats_server,
+            simulation: true,
+            control,
+        } => simulation_mutants(only, list, scratch, json, nats_server, control, &cwd),
+        Command::Mutate {
+            only,
+            list,
+            scratch,
+            json,
+            nats_server,
+            ..
         } => {
             let workspace = catalogue::shipped_root()
                 .parent()
@@ -619,7 +638,7 @@ fn simulate(args: SimulateArgs, cwd: &Path) -> ! {
     };
     let replay_of = replay.as_ref().map(|r| r.dir.clone());
     eprintln!(
-        "harness simulate: seed {seed}, {minutes} minutes, {}{}, {agents} agents, daemon {daemon_label} ({version})",
+        "harness simulate: seed {seed}, {minutes:.1} minutes, {}{}, {agents} agents, daemon {daemon_label} ({version})",
         if cluster { "3-node cluster" } else { "one broker" },
         if standby { ", two standby hosts" } else { "" },
     );
@@ -689,4 +708,94 @@ fn simulate(args: SimulateArgs, cwd: &Path) -> ! {
         println!("run directory kept: {}", outcome.dir.display());
     }
     std::process::exit(verdict.exit_code());
+}
+
+/// `harness mutate --simulation`: each broken daemon build of scenarios/simulation-mutations.toml
+/// against its seed; exit 0 when every one was killed.
+fn simulation_mutants(
+    only: Vec<String>,
+    list: bool,
+    scratch: Option<PathBuf>,
+    json: Option<PathBuf>,
+    nats_server: Option<PathBuf>,
+    control: bool,
+    cwd: &Path,
+) -> ! {
+    use delivery_harness::simulate::mutants;
+    let workspace = catalogue::shipped_root()
+        .parent()
+        .and_then(|p| p.canonicalize().ok())
+        .unwrap_or_default();
+    let all = mutants::load(&workspace).unwrap_or_else(|errors| {
+        for e in &errors {
+            eprintln!("harness: {e}");
+        }
+        refuse(&format!("{} mutation(s) refused", errors.len()));
+    });
+    let selected: Vec<mutants::SimMutation> = all
+        .into_iter()
+        .filter(|m| only.is_empty() || only.contains(&m.id))
+        .collect();
+    if selected.is_empty() {
+        refuse("no mutation selected");
+    }
+    if list {
+        for m in &selected {
+            println!("{}\tseed {}\t{}\t{}", m.id, m.seed, m.file, m.why);
+        }
+        std::process::exit(0);
+    }
+    let _ = daemon_under_test(
+        &DaemonArgs {
+            daemon: None,
+            daemon_cmd: None,
+            nats_server,
+            scaled: false,
+        },
+        cwd,
+    );
+    let scratch = scratch
+        .map(|s| from_caller(s, cwd))
+        .unwrap_or_else(|| workspace.join("target/mutants"));
+    let runs = cwd.join("sim-runs").join("mutants");
+    let results = runtime()
+        .block_on(mutants::run(
+            &workspace,
+            &scratch,
+            &runs,
+            &selected,
+            control,
+            |l| eprintln!("{l}"),
+        ))
+        .unwrap_or_else(|e| refuse(&e));
+    println!(
+        "{:<42} {:>20} {:<9} {:>4} {:>6} {:>10} fate",
+        "mutation", "seed", "verdict", "lost", "leaked", "unexpected"
+    );
+    for r in &results {
+        println!(
+            "{:<42} {:>20} {:<9} {:>4} {:>6} {:>10} {:?}",
+            r.mutation.id,
+            r.mutation.seed,
+            r.verdict
+                .map(|v| format!("{v:?}"))
+                .unwrap_or_else(|| "-".into()),
+            r.lost,
+            r.leaked,
+            r.unexpected,
+            r.fate
+        );
+    }
+    for r in results.iter().filter(|r| r.fate != mutants::Fate::Killed) {
+        println!("\n{} ({:?}): {}", r.mutation.id, r.fate, r.why.join("; "));
+    }
+    println!("run directories: {}", runs.display());
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(&results).unwrap_or_default();
+        if let Err(e) = write_atomic(&from_caller(p, cwd), &text) {
+            refuse(&format!("write the JSON: {e}"));
+        }
+    }
+    let killed = results.iter().all(|r| r.fate == mutants::Fate::Killed);
+    std::process::exit(if killed { 0 } else { 1 });
 }

@@ -331,6 +331,43 @@ impl Mesh {
     }
 }
 
+impl Mesh {
+    /// [`Mesh::inspector_with`] on a connection that reconnects without limit: a view that
+    /// outlives broker restarts (a simulation's manager and lease watch). The one-shot
+    /// inspector stays gone once its broker went away.
+    pub async fn standing_inspector(
+        &self,
+        space: &Space,
+        options: MintOptions,
+        name: &str,
+    ) -> Result<Inspector, HarnessError> {
+        let bound = Duration::from_secs(5);
+        let cred = self.mint(space, &Profile::Operator, options)?;
+        let nkey = cred
+            .public_key()
+            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        let options = cotal_delivery::base::standing_credential_options(
+            &cred,
+            self.tls_ca().as_deref(),
+            name,
+            &cotal_delivery::wire::inbox_prefix(&nkey),
+            bound,
+        )
+        .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        let client = cotal_delivery::base::connect_options(options, &self.url(), name, bound)
+            .await
+            .map_err(|e| HarnessError::Usage(e.to_string()))?;
+        let js = jetstream::context::ContextBuilder::new()
+            .timeout(bound)
+            .build(client.clone());
+        Ok(Inspector {
+            client,
+            js,
+            names: SpaceNames::new(space),
+        })
+    }
+}
+
 /// A lease row as the broker holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRow {

@@ -18,10 +18,11 @@ mod store;
 mod sys;
 mod tuning;
 
+pub use client::standing_credential_options;
 pub use client::{
     connect_options, connect_with_credential, connect_with_inbox, credential_options,
 };
-pub(crate) use client::{standing_credential_options, ClientError, ClientErrorKind};
+pub(crate) use client::{ClientError, ClientErrorKind};
 pub(crate) use conn::{credential_expired, DialErrorKind, DrainError, Link, Resident, Violations};
 pub use conn::{dial, ConnEvent, CredentialCell, DialSpec, DrainErrorKind};
 pub use creds::{read_creds_file, write_creds_file_atomic, Credential};

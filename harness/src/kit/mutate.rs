@@ -111,7 +111,7 @@ pub fn load(cat: &Catalogue, workspace: &Path) -> Result<Vec<Mutation>, Vec<Stri
 }
 
 /// Copies the workspace's sources (not `target/`, `.git/`, `.tools/`) to `scratch`.
-fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
+pub(crate) fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
@@ -119,7 +119,7 @@ fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
         let name_s = name.to_string_lossy();
         if matches!(
             name_s.as_ref(),
-            "target" | ".git" | ".tools" | ".demo" | "qualify-logs"
+            "target" | ".git" | ".tools" | ".demo" | "qualify-logs" | "sim-runs"
         ) {
             continue;
         }
@@ -138,7 +138,7 @@ fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// Builds the daemon in `scratch`; the binary, or the compiler's last lines.
-fn build(scratch: &Path) -> Result<PathBuf, String> {
+pub(crate) fn build(scratch: &Path) -> Result<PathBuf, String> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args([
             "build",

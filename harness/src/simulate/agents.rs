@@ -25,10 +25,14 @@ use crate::sim::{Call, Class, Done, Member, Process, Surfaced};
 pub const PRESENCE_EVERY: Duration = Duration::from_millis(2_000);
 /// One surface call's wait; also how soon a surfacing loop sees that it must stop.
 const SURFACE_POLL: Duration = Duration::from_millis(250);
-/// Bound on a durable join's answer (the daemon may run an activation catch-up first).
-const JOIN_WAIT: Duration = Duration::from_secs(15);
+/// Bound on a durable join's answer: the client's own (`JOIN_TIMEOUT`, 30 s), longer than a
+/// long pause of the daemon, so a request a frozen daemon holds is still answered.
+const JOIN_WAIT: Duration = cotal_delivery::agent::JOIN_TIMEOUT;
 /// Bound on a durable leave's answer (the strict boundary waits up to 15 s for the reader).
-const LEAVE_WAIT: Duration = Duration::from_secs(20);
+const LEAVE_WAIT: Duration = Duration::from_secs(30);
+/// Wait before a join or leave whose answer never came is asked again (once): a client that
+/// got no answer asks again, and the second answer settles what the first left undecided.
+const ASK_AGAIN_AFTER: Duration = Duration::from_secs(2);
 /// Bound on connecting as the agent.
 const CONNECT_BOUND: Duration = Duration::from_secs(10);
 /// Bound on the surfacing loop's end once asked to stop.
@@ -182,8 +186,12 @@ async fn run(
             }
             Command::Join { channel } => {
                 let Some(s) = &session else { continue };
-                let generation = join(&ctx, &process, &member, &s.agent, &channel).await;
-                if let Some(g) = generation {
+                let mut answer = join(&ctx, &process, &member, &s.agent, &channel).await;
+                if answer == Answer::Unknown {
+                    tokio::time::sleep(ASK_AGAIN_AFTER).await;
+                    answer = join(&ctx, &process, &member, &s.agent, &channel).await;
+                }
+                if let Answer::Joined(g) = answer {
                     update(&ctx, slot, &member, |s| {
                         s.joined.insert(channel, g);
                     });
@@ -200,7 +208,11 @@ async fn run(
                 let Some(generation) = generation else {
                     continue;
                 };
-                leave(&ctx, &process, &member, &s.agent, &channel, generation).await;
+                let answer = leave(&ctx, &process, &member, &s.agent, &channel, generation).await;
+                if answer == Answer::Unknown {
+                    tokio::time::sleep(ASK_AGAIN_AFTER).await;
+                    leave(&ctx, &process, &member, &s.agent, &channel, generation).await;
+                }
                 // Answered or not, the workload does not leave this generation again.
                 update(&ctx, slot, &member, |s| {
                     s.joined.remove(&channel);
@@ -367,13 +379,28 @@ async fn post(
     }
 }
 
+/// How a join or leave was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Joined(u64),
+    Left,
+    Failed,
+    Unknown,
+}
+
 /// Records a refusal as fail (the daemon answered that it did not do it, or no daemon took
 /// the request), anything else as unknown: "a lost reply does not prove that the operation did
 /// not run".
-fn settle_error(recorder: &Recorder, op: &OpRef, e: &cotal_delivery::agent::AgentError) {
+fn settle_error(recorder: &Recorder, op: &OpRef, e: &cotal_delivery::agent::AgentError) -> Answer {
     match e.kind() {
-        AgentErrorKind::Refused | AgentErrorKind::NoResponders => recorder.fail(op, e.to_string()),
-        _ => recorder.unknown(op, e.to_string()),
+        AgentErrorKind::Refused | AgentErrorKind::NoResponders => {
+            recorder.fail(op, e.to_string());
+            Answer::Failed
+        }
+        _ => {
+            recorder.unknown(op, e.to_string());
+            Answer::Unknown
+        }
     }
 }
 
@@ -392,7 +419,7 @@ async fn join(
     member: &Member,
     agent: &Agent,
     channel: &str,
-) -> Option<u64> {
+) -> Answer {
     let op = ctx.recorder.invoke(
         process,
         Call::Join {
@@ -406,7 +433,7 @@ async fn join(
             let Some(generation) = data["generation"].as_u64() else {
                 ctx.recorder
                     .unknown(&op, format!("durable:true without a generation: {data}"));
-                return None;
+                return Answer::Unknown;
             };
             let row = row_of(ctx, member, channel).await;
             let join_cursor = row
@@ -419,17 +446,14 @@ async fn join(
                     join_cursor,
                 },
             );
-            Some(generation)
+            Answer::Joined(generation)
         }
         // "a failed catch-up answers durable:false with the reason (the row stands)".
         Ok(data) => {
             ctx.recorder.unknown(&op, format!("durable:false: {data}"));
-            None
+            Answer::Unknown
         }
-        Err(e) => {
-            settle_error(&ctx.recorder, &op, &e);
-            None
-        }
+        Err(e) => settle_error(&ctx.recorder, &op, &e),
     }
 }
 
@@ -440,7 +464,7 @@ async fn leave(
     agent: &Agent,
     channel: &str,
     generation: u64,
-) {
+) -> Answer {
     let op = ctx.recorder.invoke(
         process,
         Call::Leave {
@@ -464,6 +488,7 @@ async fn leave(
                     already_left,
                 },
             );
+            Answer::Left
         }
         Err(e) => settle_error(&ctx.recorder, &op, &e),
     }

@@ -16,6 +16,7 @@
 
 pub mod agents;
 pub mod config;
+pub mod mutants;
 pub mod nemesis;
 pub mod observe;
 pub mod prng;

@@ -80,7 +80,14 @@ fn resign(lifetime: u64) -> Step {
     })
 }
 
-fn reload() -> Step {
+/// `reloadCreds` from a fresh supervisor connection (the kit keeps one, which a broker fault
+/// may have closed for good).
+async fn reload(stage: &mut Stage) -> Result<(), String> {
+    stage.world.supervisor = None;
+    run_step(stage, reload_step()).await
+}
+
+fn reload_step() -> Step {
     Step::Creds(CredsStep::ReloadCreds {
         expect: ReloadExpect::Ok,
         error: None,
@@ -162,7 +169,7 @@ pub async fn start(
             }
             // The renewal owner re-signs a short credential and the daemon adopts it now.
             let r = match run_step(&mut s, resign(config::SHORT_CREDENTIAL_MS)).await {
-                Ok(()) => run_step(&mut s, reload()).await,
+                Ok(()) => reload(&mut s).await,
                 Err(e) => Err(e),
             };
             if r.is_err() {

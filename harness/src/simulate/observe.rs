@@ -106,14 +106,6 @@ impl Daemons {
             .map(|(l, _, _)| *l)
     }
 
-    /// How many observations of `kind` of `daemon` were made so far.
-    pub fn count(&self, kind: &str, daemon: &str) -> usize {
-        self.lines
-            .iter()
-            .filter(|(_, d, k)| *k == kind && d == daemon)
-            .count()
-    }
-
     /// Whether `name`'s current process has exited (or never started).
     pub fn is_down(&self, name: &str) -> bool {
         self.seen.get(name).is_none_or(|s| s.exited)
@@ -186,11 +178,8 @@ async fn observe_one(
         }
     }
     if let Some(status) = status {
-        let last_line = lines
-            .iter()
-            .rev()
-            .find(|l| !crate::daemon::is_component_line(l) && !l.trim().is_empty())
-            .cloned();
+        let host = d.plans.iter().any(|p| p.name == name && p.host.is_some());
+        let last_line = last_line(&lines, host);
         observed.push(Observation::DaemonExited {
             daemon: name.to_string(),
             pid: Some(pid),
@@ -245,6 +234,26 @@ async fn observe_one(
     if let Some(seen) = d.seen.get_mut(name) {
         seen.exited = status.is_some();
     }
+}
+
+/// The last line a daemon wrote about itself: its own last line, leaving out its side
+/// components' (timer writer, membership feed). For a standby host, the last line of its lane
+/// (`lane <space>: …`, the space daemon's, without the prefix), since the exit rules judge the
+/// space daemon; the host's own last line when no lane wrote one.
+fn last_line(lines: &[String], host: bool) -> Option<String> {
+    let own = |l: &&String| !crate::daemon::is_component_line(l) && !l.trim().is_empty();
+    if host {
+        let lane = lines
+            .iter()
+            .rev()
+            .filter_map(|l| l.split_once(": ").filter(|(p, _)| p.starts_with("lane ")))
+            .map(|(_, rest)| rest.to_string())
+            .find(|l| own(&l));
+        if lane.is_some() {
+            return lane;
+        }
+    }
+    lines.iter().rev().find(own).cloned()
 }
 
 /// The incarnation of `holder`'s latest lease row.

@@ -21,12 +21,11 @@ use super::workload::Workload;
 use super::Stage;
 use crate::sim::{Call, FaultKind, History, Ms, Observation, Outcome, Phase, Process};
 
-/// An observation a replayed fault waits for: the `nth` of `kind` of `daemon`.
+/// What a replayed fault waits for: the original waited for `daemon` to serve (its
+/// `after_line` names that serving line), so the replay waits until `daemon` serves again.
 #[derive(Debug, Clone)]
 pub struct After {
     pub daemon: String,
-    pub kind: &'static str,
-    pub nth: usize,
 }
 
 /// A fault to replay.
@@ -77,17 +76,12 @@ impl Plan {
                     }
                     let after = op.after_line.and_then(|line| {
                         let o = history.observed.iter().find(|o| o.line == line)?;
-                        let (daemon, kind) = kind_of(&o.what);
-                        let nth = history
-                            .observed
-                            .iter()
-                            .filter(|x| x.line <= line && kind_of(&x.what) == (daemon, kind))
-                            .count();
-                        Some(After {
-                            daemon: daemon.to_string(),
-                            kind,
-                            nth,
-                        })
+                        match kind_of(&o.what) {
+                            (daemon, "serving") => Some(After {
+                                daemon: daemon.to_string(),
+                            }),
+                            _ => None,
+                        }
                     });
                     let end_at = history
                         .ops
@@ -240,14 +234,8 @@ pub async fn nemesis(
             loop {
                 {
                     let s = stage.lock().await;
-                    if s.daemons.count(a.kind, &a.daemon) >= a.nth {
-                        after_line = s
-                            .daemons
-                            .lines
-                            .iter()
-                            .filter(|(_, d, k)| *k == a.kind && *d == a.daemon)
-                            .nth(a.nth - 1)
-                            .map(|(l, _, _)| *l);
+                    if s.daemons.serving.contains(&a.daemon) {
+                        after_line = s.daemons.last_line("serving", Some(&a.daemon));
                         break;
                     }
                 }

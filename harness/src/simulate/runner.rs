@@ -196,18 +196,22 @@ pub async fn run(opts: Options) -> Result<Outcome, SimError> {
             host,
         });
     }
-    let view = |what: &'static str| {
+    // The runner's own views of the broker reconnect without limit: broker faults end.
+    let view = |name: &'static str| {
         let options = MintOptions::new().expires_in(VIEW_LIFETIME);
         let space = world.mesh.space().clone();
         let mesh = &world.mesh;
         async move {
-            mesh.inspector_with(&space, options)
+            mesh.standing_inspector(&space, options, name)
                 .await
-                .map_err(|e| SimError::new(SimErrorKind::Mesh, format!("{what}: {e}")))
+                .map_err(|e| SimError::new(SimErrorKind::Mesh, format!("{name}: {e}")))
         }
     };
-    let lease_view = view("the lease watch's connection").await?;
-    let manager = view("the manager's connection").await?;
+    let lease_view = view("sim-lease-watch").await?;
+    let manager = view("sim-manager").await?;
+    // The kit's steps read and write through the world's view (the lease row, the drain).
+    let steps_view = view("sim-steps").await?;
+    world.insp = steps_view;
     let agents_ctx = Arc::new(AgentCtx {
         recorder: recorder.clone(),
         population: Arc::new(std::sync::Mutex::new(Vec::new())),
