@@ -353,6 +353,22 @@ impl Serving {
                 biased;
                 verdict = health.verdict() => break Way::Verdict(verdict),
                 by = stops.stopped() => break Way::Stopped(by),
+                // The 75% re-read (and its retry after a missed remint) before the renew tick:
+                // while the credential is expired the connection is down, so each renew waits
+                // out its bounds (the TTL, then the re-read of the key, 13 s at a 6 s TTL) and
+                // the next tick is already due when it returns; below the tick, the re-read that
+                // would adopt a renewal written after the expiry never ran before the backstop
+                // (harness simulate, seed 2: "credential expired without renewal" 17 s after
+                // the renewal was in the store). A due re-read is one store read (and one proof on a
+                // disposable connection when the store changed), and it is due again only after
+                // the retry interval or at the next 75 % point, so it cannot starve the renew.
+                _ = renewal.due() => {
+                    tokio::select! {
+                        biased;
+                        verdict = health.verdict() => break Way::Verdict(verdict),
+                        _ = renewal.on_due() => {}
+                    }
+                }
                 _ = renew.tick() => {
                     tokio::select! {
                         biased;
@@ -381,14 +397,6 @@ impl Serving {
                     }
                 }
                 ev = keeper.events.recv() => keeper.on_conn_event(ev),
-                // the 75% re-read.
-                _ = renewal.due() => {
-                    tokio::select! {
-                        biased;
-                        verdict = health.verdict() => break Way::Verdict(verdict),
-                        _ = renewal.on_due() => {}
-                    }
-                }
                 // the host's SIGHUP: the same re-read, out of turn.
                 _ = reread.requested() => {
                     tokio::select! {

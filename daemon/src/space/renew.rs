@@ -206,7 +206,13 @@ async fn sleep_until_at_ms(at_ms: i64) {
         return std::future::pending().await;
     }
     let now_ms = crate::base::epoch_ms() as i64;
-    let wait = Duration::from_millis(at_ms.saturating_sub(now_ms).max(0) as u64);
+    // Due already: ready at the first poll. A zero sleep is not (it waits for the timer's next
+    // tick), and the serve loop's renew tick, missed while a renew waited out its bounds, is:
+    // the re-read would lose every race to it.
+    if at_ms <= now_ms {
+        return;
+    }
+    let wait = Duration::from_millis((at_ms - now_ms) as u64);
     tokio::time::sleep(wait).await;
 }
 
