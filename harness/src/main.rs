@@ -148,7 +148,7 @@ quiet, faults, heal, then a drain (every agent online until nothing is pending, 
 windows are shrunk through the documented overrides so faults land in a short run.\n\n\
 The run directory (--keep DIR, else ./sim-runs/seed-<seed>-<time>) holds history.jsonl, \
 snapshot.json, report.json and the daemons' and brokers' logs; it is removed after a valid run \
-unless --keep names it. An invalid run prints the command that replays it: `harness simulate \
+unless --keep names it. `harness simulate --check <dir>` checks a stored run again. An invalid run prints the command that replays it: `harness simulate \
 --replay <dir>` runs the recorded schedule again against a fresh mesh; a replay that passes is \
 reported as not reproduced, never as fixed.\n\n\
 Exit status: 0 valid, 1 invalid, 2 unknown (something undecided) or could not run (bad flags, \
@@ -188,8 +188,12 @@ struct SimulateArgs {
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
     /// Replay the run in DIR: its seed, its mesh shape and its schedule as it really happened.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["seed", "minutes", "cluster", "standby", "agents"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["seed", "minutes", "cluster", "standby", "agents", "check"])]
     replay: Option<PathBuf>,
+    /// Check the stored run in DIR again (its history.jsonl and snapshot.json) and print the
+    /// verdict; nothing is started (Jepsen's analyze).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["seed", "minutes", "cluster", "standby", "agents", "keep", "daemon"])]
+    check: Option<PathBuf>,
 }
 
 /// A run that could not start: the line naming why, and exit 2.
@@ -566,6 +570,24 @@ fn main() {
 /// exits with the verdict's code.
 fn simulate(args: SimulateArgs, cwd: &Path) -> ! {
     use delivery_harness::simulate::{config, runner, summary};
+    if let Some(dir) = &args.check {
+        let dir = from_caller(dir.clone(), cwd);
+        let history = delivery_harness::sim::History::read_dir(&dir)
+            .unwrap_or_else(|e| refuse(&format!("--check {}: {e}", dir.display())));
+        let snapshot = delivery_harness::sim::Snapshot::read_dir(&dir)
+            .unwrap_or_else(|e| refuse(&format!("--check {}: {e}", dir.display())));
+        let report = delivery_harness::sim::check(&history, &snapshot, &config::check_config());
+        println!("{}", report.summary());
+        if let Some(p) = args.json {
+            let text = report
+                .to_json()
+                .unwrap_or_else(|e| refuse(&format!("the report as JSON: {e}")));
+            if let Err(e) = write_atomic(&from_caller(p, cwd), &text) {
+                refuse(&format!("write the JSON: {e}"));
+            }
+        }
+        std::process::exit(report.verdict.exit_code());
+    }
     let unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

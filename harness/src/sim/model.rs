@@ -387,8 +387,10 @@ impl<'h> World<'h> {
     fn collect_membership(&mut self, member: &'h Member) {
         let mut channels: BTreeMap<String, Membership> = BTreeMap::new();
         let ops: Vec<&'h Op> = self.ops_of(member);
+        let never_stood = joins_that_never_stood(&ops);
         for (i, op) in ops.iter().enumerate() {
             match &op.call {
+                Call::Join { .. } if never_stood.contains(&op.id) => {}
                 Call::Join { channel } => {
                     let entry = channels.entry(channel.clone()).or_default();
                     self.apply_join(member, channel, op, &mut entry.intervals);
@@ -674,4 +676,58 @@ impl<'h> World<'h> {
             .map(|(m, _)| *m)
             .collect()
     }
+}
+
+/// The joins of unknown outcome that certainly left no membership: "generation = previous + 1
+/// (a rejoin takes a new cursor and generation)" (docs/data-path.md), so when the next join
+/// answered on the channel carries the generation right after the last one known before
+/// them, none of them stood (or each was taken back). A refused join in between voids the
+/// argument (one refused after its write removes the row, and the count starts again), and so
+/// does a leave answered for a generation not known before. One agent's operations are
+/// sequential (Jepsen's processes), so the order of its invokes is the order they took effect.
+fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
+    #[derive(Default)]
+    struct Run {
+        known: u64,
+        undecided: Vec<u64>,
+        void: bool,
+    }
+    let mut runs: BTreeMap<&str, Run> = BTreeMap::new();
+    let mut out = std::collections::BTreeSet::new();
+    for op in ops {
+        match (&op.call, &op.outcome) {
+            (
+                Call::Join { channel },
+                Outcome::Ok {
+                    done: Done::Join { generation, .. },
+                    ..
+                },
+            ) => {
+                let run = runs.entry(channel.as_str()).or_default();
+                if !run.void && *generation == run.known + 1 {
+                    out.extend(run.undecided.iter().copied());
+                }
+                *run = Run {
+                    known: *generation,
+                    ..Run::default()
+                };
+            }
+            (Call::Join { channel }, Outcome::Fail { .. }) => {
+                runs.entry(channel.as_str()).or_default().void = true;
+            }
+            (Call::Join { channel }, _) => runs
+                .entry(channel.as_str())
+                .or_default()
+                .undecided
+                .push(op.id),
+            (Call::Leave { channel, generation }, Outcome::Ok { .. }) => {
+                let run = runs.entry(channel.as_str()).or_default();
+                if *generation > run.known {
+                    run.void = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }

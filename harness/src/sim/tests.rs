@@ -685,6 +685,38 @@ fn a_join_cursor_the_runner_did_not_read_is_bounded_by_the_posts_around_the_join
     assert!(r.leaked.is_empty());
 }
 
+/// A join whose answer never came, followed by one answered with the generation right after
+/// the last one known (no refused join between), left no membership: "generation = previous +
+/// 1", so the later answer shows the earlier never stood. The posts between are then not
+/// owed, not uncertain; answered with the generation after that, it stood, and they stay
+/// uncertain.
+/// Mutation seen failing: `joins_that_never_stood` returning nothing (t1 and t2 uncertain for
+/// generation 1 too).
+#[test]
+fn a_join_answered_with_the_next_generation_settles_an_earlier_unanswered_one() {
+    for (generation, uncertain) in [(1, 0), (2, 2)] {
+        let mut s = clean();
+        let dave = who("dave", "");
+        s.provision(5, &dave, &["eng"], 4);
+        s.ok((10, 20), &agent(&dave), Call::Online, Done::Online);
+        let join = Call::Join {
+            channel: "eng".into(),
+        };
+        s.unknown((150, 160), &agent(&dave), join);
+        s.join(2300, &dave, "eng", generation, 2);
+        s.frame(3170, &dave, "eng", "t3", true, 20);
+        let r = s.check();
+        assert_eq!(r.uncertain.len(), uncertain, "{}", r.summary());
+        assert!(r.lost.is_empty() && r.leaked.is_empty(), "{}", r.summary());
+        let verdict = if uncertain == 0 {
+            Verdict::Valid
+        } else {
+            Verdict::Unknown
+        };
+        assert_eq!(r.verdict, verdict, "{}", r.summary());
+    }
+}
+
 /// Mutation seen failing: `match_frames` skipping the sender check (alice's own copy then
 /// reads as a second member's frame, not unexpected).
 #[test]

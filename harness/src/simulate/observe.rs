@@ -237,11 +237,17 @@ async fn observe_one(
 }
 
 /// The last line a daemon wrote about itself: its own last line, leaving out its side
-/// components' (timer writer, membership feed). For a standby host, the last line of its lane
+/// components' (timer writer, membership feed) and the counts of repeated lines. For a standby host, the last line of its lane
 /// (`lane <space>: …`, the space daemon's, without the prefix), since the exit rules judge the
 /// space daemon; the host's own last line when no lane wrote one.
 fn last_line(lines: &[String], host: bool) -> Option<String> {
-    let own = |l: &&String| !crate::daemon::is_component_line(l) && !l.trim().is_empty();
+    // A repeated line's count is flushed as the process ends (docs/operations.md, "Repeated
+    // lines"): bookkeeping, not the reason it ended.
+    let own = |l: &&String| {
+        !crate::daemon::is_component_line(l)
+            && !l.trim().is_empty()
+            && !(l.contains("(repeated ") && l.contains(" in the last "))
+    };
     if host {
         let lane = lines
             .iter()
