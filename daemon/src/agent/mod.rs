@@ -39,6 +39,10 @@ use crate::wire::{
     LEASE_KEY,
 };
 
+/// What a request answered by the broker's no-responders status says: no daemon subscribed to
+/// the rail when it was published, so none received it (it certainly did not run).
+pub const NO_DAEMON_SERVING: &str = "no delivery daemon is serving the rail";
+
 /// Client timeout of `durableJoin` (activation may run first).
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Client timeout of the other verbs (the reference's 5 s list timeout). Its own bound, not
@@ -428,7 +432,7 @@ impl Agent {
         if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
             return Err(AgentError::new(
                 AgentErrorKind::NoResponders,
-                format!("{subject}: no delivery daemon is serving the rail"),
+                format!("{subject}: {NO_DAEMON_SERVING}"),
             ));
         }
         Ok(msg)

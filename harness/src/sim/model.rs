@@ -681,9 +681,10 @@ impl<'h> World<'h> {
 /// The joins of unknown outcome that certainly left no membership: "generation = previous + 1
 /// (a rejoin takes a new cursor and generation)" (docs/data-path.md), so when the next join
 /// answered on the channel carries the generation right after the last one known before
-/// them, none of them stood (or each was taken back). A refused join in between voids the
-/// argument (one refused after its write removes the row, and the count starts again), and so
-/// does a leave answered for a generation not known before. One agent's operations are
+/// them, none of them stood (or each was taken back). A join refused in between voids the
+/// argument (one refused after its write removes the row, and the count starts again), unless
+/// no daemon received it (the broker's no-responders answer); so does a leave answered for a
+/// generation not known before. One agent's operations are
 /// sequential (Jepsen's processes), so the order of its invokes is the order they took effect.
 fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
     #[derive(Default)]
@@ -712,6 +713,10 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
                     ..Run::default()
                 };
             }
+            // A request no daemon received wrote nothing; a refusal may have written and
+            // removed the row.
+            (Call::Join { .. }, Outcome::Fail { error, .. })
+                if error.contains(cotal_delivery::agent::NO_DAEMON_SERVING) => {}
             (Call::Join { channel }, Outcome::Fail { .. }) => {
                 runs.entry(channel.as_str()).or_default().void = true;
             }
@@ -720,7 +725,13 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
                 .or_default()
                 .undecided
                 .push(op.id),
-            (Call::Leave { channel, generation }, Outcome::Ok { .. }) => {
+            (
+                Call::Leave {
+                    channel,
+                    generation,
+                },
+                Outcome::Ok { .. },
+            ) => {
                 let run = runs.entry(channel.as_str()).or_default();
                 if *generation > run.known {
                     run.void = true;

@@ -30,9 +30,17 @@ const SURFACE_POLL: Duration = Duration::from_millis(250);
 const JOIN_WAIT: Duration = cotal_delivery::agent::JOIN_TIMEOUT;
 /// Bound on a durable leave's answer (the strict boundary waits up to 15 s for the reader).
 const LEAVE_WAIT: Duration = Duration::from_secs(30);
-/// Wait before a join or leave whose answer never came is asked again (once): a client that
-/// got no answer asks again, and the second answer settles what the first left undecided.
-const ASK_AGAIN_AFTER: Duration = Duration::from_secs(2);
+/// Waits before a join or leave that got no answer, or found no daemon serving, is asked
+/// again: a client asks again, and a later answer settles what the first left undecided (the
+/// checker reads the generation a later join returns). After the last, it is left as it is.
+const ASK_AGAIN_AFTER: [Duration; 3] = [
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
+/// How long a join or leave waits for the agent's connection to be up before it is asked:
+/// asked on a connection that is down, it is refused by the client before it is sent.
+const CONNECTED_WAIT: Duration = Duration::from_secs(10);
 /// Bound on connecting as the agent.
 const CONNECT_BOUND: Duration = Duration::from_secs(10);
 /// Bound on the surfacing loop's end once asked to stop.
@@ -186,9 +194,15 @@ async fn run(
             }
             Command::Join { channel } => {
                 let Some(s) = &session else { continue };
-                let mut answer = join(&ctx, &process, &member, &s.agent, &channel).await;
-                if answer == Answer::Unknown {
-                    tokio::time::sleep(ASK_AGAIN_AFTER).await;
+                let mut answer = Answer::Unknown;
+                for again in std::iter::once(Duration::ZERO).chain(ASK_AGAIN_AFTER) {
+                    if !matches!(answer, Answer::Unknown | Answer::NoDaemon) {
+                        break;
+                    }
+                    tokio::time::sleep(again).await;
+                    if !connected(&s.agent).await {
+                        break;
+                    }
                     answer = join(&ctx, &process, &member, &s.agent, &channel).await;
                 }
                 if let Answer::Joined(g) = answer {
@@ -208,10 +222,16 @@ async fn run(
                 let Some(generation) = generation else {
                     continue;
                 };
-                let answer = leave(&ctx, &process, &member, &s.agent, &channel, generation).await;
-                if answer == Answer::Unknown {
-                    tokio::time::sleep(ASK_AGAIN_AFTER).await;
-                    leave(&ctx, &process, &member, &s.agent, &channel, generation).await;
+                let mut answer = Answer::Unknown;
+                for again in std::iter::once(Duration::ZERO).chain(ASK_AGAIN_AFTER) {
+                    if !matches!(answer, Answer::Unknown | Answer::NoDaemon) {
+                        break;
+                    }
+                    tokio::time::sleep(again).await;
+                    if !connected(&s.agent).await {
+                        break;
+                    }
+                    answer = leave(&ctx, &process, &member, &s.agent, &channel, generation).await;
                 }
                 // Answered or not, the workload does not leave this generation again.
                 update(&ctx, slot, &member, |s| {
@@ -384,8 +404,25 @@ async fn post(
 enum Answer {
     Joined(u64),
     Left,
+    /// Refused by the daemon.
     Failed,
+    /// No daemon received it (the broker's no-responders answer).
+    NoDaemon,
     Unknown,
+}
+
+/// Waits, at most [`CONNECTED_WAIT`], for the agent's connection to be up.
+async fn connected(agent: &Agent) -> bool {
+    let deadline = tokio::time::Instant::now() + CONNECTED_WAIT;
+    loop {
+        if agent.client().connection_state() == async_nats::connection::State::Connected {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Records a refusal as fail (the daemon answered that it did not do it, or no daemon took
@@ -393,9 +430,13 @@ enum Answer {
 /// not run".
 fn settle_error(recorder: &Recorder, op: &OpRef, e: &cotal_delivery::agent::AgentError) -> Answer {
     match e.kind() {
-        AgentErrorKind::Refused | AgentErrorKind::NoResponders => {
+        AgentErrorKind::Refused => {
             recorder.fail(op, e.to_string());
             Answer::Failed
+        }
+        AgentErrorKind::NoResponders => {
+            recorder.fail(op, e.to_string());
+            Answer::NoDaemon
         }
         _ => {
             recorder.unknown(op, e.to_string());

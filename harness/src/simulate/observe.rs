@@ -237,7 +237,8 @@ async fn observe_one(
 }
 
 /// The last line a daemon wrote about itself: its own last line, leaving out its side
-/// components' (timer writer, membership feed) and the counts of repeated lines. For a standby host, the last line of its lane
+/// components' (timer writer, membership feed) and the counts of repeated lines. For a standby
+/// host, its own `received SIG…` line when it was signalled, else the last line of its lane
 /// (`lane <space>: …`, the space daemon's, without the prefix), since the exit rules judge the
 /// space daemon; the host's own last line when no lane wrote one.
 fn last_line(lines: &[String], host: bool) -> Option<String> {
@@ -249,12 +250,16 @@ fn last_line(lines: &[String], host: bool) -> Option<String> {
             && !(l.contains("(repeated ") && l.contains(" in the last "))
     };
     if host {
-        let lane = lines
-            .iter()
-            .rev()
-            .filter_map(|l| l.split_once(": ").filter(|(p, _)| p.starts_with("lane ")))
-            .map(|(_, rest)| rest.to_string())
-            .find(|l| own(&l));
+        // The host's own signal line ends every lane; else the lane's last line.
+        let lane = lines.iter().rev().find_map(|l| {
+            if l.contains("delivery host: received SIG") {
+                return Some(l.clone());
+            }
+            l.split_once(": ")
+                .filter(|(p, _)| p.starts_with("lane "))
+                .map(|(_, rest)| rest.to_string())
+                .filter(|rest| own(&rest))
+        });
         if lane.is_some() {
             return lane;
         }
