@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::daemons;
-use super::history::{Class, FrameEvent, History, Member, Ms, Outcome};
+use super::history::{Class, FaultKind, FrameEvent, History, Member, Ms, Outcome};
 use super::model::{Post, Standing, World};
 use super::report::{
     Counts, Duplicate, DuplicateWhy, FaultRef, Leak, LeakKind, Liveness, Lost, PostRef, Report,
@@ -543,6 +543,12 @@ fn after_exclusion(
     undecided.map(Err)
 }
 
+/// How long after a confirmed ack a broker SIGKILL may still lose it: nats-server keeps a
+/// consumer's acknowledgements in memory and stores them a moment later, so a broker killed
+/// in between restarts from the state before the ack (seen with a kill 19 ms and 100 ms after
+/// the ack; `harness simulate --seed 1`).
+pub const BROKER_ACK_LOSS_MS: Ms = 5_000;
+
 /// Duplicates: each frame of a (member, post) after the first, classified.
 fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
     let exits: Vec<Ms> = world
@@ -564,7 +570,19 @@ fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report)
                 .find(|e| e.frame.dlv_seq == again.frame.dlv_seq)
             {
                 if same.frame.acked {
-                    DuplicateWhy::AfterConfirmedAck
+                    // A broker killed just after it confirmed the ack may restart from consumer
+                    // state it stored before the ack, and deliver the frame again.
+                    let lost_by_broker = world.faults.iter().any(|f| {
+                        matches!(f.kind, FaultKind::BrokerKill | FaultKind::NodeKill)
+                            && f.from_ms >= same.ms
+                            && f.from_ms <= same.ms.saturating_add(BROKER_ACK_LOSS_MS)
+                            && f.from_ms <= again.ms
+                    });
+                    if lost_by_broker {
+                        DuplicateWhy::BrokerLostAck
+                    } else {
+                        DuplicateWhy::AfterConfirmedAck
+                    }
                 } else {
                     DuplicateWhy::AckUnconfirmed
                 }

@@ -309,7 +309,10 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             // "a crashed holder's lease has not expired yet" refuses a start too, the
             // daemon's own earlier incarnation included.
             if class == ExitClass::LeaseHeld {
-                if let Some(by) = live_row_at(world, at) {
+                // The daemon read the row before it exited, up to a margin before the runner saw
+                // the exit (its shutdown, the observation tick): a row live then explains it.
+                let since = at.saturating_sub(world.cfg.exit_margin_ms);
+                if let Some(by) = live_row_within(world, since, at) {
                     return expected(format!("the lease row of {by} was live"));
                 }
             }
@@ -339,17 +342,24 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
     }
 }
 
-/// The holder of the lease row live at `at` (the last write before it a row, written less than
-/// a TTL before), if the snapshot has one.
-fn live_row_at(world: &World<'_>, at: Ms) -> Option<String> {
-    let last = world
+/// The holder of a lease row live at some moment in `[from, to]` (a row written by `to`, not
+/// replaced by another write before `from`, and less than a TTL old at `from`), if the snapshot
+/// has one.
+fn live_row_within(world: &World<'_>, from: Ms, to: Ms) -> Option<String> {
+    let mut writes: Vec<&LeaseWrite> = world
         .snapshot
         .lease_writes
         .iter()
-        .filter(|w| w.ms <= at)
-        .max_by_key(|w| w.revision)?;
-    let live = last.op == LeaseOp::Row && at < last.ms.saturating_add(world.cfg.lease_ttl_ms);
-    live.then(|| holder_names(world).name(last))
+        .filter(|w| w.ms <= to)
+        .collect();
+    writes.sort_by_key(|w| w.revision);
+    let live = writes.iter().enumerate().rev().find(|(k, w)| {
+        let replaced_before = writes.get(k + 1).is_some_and(|next| next.ms <= from);
+        w.op == LeaseOp::Row
+            && !replaced_before
+            && from < w.ms.saturating_add(world.cfg.lease_ttl_ms)
+    })?;
+    Some(holder_names(world).name(live.1))
 }
 
 /// Another daemon that wrote the lease row or said it served before `at`.

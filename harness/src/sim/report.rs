@@ -159,6 +159,10 @@ pub enum DuplicateWhy {
     /// Allowed: a second hand-off after a daemon exit, further apart than the broker's
     /// duplicate window (the entry redelivered after the dedup id was forgotten).
     CrashRedelivery,
+    /// Allowed: the same frame again after its ack was confirmed, the broker (or a cluster
+    /// node) SIGKILLed within `BROKER_ACK_LOSS_MS` after that ack: it restarted from the
+    /// consumer state it had stored before the ack. The broker's doing, not the daemon's.
+    BrokerLostAck,
     /// Not allowed: the same frame again after its ack was confirmed.
     AfterConfirmedAck,
     /// Not allowed: a second hand-off of a post with an id, with no crash to explain it.
@@ -169,7 +173,10 @@ impl DuplicateWhy {
     pub fn allowed(self) -> bool {
         matches!(
             self,
-            DuplicateWhy::IdLess | DuplicateWhy::AckUnconfirmed | DuplicateWhy::CrashRedelivery
+            DuplicateWhy::IdLess
+                | DuplicateWhy::AckUnconfirmed
+                | DuplicateWhy::CrashRedelivery
+                | DuplicateWhy::BrokerLostAck
         )
     }
 }

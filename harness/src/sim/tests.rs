@@ -479,6 +479,51 @@ fn an_id_less_redelivery_and_a_frame_whose_ack_was_not_confirmed_are_allowed_dup
     assert!(r.duplicates.iter().all(|d| d.allowed));
 }
 
+/// The same frame again after its ack was confirmed is allowed when the broker was SIGKILLed
+/// right after that ack (it restarts from consumer state stored before it: seen with kills
+/// 19 and 100 ms after the ack, `harness simulate --seed 1`), and not when the kill came long
+/// after.
+/// Mutation seen failing: `BrokerLostAck` left out of `DuplicateWhy::allowed`.
+#[test]
+fn a_frame_again_after_a_confirmed_ack_is_allowed_only_when_a_broker_kill_followed_the_ack() {
+    for (kill_at, why) in [
+        (300, DuplicateWhy::BrokerLostAck),
+        (7_000, DuplicateWhy::AfterConfirmedAck),
+    ] {
+        let mut s = clean();
+        s.fault((kill_at, kill_at + 500), 9, FaultKind::BrokerKill, "broker");
+        s.frame(8_000, &bob(), "eng", "t1", true, 1);
+        let r = s.check();
+        let whys: Vec<DuplicateWhy> = r.duplicates.iter().map(|d| d.why).collect();
+        assert_eq!(whys, vec![why], "{}", r.summary());
+        assert_eq!(
+            r.verdict == Verdict::Invalid,
+            why == DuplicateWhy::AfterConfirmedAck,
+            "{}",
+            r.summary()
+        );
+    }
+}
+
+/// A restart refused by its killed incarnation's live row is expected even when the row
+/// expired between the daemon's read and the moment the runner saw the exit: the read came
+/// before the exit, by up to the exit margin (`harness simulate --seed 1`: the marker 432 ms
+/// before the observed exit, "the row expires in 1 s").
+/// Mutation seen failing: the live row judged at the exit's moment only (`since = at`): the
+/// refused restart then unexplained.
+#[test]
+fn a_refusal_by_a_row_that_expired_just_before_the_exit_was_seen_is_expected() {
+    let mut s = clean();
+    for w in &mut s.snapshot.lease_writes {
+        if w.revision == 11 {
+            w.ms = 2_005;
+        }
+    }
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert!(r.exits.iter().all(|e| !e.is_bad()), "{:?}", r.exits);
+}
+
 /// Mutation seen failing: the grace after a SIGCONT left out of the cut (`f.to_ms` for
 /// `f.to_ms + grace`): the thawed daemon's time to notice the taken lease then reads as an
 /// overlap.
