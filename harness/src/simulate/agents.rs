@@ -104,6 +104,9 @@ pub struct AgentCtx {
     /// The manager's view of the broker (member rows read after a join or leave).
     pub js: async_nats::jetstream::Context,
     pub names: SpaceNames,
+    /// Ask a join or leave again after no answer: a live run does; a replay does not (the
+    /// asks the run made are in its schedule).
+    pub ask_again: bool,
 }
 
 fn lock(p: &Population) -> std::sync::MutexGuard<'_, Vec<Slot>> {
@@ -195,7 +198,7 @@ async fn run(
             Command::Join { channel } => {
                 let Some(s) = &session else { continue };
                 let mut answer = Answer::Unknown;
-                for again in std::iter::once(Duration::ZERO).chain(ASK_AGAIN_AFTER) {
+                for again in asks(&ctx) {
                     if !matches!(answer, Answer::Unknown | Answer::NoDaemon) {
                         break;
                     }
@@ -223,7 +226,7 @@ async fn run(
                     continue;
                 };
                 let mut answer = Answer::Unknown;
-                for again in std::iter::once(Duration::ZERO).chain(ASK_AGAIN_AFTER) {
+                for again in asks(&ctx) {
                     if !matches!(answer, Answer::Unknown | Answer::NoDaemon) {
                         break;
                     }
@@ -409,6 +412,16 @@ enum Answer {
     /// No daemon received it (the broker's no-responders answer).
     NoDaemon,
     Unknown,
+}
+
+/// The waits before each ask of a join or leave: at once, then [`ASK_AGAIN_AFTER`] when the
+/// run asks again.
+fn asks(ctx: &AgentCtx) -> Vec<Duration> {
+    let mut waits = vec![Duration::ZERO];
+    if ctx.ask_again {
+        waits.extend(ASK_AGAIN_AFTER);
+    }
+    waits
 }
 
 /// Waits, at most [`CONNECTED_WAIT`], for the agent's connection to be up.

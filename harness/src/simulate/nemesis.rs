@@ -342,10 +342,13 @@ pub async fn live(mut live: Live) {
     loop {
         let after_line = serving_line(&live).await;
         let now = live.recorder.now_ms();
-        let Some(i) = live.rng.weighted(&weights) else {
+        let Some(spec) = live
+            .rng
+            .weighted(&weights)
+            .and_then(|i| live.specs.get(i).copied())
+        else {
             return;
         };
-        let spec = live.specs[i];
         let planned = duration_of(&spec, &mut live.rng);
         let gap = live
             .rng

@@ -206,7 +206,9 @@ pub async fn workload(w: Arc<Workload>, plan: Plan) {
             (_, Call::Retire { member }) => match slot_of_member(&member) {
                 Some(slot) => {
                     let w = w.clone();
-                    tokio::spawn(async move { w.retire_slot(slot, member).await });
+                    tokio::spawn(async move {
+                        w.retire_slot(slot, member).await;
+                    });
                     true
                 }
                 None => false,

@@ -219,6 +219,7 @@ pub async fn run(opts: Options) -> Result<Outcome, SimError> {
         tls_ca: world.mesh.tls_ca(),
         js: manager.js.clone(),
         names: manager.names.clone(),
+        ask_again: opts.replay.is_none(),
     });
     let nodes = world.mesh.node_count();
     let stage = Arc::new(Mutex::new(Stage {

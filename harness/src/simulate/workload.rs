@@ -208,7 +208,13 @@ impl Workload {
 
     /// A manager write to `member`'s ACL row (`None`: its retirement), recorded; the slot is
     /// busy for manager writes until it is answered.
-    pub async fn manager_write(&self, slot: usize, member: Member, allow: Option<Vec<String>>) {
+    /// Whether the broker acknowledged the write.
+    pub async fn manager_write(
+        &self,
+        slot: usize,
+        member: Member,
+        allow: Option<Vec<String>>,
+    ) -> bool {
         let call = match &allow {
             Some(a) if a.len() < self.read.len() => Call::AclNarrow {
                 member: member.clone(),
@@ -228,6 +234,7 @@ impl Workload {
             Some(a) => set_read_acl(self.js(), self.names(), p, u, a.clone()).await,
             None => retire(self.js(), self.names(), p, u).await,
         };
+        let acknowledged = result.is_ok();
         match (result, &allow) {
             (Ok(revision), Some(a)) if a.len() < self.read.len() => {
                 self.recorder.ok(&op, Done::AclNarrow { revision })
@@ -245,12 +252,32 @@ impl Workload {
                 }
             }
         }
+        acknowledged
     }
 
-    /// Retires slot `slot`'s lifecycle: the manager's tombstone, the actor stopped; the slot
-    /// waits for its successor.
-    pub async fn retire_slot(&self, slot: usize, member: Member) {
-        self.manager_write(slot, member.clone(), None).await;
+    /// Retires slot `slot`'s lifecycle: the manager's tombstone (in a live run asked again after
+    /// 2, 4 and 8 s until the broker acknowledges it), then the actor stopped; the slot waits for its
+    /// successor. Whether it was retired: a tombstone never acknowledged may not have landed,
+    /// so the lifecycle lives on (it may still be owed posts).
+    pub async fn retire_slot(&self, slot: usize, member: Member) -> bool {
+        let mut retired = false;
+        let mut waits = vec![Duration::ZERO];
+        if self.agents.ask_again {
+            waits.extend(RETIRE_AGAIN_AFTER);
+        }
+        for again in waits {
+            tokio::time::sleep(again).await;
+            if let Some(s) = self.slots().get_mut(slot) {
+                s.manager_busy = true;
+            }
+            if self.manager_write(slot, member.clone(), None).await {
+                retired = true;
+                break;
+            }
+        }
+        if !retired {
+            return false;
+        }
         let tx = {
             let mut slots = self.slots();
             match slots.get_mut(slot) {
@@ -266,8 +293,16 @@ impl Workload {
         if let Some(tx) = tx {
             let _ = tx.send(Command::Stop).await;
         }
+        true
     }
 }
+
+/// Waits before an unacknowledged retirement is written again.
+const RETIRE_AGAIN_AFTER: [Duration; 3] = [
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
 
 /// Draws and issues operations from `from_ms` until `until_ms`.
 pub async fn live(w: Arc<Workload>, mut rng: Prng, from_ms: Ms, until_ms: Ms) {
@@ -342,8 +377,8 @@ async fn issue(w: &Arc<Workload>, rng: &mut Prng, kind: WorkKind) -> bool {
                     let Some(&to) = rng.pick(&v.with_member) else {
                         break;
                     };
-                    if to != from {
-                        m.push(slots[to].actor.clone());
+                    if let (true, Some(s)) = (to != from, slots.get(to)) {
+                        m.push(s.actor.clone());
                     }
                 }
                 if rng.chance(100) {
@@ -366,10 +401,12 @@ async fn issue(w: &Arc<Workload>, rng: &mut Prng, kind: WorkKind) -> bool {
             )
         }
         WorkKind::Join => {
-            let Some(&who) = rng.pick(&v.online) else {
+            let Some((who, s)) = rng
+                .pick(&v.online)
+                .and_then(|&who| slots.get(who).map(|s| (who, s)))
+            else {
                 return false;
             };
-            let s = &slots[who];
             // Mostly a channel it may read; now and then one narrowed away (refused).
             let candidates: Vec<&str> = config::DURABLE_CHANNELS
                 .iter()
@@ -388,16 +425,16 @@ async fn issue(w: &Arc<Workload>, rng: &mut Prng, kind: WorkKind) -> bool {
             )
         }
         WorkKind::Leave => {
-            let who: Vec<usize> = v
+            let who: Vec<(usize, &Slot)> = v
                 .online
                 .iter()
-                .copied()
-                .filter(|i| !slots[*i].joined.is_empty())
+                .filter_map(|&i| slots.get(i).map(|s| (i, s)))
+                .filter(|(_, s)| !s.joined.is_empty())
                 .collect();
-            let Some(&who) = rng.pick(&who) else {
+            let Some(&(who, s)) = rng.pick(&who) else {
                 return false;
             };
-            let joined: Vec<&String> = slots[who].joined.keys().collect();
+            let joined: Vec<&String> = s.joined.keys().collect();
             let Some(c) = rng.pick(&joined) else {
                 return false;
             };
@@ -426,16 +463,15 @@ async fn issue(w: &Arc<Workload>, rng: &mut Prng, kind: WorkKind) -> bool {
         }
         WorkKind::Narrow => {
             // A member of the channel it loses: its posts must stop surfacing there.
-            let who: Vec<usize> = v
+            let who: Vec<(usize, &Slot)> = v
                 .with_member
                 .iter()
-                .copied()
-                .filter(|i| !slots[*i].manager_busy && slots[*i].allow.len() == w.read.len())
+                .filter_map(|&i| slots.get(i).map(|s| (i, s)))
+                .filter(|(_, s)| !s.manager_busy && s.allow.len() == w.read.len())
                 .collect();
-            let Some(&who) = rng.pick(&who) else {
+            let Some(&(who, s)) = rng.pick(&who) else {
                 return false;
             };
-            let s = &slots[who];
             let joined: Vec<&String> = s.joined.keys().collect();
             let lose = match rng.pick(&joined) {
                 Some(c) => c.to_string(),
@@ -449,29 +485,29 @@ async fn issue(w: &Arc<Workload>, rng: &mut Prng, kind: WorkKind) -> bool {
             spawn_manager(w, who, s.member.clone(), Some(allow))
         }
         WorkKind::Widen => {
-            let who: Vec<usize> = v
+            let who: Vec<(usize, &Slot)> = v
                 .with_member
                 .iter()
-                .copied()
-                .filter(|i| !slots[*i].manager_busy && slots[*i].allow.len() < w.read.len())
+                .filter_map(|&i| slots.get(i).map(|s| (i, s)))
+                .filter(|(_, s)| !s.manager_busy && s.allow.len() < w.read.len())
                 .collect();
-            let Some(&who) = rng.pick(&who) else {
+            let Some(&(who, s)) = rng.pick(&who) else {
                 return false;
             };
-            spawn_manager(w, who, slots[who].member.clone(), Some(w.read.clone()))
+            spawn_manager(w, who, s.member.clone(), Some(w.read.clone()))
         }
         WorkKind::Retire => {
             // Each slot goes through at most three lifecycles.
-            let who: Vec<usize> = v
+            let who: Vec<(usize, &Slot)> = v
                 .online
                 .iter()
-                .copied()
-                .filter(|i| !slots[*i].manager_busy && slots[*i].lifecycles < 3)
+                .filter_map(|&i| slots.get(i).map(|s| (i, s)))
+                .filter(|(_, s)| !s.manager_busy && s.lifecycles < 3)
                 .collect();
-            let Some(&who) = rng.pick(&who) else {
-                return false;
-            };
-            let Some(member) = slots[who].member.clone() else {
+            let Some((who, member)) = rng
+                .pick(&who)
+                .and_then(|(i, s)| s.member.clone().map(|m| (*i, m)))
+            else {
                 return false;
             };
             if let Some(s) = w.slots().get_mut(who) {
@@ -481,9 +517,10 @@ async fn issue(w: &Arc<Workload>, rng: &mut Prng, kind: WorkKind) -> bool {
             let mut successor_rng = Prng::new(rng.next_u64());
             let w = w.clone();
             tokio::spawn(async move {
-                w.retire_slot(who, member).await;
-                tokio::time::sleep(Duration::from_millis(after)).await;
-                w.bring_up(who, &mut successor_rng).await;
+                if w.retire_slot(who, member).await {
+                    tokio::time::sleep(Duration::from_millis(after)).await;
+                    w.bring_up(who, &mut successor_rng).await;
+                }
             });
             true
         }
@@ -503,7 +540,9 @@ fn spawn_manager(
         s.manager_busy = true;
     }
     let w = w.clone();
-    tokio::spawn(async move { w.manager_write(slot, member, allow).await });
+    tokio::spawn(async move {
+        w.manager_write(slot, member, allow).await;
+    });
     true
 }
 
