@@ -177,6 +177,8 @@ pub enum Aim {
     Broker,
     /// The holder's proxy.
     HolderProxy,
+    /// The holder's proxy, from its first write to a store drawn (`INBOX_<s>` or `DLV_<s>`).
+    HolderWrites,
     /// The lease row.
     Lease,
 }
@@ -200,6 +202,9 @@ pub fn faults(cluster: bool, standby: bool) -> Vec<FaultSpec> {
         f(DaemonRestart, Aim::Holder, 7, (0, 0)),
         f(ProxyBlackhole, Aim::HolderProxy, 10, (2_000, w + w / 2)),
         f(ProxyCut, Aim::HolderProxy, 8, (1_000, w + w / 4)),
+        // Writes lost while the daemon works on: what a daemon that settles work as done
+        // although its write failed is caught by.
+        f(ProxySwallow, Aim::HolderWrites, 10, (3_000, w)),
         f(LeaseDelete, Aim::Lease, 6, (0, 0)),
     ];
     if cluster {

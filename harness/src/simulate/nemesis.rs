@@ -95,6 +95,34 @@ fn reload_step() -> Step {
     })
 }
 
+/// `proxy:<name>@<store>` (`dinbox` or `dlv`): arms (or disarms) the proxy's swallow of the
+/// daemon's bytes from its first write to that store's subjects (the proxy actor's own
+/// `swallow_from`, which the kit's `proxy_fault` verb does not offer).
+fn swallow(stage: &mut Stage, target: &str, arm: bool) -> Result<(), String> {
+    let (proxy, store) = target
+        .strip_prefix("proxy:")
+        .and_then(|t| t.split_once('@'))
+        .ok_or_else(|| format!("{target:?} is not proxy:<name>@<store>"))?;
+    let names = &stage.world.insp.names;
+    let subjects = match store {
+        "dinbox" => names.dinbox_all(),
+        "dlv" => names.dlv_all(),
+        other => {
+            return Err(format!(
+                "{other:?} is not a store the daemon writes (dinbox, dlv)"
+            ))
+        }
+    };
+    let pattern = subjects.trim_end_matches('>').to_string();
+    let p = stage.world.proxy(proxy).map_err(|f| f.to_string())?;
+    if arm {
+        p.swallow_from(pattern.as_bytes());
+    } else {
+        p.stop_swallowing();
+    }
+    Ok(())
+}
+
 /// `node:<k>` -> k; `broker` -> 0.
 fn node_of(target: &str) -> usize {
     target
@@ -180,6 +208,7 @@ pub async fn start(
             r
         }
         FaultKind::LeaseDelete => run_step(&mut s, Step::Lease(LeaseStep::DeleteLease {})).await,
+        FaultKind::ProxySwallow => swallow(&mut s, &target, true),
     };
     // What the fault did at once (a kill's exit) is observed before the next step.
     let Stage { world, daemons } = &mut *s;
@@ -236,6 +265,7 @@ pub async fn end(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWrites,
                 r
             }
             FaultKind::LeaseDelete => Ok(()),
+            FaultKind::ProxySwallow => swallow(&mut s, &fault.target, false),
         };
         // A daemon the fault held is started again now, by the supervisor.
         let Stage { world, daemons } = &mut *s;
@@ -298,7 +328,7 @@ async fn aim(live: &mut Live, spec: &FaultSpec) -> String {
         Aim::Holder => format!("daemon:{holder}"),
         Aim::Broker if live.nodes > 1 => format!("node:{}", live.rng.below(live.nodes as u64)),
         Aim::Broker => "broker".to_string(),
-        Aim::HolderProxy => {
+        Aim::HolderProxy | Aim::HolderWrites => {
             let via = s
                 .daemons
                 .plans
@@ -306,7 +336,16 @@ async fn aim(live: &mut Live, spec: &FaultSpec) -> String {
                 .find(|p| p.name == holder)
                 .map(|p| p.via.clone())
                 .unwrap_or_default();
-            format!("proxy:{via}")
+            if spec.aim == Aim::HolderWrites {
+                let store = live
+                    .rng
+                    .pick(&["dinbox", "dlv"])
+                    .copied()
+                    .unwrap_or("dinbox");
+                format!("proxy:{via}@{store}")
+            } else {
+                format!("proxy:{via}")
+            }
         }
         Aim::Lease => "lease".to_string(),
     }

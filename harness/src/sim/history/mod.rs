@@ -221,6 +221,12 @@ pub enum FaultKind {
     ProxyBlackhole,
     /// The proxy closes every connection and refuses new ones until the end.
     ProxyCut,
+    /// One way: from the first of the daemon's writes to a store (its target names which: a
+    /// copy to `INBOX_<s>`, a hand-off to `DLV_<s>`), the proxy drops every byte that daemon
+    /// connection sends while the broker's deliveries still reach it, on each connection, until
+    /// the end: the daemon's writes are lost while it still works and, its pings unanswered,
+    /// dials again.
+    ProxySwallow,
     /// One node of the R3 cluster killed, restarted at the end.
     NodeKill,
     /// The daemon's credential let expire with no renewal.
@@ -240,13 +246,17 @@ impl FaultKind {
                 | FaultKind::BrokerPause
                 | FaultKind::ProxyBlackhole
                 | FaultKind::ProxyCut
+                | FaultKind::ProxySwallow
                 | FaultKind::NodeKill
         )
     }
     /// Whether the broker stops answering without closing the socket: the daemon counts it as
     /// disconnected only once its pings go unanswered.
     pub fn is_silent(self) -> bool {
-        matches!(self, FaultKind::BrokerPause | FaultKind::ProxyBlackhole)
+        matches!(
+            self,
+            FaultKind::BrokerPause | FaultKind::ProxyBlackhole | FaultKind::ProxySwallow
+        )
     }
     /// Whether the fault freezes its target process (no progress, no lines) until its end.
     pub fn freezes(self) -> bool {
@@ -261,6 +271,7 @@ impl FaultKind {
             FaultKind::BrokerPause => "broker-pause",
             FaultKind::ProxyBlackhole => "proxy-blackhole",
             FaultKind::ProxyCut => "proxy-cut",
+            FaultKind::ProxySwallow => "proxy-swallow",
             FaultKind::NodeKill => "node-kill",
             FaultKind::CredentialExpiry => "credential-expiry",
             FaultKind::CredentialExpiryRenewed => "credential-expiry-renewed",
