@@ -245,9 +245,8 @@ fn last_line(lines: &[String], host: bool) -> Option<String> {
     // A repeated line's count is flushed as the process ends (docs/operations.md, "Repeated
     // lines"): bookkeeping, not the reason it ended.
     let own = |l: &&String| {
-        !crate::daemon::is_component_line(l)
-            && !l.trim().is_empty()
-            && !(l.contains("(repeated ") && l.contains(" in the last "))
+        let repeat_count = l.contains("(repeated ") && l.contains(" in the last ");
+        !(crate::daemon::is_component_line(l) || l.trim().is_empty() || repeat_count)
     };
     if host {
         // The host's own signal line ends every lane; else the lane's last line.

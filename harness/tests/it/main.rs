@@ -19,6 +19,7 @@ mod metrics;
 mod provisioning;
 mod qualify;
 mod renewal;
+mod simulation;
 mod supervisor;
 mod timer;
 mod wire;
