@@ -124,7 +124,7 @@ enum Command {
         #[arg(long)]
         simulation: bool,
         /// With --simulation: run each seed against the unmutated build first (a control that
-        /// is not valid proves nothing).
+        /// is invalid itself proves nothing), once per seed.
         #[arg(long, requires = "simulation")]
         control: bool,
     },

@@ -4,7 +4,9 @@
 //! --simulation` applies each to a scratch copy of the checkout (the kit's mutation machinery:
 //! the same copy and build), runs the simulation with its seed against that build, and reports
 //! KILLED when the verdict is invalid. With `--control`, the unmutated scratch build runs each
-//! seed first: a control that is not valid proves nothing.
+//! seed first (once per seed): a control that is itself invalid proves nothing (one that is
+//! unknown, nothing invalid but something undecided, still proves the invalid findings are the
+//! broken build's).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -56,7 +58,7 @@ pub enum Fate {
     Undecided,
     /// The mutated daemon did not build, or the run could not reach a verdict.
     CouldNotRun,
-    /// The unmutated build was not valid with this seed.
+    /// The unmutated build was invalid with this seed.
     ControlFailed,
 }
 
@@ -152,6 +154,9 @@ pub async fn run(
     let control_bin = scratch.join("cotal-delivery-unmutated");
     std::fs::copy(&bin, &control_bin).map_err(|e| format!("keep the unmutated build: {e}"))?;
     let mut out = Vec::new();
+    // One control run per seed and length, shared by the mutations that name them.
+    let mut controls: std::collections::BTreeMap<(u64, u64), Result<(), Vec<String>>> =
+        Default::default();
     for (i, m) in mutations.iter().enumerate() {
         let started = Instant::now();
         let minutes = m.minutes.unwrap_or(super::config::DEFAULT_MINUTES);
@@ -169,27 +174,23 @@ pub async fn run(
             seconds: 0,
         };
         if control {
-            progress(&format!(
-                "control: seed {} against the unmutated build",
-                m.seed
-            ));
-            match simulate(
-                &control_bin,
-                m.seed,
-                minutes,
-                runs.join(format!("{}-control", m.id)),
-            )
-            .await
-            {
-                Ok(o) if o.report.verdict == Verdict::Valid => {}
-                Ok(o) => {
-                    result.fate = Fate::ControlFailed;
-                    result.why = o.report.why.clone();
-                }
-                Err(e) => {
-                    result.fate = Fate::ControlFailed;
-                    result.why = vec![e];
-                }
+            let key = (m.seed, (minutes * 1000.0) as u64);
+            if !controls.contains_key(&key) {
+                progress(&format!(
+                    "control: seed {} against the unmutated build",
+                    m.seed
+                ));
+                let dir = runs.join(format!("control-seed-{}", m.seed));
+                let verdict = match simulate(&control_bin, m.seed, minutes, dir).await {
+                    Ok(o) if o.report.verdict != Verdict::Invalid => Ok(()),
+                    Ok(o) => Err(o.report.why.clone()),
+                    Err(e) => Err(vec![e]),
+                };
+                controls.insert(key, verdict);
+            }
+            if let Some(Err(why)) = controls.get(&key) {
+                result.fate = Fate::ControlFailed;
+                result.why = why.clone();
             }
         }
         if result.fate != Fate::ControlFailed {

@@ -24,7 +24,7 @@ use crate::kit::world::World;
 use crate::lease_log::{LeaseLog, LogFrom};
 use crate::mesh::Inspector;
 use crate::sim::snapshot::{LeaseOp, LeaseWrite};
-use crate::sim::{classify_exit, Call, Done, Observation, Process};
+use crate::sim::{classify_exit, Call, Done, Ms, Observation, Process};
 
 /// How often the daemons' lines and exits are read.
 pub const OBSERVE_TICK: Duration = Duration::from_millis(100);
@@ -53,7 +53,15 @@ struct Seen {
     pid: u32,
     lines: usize,
     exited: bool,
+    /// Run ms when the runner started it: its lease row is written after.
+    started_ms: Ms,
+    /// Since when its serving line waits for its lease row to reach the watch.
+    waiting_since: Option<Ms>,
 }
+
+/// Longest a serving line waits for the lease watch to show its row (the incarnation it
+/// serves under); then it is recorded with the holder's latest row.
+const ROW_WAIT_MS: Ms = 3_000;
 
 /// What the runner knows of its daemons.
 #[derive(Debug, Default)]
@@ -160,23 +168,39 @@ async fn observe_one(
         daemon.wait_exit(Duration::ZERO).await.ok()
     };
     let lines = daemon.lines();
-    let fresh: Vec<String> = lines.iter().skip(seen.lines).cloned().collect();
-    seen.lines = lines.len();
+    let holder = d.holders.get(name).cloned().unwrap_or_default();
+    let now = recorder.now_ms();
     let mut observed: Vec<Observation> = Vec::new();
-    for line in &fresh {
-        if line.contains("✓ delivery daemon up") || line.contains("serving shard 0 again") {
-            let holder = d.holders.get(name).cloned().unwrap_or_default();
+    let mut waiting = false;
+    while seen.lines < lines.len() {
+        let line = &lines[seen.lines];
+        let up = line.contains("✓ delivery daemon up");
+        if up || line.contains("serving shard 0 again") {
+            // A process that starts serving writes a row of a new incarnation first: wait
+            // (bounded) until the watch shows one written since the start, so a row of the
+            // process's own incarnation is never read as another holder's.
+            let since = if up { seen.started_ms } else { 0 };
+            let incarnation = incarnation_since(lease, &holder, since);
+            let since_waiting = *seen.waiting_since.get_or_insert(now);
+            if incarnation.is_none() && now.saturating_sub(since_waiting) < ROW_WAIT_MS {
+                waiting = true;
+                break;
+            }
+            seen.waiting_since = None;
             observed.push(Observation::DaemonServing {
                 daemon: name.to_string(),
-                incarnation: incarnation_of(lease, &holder),
-                holder,
+                incarnation: incarnation.unwrap_or_else(|| incarnation_of(lease, &holder)),
+                holder: holder.clone(),
             });
         } else if line.contains("stopped serving shard 0") || line.contains("the lane closed") {
             observed.push(Observation::DaemonQuiesced {
                 daemon: name.to_string(),
             });
         }
+        seen.lines += 1;
     }
+    // An exit is said after every line before it.
+    let status = if waiting { None } else { status };
     if let Some(status) = status {
         let host = d.plans.iter().any(|p| p.name == name && p.host.is_some());
         let last_line = last_line(&lines, host);
@@ -266,6 +290,19 @@ fn last_line(lines: &[String], host: bool) -> Option<String> {
     lines.iter().rev().find(own).cloned()
 }
 
+/// The incarnation of `holder`'s latest lease row stamped at or after run ms `since` (less a
+/// second of clock skew between the broker's stamp and the runner's clock), if the watch has
+/// one.
+fn incarnation_since(lease: &LeaseWrites, holder: &str, since: Ms) -> Option<String> {
+    let writes = lease.lock().unwrap_or_else(|p| p.into_inner());
+    writes
+        .values()
+        .rev()
+        .find(|w| w.op == LeaseOp::Row && w.holder.as_deref() == Some(holder))
+        .filter(|w| w.ms + 1_000 >= since)
+        .and_then(|w| w.incarnation.clone())
+}
+
 /// The incarnation of `holder`'s latest lease row.
 fn incarnation_of(lease: &LeaseWrites, holder: &str) -> String {
     let writes = lease.lock().unwrap_or_else(|p| p.into_inner());
@@ -336,6 +373,7 @@ pub async fn start(
                 plan.name.clone(),
                 Seen {
                     pid,
+                    started_ms: recorder.now_ms(),
                     ..Seen::default()
                 },
             );
