@@ -84,18 +84,7 @@ pub fn load(cat: &Catalogue, workspace: &Path) -> Result<Vec<Mutation>, Vec<Stri
         if !cat.cases.iter().any(|c| c.id == m.case) {
             errors.push(format!("mutation {:?}: no case {:?}", m.id, m.case));
         }
-        match std::fs::read_to_string(workspace.join(&m.file)) {
-            Ok(src) => {
-                let n = src.matches(m.find.as_str()).count();
-                if n != 1 {
-                    errors.push(format!(
-                        "mutation {:?}: its text occurs {n} times in {} (exactly once, or the mutation is stale)",
-                        m.id, m.file
-                    ));
-                }
-            }
-            Err(e) => errors.push(format!("mutation {:?}: {}: {e}", m.id, m.file)),
-        }
+        errors.extend(stale(workspace, &m.id, &m.file, &m.find));
         if m.find == m.replace {
             errors.push(format!(
                 "mutation {:?}: the replacement is the text itself",
@@ -110,8 +99,24 @@ pub fn load(cat: &Catalogue, workspace: &Path) -> Result<Vec<Mutation>, Vec<Stri
     }
 }
 
+/// Why mutation `id` cannot be applied, if it cannot: its `find` text must occur exactly once in
+/// `file` (relative to `workspace`), or the mutation is stale.
+pub(crate) fn stale(workspace: &Path, id: &str, file: &str, find: &str) -> Option<String> {
+    match std::fs::read_to_string(workspace.join(file)) {
+        Ok(src) => {
+            let n = src.matches(find).count();
+            (n != 1).then(|| {
+                format!(
+                    "mutation {id:?}: its text occurs {n} times in {file} (exactly once, or the mutation is stale)"
+                )
+            })
+        }
+        Err(e) => Some(format!("mutation {id:?}: {file}: {e}")),
+    }
+}
+
 /// Copies the workspace's sources (not `target/`, `.git/`, `.tools/`) to `scratch`.
-pub(crate) fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
+fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
@@ -138,7 +143,7 @@ pub(crate) fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// Builds the daemon in `scratch`; the binary, or the compiler's last lines.
-pub(crate) fn build(scratch: &Path) -> Result<PathBuf, String> {
+fn build(scratch: &Path) -> Result<PathBuf, String> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args([
             "build",
@@ -160,14 +165,13 @@ pub(crate) fn build(scratch: &Path) -> Result<PathBuf, String> {
     Ok(scratch.join("target/debug/cotal-delivery"))
 }
 
-/// Applies, builds and runs each of `mutations`; `progress` gets a line per mutation.
-pub async fn run(
-    cat: &Catalogue,
+/// Copies the sources to `scratch` and builds the daemon there, unmutated; the path of that
+/// build, kept beside the scratch copy (each mutated build replaces the target's binary).
+pub(crate) fn unmutated(
     workspace: &Path,
     scratch: &Path,
-    mutations: &[Mutation],
-    progress: impl Fn(&str),
-) -> Result<Vec<MutationResult>, String> {
+    progress: &impl Fn(&str),
+) -> Result<PathBuf, String> {
     copy_sources(workspace, scratch)
         .map_err(|e| format!("copy the sources to {}: {e}", scratch.display()))?;
     progress(&format!(
@@ -177,6 +181,38 @@ pub async fn run(
     let bin = build(scratch).map_err(|e| format!("the unmutated daemon does not build:\n{e}"))?;
     let control_bin = scratch.join("cotal-delivery-unmutated");
     std::fs::copy(&bin, &control_bin).map_err(|e| format!("keep the unmutated build: {e}"))?;
+    Ok(control_bin)
+}
+
+/// Applies one mutation (`find` replaced by `replace` once in `file`) to the scratch copy,
+/// builds the daemon there and restores the file: the build, or the compiler's last lines (the
+/// outer error: the file could not be read, written or restored).
+pub(crate) fn build_mutated(
+    workspace: &Path,
+    scratch: &Path,
+    file: &str,
+    find: &str,
+    replace: &str,
+) -> Result<Result<PathBuf, String>, String> {
+    let path = scratch.join(file);
+    let original =
+        std::fs::read_to_string(workspace.join(file)).map_err(|e| format!("read {file}: {e}"))?;
+    std::fs::write(&path, original.replacen(find, replace, 1))
+        .map_err(|e| format!("write {}: {e}", path.display()))?;
+    let built = build(scratch);
+    std::fs::write(&path, &original).map_err(|e| format!("restore {}: {e}", path.display()))?;
+    Ok(built)
+}
+
+/// Applies, builds and runs each of `mutations`; `progress` gets a line per mutation.
+pub async fn run(
+    cat: &Catalogue,
+    workspace: &Path,
+    scratch: &Path,
+    mutations: &[Mutation],
+    progress: impl Fn(&str),
+) -> Result<Vec<MutationResult>, String> {
+    let control_bin = unmutated(workspace, scratch, &progress)?;
     let mut controls: std::collections::BTreeMap<String, Result<(), String>> = Default::default();
     let mut results = Vec::new();
     for (i, m) in mutations.iter().enumerate() {
@@ -198,15 +234,7 @@ pub async fn run(
         let (fate, detail) = if let Some(Err(why)) = controls.get(&case.id) {
             (Fate::ControlFailed, why.clone())
         } else {
-            let file = scratch.join(&m.file);
-            let original = std::fs::read_to_string(workspace.join(&m.file))
-                .map_err(|e| format!("read {}: {e}", m.file))?;
-            std::fs::write(&file, original.replacen(&m.find, &m.replace, 1))
-                .map_err(|e| format!("write {}: {e}", file.display()))?;
-            let built = build(scratch);
-            std::fs::write(&file, &original)
-                .map_err(|e| format!("restore {}: {e}", file.display()))?;
-            match built {
+            match build_mutated(workspace, scratch, &m.file, &m.find, &m.replace)? {
                 Err(e) => (Fate::Unbuildable, e),
                 Ok(bin) => {
                     let opts = RunOptions {

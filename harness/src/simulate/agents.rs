@@ -197,17 +197,10 @@ async fn run(
             }
             Command::Join { channel } => {
                 let Some(s) = &session else { continue };
-                let mut answer = Answer::Unknown;
-                for again in asks(&ctx) {
-                    if !matches!(answer, Answer::Unknown | Answer::NoDaemon) {
-                        break;
-                    }
-                    tokio::time::sleep(again).await;
-                    if !connected(&s.agent).await {
-                        break;
-                    }
-                    answer = join(&ctx, &process, &member, &s.agent, &channel).await;
-                }
+                let answer = asking(&ctx, &s.agent, || {
+                    join(&ctx, &process, &member, &s.agent, &channel)
+                })
+                .await;
                 if let Answer::Joined(g) = answer {
                     update(&ctx, slot, &member, |s| {
                         s.joined.insert(channel, g);
@@ -225,17 +218,10 @@ async fn run(
                 let Some(generation) = generation else {
                     continue;
                 };
-                let mut answer = Answer::Unknown;
-                for again in asks(&ctx) {
-                    if !matches!(answer, Answer::Unknown | Answer::NoDaemon) {
-                        break;
-                    }
-                    tokio::time::sleep(again).await;
-                    if !connected(&s.agent).await {
-                        break;
-                    }
-                    answer = leave(&ctx, &process, &member, &s.agent, &channel, generation).await;
-                }
+                asking(&ctx, &s.agent, || {
+                    leave(&ctx, &process, &member, &s.agent, &channel, generation)
+                })
+                .await;
                 // Answered or not, the workload does not leave this generation again.
                 update(&ctx, slot, &member, |s| {
                     s.joined.remove(&channel);
@@ -414,14 +400,30 @@ enum Answer {
     Unknown,
 }
 
-/// The waits before each ask of a join or leave: at once, then [`ASK_AGAIN_AFTER`] when the
-/// run asks again.
-fn asks(ctx: &AgentCtx) -> Vec<Duration> {
+/// Asks (a join or a leave) once the agent's connection is up, and again after each of
+/// [`ASK_AGAIN_AFTER`] while it gets no answer or no daemon serves, when the run asks again;
+/// the last answer.
+async fn asking<F, Fut>(ctx: &AgentCtx, agent: &Agent, mut ask: F) -> Answer
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Answer>,
+{
     let mut waits = vec![Duration::ZERO];
     if ctx.ask_again {
         waits.extend(ASK_AGAIN_AFTER);
     }
-    waits
+    let mut answer = Answer::Unknown;
+    for again in waits {
+        if !matches!(answer, Answer::Unknown | Answer::NoDaemon) {
+            break;
+        }
+        tokio::time::sleep(again).await;
+        if !connected(agent).await {
+            break;
+        }
+        answer = ask().await;
+    }
+    answer
 }
 
 /// Waits, at most [`CONNECTED_WAIT`], for the agent's connection to be up.

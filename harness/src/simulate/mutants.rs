@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::runner::{self, Options};
-use crate::kit::mutate::{build, copy_sources};
+use crate::kit::mutate::{build_mutated, stale, unmutated};
 use crate::kit::world::DaemonUnderTest;
 use crate::sim::Verdict;
 
@@ -91,18 +91,7 @@ pub fn load(workspace: &Path) -> Result<Vec<SimMutation>, Vec<String>> {
         if !ids.insert(m.id.clone()) {
             errors.push(format!("mutation {:?}: the id is used twice", m.id));
         }
-        match std::fs::read_to_string(workspace.join(&m.file)) {
-            Ok(src) => {
-                let n = src.matches(m.find.as_str()).count();
-                if n != 1 {
-                    errors.push(format!(
-                        "mutation {:?}: its text occurs {n} times in {} (exactly once, or the mutation is stale)",
-                        m.id, m.file
-                    ));
-                }
-            }
-            Err(e) => errors.push(format!("mutation {:?}: {}: {e}", m.id, m.file)),
-        }
+        errors.extend(stale(workspace, &m.id, &m.file, &m.find));
     }
     if errors.is_empty() {
         Ok(file.mutations)
@@ -144,15 +133,7 @@ pub async fn run(
     control: bool,
     progress: impl Fn(&str),
 ) -> Result<Vec<MutantResult>, String> {
-    copy_sources(workspace, scratch)
-        .map_err(|e| format!("copy the sources to {}: {e}", scratch.display()))?;
-    progress(&format!(
-        "building the unmutated daemon in {}",
-        scratch.display()
-    ));
-    let bin = build(scratch).map_err(|e| format!("the unmutated daemon does not build:\n{e}"))?;
-    let control_bin = scratch.join("cotal-delivery-unmutated");
-    std::fs::copy(&bin, &control_bin).map_err(|e| format!("keep the unmutated build: {e}"))?;
+    let control_bin = unmutated(workspace, scratch, &progress)?;
     let mut out = Vec::new();
     // One control run per seed and length, shared by the mutations that name them.
     let mut controls: std::collections::BTreeMap<(u64, u64), Result<(), Vec<String>>> =
@@ -194,15 +175,7 @@ pub async fn run(
             }
         }
         if result.fate != Fate::ControlFailed {
-            let file = scratch.join(&m.file);
-            let original = std::fs::read_to_string(workspace.join(&m.file))
-                .map_err(|e| format!("read {}: {e}", m.file))?;
-            std::fs::write(&file, original.replacen(&m.find, &m.replace, 1))
-                .map_err(|e| format!("write {}: {e}", file.display()))?;
-            let built = build(scratch);
-            std::fs::write(&file, &original)
-                .map_err(|e| format!("restore {}: {e}", file.display()))?;
-            match built {
+            match build_mutated(workspace, scratch, &m.file, &m.find, &m.replace)? {
                 Err(e) => result.why = vec![format!("does not build: {e}")],
                 Ok(bin) => {
                     let mutant = scratch.join(format!("cotal-delivery-{}", m.id));
