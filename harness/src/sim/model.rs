@@ -387,7 +387,33 @@ impl<'h> World<'h> {
     fn collect_membership(&mut self, member: &'h Member) {
         let mut channels: BTreeMap<String, Membership> = BTreeMap::new();
         let ops: Vec<&'h Op> = self.ops_of(member);
-        let never_stood = joins_that_never_stood(&ops);
+        let mut never_stood = joins_that_never_stood(&ops);
+        // A join that ran after a later one was answered (held by a daemon that then served it)
+        // would show in the final row as a generation past every one the history knows: then
+        // nothing is inferred for that channel.
+        never_stood.retain(|id| {
+            let Some(Call::Join { channel }) = ops.iter().find(|o| o.id == *id).map(|o| &o.call)
+            else {
+                return false;
+            };
+            let known = ops
+                .iter()
+                .filter_map(|o| match (&o.call, &o.outcome) {
+                    (
+                        Call::Join { channel: c },
+                        Outcome::Ok {
+                            done: Done::Join { generation, .. },
+                            ..
+                        },
+                    ) if c == channel => Some(*generation),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0);
+            self.snapshot
+                .member_row(member, channel)
+                .is_none_or(|row| row.generation <= known)
+        });
         for (i, op) in ops.iter().enumerate() {
             match &op.call {
                 Call::Join { .. } if never_stood.contains(&op.id) => {}
@@ -685,7 +711,9 @@ impl<'h> World<'h> {
 /// argument (one refused after its write removes the row, and the count starts again), unless
 /// no daemon received it (the broker's no-responders answer); so does a leave answered for a
 /// generation not known before. One agent's operations are
-/// sequential (Jepsen's processes), so the order of its invokes is the order they took effect.
+/// sequential (Jepsen's processes), so the order of its invokes is the order they took effect;
+/// the caller still drops the inference when the final row holds a generation past every one
+/// answered (an unanswered join a daemon ran late).
 fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
     #[derive(Default)]
     struct Run {

@@ -734,14 +734,25 @@ fn a_join_cursor_the_runner_did_not_read_is_bounded_by_the_posts_around_the_join
 /// the last one known (no refused join between), left no membership: "generation = previous +
 /// 1", so the later answer shows the earlier never stood. The posts between are then not
 /// owed, not uncertain; answered with the generation after that, it stood, and they stay
-/// uncertain.
-/// Mutation seen failing: `joins_that_never_stood` returning nothing (t1 and t2 uncertain for
-/// generation 1 too).
+/// uncertain; and so they do when the final row holds a generation past every one answered
+/// (the unanswered join ran late).
+/// Mutations seen failing: `joins_that_never_stood` returning nothing (t1 and t2 uncertain for
+/// generation 1 too); the final row's guard left out (nothing uncertain with the late row).
 #[test]
 fn a_join_answered_with_the_next_generation_settles_an_earlier_unanswered_one() {
-    for (generation, uncertain) in [(1, 0), (2, 2)] {
+    for (generation, late_row, uncertain) in [(1, false, 0), (2, false, 2), (1, true, 2)] {
         let mut s = clean();
         let dave = who("dave", "");
+        if late_row {
+            s.snapshot.member_rows.push(MemberRow {
+                member: dave.clone(),
+                channel: "eng".into(),
+                generation: 2,
+                join_cursor: 3,
+                leave_cursor: None,
+                prior: Vec::new(),
+            });
+        }
         s.provision(5, &dave, &["eng"], 4);
         s.ok((10, 20), &agent(&dave), Call::Online, Done::Online);
         let join = Call::Join {
