@@ -179,6 +179,8 @@ pub enum Aim {
     HolderProxy,
     /// The holder's proxy, from its first write to a store drawn (`INBOX_<s>` or `DLV_<s>`).
     HolderWrites,
+    /// A stream the daemon writes, drawn (`INBOX_<s>` or `DLV_<s>`).
+    Store,
     /// The lease row.
     Lease,
 }
@@ -202,9 +204,11 @@ pub fn faults(cluster: bool, standby: bool) -> Vec<FaultSpec> {
         f(DaemonRestart, Aim::Holder, 7, (0, 0)),
         f(ProxyBlackhole, Aim::HolderProxy, 10, (2_000, w + w / 2)),
         f(ProxyCut, Aim::HolderProxy, 8, (1_000, w + w / 4)),
-        // Writes lost while the daemon works on: what a daemon that settles work as done
+        f(ProxySwallow, Aim::HolderWrites, 5, (3_000, w)),
+        // Writes refused while everything else works: what a daemon that settles work as done
         // although its write failed is caught by.
-        f(ProxySwallow, Aim::HolderWrites, 10, (3_000, w)),
+        // Short: the reader gives an entry up after ten failed hand-offs (ten nak delays).
+        f(StoreFull, Aim::Store, 10, (500, 1_500)),
         f(LeaseDelete, Aim::Lease, 6, (0, 0)),
     ];
     if cluster {

@@ -123,6 +123,39 @@ fn swallow(stage: &mut Stage, target: &str, arm: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// `stream:<name>`: refuses every new message to that stream, as a store at its limit does
+/// (`max_msgs` set to what it holds, discard new), or gives it back the provisioned limits
+/// (no `max_msgs`, discard old). An operator's edit of the stream, through the world's view.
+async fn store_full(stage: &mut Stage, target: &str, full: bool) -> Result<(), String> {
+    use async_nats::jetstream::stream::DiscardPolicy;
+    let name = target
+        .strip_prefix("stream:")
+        .ok_or_else(|| format!("{target:?} is not stream:<name>"))?;
+    let js = &stage.world.insp.js;
+    let mut stream = js
+        .get_stream(name)
+        .await
+        .map_err(|e| format!("stream {name}: {e}"))?;
+    let info = stream
+        .info()
+        .await
+        .map_err(|e| format!("stream {name} info: {e}"))?;
+    let mut config = info.config.clone();
+    if full {
+        config.max_messages = i64::try_from(info.state.messages)
+            .unwrap_or(i64::MAX)
+            .max(1);
+        config.discard = DiscardPolicy::New;
+    } else {
+        config.max_messages = -1;
+        config.discard = DiscardPolicy::Old;
+    }
+    js.update_stream(&config)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("update stream {name}: {e}"))
+}
+
 /// `node:<k>` -> k; `broker` -> 0.
 fn node_of(target: &str) -> usize {
     target
@@ -209,6 +242,7 @@ pub async fn start(
         }
         FaultKind::LeaseDelete => run_step(&mut s, Step::Lease(LeaseStep::DeleteLease {})).await,
         FaultKind::ProxySwallow => swallow(&mut s, &target, true),
+        FaultKind::StoreFull => store_full(&mut s, &target, true).await,
     };
     // What the fault did at once (a kill's exit) is observed before the next step.
     let Stage { world, daemons } = &mut *s;
@@ -266,6 +300,7 @@ pub async fn end(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWrites,
             }
             FaultKind::LeaseDelete => Ok(()),
             FaultKind::ProxySwallow => swallow(&mut s, &fault.target, false),
+            FaultKind::StoreFull => store_full(&mut s, &fault.target, false).await,
         };
         // A daemon the fault held is started again now, by the supervisor.
         let Stage { world, daemons } = &mut *s;
@@ -348,6 +383,14 @@ async fn aim(live: &mut Live, spec: &FaultSpec) -> String {
             }
         }
         Aim::Lease => "lease".to_string(),
+        Aim::Store => {
+            let names = &s.world.insp.names;
+            let stream = match live.rng.pick(&["inbox", "dlv"]).copied() {
+                Some("dlv") => names.dlv_stream(),
+                _ => names.inbox_stream(),
+            };
+            format!("stream:{stream}")
+        }
     }
 }
 

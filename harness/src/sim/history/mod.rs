@@ -227,6 +227,11 @@ pub enum FaultKind {
     /// the end: the daemon's writes are lost while it still works and, its pings unanswered,
     /// dials again.
     ProxySwallow,
+    /// One stream the daemon writes (its target: `stream:INBOX_<s>` copies or `stream:DLV_<s>`
+    /// hand-offs) refuses every new message, as a store at its limit does (its `max_msgs` set to
+    /// what it holds, discard new), until the end: the daemon's writes there fail at once while
+    /// everything else works.
+    StoreFull,
     /// One node of the R3 cluster killed, restarted at the end.
     NodeKill,
     /// The daemon's credential let expire with no renewal.
@@ -272,6 +277,7 @@ impl FaultKind {
             FaultKind::ProxyBlackhole => "proxy-blackhole",
             FaultKind::ProxyCut => "proxy-cut",
             FaultKind::ProxySwallow => "proxy-swallow",
+            FaultKind::StoreFull => "store-full",
             FaultKind::NodeKill => "node-kill",
             FaultKind::CredentialExpiry => "credential-expiry",
             FaultKind::CredentialExpiryRenewed => "credential-expiry-renewed",
