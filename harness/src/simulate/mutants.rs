@@ -156,7 +156,7 @@ pub async fn run(
         };
         if control {
             let key = (m.seed, (minutes * 1000.0) as u64);
-            if !controls.contains_key(&key) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = controls.entry(key) {
                 progress(&format!(
                     "control: seed {} against the unmutated build",
                     m.seed
@@ -167,7 +167,7 @@ pub async fn run(
                     Ok(o) => Err(o.report.why.clone()),
                     Err(e) => Err(vec![e]),
                 };
-                controls.insert(key, verdict);
+                slot.insert(verdict);
             }
             if let Some(Err(why)) = controls.get(&key) {
                 result.fate = Fate::ControlFailed;
