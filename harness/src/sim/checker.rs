@@ -444,7 +444,7 @@ fn leaks<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
             };
             match (p.class, p.seq) {
                 (Class::Durable, Some(seq)) => match world.standing(member, p.channel, seq) {
-                    Standing::Inside => {}
+                    Standing::Inside | Standing::InGap => {}
                     Standing::Outside => {
                         report.leaked.push(leak(LeakKind::OutsideInterval));
                         continue;

@@ -56,6 +56,11 @@ pub(crate) struct Interval {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Standing {
     Inside,
+    /// Inside an interval that certainly stands, within a gap a failed or undecided leave left
+    /// (its write may have landed and been taken back, and the reader may have dropped entries
+    /// meanwhile): owed is undecided, but a frame is no leak, since the member was in before
+    /// and after and the final row shows the leave never stood.
+    InGap,
     Outside,
     Uncertain,
 }
@@ -414,6 +419,7 @@ impl<'h> World<'h> {
                 .member_row(member, channel)
                 .is_none_or(|row| row.generation <= known)
         });
+        never_stood.extend(self.trailing_joins_the_row_disproves(member, &ops));
         for (i, op) in ops.iter().enumerate() {
             match &op.call {
                 Call::Join { .. } if never_stood.contains(&op.id) => {}
@@ -441,6 +447,81 @@ impl<'h> World<'h> {
             }
         }
         self.lifecycle(member).channels = channels;
+    }
+
+    /// The joins whose answer never came, after the member's last certain join or leave on
+    /// their channel, that the final row shows never stood: the row is absent, or at no
+    /// generation past the last one answered ("generation = previous + 1": a join that stood
+    /// would have left it at the next one, open; a leave sets a cursor and lowers no
+    /// generation). Not when something else may have removed a row the join wrote: a
+    /// retirement (the lifecycle retired or maybe retired), or a refused join after the last
+    /// certain operation (a refusal may write the row and remove it; one no daemon received
+    /// wrote nothing). A join the daemon refused although no answer came
+    /// (the ACL no longer allowing the channel) "writes nothing, or removes the row it just
+    /// wrote": no interval, as for a refused join (`apply_join`).
+    fn trailing_joins_the_row_disproves(
+        &self,
+        member: &Member,
+        ops: &[&'h Op],
+    ) -> std::collections::BTreeSet<u64> {
+        let mut out = std::collections::BTreeSet::new();
+        let Some(lc) = self.lifecycles.get(member) else {
+            return out;
+        };
+        if lc.retired || lc.maybe_retired {
+            return out;
+        }
+        let mut tails: BTreeMap<&str, (u64, Vec<&Op>, bool)> = BTreeMap::new();
+        for op in ops {
+            let (channel, certain_generation) = match (&op.call, &op.outcome) {
+                (
+                    Call::Join { channel },
+                    Outcome::Ok {
+                        done: Done::Join { generation, .. },
+                        ..
+                    },
+                ) => (channel, Some(*generation)),
+                (
+                    Call::Leave {
+                        channel,
+                        generation,
+                    },
+                    Outcome::Ok { .. },
+                ) => (channel, Some(*generation)),
+                (Call::Join { channel } | Call::Leave { channel, .. }, _) => (channel, None),
+                _ => continue,
+            };
+            let tail = tails.entry(channel.as_str()).or_default();
+            match certain_generation {
+                Some(g) => *tail = (tail.0.max(g), Vec::new(), false),
+                None => match (&op.call, &op.outcome) {
+                    // No daemon received it: it wrote nothing.
+                    (Call::Join { .. }, Outcome::Fail { error, .. })
+                        if error.contains(cotal_delivery::agent::NO_DAEMON_SERVING) => {}
+                    (Call::Join { .. }, Outcome::Unknown { .. } | Outcome::Pending) => {
+                        tail.1.push(op)
+                    }
+                    // A refusal may have written the row and removed it: nothing is inferred.
+                    (Call::Join { .. }, _) => tail.2 = true,
+                    // A leave not answered ok sets a leave cursor at most: it lowers no
+                    // generation, and removes no row.
+                    _ => {}
+                },
+            }
+        }
+        for (channel, (known, undecided, void)) in tails {
+            if undecided.is_empty() {
+                continue;
+            }
+            let row_disproves = self
+                .snapshot
+                .member_row(member, channel)
+                .is_none_or(|row| row.generation <= known);
+            if !void && row_disproves {
+                out.extend(undecided.iter().map(|o| o.id));
+            }
+        }
+        out
     }
 
     fn apply_join(&self, member: &Member, channel: &str, op: &Op, intervals: &mut Vec<Interval>) {
@@ -647,6 +728,8 @@ impl<'h> World<'h> {
         });
         if surely_in && !in_gap {
             Standing::Inside
+        } else if surely_in {
+            Standing::InGap
         } else if !maybe_in && !in_gap {
             Standing::Outside
         } else {

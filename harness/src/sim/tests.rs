@@ -773,6 +773,94 @@ fn a_join_answered_with_the_next_generation_settles_an_earlier_unanswered_one() 
     }
 }
 
+/// A join whose answer never came and after which the member did nothing more on the channel
+/// is settled by the final row: no row there (or none past the last generation answered) shows
+/// it never stood, so the posts after it are not owed and not uncertain. Kept uncertain when
+/// the row is at the next generation (it stood), and when the lifecycle may have retired
+/// (a retirement removes its rows).
+/// Found by `harness simulate --seed 101` (one broker, 12 min): two joins asked during a broker
+/// pause and a daemon pause, never answered, no row in the final snapshot: 437 undecided.
+/// Mutations seen failing: `trailing_joins_the_row_disproves` returning nothing (t1 to t3
+/// uncertain with no row); its row guard left out (nothing uncertain with the row at
+/// generation 1); its retirement guard left out (nothing uncertain when it may have retired).
+#[test]
+fn a_last_unanswered_join_the_final_row_disproves_never_stood() {
+    for (row, maybe_retired, uncertain) in [(false, false, 0), (true, false, 3), (false, true, 3)] {
+        let mut s = clean();
+        let dave = who("dave", "");
+        if row {
+            s.snapshot.member_rows.push(MemberRow {
+                member: dave.clone(),
+                channel: "eng".into(),
+                generation: 1,
+                join_cursor: 0,
+                leave_cursor: None,
+                prior: Vec::new(),
+            });
+        }
+        s.provision(5, &dave, &["eng"], 4);
+        s.ok((10, 20), &agent(&dave), Call::Online, Done::Online);
+        let join = Call::Join {
+            channel: "eng".into(),
+        };
+        s.unknown((150, 160), &agent(&dave), join);
+        if maybe_retired {
+            // After every post; no answer, and no ACL row in the snapshot to settle it.
+            let retire = Call::Retire {
+                member: dave.clone(),
+            };
+            s.unknown((3500, 3510), &Process::Manager, retire);
+        }
+        let r = s.check();
+        assert_eq!(r.uncertain.len(), uncertain, "{}", r.summary());
+        assert!(r.lost.is_empty() && r.leaked.is_empty(), "{}", r.summary());
+        let verdict = if uncertain == 0 {
+            Verdict::Valid
+        } else {
+            Verdict::Unknown
+        };
+        assert_eq!(r.verdict, verdict, "{}", r.summary());
+    }
+}
+
+/// A leave refused (its write, if any, taken back) leaves a gap in which the reader may have
+/// dropped the member's entries: a post there that never surfaced is undecided, not lost, but
+/// one that surfaced is no leak, since the member was in before and after the refusal.
+/// Found by `harness simulate --seed 101` (one broker, 12 min): 198 frames of a member whose
+/// leave got no answer and whose row stayed open at that generation, each reported as a leak
+/// undecided.
+/// Mutation seen failing: `standing` without `InGap` (t2's frame an undecided leak: unknown).
+#[test]
+fn a_frame_in_the_gap_of_a_refused_leave_is_no_leak_and_a_missing_one_is_undecided() {
+    let mut s = clean();
+    let leave = Call::Leave {
+        channel: "eng".into(),
+        generation: 1,
+    };
+    // Around t2 (seq 2, posted at 500); bob surfaces it at 2200.
+    let op = s.invoke(450, &agent(&bob()), leave);
+    let error = "refused".into();
+    s.push(2050, agent(&bob()), Body::Fail { op, error });
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    // Carol's leave refused the same way, and her t2 never surfaced: undecided, not lost.
+    let leave = Call::Leave {
+        channel: "eng".into(),
+        generation: 1,
+    };
+    let op = s.invoke(450, &agent(&carol()), leave);
+    let error = "refused".into();
+    s.push(2050, agent(&carol()), Body::Fail { op, error });
+    s.events.retain(|e| {
+        !(e.process == agent(&carol())
+            && matches!(&e.body, Body::Frame(f) if f.tag.as_deref() == Some("t2")))
+    });
+    let r = s.check();
+    assert!(r.lost.is_empty() && r.leaked.is_empty(), "{}", r.summary());
+    assert_eq!(r.uncertain.len(), 1, "{}", r.summary());
+    assert_eq!(r.verdict, Verdict::Unknown, "{}", r.summary());
+}
+
 /// Mutation seen failing: `match_frames` skipping the sender check (alice's own copy then
 /// reads as a second member's frame, not unexpected).
 #[test]
