@@ -25,5 +25,5 @@ pub use history::{
     HistoryWriter, Member, MemberError, MemberErrorKind, Ms, Observation, Op, Outcome, Phase,
     Process, RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION,
 };
-pub use report::{Report, Verdict};
+pub use report::{Liveness, Report, Verdict};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotErrorKind, SNAPSHOT_FILE};
