@@ -495,9 +495,9 @@ impl<'h> World<'h> {
             match certain_generation {
                 Some(g) => *tail = (tail.0.max(g), Vec::new(), false),
                 None => match (&op.call, &op.outcome) {
-                    // No daemon received it: it wrote nothing.
-                    (Call::Join { .. }, Outcome::Fail { error, .. })
-                        if error.contains(cotal_delivery::agent::NO_DAEMON_SERVING) => {}
+                    // It wrote nothing, or put back what it replaced (`leaves_the_count`).
+                    (Call::Join { .. }, Outcome::Fail { error, .. }) if leaves_the_count(error) => {
+                    }
                     (Call::Join { .. }, Outcome::Unknown { .. } | Outcome::Pending) => {
                         tail.1.push(op)
                     }
@@ -787,6 +787,17 @@ impl<'h> World<'h> {
     }
 }
 
+/// Whether a join refused with `error` left the member row's generation where it was: no
+/// daemon received it (no responders), no serving daemon admitted it (it wrote nothing), or its
+/// daemon stopped serving while it ran (`durable_join` puts back the row it replaced, or
+/// removes the one it created, by compare-and-set; one it could not take back would leave the
+/// row a generation further, which the arguments over generations see).
+fn leaves_the_count(error: &str) -> bool {
+    error.contains(cotal_delivery::agent::NO_DAEMON_SERVING)
+        || error.contains(cotal_delivery::plane::NOT_SERVING)
+        || error.contains(cotal_delivery::plane::STOPPED_SERVING)
+}
+
 /// The joins of unknown outcome that certainly left no membership: "generation = previous + 1
 /// (a rejoin takes a new cursor and generation)" (docs/data-path.md), so when the next join
 /// answered on the channel carries the generation right after the last one known before
@@ -803,6 +814,7 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
         known: u64,
         undecided: Vec<u64>,
         void: bool,
+        void_by_leave: bool,
     }
     let mut runs: BTreeMap<&str, Run> = BTreeMap::new();
     let mut out = std::collections::BTreeSet::new();
@@ -816,7 +828,12 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
                 },
             ) => {
                 let run = runs.entry(channel.as_str()).or_default();
-                if !run.void && *generation == run.known + 1 {
+                // A refusal that removed its row restarted the count: the next join is then
+                // at most one past the undecided ones that stood. An answer past that shows no
+                // row was removed, so the refusal does not void the argument.
+                let refusal_ruled_out =
+                    !run.void_by_leave && run.known > run.undecided.len() as u64;
+                if (!run.void || refusal_ruled_out) && *generation == run.known + 1 {
                     out.extend(run.undecided.iter().copied());
                 }
                 *run = Run {
@@ -824,10 +841,11 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
                     ..Run::default()
                 };
             }
-            // A request no daemon received wrote nothing; a refusal may have written and
-            // removed the row.
-            (Call::Join { .. }, Outcome::Fail { error, .. })
-                if error.contains(cotal_delivery::agent::NO_DAEMON_SERVING) => {}
+            // A request no daemon received, or no serving daemon admitted, wrote nothing; one
+            // refused as its daemon stopped serving put back the row it replaced (or removed
+            // one it created), which keeps the count; another refusal may have written the row
+            // and removed it (an ACL lost after the write), which restarts it.
+            (Call::Join { .. }, Outcome::Fail { error, .. }) if leaves_the_count(error) => {}
             (Call::Join { channel }, Outcome::Fail { .. }) => {
                 runs.entry(channel.as_str()).or_default().void = true;
             }
@@ -846,6 +864,7 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
                 let run = runs.entry(channel.as_str()).or_default();
                 if *generation > run.known {
                     run.void = true;
+                    run.void_by_leave = true;
                 }
             }
             _ => {}

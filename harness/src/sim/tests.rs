@@ -773,6 +773,64 @@ fn a_join_answered_with_the_next_generation_settles_an_earlier_unanswered_one() 
     }
 }
 
+/// A refused join voids the generation argument only when its refusal may have removed the
+/// row (an ACL lost after the write: the count restarts), and not when the answer lies past
+/// what a restart allows (more generations known than undecided joins). A refusal as the
+/// daemon stopped serving puts back the row it replaced, so it never voids it.
+/// Found by `harness simulate --seed 103` (`--standby`, 10 min): 80 undecided, each after a
+/// join refused (ACL, or stopped serving) then unanswered joins, then one answered with the
+/// next generation.
+/// Mutations seen failing: `leaves_the_count` without `STOPPED_SERVING` (t1 and t2 uncertain
+/// after that refusal); the refusal always voiding (`refusal_ruled_out` false: t1 and t2
+/// uncertain with two generations known).
+#[test]
+fn a_refusal_voids_the_generation_argument_only_when_it_may_have_restarted_the_count() {
+    let acl = "channel \"eng\" is not within your read ACL [ops]";
+    let stopped = cotal_delivery::plane::STOPPED_SERVING;
+    for (rounds, refusal, uncertain) in [(1, acl, 2), (1, stopped, 0), (2, acl, 0)] {
+        let mut s = clean();
+        let dave = who("dave", "");
+        s.provision(5, &dave, &["eng"], 4);
+        s.ok((10, 20), &agent(&dave), Call::Online, Done::Online);
+        for g in 1..=rounds {
+            let at = 100 + 10 * g;
+            s.join(at, &dave, "eng", g, 0);
+            let leave = Call::Leave {
+                channel: "eng".into(),
+                generation: g,
+            };
+            let done = Done::Leave {
+                leave_cursor: Some(0),
+                already_left: false,
+            };
+            s.ok((at + 6, at + 8), &agent(&dave), leave, done);
+        }
+        let join = || Call::Join {
+            channel: "eng".into(),
+        };
+        let op = s.invoke(140, &agent(&dave), join());
+        s.push(
+            145,
+            agent(&dave),
+            Body::Fail {
+                op,
+                error: refusal.into(),
+            },
+        );
+        s.unknown((150, 160), &agent(&dave), join());
+        s.join(2300, &dave, "eng", rounds + 1, 2);
+        s.frame(3170, &dave, "eng", "t3", true, 20);
+        let r = s.check();
+        assert_eq!(
+            r.uncertain.len(),
+            uncertain,
+            "{refusal} after {rounds}: {}",
+            r.summary()
+        );
+        assert!(r.lost.is_empty() && r.leaked.is_empty(), "{}", r.summary());
+    }
+}
+
 /// A join whose answer never came and after which the member did nothing more on the channel
 /// is settled by the final row: no row there (or none past the last generation answered) shows
 /// it never stood, so the posts after it are not owed and not uncertain. Kept uncertain when
