@@ -76,12 +76,12 @@ pub struct Args {
 
 /// Posts each throughput run starts with, not measured: the pipeline has pulled, routed and
 /// handed off once (connections, pull requests and caches up) before the burst.
-const WARM_UP_POSTS: usize = 1;
+pub(crate) const WARM_UP_POSTS: usize = 1;
 /// Lifetime of the benchmark's own unrestricted credentials (its view of the broker, each raw
 /// client's): a standing credential's, since a default `--cluster` run takes 5-6 minutes here
 /// and the operator profile's 5 minutes ended one at its expiry ("DLV info: request failed:
 /// channel closed").
-const BENCH_CREDENTIAL_TTL: std::time::Duration = STANDING_TTL;
+pub(crate) const BENCH_CREDENTIAL_TTL: std::time::Duration = STANDING_TTL;
 
 pub async fn run(args: Args) -> i32 {
     match bench(args).await {
@@ -100,17 +100,17 @@ fn err(e: impl std::fmt::Display) -> String {
 
 /// One side's figures over one throughput run (or the median over runs).
 #[derive(Clone, Copy, Default)]
-struct Figures {
-    posts_per_s: f64,
-    frames_per_s: f64,
+pub(crate) struct Figures {
+    pub posts_per_s: f64,
+    pub frames_per_s: f64,
     /// CPU of the process running the pipeline (the daemon or the raw client) per frame.
-    cpu_us_per_frame: f64,
+    pub cpu_us_per_frame: f64,
     /// CPU of the broker (every node) per frame.
-    broker_us_per_frame: f64,
+    pub broker_us_per_frame: f64,
     /// This benchmark process's own CPU over the run, as a share of one core.
-    bench_core_share: f64,
+    pub bench_core_share: f64,
     /// JetStream API requests of the space's account per post (the benchmark's own excluded).
-    api_per_post: f64,
+    pub api_per_post: f64,
 }
 
 impl Figures {
@@ -127,7 +127,7 @@ impl Figures {
     }
 
     /// The median of every figure over `runs`, figure by figure.
-    fn median(runs: &[Figures]) -> Figures {
+    pub(crate) fn median(runs: &[Figures]) -> Figures {
         let m = |f: fn(&Figures) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
         Figures {
             posts_per_s: m(|f| f.posts_per_s),
@@ -296,7 +296,9 @@ async fn bench(args: Args) -> Result<bool, String> {
             channel: &channel,
             suffixes: &suffixes,
             brokers: &brokers,
-            args: &args,
+            posts: args.posts,
+            latency_posts: args.latency_posts,
+            rate: args.rate,
             bound,
         };
         let mut complete = true;
@@ -392,20 +394,24 @@ fn describe(side: &str, process: &str, f: &Figures) -> String {
     )
 }
 
-/// Everything one phase needs.
-struct On<'a> {
-    api: &'a ApiCount,
-    insp: &'a Inspector,
-    chat: &'a Stream<()>,
-    dlv: &'a Stream<()>,
-    sender: &'a Agent,
-    channel: &'a str,
+/// Everything one phase needs (`smoke bench-scale` measures its large channel with it too).
+pub(crate) struct On<'a> {
+    pub api: &'a ApiCount,
+    pub insp: &'a Inspector,
+    pub chat: &'a Stream<()>,
+    pub dlv: &'a Stream<()>,
+    pub sender: &'a Agent,
+    pub channel: &'a str,
     /// Each member's DLV subject → the suffix of its dedup ids.
-    suffixes: &'a HashMap<String, String>,
+    pub suffixes: &'a HashMap<String, String>,
     /// Every broker node's pid.
-    brokers: &'a [u32],
-    args: &'a Args,
-    bound: Duration,
+    pub brokers: &'a [u32],
+    /// Posts of a throughput run (published at once after the warm-up).
+    pub posts: usize,
+    /// Posts of the latency measurement, and their rate (posts/s).
+    pub latency_posts: usize,
+    pub rate: u64,
+    pub bound: Duration,
 }
 
 /// One phase (daemon or baseline) of one run.
@@ -439,8 +445,8 @@ impl On<'_> {
     /// The warm-up post, then `--posts` at once; figures from the broker's timestamps and
     /// `/proc`, completeness from DLV (every member holds exactly every post, and the last
     /// frame has the daemon's shape).
-    async fn throughput(&self, pid: u32, tag: &str) -> Result<(Figures, bool), String> {
-        let (posts, m) = (self.args.posts, self.members());
+    pub(crate) async fn throughput(&self, pid: u32, tag: &str) -> Result<(Figures, bool), String> {
+        let (posts, m) = (self.posts, self.members());
         for i in 0..WARM_UP_POSTS {
             let ack = post(self.insp, self.sender, self.channel, &format!("{tag}-w{i}")).await?;
             ack.await.map_err(err)?;
@@ -533,9 +539,8 @@ impl On<'_> {
     /// → frame stored in DLV, per (post, member), from the broker's timestamps read back after
     /// every frame is stored.
     async fn latency(&self, tag: &str) -> Result<((f64, f64), bool), String> {
-        let (n, m) = (self.args.latency_posts, self.members());
-        let mut tick =
-            tokio::time::interval(Duration::from_micros(1_000_000 / self.args.rate.max(1)));
+        let (n, m) = (self.latency_posts, self.members());
+        let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / self.rate.max(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let mut acks = Vec::with_capacity(n);
         for i in 0..n {
@@ -820,7 +825,7 @@ pub(crate) async fn purge(insp: &Inspector) -> Result<(), String> {
 }
 
 /// JetStream API requests of the space's account, as the broker routes them.
-struct ApiCount(Arc<AtomicU64>);
+pub(crate) struct ApiCount(Arc<AtomicU64>);
 
 impl ApiCount {
     fn load(&self) -> u64 {
@@ -831,7 +836,7 @@ impl ApiCount {
 /// Counts the space account's JetStream API requests (a core subscription on `$JS.API.>`: the
 /// daemon's reads and pulls, or the raw client's pulls), leaving out the benchmark's own (their
 /// replies go to its connection's inbox prefix): its DLV polls are not the pipeline's.
-async fn count_api_requests(insp: &Inspector) -> Result<ApiCount, String> {
+pub(crate) async fn count_api_requests(insp: &Inspector) -> Result<ApiCount, String> {
     let count = Arc::new(AtomicU64::new(0));
     let own = insp.client.new_inbox();
     let own = own

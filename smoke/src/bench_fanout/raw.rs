@@ -30,7 +30,7 @@ use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::jetstream::{self, Message};
 use async_nats::{HeaderMap, Subject};
 use cotal_delivery::provision::{AgentMaterial, MintOptions, Profile};
-use cotal_delivery::wire::DELIVERY_FRAME_HEADER;
+use cotal_delivery::wire::{LifecycleUid, Principal, DELIVERY_FRAME_HEADER};
 use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::mesh::{Inspector, Mesh};
 use futures::StreamExt;
@@ -426,7 +426,22 @@ impl RawClient {
         channel: &str,
         targets: &[AgentMaterial],
     ) -> Result<RawClient, String> {
-        RawClient::launch(mesh, insp, channel, targets, false).await
+        let members: Vec<(Principal, LifecycleUid)> = targets
+            .iter()
+            .map(|t| (t.principal.clone(), t.lifecycle_uid.clone()))
+            .collect();
+        RawClient::launch(mesh, insp, channel, &members, false).await
+    }
+
+    /// [`RawClient::start`] for member lifecycles written straight into the registry
+    /// (`smoke bench-scale`'s large channel), which have no credential of their own.
+    pub async fn start_for(
+        mesh: &Mesh,
+        insp: &Inspector,
+        channel: &str,
+        members: &[(Principal, LifecycleUid)],
+    ) -> Result<RawClient, String> {
+        RawClient::launch(mesh, insp, channel, members, false).await
     }
 
     /// The raw client draining the INBOX entries already stored on `channel` (its frame stage
@@ -443,7 +458,7 @@ impl RawClient {
         mesh: &Mesh,
         insp: &Inspector,
         channel: &str,
-        targets: &[AgentMaterial],
+        targets: &[(Principal, LifecycleUid)],
         inbox_from_first: bool,
     ) -> Result<RawClient, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -460,10 +475,10 @@ impl RawClient {
         let prefix = names.space().prefix();
         let members: Vec<Value> = targets
             .iter()
-            .map(|t| {
+            .map(|(who, uid)| {
                 json!({
-                    "inbox": names.dinbox_subject(&t.principal, &t.lifecycle_uid),
-                    "dedup_suffix": format!(":{}:{}:{GENERATION}", t.principal.dot_form(), t.lifecycle_uid),
+                    "inbox": names.dinbox_subject(who, uid),
+                    "dedup_suffix": format!(":{}:{uid}:{GENERATION}", who.dot_form()),
                 })
             })
             .collect();

@@ -1,6 +1,8 @@
 //! The smoke suites as tests: `smoke delivery-standby` at test timings, on one broker and on
-//! the 3-node cluster; `smoke soak` at its 2-minute setting.
+//! the 3-node cluster; `smoke soak` at its 2-minute setting; `smoke bench-scale` at its smallest
+//! sizes.
 
+mod scale;
 mod soak;
 mod standby;
 mod standby_cluster;
