@@ -7,12 +7,14 @@
 //! subject's sender is terminated), the channel's class (`channel ?? defaults ?? durable`), then
 //! either every member whose join/leave interval admits the post's CHAT sequence (durable) or
 //! every uniquely resolved, ACL-covered @mention (live). Copies of a post are published in lane
-//! order without waiting (at most [`MAX_COPIES_IN_FLIGHT`] unacknowledged), and the post is
+//! order without waiting (at most [`MAX_COPIES_IN_FLIGHT`] unacknowledged: a post with more
+//! members than that awaits its oldest copies' acks as it publishes the rest), and the post is
 //! acked only after every copy is stored; any failure naks it whole, and the copies'
 //! duplicate-suppression ids make the retry idempotent (an id-less post carries none, so its
 //! retry may surface twice, docs/data-path.md). A post's body is serialised once for all its
 //! copies.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -304,7 +306,7 @@ impl Writer {
 /// (or the bound passed, or one failed), and its copy slots are given back then.
 struct Copies {
     pulled: Pulled,
-    sent: Result<Vec<(Subject, PublishAckFuture)>, BrokerError>,
+    sent: Result<Sent, BrokerError>,
     /// Every copy must be stored by then ([`COPY_BOUND`] after the last was sent).
     bound: Instant,
     _permits: OwnedSemaphorePermit,
@@ -362,19 +364,37 @@ pub async fn store_copies(
     stored_by(acks, Instant::now() + COPY_BOUND).await
 }
 
-/// Publishes every copy of one post, in order, without waiting for the acks; the message body
-/// is serialised once ([`EntryBytes`]).
+/// One post's copies as published: the INBOX sequences of those already stored (in order),
+/// then the acks still awaited.
+struct Sent {
+    stored: Vec<u64>,
+    pending: VecDeque<(Subject, PublishAckFuture)>,
+}
+
+/// Publishes every copy of one post, in order, without waiting for the acks while fewer than
+/// [`MAX_COPIES_IN_FLIGHT`] of its copies are unacknowledged; beyond that, the oldest copy's
+/// ack is awaited before the next copy is published. The message body is serialised once
+/// ([`EntryBytes`]).
+///
+/// Why the window: the JetStream context holds a slot for every publish whose ack future is
+/// alive ([`crate::plane::CONTEXT_PENDING_ACKS`], 5,000), and a publish without a free slot
+/// waits for one. Holding every ack of a post until all its copies were published made a post
+/// to a channel of more than about 5,000 durable members wait forever on its own acks: the
+/// lane, then every lane, stopped (seen in `smoke bench-scale` with a 10,000-member channel:
+/// 5,000 copies stored, the writer idle, the post never acked).
 async fn publish_copies(
     ctx: &PlaneCtx,
     msg: &Value,
     channel: &str,
     seq: u64,
     targets: &[Target],
-) -> Result<Vec<(Subject, PublishAckFuture)>, BrokerError> {
+) -> Result<Sent, BrokerError> {
     let bytes = EntryBytes::new(msg, channel, seq)
         .map_err(|e| BrokerError::new(BrokerErrorKind::Unsent, e.to_string()).source(e))?;
     let id = message_id(msg);
-    let mut acks = Vec::with_capacity(targets.len());
+    let window = MAX_COPIES_IN_FLIGHT;
+    let mut stored = Vec::with_capacity(targets.len().saturating_sub(window));
+    let mut acks = VecDeque::with_capacity(targets.len().min(window));
     // Copies with the same reason and generation (every member of a channel, usually) share
     // one entry's bytes.
     let mut last: Option<((Reason, u64), Bytes)> = None;
@@ -391,6 +411,11 @@ async fn publish_copies(
                 entry
             }
         };
+        if acks.len() >= window {
+            if let Some((subject, ack)) = acks.pop_front() {
+                stored.push(stored_one(subject, ack).await?);
+            }
+        }
         let subject = &t.names.dinbox;
         let ack = ctx
             .js
@@ -403,24 +428,32 @@ async fn publish_copies(
                     e,
                 )
             })?;
-        acks.push((subject.clone(), ack));
+        acks.push_back((subject.clone(), ack));
     }
-    Ok(acks)
+    Ok(Sent {
+        stored,
+        pending: acks,
+    })
+}
+
+/// The INBOX sequence one copy was stored at (its ack awaited within the context's timeout).
+async fn stored_one(subject: Subject, ack: PublishAckFuture) -> Result<u64, BrokerError> {
+    let ack = ack
+        .await
+        .map_err(|e| BrokerError::ack(format_args!("store {subject}: "), e))?;
+    Ok(ack.sequence)
 }
 
 /// Waits until every publish is stored, at the latest by `bound`; the INBOX sequences, or the
 /// first failure.
-async fn stored_by(
-    acks: Vec<(Subject, PublishAckFuture)>,
-    bound: Instant,
-) -> Result<Vec<u64>, BrokerError> {
+async fn stored_by(sent: Sent, bound: Instant) -> Result<Vec<u64>, BrokerError> {
+    let Sent {
+        mut stored,
+        pending,
+    } = sent;
     let work = async {
-        let mut stored = Vec::with_capacity(acks.len());
-        for (subject, ack) in acks {
-            let ack = ack
-                .await
-                .map_err(|e| BrokerError::ack(format_args!("store {subject}: "), e))?;
-            stored.push(ack.sequence);
+        for (subject, ack) in pending {
+            stored.push(stored_one(subject, ack).await?);
         }
         Ok(stored)
     };

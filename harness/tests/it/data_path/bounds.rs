@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use cotal_delivery::provision::set_read_acl;
-use cotal_delivery::wire::SpaceNames;
+use cotal_delivery::wire::{AclRecord, LifecycleUid, Principal, SpaceNames};
 use delivery_harness::agent::{self, surface_until, texts};
+use delivery_harness::mesh::Inspector;
 use serde_json::json;
 
 use crate::support::data_path::*;
@@ -110,6 +111,220 @@ async fn a_huge_read_acl_row_is_rechecked_and_delivered_through() {
     // Nothing more arrives (exactly once through the huge row).
     let more = surface_until(&mut delivery, Duration::from_millis(500), |_| false).await;
     assert!(more.is_empty(), "{:?}", texts(&more));
+    daemon.terminate().unwrap();
+    daemon.wait_exit(BOUND).await.unwrap();
+}
+
+/// Owner of the lifecycles these tests write straight into the registry (no credential of
+/// their own: they never connect; the daemon acts on their rows).
+const BULK_OWNER: &str = "u_boundsboundsboundsboundsbo";
+/// Acks the tests' bulk writes keep pending before awaiting them.
+const WRITE_WINDOW: usize = 1_000;
+
+/// Writes `n` lifecycles of [`BULK_OWNER`] straight into the registry, pipelined: each an ACL
+/// row reading `channel` and, when `member`, a durable-active member row of it from CHAT
+/// sequence 0 (the daemon's own shape).
+async fn write_bulk(
+    insp: &Inspector,
+    channel: &str,
+    n: usize,
+    member: bool,
+) -> Vec<(Principal, LifecycleUid)> {
+    let now = cotal_delivery::base::epoch_ms();
+    let names = &insp.names;
+    let mut acks = Vec::with_capacity(WRITE_WINDOW);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let who = Principal::new(BULK_OWNER, &format!("b{i}")).unwrap();
+        let uid = LifecycleUid::generate();
+        let acl = AclRecord::new(vec![channel.to_string()], 1, now);
+        let mut rows = vec![(
+            format!(
+                "$KV.{}.{}",
+                names.acl_bucket(),
+                SpaceNames::acl_key(&who, &uid)
+            ),
+            serde_json::to_vec(&acl).unwrap(),
+        )];
+        if member {
+            let row = json!({
+                "channel": channel, "owner": who.dot_form(), "lifecycleUid": uid.as_str(),
+                "state": "durable-active", "joinCursor": 0, "activated": true, "generation": 1,
+                "writerIdentity": "local.bounds", "updatedAt": now,
+            });
+            rows.push((
+                format!(
+                    "$KV.{}.{}",
+                    names.members_bucket(),
+                    SpaceNames::member_key(channel, &who, &uid)
+                ),
+                row.to_string().into_bytes(),
+            ));
+        }
+        for (subject, body) in rows {
+            acks.push(insp.js.publish(subject, body.into()).await.unwrap());
+            if acks.len() >= WRITE_WINDOW {
+                for a in acks.drain(..) {
+                    a.await.expect("bulk row stored");
+                }
+            }
+        }
+        out.push((who, uid));
+    }
+    for a in acks.drain(..) {
+        a.await.expect("bulk row stored");
+    }
+    out
+}
+
+/// Messages `stream` holds, and on how many subjects (leader-served stream info).
+async fn stream_state(insp: &Inspector, stream: &str) -> (u64, u64) {
+    let mut s = insp.js.get_stream(stream).await.expect("stream");
+    let state = s.info().await.expect("stream info").state.clone();
+    (state.messages, state.subjects_count)
+}
+
+/// `VmRSS` of `pid` in KiB (0 if unreadable).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Members of the wide channel: more than the 5,000 publish acks one JetStream context keeps
+/// pending (`CONTEXT_PENDING_ACKS`).
+const WIDE_MEMBERS: usize = 6_000;
+/// Bound on one post reaching every member of the wide channel (a debug daemon on a shared
+/// host: about 15 s here).
+const WIDE_BOUND: Duration = Duration::from_secs(180);
+
+/// A post to a channel of 6,000 durable members reaches each of them exactly once: its copies
+/// are published through a window of `MAX_COPIES_IN_FLIGHT` unacknowledged copies, so a post
+/// with more members than the JetStream context keeps acks pending for (5,000) does not wait
+/// on its own acks. Judged on the broker: DLV holds one frame on each member's subject and no
+/// more. Mutation seen failing: the window removed from `fanout::publish_copies` (`let window
+/// = usize::MAX`): 5,000 copies are stored and the writer waits forever (DLV stays at about
+/// 5,000 frames until the bound).
+#[tokio::test]
+async fn a_post_to_a_channel_wider_than_the_ack_window_reaches_every_member_once() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let members = write_bulk(&insp, "wide", WIDE_MEMBERS, true).await;
+    let mut daemon = start_daemon(&mesh).await;
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["wide"])
+        .await
+        .unwrap();
+    let m = alice.message("wide", "to everyone", None);
+    alice.post("wide", &m).await.unwrap();
+    let dlv = insp.names.dlv_stream();
+    let deadline = tokio::time::Instant::now() + WIDE_BOUND;
+    let mut held = stream_state(&insp, &dlv).await;
+    while held.0 < WIDE_MEMBERS as u64 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        held = stream_state(&insp, &dlv).await;
+    }
+    assert_eq!(
+        held,
+        (WIDE_MEMBERS as u64, WIDE_MEMBERS as u64),
+        "DLV (frames, subjects) after the post to {WIDE_MEMBERS} members"
+    );
+    // Every member's own subject holds it (the count per subject is 1 by the totals above).
+    for (who, uid) in members.iter().step_by(997) {
+        assert_eq!(dlv_count(&insp, who, uid).await, 1, "{who}");
+    }
+    // And nothing more comes (the post was acked once all its copies were stored).
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        stream_state(&insp, &dlv).await,
+        (WIDE_MEMBERS as u64, WIDE_MEMBERS as u64)
+    );
+    daemon.terminate().unwrap();
+    daemon.wait_exit(BOUND).await.unwrap();
+}
+
+/// Closed intervals in the huge member row (about 700 KB; a normal row is under 1 KB).
+const HUGE_ROW_INTERVALS: u64 = 10_000;
+
+/// A member row far larger than any the daemon writes (bob's, rewritten by someone else with
+/// 10,000 closed intervals, about 700 KB) is read and judged like any other: posts made while
+/// it stands reach bob once each; bob's next join rewrites it at its normal size (the 32
+/// closed intervals a row keeps), with the line that says the oldest were dropped; and the
+/// daemon's RSS grows by no more than a few times the row's size over it all. Checked on the
+/// broker (the row's size) and by what bob surfaces. Mutation seen failing: the cap of
+/// `membership::prune_prior` removed (`prior.drain(..over)` deleted): the rewritten row stays
+/// about 700 KB and no line is written.
+#[tokio::test]
+async fn a_huge_member_row_is_judged_and_written_back_at_its_normal_size() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut daemon = start_daemon(&mesh).await;
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    bob.durable_join("general").await.unwrap();
+    let mut delivery = bob.bind_delivery().await.unwrap();
+    let rss_before = rss_kib(daemon.pid());
+
+    let bucket = insp.names.members_bucket();
+    let key = SpaceNames::member_key("general", &bob_m.principal, &bob_m.lifecycle_uid);
+    let mut huge = row(&insp, &bucket, &key).await.expect("bob's row");
+    // Intervals far past every post (never passed by the writer, so only the cap drops them).
+    huge["priorIntervals"] = (0..HUGE_ROW_INTERVALS)
+        .map(|i| {
+            json!({"generation": 1_000 + i, "joinCursor": 1_000_000_000 + 2 * i,
+                   "leaveCursor": 1_000_000_001 + 2 * i})
+        })
+        .collect();
+    let huge_bytes = serde_json::to_vec(&huge).unwrap();
+    assert!(huge_bytes.len() > 500_000, "{} bytes", huge_bytes.len());
+    insp.js
+        .publish(format!("$KV.{bucket}.{key}"), huge_bytes.clone().into())
+        .await
+        .unwrap()
+        .await
+        .expect("the huge row stored");
+
+    for i in 0..10 {
+        let m = alice.message("general", &format!("over the huge row {i}"), None);
+        alice.post("general", &m).await.unwrap();
+    }
+    let frames = surface_until(&mut delivery, BOUND, |f| f.len() >= 10).await;
+    let want: Vec<String> = (0..10).map(|i| format!("over the huge row {i}")).collect();
+    assert_eq!(texts(&frames), want);
+
+    bob.durable_join("general").await.unwrap();
+    let rewritten = row(&insp, &bucket, &key).await.expect("bob's row");
+    let size = serde_json::to_vec(&rewritten).unwrap().len();
+    assert!(
+        size < 16 * 1024,
+        "the row written back is {size} bytes ({} closed intervals)",
+        rewritten["priorIntervals"].as_array().map_or(0, Vec::len)
+    );
+    let said = format!(
+        "! delivery: {} on \"general\" has more than 32 closed membership intervals",
+        bob_m.principal
+    );
+    assert!(
+        daemon.lines().iter().any(|l| l.starts_with(&said)),
+        "no line {said:?}:\n{}",
+        daemon.lines().join("\n")
+    );
+    let m = alice.message("general", "after the rewrite", None);
+    alice.post("general", &m).await.unwrap();
+    let frames = surface_until(&mut delivery, BOUND, |f| !f.is_empty()).await;
+    assert_eq!(texts(&frames), vec!["after the rewrite".to_string()]);
+
+    // Bounded: the row is held once (its bytes and one decoding), not once per post or check.
+    let grown_kib = rss_kib(daemon.pid()).saturating_sub(rss_before);
+    assert!(
+        grown_kib < 16 * huge_bytes.len() as u64 / 1024,
+        "RSS grew {grown_kib} KiB over a {} KiB row",
+        huge_bytes.len() / 1024
+    );
     daemon.terminate().unwrap();
     daemon.wait_exit(BOUND).await.unwrap();
 }
