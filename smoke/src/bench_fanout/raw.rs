@@ -5,7 +5,9 @@
 //! Two stages, one connection each, at full speed:
 //!
 //! - **copy**: a durable pull consumer on CHAT; per post, the M INBOX copies published with
-//!   their `Nats-Msg-Id` without waiting, then the post acked once every copy's ack arrived;
+//!   their `Nats-Msg-Id` without waiting (beyond the daemon's `MAX_COPIES_IN_FLIGHT` of one
+//!   post's copies unacknowledged, the oldest copy's ack awaited first, as the daemon does),
+//!   then the post acked once every copy's ack arrived;
 //! - **frame**: a durable pull consumer on INBOX; per entry, the DLV frame published with its
 //!   `Nats-Msg-Id` (and `Cotal-Delivery-Frame: 1`), then the entry acked once the frame's ack
 //!   arrived.
@@ -20,6 +22,7 @@
 //! fences, keep-alives, metrics.
 
 use std::fmt::Write as _;
+use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -360,19 +363,30 @@ async fn copy(
     // One body for every copy (the members share reason and generation), converted once: its
     // type (`bytes::Bytes`, which this crate does not name) is the publish's payload's.
     let body = Into::into(entry_bytes(&post.payload, &plan.channel_json, seq));
-    let mut acks = Vec::with_capacity(plan.members.len());
+    // The daemon's window: without it, a post to more members than the context keeps acks
+    // pending for (5,000) waits forever on its own acks.
+    let window = cotal_delivery::plane::MAX_COPIES_IN_FLIGHT;
+    let mut acks = std::collections::VecDeque::with_capacity(plan.members.len().min(window));
     for m in &plan.members {
+        if acks.len() >= window {
+            if let Some(a) = acks.pop_front() {
+                if let Err(e) = IntoFuture::into_future(a).await {
+                    faults.report("copy", format!("a publish was not stored: {e}"));
+                    return None;
+                }
+            }
+        }
         let mut h = HeaderMap::new();
         h.insert(NATS_MSG_ID, format!("{id}{}", m.dedup_suffix));
         match js
             .publish_with_headers(m.inbox.clone(), h, Clone::clone(&body))
             .await
         {
-            Ok(a) => acks.push(a),
+            Ok(a) => acks.push_back(a),
             Err(e) => faults.report("copy", format!("publish: {e}")),
         }
     }
-    Some((post, acks))
+    Some((post, acks.into()))
 }
 
 /// An entry's frame, sent.
