@@ -115,6 +115,11 @@ struct State {
     rows: BTreeMap<String, CachedRow>,
     /// Every message of the stream at or below this sequence that still exists was applied.
     applied: u64,
+    /// No held row's revision is below this (0 after a reset: not known). The audit walks the
+    /// rows for their lowest revision only when the stream's first sequence passed it, and
+    /// then raises it to what it found: a row is only ever replaced by a newer revision, and a
+    /// new row's revision is past `applied`, so it stays a floor between walks.
+    held_floor: u64,
     /// The consumer caught up once (fences are then short); until then callers fall back.
     loaded: bool,
     /// Bumped at every reset; work proved under an older one is not proved.
@@ -472,6 +477,7 @@ impl RowCache {
         let mut st = self.lock();
         st.rows.clear();
         st.applied = 0;
+        st.held_floor = 0;
         st.loaded = false;
         st.incarnation += 1;
         st.resets += 1;
@@ -582,13 +588,14 @@ impl RowCache {
                 _ = audit.tick() => {
                     let info = tokio::time::timeout(ctx.config.request_bound, stream.get_info()).await;
                     let Ok(Ok(info)) = info else { continue };
-                    let st = self.lock();
+                    let mut st = self.lock();
                     let facts = StreamFacts {
                         first_sequence: info.state.first_sequence,
                         last_sequence: info.state.last_sequence,
                         subjects_count: info.state.subjects_count,
                     };
-                    if let Some(why) = audit_verdict(&st, &facts, st.max_age_ms.is_some()) {
+                    let ages = st.max_age_ms.is_some();
+                    if let Some(why) = audit_verdict(&mut st, &facts, ages) {
                         drop(st);
                         return Err(FeedEnd::Lost(why));
                     }
@@ -711,7 +718,12 @@ impl std::error::Error for FeedEnd {
 /// (recreated), or, with nothing applied missing, it holds fewer keys than the cache or its first
 /// sequence passed a row the cache holds (purged or deleted under the watch). A bucket with a max
 /// age loses messages by design; only "went back" applies there.
-fn audit_verdict(st: &State, stream: &StreamFacts, ages: bool) -> Option<String> {
+///
+/// The lowest held revision is found by a walk of every row only when the stream's first
+/// sequence passed [`State::held_floor`]: at 100,000 members rows the walk every
+/// [`AUDIT_PERIOD`] was the daemon's largest cost of its own while it served a workload with
+/// nothing else changing (`smoke bench-scale`, docs/performance.md).
+fn audit_verdict(st: &mut State, stream: &StreamFacts, ages: bool) -> Option<String> {
     if stream.last_sequence < st.applied {
         return Some(format!(
             "the stream's last sequence {} is below the applied {}",
@@ -721,12 +733,17 @@ fn audit_verdict(st: &State, stream: &StreamFacts, ages: bool) -> Option<String>
     if ages || !st.loaded {
         return None;
     }
-    if let Some(min) = st.rows.values().map(|r| r.revision).min() {
-        if stream.first_sequence > min {
-            return Some(format!(
-                "the stream's first sequence {} passed a held revision {min}",
-                stream.first_sequence
-            ));
+    if stream.first_sequence > st.held_floor {
+        let min = st.rows.values().map(|r| r.revision).min();
+        // Empty: every row applied from now on is past `applied`.
+        st.held_floor = min.unwrap_or(st.applied);
+        if let Some(min) = min {
+            if stream.first_sequence > min {
+                return Some(format!(
+                    "the stream's first sequence {} passed a held revision {min}",
+                    stream.first_sequence
+                ));
+            }
         }
     }
     if stream.last_sequence == st.applied && stream.subjects_count != st.rows.len() as u64 {
@@ -942,28 +959,77 @@ mod tests {
     /// resets on every write the watch has not applied yet (third assertion).
     #[test]
     fn the_audit_resets_only_on_a_loss_or_a_step_back() {
-        let st = state_with(&[("a", 3), ("b", 5)], 5);
+        let mut st = state_with(&[("a", 3), ("b", 5)], 5);
         let mut s = StreamFacts {
             first_sequence: 3,
             last_sequence: 5,
             subjects_count: 2,
         };
-        assert_eq!(audit_verdict(&st, &s, false), None);
+        assert_eq!(audit_verdict(&mut st, &s, false), None);
         s.subjects_count = 1;
         assert!(
-            audit_verdict(&st, &s, false).is_some(),
+            audit_verdict(&mut st, &s, false).is_some(),
             "a key gone (purged)"
         );
         s.last_sequence = 6;
-        assert_eq!(audit_verdict(&st, &s, false), None, "a newer write pending");
-        s.first_sequence = 6;
-        assert!(audit_verdict(&st, &s, false).is_some(), "purged below");
         assert_eq!(
-            audit_verdict(&st, &s, true),
+            audit_verdict(&mut st, &s, false),
+            None,
+            "a newer write pending"
+        );
+        s.first_sequence = 6;
+        assert!(audit_verdict(&mut st, &s, false).is_some(), "purged below");
+        assert_eq!(
+            audit_verdict(&mut st, &s, true),
             None,
             "aging buckets lose by design"
         );
         s.last_sequence = 2;
-        assert!(audit_verdict(&st, &s, true).is_some(), "recreated");
+        assert!(audit_verdict(&mut st, &s, true).is_some(), "recreated");
+    }
+
+    /// The audit walks the rows only when the stream's first sequence passed its floor, and a
+    /// loss below a held row is still found after rows were replaced. Mutations: the floor
+    /// raised past every held revision after a walk (`u64::MAX`): the loss in the last step is
+    /// missed; the floor left as it was at a reset: a recreated stream's rows below it are
+    /// never walked.
+    #[test]
+    fn the_audit_walks_the_rows_only_past_its_floor() {
+        let mut st = state_with(&[("a", 3), ("b", 5)], 5);
+        let mut s = StreamFacts {
+            first_sequence: 3,
+            last_sequence: 5,
+            subjects_count: 2,
+        };
+        assert_eq!(audit_verdict(&mut st, &s, false), None);
+        assert_eq!(st.held_floor, 3, "the walk found the lowest revision");
+        // `a` rewritten at 6: the broker removed 3 (history 1).
+        apply(
+            &mut st,
+            "$KV.b.",
+            "$KV.b.a",
+            6,
+            None,
+            Bytes::from_static(b"1"),
+            0,
+        );
+        s.first_sequence = 5;
+        s.last_sequence = 6;
+        assert_eq!(audit_verdict(&mut st, &s, false), None);
+        assert_eq!(st.held_floor, 5);
+        assert_eq!(
+            audit_verdict(&mut st, &s, false),
+            None,
+            "no walk, same floor"
+        );
+        s.first_sequence = 6;
+        assert!(
+            audit_verdict(&mut st, &s, false).is_some(),
+            "b's revision 5 is gone from the stream"
+        );
+        let cache = RowCache::new("b");
+        *cache.lock() = st;
+        cache.reset();
+        assert_eq!(cache.lock().held_floor, 0, "a reset forgets the floor");
     }
 }
