@@ -1,4 +1,5 @@
-//! `smoke bench-scale` inside `ci/test`, at its smallest sizes (about 30 s here): every axis of
+//! `smoke bench-scale` inside `ci/test`, at its smallest sizes (25 s here at a load average of
+//! 3, 78 s beside a build; eight daemon starts, each settled for a second or two): every axis of
 //! two points, the backlog, the large channel against the raw pipeline and the burst of joins,
 //! so the command cannot rot. Asserted: exit 0 (nothing lost: every frame of the channels' runs
 //! and every join of the burst accounted for on the broker), and every figure of every part
