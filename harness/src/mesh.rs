@@ -412,6 +412,18 @@ impl Inspector {
         }
     }
 
+    /// The revision of the lease key's last write, a row or a marker (a release, a purge, an
+    /// expiry); `None` when the key was never written.
+    pub async fn lease_revision(&self) -> Result<Option<u64>, HarnessError> {
+        use cotal_delivery::base::Read;
+        let rows = self.lease_rows().await?;
+        match rows.read(LEASE_KEY).await {
+            Ok(Read::Present(row)) => Ok(Some(row.revision)),
+            Ok(Read::Absent { marker_revision }) => Ok(marker_revision),
+            Err(e) => Err(HarnessError::Usage(format!("read lease: {e}"))),
+        }
+    }
+
     /// Deletes the lease row (an operator clearing it), whatever holds it.
     pub async fn delete_lease(&self) -> Result<(), HarnessError> {
         let rows = self.lease_rows().await?;

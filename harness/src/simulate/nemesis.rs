@@ -344,13 +344,6 @@ pub struct Live {
     pub until_ms: Ms,
 }
 
-async fn sleep_until_ms(recorder: &Recorder, at: Ms) {
-    let now = recorder.now_ms();
-    if at > now {
-        tokio::time::sleep(Duration::from_millis(at - now)).await;
-    }
-}
-
 /// The target a fault of `spec` aims at now.
 async fn aim(live: &mut Live, spec: &FaultSpec) -> String {
     let s = live.stage.lock().await;
@@ -413,7 +406,7 @@ async fn serving_line(live: &Live) -> Option<u64> {
 
 /// Draws and runs faults from `from_ms` until `until_ms`, one at a time.
 pub async fn live(mut live: Live) {
-    sleep_until_ms(&live.recorder, live.from_ms).await;
+    live.recorder.sleep_until_ms(live.from_ms).await;
     let weights: Vec<(usize, u64)> = live
         .specs
         .iter()
@@ -440,7 +433,7 @@ pub async fn live(mut live: Live) {
             if now + 2_000 > live.until_ms {
                 return;
             }
-            sleep_until_ms(&live.recorder, now + 500).await;
+            live.recorder.sleep_until_ms(now + 500).await;
             continue;
         }
         id += 1;
@@ -457,13 +450,13 @@ pub async fn live(mut live: Live) {
         )
         .await;
         if let Some(active) = active {
-            sleep_until_ms(&live.recorder, now + planned).await;
+            live.recorder.sleep_until_ms(now + planned).await;
             end(&live.stage, &live.recorder, &live.lease, &active).await;
         }
         let next = live.recorder.now_ms() + gap;
         if next >= live.until_ms {
             return;
         }
-        sleep_until_ms(&live.recorder, next).await;
+        live.recorder.sleep_until_ms(next).await;
     }
 }

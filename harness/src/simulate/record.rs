@@ -79,6 +79,14 @@ impl Recorder {
         self.start.elapsed().as_millis() as Ms
     }
 
+    /// Sleeps until run time `at` (at once when it has passed): the schedule's clock.
+    pub async fn sleep_until_ms(&self, at: Ms) {
+        let now = self.now_ms();
+        if at > now {
+            tokio::time::sleep(std::time::Duration::from_millis(at - now)).await;
+        }
+    }
+
     /// A broker's wall-clock stamp in run ms (`None` before the run started).
     pub fn run_ms_of(&self, at: SystemTime) -> Option<Ms> {
         let unix = at.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64;

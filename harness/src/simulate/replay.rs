@@ -142,17 +142,10 @@ pub fn phases(history: &History) -> Phases {
     }
 }
 
-async fn sleep_until_ms(recorder: &Recorder, at: Ms) {
-    let now = recorder.now_ms();
-    if at > now {
-        tokio::time::sleep(Duration::from_millis(at - now)).await;
-    }
-}
-
 /// Issues the plan's workload and manager operations at their times.
 pub async fn workload(w: Arc<Workload>, plan: Plan) {
     for (at, process, call) in plan.work {
-        sleep_until_ms(&w.recorder, at).await;
+        w.recorder.sleep_until_ms(at).await;
         let slot_of_member = |m: &crate::sim::Member| {
             w.population
                 .lock()
@@ -229,7 +222,7 @@ pub async fn nemesis(
     plan: Plan,
 ) {
     for f in plan.faults {
-        sleep_until_ms(&recorder, f.at).await;
+        recorder.sleep_until_ms(f.at).await;
         let mut after_line = None;
         if let Some(a) = &f.after {
             let deadline = Instant::now() + Duration::from_millis(config::SERVING_WAIT_MS);
@@ -260,7 +253,7 @@ pub async fn nemesis(
         .await;
         if let Some(active) = active {
             let end_at = f.end_at.unwrap_or_else(|| f.at + f.planned_ms.unwrap_or(0));
-            sleep_until_ms(&recorder, end_at).await;
+            recorder.sleep_until_ms(end_at).await;
             nemesis::end(&stage, &recorder, &lease, &active).await;
         }
     }

@@ -23,7 +23,7 @@ use super::{nemesis, replay, snapshot, summary, SimError, SimErrorKind, Stage};
 use crate::kit::case::{MeshSpec, Shape};
 use crate::kit::steps::{broker, hosts, rows, Ctx, Step};
 use crate::kit::world::{DaemonUnderTest, RunOptions, World};
-use crate::sim::{check, History, HistoryWriter, Ms, Phase, Report, RunHeader};
+use crate::sim::{check, History, HistoryWriter, Phase, Report, RunHeader};
 
 /// Bound on the first daemon serving, before the workload starts.
 const SERVING_START_BOUND: Duration = Duration::from_secs(90);
@@ -31,8 +31,11 @@ const SERVING_START_BOUND: Duration = Duration::from_secs(90);
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// Bound on a daemon's exit after the runner's SIGTERM at the end, before SIGKILL.
 const STOP_BOUND: Duration = Duration::from_secs(20);
-/// How long the lease watch keeps reading after the daemons stopped (their releases).
+/// Bound on the lease watch catching up, after the daemons stopped, with the lease key's last
+/// write on the broker (their releases).
 const LEASE_SETTLE: Duration = Duration::from_millis(1_500);
+/// How often the lease watch's record is looked at while it catches up.
+const LEASE_SETTLE_POLL: Duration = Duration::from_millis(20);
 /// How often the drain reads what is pending.
 const DRAIN_POLL: Duration = Duration::from_millis(500);
 /// Lifetime of the runner's own broker views: longer than any run.
@@ -106,10 +109,26 @@ async fn kit_step(w: &mut World, step: Step, what: &str) -> Result<(), SimError>
     step.run(w, ctx).await.map(|_| ()).map_err(mesh_err(what))
 }
 
-async fn sleep_until_ms(recorder: &Recorder, at: Ms) {
-    let now = recorder.now_ms();
-    if at > now {
-        tokio::time::sleep(Duration::from_millis(at - now)).await;
+/// Waits, at most [`LEASE_SETTLE`], until the lease watch has recorded the lease key's last
+/// write on the broker (the stopped daemons' releases), so the snapshot's `lease_writes` ends
+/// where the broker's key does. A broker that cannot be read ends the wait at its bound.
+async fn lease_caught_up(view: &crate::mesh::Inspector, lease: &LeaseWrites) {
+    let deadline = Instant::now() + LEASE_SETTLE;
+    let last = tokio::time::timeout(LEASE_SETTLE, view.lease_revision()).await;
+    let Ok(Ok(Some(last))) = last else {
+        return;
+    };
+    while Instant::now() < deadline {
+        let seen = lease
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .next_back()
+            .copied();
+        if seen.is_some_and(|seen| seen >= last) {
+            return;
+        }
+        tokio::time::sleep(LEASE_SETTLE_POLL).await;
     }
 }
 
@@ -324,19 +343,19 @@ pub async fn run(opts: Options) -> Result<Outcome, SimError> {
             (w, n)
         }
     };
-    sleep_until_ms(&recorder, faults_at).await;
+    recorder.sleep_until_ms(faults_at).await;
     recorder.phase(Phase::Faults);
     let _ = nemesis_task.await;
-    sleep_until_ms(&recorder, heal_at).await;
+    recorder.sleep_until_ms(heal_at).await;
     recorder.phase(Phase::Heal);
-    sleep_until_ms(&recorder, drain_at).await;
+    recorder.sleep_until_ms(drain_at).await;
     work_task.abort();
     recorder.phase(Phase::Drain);
     let drained = drain(&work, &stage, &manager).await;
     recorder.phase(Phase::End);
     stop_daemons(&stage, &recorder, &lease).await;
     work.close();
-    tokio::time::sleep(LEASE_SETTLE).await;
+    lease_caught_up(&manager, &lease).await;
     let _ = stop_tx.send(true);
     let _ = observer.await;
     let _ = lease_task.await;

@@ -240,8 +240,14 @@ async fn a_post_to_a_channel_wider_than_the_ack_window_reaches_every_member_once
     for (who, uid) in members.iter().step_by(997) {
         assert_eq!(dlv_count(&insp, who, uid).await, 1, "{who}");
     }
-    // And nothing more comes (the post was acked once all its copies were stored).
-    tokio::time::sleep(QUIET).await;
+    // And nothing more comes: once the writer acked the post (all its copies stored) and the
+    // reader acked every INBOX entry it handed off, neither can redeliver a copy.
+    eventually("the writer and the reader settled", WIDE_BOUND, || async {
+        let f = consumer(&insp, &insp.names.chat_stream(), "fanout").await;
+        let r = consumer(&insp, &insp.names.inbox_stream(), "reader").await;
+        f.num_ack_pending as u64 + f.num_pending + r.num_ack_pending as u64 + r.num_pending == 0
+    })
+    .await;
     assert_eq!(
         stream_state(&insp, &dlv).await,
         (WIDE_MEMBERS as u64, WIDE_MEMBERS as u64)
