@@ -45,6 +45,7 @@ pub(crate) use membership::{
     split_member_key, MemberRead, MemberRow, Members, MembershipRecord, PriorInterval,
 };
 pub(crate) use presence::live_entry;
+pub use pump::PULL_EXPIRES;
 pub use reader::READER_LANES;
 pub(crate) use reader::{bind as bind_reader, delete_inbox_entry};
 

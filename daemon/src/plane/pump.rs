@@ -54,6 +54,13 @@ pub enum Settle {
 
 /// Pause before reopening a pull stream that ended or faulted.
 const REOPEN_PAUSE: Duration = Duration::from_millis(250);
+/// Life of one pull request of a loop's stream. With async-nats's default (30 s) a reader's
+/// request that the broker never served, expired or heartbeated (lost on its way or dropped,
+/// cause unknown) stalled `smoke bench-scale`'s backlog drain for 35 s with entries pending,
+/// about one drain in six (docs/performance.md, "The drain, third look"): the client asks again
+/// on its own only 5 s after its request would have expired. 5 s requests bound such a stall to
+/// 10 s, for one request and one expiry status per idle loop every 5 s.
+pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
 /// Applies `settle` to `msg` if the gate still shows `epoch`.
 pub async fn settle(ctx: &PlaneCtx, msg: &Message, epoch: u64, settle: Settle) {
@@ -299,7 +306,7 @@ pub async fn run<H, F>(
         }
         let mut messages = tokio::select! {
             _ = stopped(&mut stop) => break 'outer,
-            m = consumer.messages() => match m {
+            m = consumer.stream().expires(PULL_EXPIRES).messages() => match m {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::warn!(what, error = %e, "opening the pull stream failed; retrying");

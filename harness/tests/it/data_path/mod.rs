@@ -9,6 +9,7 @@ mod crash;
 mod join_atomic;
 mod join_race;
 mod log_hygiene;
+mod pull;
 mod quiesce;
 mod rail;
 mod refusal;
