@@ -100,13 +100,16 @@ async fn the_join_inventory_race_never_leaves_a_row_outside_the_inventory() {
 
 /// Inventories that arrive together share one read of the members bucket: 40 sent at once are
 /// answered from far fewer reads (the reply's `read` numbers the shared read), and each one
-/// lists exactly its own lifecycle's rows.
+/// lists exactly its own lifecycle's rows. "At once" is as close as one client's 40 requests
+/// come on a loaded host: they arrive over a few reads' time, so the bound is a quarter of the
+/// requests (1-4 reads here, 5 once in CI), against 40 reads without the sharing.
 ///
 /// Mutation seen failing: giving every waiter its own read (taking one waiter per batch in
 /// `read_loop`) yields 40 distinct read numbers.
 #[tokio::test]
 async fn inventories_arriving_together_share_one_read() {
     const SEATS: usize = 40;
+    const MAX_READS: usize = SEATS / 4;
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = a::start_daemon(&mesh).await;
@@ -145,7 +148,7 @@ async fn inventories_arriving_together_share_one_read() {
         reads.len()
     );
     assert!(
-        reads.len() <= 4,
+        reads.len() <= MAX_READS,
         "{} reads for {SEATS} inventories",
         reads.len()
     );
