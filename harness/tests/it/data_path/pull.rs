@@ -1,6 +1,7 @@
 //! The fan-out writer's and the trusted reader's pull requests live [`PULL_EXPIRES`], and an idle
-//! loop asks again when one expires: a request the broker leaves unserved holds a loop up to
-//! that, not async-nats's 30 s default (the backlog drain's 35 s stall, docs/performance.md).
+//! loop asks again when one expires: a request the broker never serves holds a loop for that
+//! plus async-nats's own 5 s, not for its 30 s default plus 5 s (the backlog drain's 35 s
+//! stall, docs/performance.md).
 //!
 //! Judged from the requests themselves: the test subscribes to the two durables'
 //! `$JS.API.CONSUMER.MSG.NEXT` subjects in the space's account, so it sees each request the
