@@ -27,6 +27,7 @@ mod fanout;
 mod fence;
 mod membership;
 mod presence;
+mod pull;
 mod pump;
 mod reader;
 
@@ -45,6 +46,7 @@ pub(crate) use membership::{
     split_member_key, MemberRead, MemberRow, Members, MembershipRecord, PriorInterval,
 };
 pub(crate) use presence::live_entry;
+pub use pull::{PULL_BATCH, PULL_LOST_MARGIN};
 pub use pump::PULL_EXPIRES;
 pub use reader::READER_LANES;
 pub(crate) use reader::{bind as bind_reader, delete_inbox_entry};
@@ -189,6 +191,8 @@ pub struct PlaneCtx {
     pub handoffs: Arc<boundary::Handoffs>,
     /// Counters of what the plane did (`--metrics-addr`; counted even when not served).
     pub metrics: crate::base::Metrics,
+    /// The resident connection's events (a pull loop asks afresh after a reconnect).
+    pub conn: tokio::sync::broadcast::Sender<crate::base::ConnEvent>,
 }
 
 /// Why a binding could not be established: its kind, the component (`what`) and the broker's

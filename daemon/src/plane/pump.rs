@@ -10,7 +10,8 @@
 //! messages than that. A message is admitted at a serving epoch and settled (ack, nak, term)
 //! only while the gate still shows that epoch: a daemon that quiesced or lost its lease
 //! mid-handling acks nothing, and the entry redelivers to whoever serves next. A pull stream
-//! that ends or faults is reopened after a short pause until `stop`.
+//! that ends or faults is reopened after a short pause until `stop`; its requests are counted
+//! where they are sent (`plane/pull.rs`).
 //!
 //! Crash recovery rides on a short `ack_wait` (5 s by default): a message this daemon pulled and
 //! still owns (queued in a lane or being handled) is kept alive with an in-progress ack once it
@@ -30,13 +31,14 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, Consumer};
 use async_nats::jetstream::{AckKind, Message};
 use async_nats::Subject;
-use futures::{FutureExt, StreamExt};
+use futures::FutureExt;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::base::Store;
 use crate::plane::boundary::Ticket;
 use crate::plane::cache::Asked;
+use crate::plane::pull::Pulls;
 use crate::plane::{stopped, BrokerError, BrokerErrorKind, PlaneCtx, StopRx};
 
 /// How a handler settles its message.
@@ -54,12 +56,10 @@ pub enum Settle {
 
 /// Pause before reopening a pull stream that ended or faulted.
 const REOPEN_PAUSE: Duration = Duration::from_millis(250);
-/// Life of one pull request of a loop's stream. With async-nats's default (30 s) a reader's
-/// request that the broker never served, expired or heartbeated (lost on its way or dropped,
-/// cause unknown) stalled `smoke bench-scale`'s backlog drain for 35 s with entries pending,
-/// about one drain in six (docs/performance.md, "The drain, third look"): the client asks again
-/// on its own only 5 s after its request would have expired. 5 s requests bound such a stall to
-/// 10 s, for one request and one expiry status per idle loop every 5 s.
+/// Life of one pull request of a loop's stream: an idle loop sends a request and hears its
+/// expiry every 5 s. Short, so that a request the broker no longer holds (lost with a
+/// connection, say) is noticed within 6 s (`pull::PULL_LOST_MARGIN` past it), for one request
+/// and one expiry status per idle loop every 5 s instead of every 30 s.
 pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
 /// Applies `settle` to `msg` if the gate still shows `epoch`.
@@ -306,7 +306,7 @@ pub async fn run<H, F>(
         }
         let mut messages = tokio::select! {
             _ = stopped(&mut stop) => break 'outer,
-            m = consumer.stream().expires(PULL_EXPIRES).messages() => match m {
+            m = Pulls::open(&ctx, &consumer, PULL_EXPIRES) => match m {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::warn!(what, error = %e, "opening the pull stream failed; retrying");

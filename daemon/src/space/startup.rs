@@ -448,6 +448,7 @@ impl Claimed {
             caches: crate::plane::Caches::new(&plan.names),
             handoffs: Arc::default(),
             metrics: plan.cfg.metrics.clone(),
+            conn: resident.events.clone(),
         };
         // The `$SYS` pair the eviction and liveness verbs sweep with (re-read and re-checked on
         // every call, from the store admission read).

@@ -1,15 +1,16 @@
-//! The fan-out writer's and the trusted reader's pull requests live [`PULL_EXPIRES`], and an idle
-//! loop asks again when one expires: a request the broker never serves holds a loop for that
-//! plus async-nats's own 5 s, not for its 30 s default plus 5 s (the backlog drain's 35 s
-//! stall, docs/performance.md).
+//! The fan-out writer's and the trusted reader's pull requests live [`PULL_EXPIRES`], an idle
+//! loop asks again when one expires, and a loop whose requests the broker lost (a restart)
+//! asks again as soon as its connection is back, not when its last request would have expired
+//! (`plane/pull.rs`; docs/performance.md, "The drain, fourth look").
 //!
 //! Judged from the requests themselves: the test subscribes to the two durables'
 //! `$JS.API.CONSUMER.MSG.NEXT` subjects in the space's account, so it sees each request the
-//! daemon sends, its `expires` and when it came.
+//! daemon sends, its `expires` and when it came; and from the broker's own count of the
+//! requests waiting on each durable (`num_waiting`) after a restart lost them.
 
 use std::time::Duration;
 
-use cotal_delivery::plane::PULL_EXPIRES;
+use cotal_delivery::plane::{PULL_EXPIRES, PULL_LOST_MARGIN};
 use cotal_delivery::wire::{FANOUT_DURABLE, READER_DURABLE};
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -73,6 +74,78 @@ async fn an_idle_pull_loop_asks_again_when_its_short_request_expires() {
         assert!(
             gap >= PULL_EXPIRES - Duration::from_millis(500),
             "{subject}: {gap:?}"
+        );
+    }
+    stop_daemon(&mut daemon).await;
+}
+
+/// How long after the daemon's "connection restored" line both loops must have a request
+/// waiting on the broker again: far below a request's life, past which a loop that did not
+/// ask afresh would ask anyway ([`PULL_EXPIRES`] and [`PULL_LOST_MARGIN`] after its last one).
+const ASKED_AFTER_RECONNECT_BOUND: Duration = Duration::from_secs(2);
+const _: () = assert!(
+    ASKED_AFTER_RECONNECT_BOUND.as_millis() * 2
+        < PULL_EXPIRES.as_millis() + PULL_LOST_MARGIN.as_millis()
+);
+
+/// A broker restart loses the requests it held (they lived in the old process). Each loop's
+/// last request is sent the moment before the broker is killed, so a loop that waited for it
+/// to expire would ask again only about 6 s later; both durables must have a request waiting
+/// within 2 s of the daemon's reconnect line. Mutation seen failing: the reconnect not
+/// setting the count back (`owed.forget()` on `ConnEvent::Connected` removed in `Pulls::next`):
+/// the fan-out writer's request came back 5.96-5.97 s after the line (two runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_loop_asks_again_as_soon_as_a_restarted_broker_is_back() {
+    let mut mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let loops = [
+        (insp.names.chat_stream(), FANOUT_DURABLE),
+        (insp.names.inbox_stream(), READER_DURABLE),
+    ];
+    let mut subs = Vec::new();
+    for (stream, durable) in &loops {
+        let subject = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}");
+        subs.push(insp.client.subscribe(subject).await.unwrap());
+    }
+    insp.client.flush().await.unwrap();
+    let mut daemon = start_daemon(&mesh).await;
+    // Each loop's request the moment it is sent: the broker dies with both just asked.
+    for sub in &mut subs {
+        tokio::time::timeout(NEXT_REQUEST_BOUND, sub.next())
+            .await
+            .expect("a first pull request")
+            .expect("subscription open");
+    }
+    mesh.broker.restart().await.expect("broker restarted");
+    daemon
+        .wait_for_line(
+            "✓ delivery: broker connection restored",
+            Duration::from_secs(20),
+        )
+        .await
+        .expect("the daemon reconnects");
+    let back = Instant::now();
+    // The inspector's own connection does not outlive the broker it dialed.
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    for (stream, durable) in &loops {
+        let asked = loop {
+            let waiting = match insp.js.get_stream_no_info(stream).await {
+                Ok(s) => s.consumer_info(*durable).await.ok().map(|i| i.num_waiting),
+                Err(_) => None,
+            };
+            if waiting.is_some_and(|n| n >= 1) {
+                break back.elapsed();
+            }
+            assert!(
+                back.elapsed() < NEXT_REQUEST_BOUND,
+                "{durable}: no request waiting on the broker {NEXT_REQUEST_BOUND:?} after the reconnect"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        println!("MEASURED {durable}: a request waiting {asked:?} after the reconnect line");
+        assert!(
+            asked < ASKED_AFTER_RECONNECT_BOUND,
+            "{durable}: the loop asked again only {asked:?} after its connection was back"
         );
     }
     stop_daemon(&mut daemon).await;
