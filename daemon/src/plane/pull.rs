@@ -16,8 +16,9 @@
 //! it is counted.
 //!
 //! The count is set back to nothing, and the loop asks again, when the broker cannot hold what
-//! it was asked: after a reconnect (requests die with the connection they came on), and when
-//! nothing at all was heard for a request's expiry and a margin (its `408` would have come).
+//! it was asked: after a reconnect (requests die with the broker process that held them), when
+//! a new consumer leader voids them (`409 Leadership Change`, once per inbox), and when nothing
+//! at all was heard for a request's expiry and a margin (its `408` would have come).
 //! Asking again while an old request still lives costs at most a request the broker serves too.
 
 use std::time::Duration;
@@ -250,47 +251,54 @@ impl Pulls {
                     context: self.ctx.js.clone(),
                 }));
             }
-            if let Some(e) = self.judge_status(&message) {
+            if let Some(e) = judge_status(&mut self.owed, &message, Instant::now()) {
                 self.ended |= e.ends;
                 return Some(Err(e));
             }
         }
     }
+}
 
-    /// What a status on the inbox says: a request's end (`None`, its rest taken off the count),
-    /// a heartbeat (`None`), or a refusal or the consumer's end, for the loop.
-    fn judge_status(&mut self, message: &async_nats::Message) -> Option<PullEvent> {
-        let status = message.status.unwrap_or(StatusCode::OK);
-        if status == StatusCode::IDLE_HEARTBEAT {
-            return None;
+/// What a status on a loop's inbox says: a request's end (`None`, its rest taken off `owed`), a
+/// heartbeat (`None`), the requests voided by a new consumer leader (`None`, all of them
+/// forgotten: the next is asked at once), or a refusal or the consumer's end, for the loop.
+fn judge_status(owed: &mut Owed, message: &async_nats::Message, now: Instant) -> Option<PullEvent> {
+    let status = message.status.unwrap_or(StatusCode::OK);
+    if status == StatusCode::IDLE_HEARTBEAT {
+        return None;
+    }
+    let description = message.description.as_deref().unwrap_or_default();
+    let event = |ends: bool| {
+        let text = format!("pull request: {} {description}", status.as_u16());
+        Some(PullEvent {
+            ends,
+            error: BrokerError::new(BrokerErrorKind::Refused, text),
+        })
+    };
+    if description == "Consumer Deleted" || description == "Consumer is push based" {
+        return event(true);
+    }
+    // Sent once per inbox by a new leader for every request the old one held (nats-server's
+    // `checkPendingRequests`): none of them will bring anything.
+    if description == "Leadership Change" {
+        owed.forget();
+        return None;
+    }
+    let left = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Pending-Messages"))
+        .and_then(|v| v.as_str().parse::<usize>().ok());
+    match left {
+        // A request ended (expired, completed, its interest gone): what it will not bring.
+        Some(left) => {
+            owed.ended(left);
+            None
         }
-        let description = message.description.as_deref().unwrap_or_default();
-        let event = |ends: bool| {
-            let text = format!("pull request: {} {description}", status.as_u16());
-            Some(PullEvent {
-                ends,
-                error: BrokerError::new(BrokerErrorKind::Refused, text),
-            })
-        };
-        if description == "Consumer Deleted" || description == "Consumer is push based" {
-            return event(true);
-        }
-        let left = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("Nats-Pending-Messages"))
-            .and_then(|v| v.as_str().parse::<usize>().ok());
-        match left {
-            // A request ended (expired, completed, its interest gone): what it will not bring.
-            Some(left) => {
-                self.owed.ended(left);
-                None
-            }
-            // Refused whole (no responders, too many waiting requests, over a limit).
-            None => {
-                self.owed.refused(Instant::now());
-                event(description.starts_with("Exceeded MaxRequest"))
-            }
+        // Refused whole (no responders, too many waiting requests, over a limit).
+        None => {
+            owed.refused(now);
+            event(description.starts_with("Exceeded MaxRequest"))
         }
     }
 }
@@ -350,6 +358,49 @@ mod tests {
         assert!(!owed.wants(now), "a refusal holds the next request");
         assert!(owed.wants(now + PULL_REFUSED_PAUSE));
         assert_eq!(owed.held_until(), Some(now + PULL_REFUSED_PAUSE));
+    }
+
+    fn status(code: u16, description: &str, left: Option<usize>) -> async_nats::Message {
+        let headers = left.map(|n| {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Nats-Pending-Messages", n.to_string().as_str());
+            h
+        });
+        async_nats::Message {
+            subject: "_INBOX.x".into(),
+            reply: None,
+            payload: Bytes::new(),
+            headers,
+            status: Some(StatusCode::from_u16(code).unwrap()),
+            description: Some(description.to_string()),
+            length: 0,
+        }
+    }
+
+    /// The broker's words on the inbox, as the count takes them: an expiry gives back what its
+    /// request will not bring; a new leader voids every request at once (the next is asked
+    /// now, not after a pause); no responders refuses one request and pauses the loop; a
+    /// deleted consumer ends the stream. Mutation seen failing: "Leadership Change" judged as
+    /// a refusal (one batch taken off, the next request held 1 s).
+    #[test]
+    fn the_brokers_statuses_move_the_count_as_they_say() {
+        let now = Instant::now();
+        let mut owed = Owed::new(200, EXPIRES);
+        owed.asked(now);
+        owed.asked(now);
+        assert!(judge_status(&mut owed, &status(408, "Request Timeout", Some(150)), now).is_none());
+        assert_eq!(owed.messages(), 250);
+        assert!(judge_status(&mut owed, &status(100, "Idle Heartbeat", None), now).is_none());
+        assert_eq!(owed.messages(), 250);
+        assert!(judge_status(&mut owed, &status(409, "Leadership Change", None), now).is_none());
+        assert_eq!(owed.messages(), 0);
+        assert!(owed.wants(now), "asked again at once after a leader change");
+        owed.asked(now);
+        let refused = judge_status(&mut owed, &status(503, "", None), now).expect("a refusal");
+        assert!(!refused.ends);
+        assert!(!owed.wants(now), "a refusal holds the next request");
+        let gone = judge_status(&mut owed, &status(409, "Consumer Deleted", None), now);
+        assert!(gone.expect("the consumer's end").ends);
     }
 
     /// Requests nothing was heard about past their expiry and the margin are taken for lost;
