@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::base::ConnEvent;
 use crate::plane::{BrokerError, BrokerErrorKind, PlaneCtx};
+use crate::provision::js;
 
 /// Messages one pull request asks for (async-nats's default batch).
 pub const PULL_BATCH: usize = 200;
@@ -136,7 +137,8 @@ impl std::fmt::Display for PullEvent {
 
 /// One loop's pull stream: its inbox, its requests and their count.
 pub struct Pulls {
-    ctx: PlaneCtx,
+    client: async_nats::Client,
+    js: async_nats::jetstream::Context,
     subject: Subject,
     inbox: Subject,
     sub: Subscriber,
@@ -155,11 +157,9 @@ impl Pulls {
         expires: Duration,
     ) -> Result<Pulls, BrokerError> {
         let info = consumer.cached_info();
-        // The daemon's JetStream context uses the default API prefix (no domain).
-        let subject = Subject::from(format!(
-            "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
-            info.stream_name, info.name
-        ));
+        // The subject the daemon's credential may publish to (the JetStream context uses the
+        // default API prefix, no domain).
+        let subject = Subject::from(js::consumer_next(&info.stream_name, &info.name));
         let inbox = Subject::from(ctx.client.new_inbox());
         // Subscribed before the first request is published on the same connection, so the
         // broker sees the interest before the request.
@@ -174,7 +174,8 @@ impl Pulls {
         })
         .to_string();
         Ok(Pulls {
-            ctx: ctx.clone(),
+            client: ctx.client.clone(),
+            js: ctx.js.clone(),
             subject,
             inbox,
             sub,
@@ -195,7 +196,6 @@ impl Pulls {
             }
             if self.owed.wants(Instant::now()) {
                 let sent = self
-                    .ctx
                     .client
                     .publish_with_reply(
                         self.subject.clone(),
@@ -248,7 +248,7 @@ impl Pulls {
                 self.owed.brought();
                 return Some(Ok(Message {
                     message,
-                    context: self.ctx.js.clone(),
+                    context: self.js.clone(),
                 }));
             }
             if let Some(e) = judge_status(&mut self.owed, &message, Instant::now()) {

@@ -40,6 +40,7 @@ pub use authority::{
     AuthorityError, AuthorityErrorKind, Expiry, MeshAuthority, MintOptions, STANDING_TTL,
 };
 pub use layout::{SpaceMaterial, Workspace};
+pub(crate) use profiles::js;
 pub use profiles::{Permissions, Profile, ReadChannels, Roles, SystemProfile};
 pub use server_conf::{ClusterConf, OperatorAuth, ServerConf, TlsFiles};
 pub use streams::{

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use cotal_delivery::plane::{PULL_EXPIRES, PULL_LOST_MARGIN};
 use cotal_delivery::wire::{FANOUT_DURABLE, READER_DURABLE};
+use delivery_harness::mesh::Inspector;
 use futures::StreamExt;
 use tokio::time::Instant;
 
@@ -21,6 +22,27 @@ use crate::support::data_path::*;
 /// (a loaded host) and far below the 30 s a request lived before.
 const NEXT_REQUEST_BOUND: Duration = Duration::from_secs(15);
 
+/// The two pull loops: the fan-out writer's durable on CHAT and the reader's on INBOX.
+fn loops(insp: &Inspector) -> [(String, &'static str); 2] {
+    [
+        (insp.names.chat_stream(), FANOUT_DURABLE),
+        (insp.names.inbox_stream(), READER_DURABLE),
+    ]
+}
+
+/// A subscription to each loop's `$JS.API.CONSUMER.MSG.NEXT` subject, with the subject,
+/// in place on the broker before the daemon starts.
+async fn watch_requests(insp: &Inspector) -> Vec<(String, async_nats::Subscriber)> {
+    let mut subs = Vec::new();
+    for (stream, durable) in loops(insp) {
+        let subject = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}");
+        let sub = insp.client.subscribe(subject.clone()).await.unwrap();
+        subs.push((subject, sub));
+    }
+    insp.client.flush().await.unwrap();
+    subs
+}
+
 /// Mutation seen failing: `PULL_EXPIRES` 30 s (async-nats's default, what `consumer.messages()`
 /// sends) — the requests carry `"expires":30000000000` and the next one does not come within
 /// 15 s.
@@ -28,19 +50,7 @@ const NEXT_REQUEST_BOUND: Duration = Duration::from_secs(15);
 async fn an_idle_pull_loop_asks_again_when_its_short_request_expires() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let loops = [
-        (insp.names.chat_stream(), FANOUT_DURABLE),
-        (insp.names.inbox_stream(), READER_DURABLE),
-    ];
-    let mut subs = Vec::new();
-    for (stream, durable) in &loops {
-        let subject = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}");
-        subs.push((
-            subject.clone(),
-            insp.client.subscribe(subject).await.unwrap(),
-        ));
-    }
-    insp.client.flush().await.unwrap();
+    let subs = watch_requests(&insp).await;
     let mut daemon = start_daemon(&mesh).await;
 
     // Both loops watched at once: each request is stamped when it arrives.
@@ -98,19 +108,11 @@ const _: () = assert!(
 async fn a_pull_loop_asks_again_as_soon_as_a_restarted_broker_is_back() {
     let mut mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let loops = [
-        (insp.names.chat_stream(), FANOUT_DURABLE),
-        (insp.names.inbox_stream(), READER_DURABLE),
-    ];
-    let mut subs = Vec::new();
-    for (stream, durable) in &loops {
-        let subject = format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}");
-        subs.push(insp.client.subscribe(subject).await.unwrap());
-    }
-    insp.client.flush().await.unwrap();
+    let loops = loops(&insp);
+    let mut subs = watch_requests(&insp).await;
     let mut daemon = start_daemon(&mesh).await;
     // Each loop's request the moment it is sent: the broker dies with both just asked.
-    for sub in &mut subs {
+    for (_, sub) in &mut subs {
         tokio::time::timeout(NEXT_REQUEST_BOUND, sub.next())
             .await
             .expect("a first pull request")
