@@ -6,8 +6,9 @@
 //! leaves delivery untouched. It sweeps the account's CONNZ (every interval, and shortly after
 //! a connect or disconnect event), attributes each connection to an `owner.actor` principal,
 //! joins the live channel subscriptions with the durable rows of the members registry, and
-//! writes one display row per principal to `cotal_membership_<s>` plus the `=feed` heartbeat.
-//! An incomplete sweep neither writes nor prunes. Its own 75 % timer (`space::renew`) and
+//! writes one display row per principal to `cotal_membership_<s>` plus the `=feed` heartbeat;
+//! a row it would write unchanged is not written again, after a restart either (its first sweep
+//! reads what the bucket holds). An incomplete sweep neither writes nor prunes. Its own 75 % timer (`space::renew`) and
 //! `reloadCreds` move the rw connection onto a renewed credential. `close()` retires both
 //! connections before it drains them, so a drain that fails (a connection that is down cannot
 //! flush one) never leaves either redialing after the close.
@@ -312,6 +313,7 @@ impl MembershipFeed {
             members: parts.members.clone(),
             derived: None,
             waited_for_load: false,
+            seeded: false,
         };
         let task = tokio::spawn(run(sweeper, events, parts.interval, j, stop_rx));
         Some(MembershipFeed {
@@ -438,6 +440,8 @@ struct Sweeper {
     /// that finds the same stamp derives nothing again.
     derived: Option<(Stamp, Arc<Durable>)>,
     waited_for_load: bool,
+    /// Whether [`Sweeper::written`] was seeded from the bucket (once, at the first sweep).
+    seeded: bool,
 }
 
 /// Durable channels per principal (`<o>.<a>`).
@@ -460,6 +464,7 @@ struct Conn {
 
 impl Sweeper {
     async fn sweep(&mut self) -> Result<(), FeedError> {
+        let started = tokio::time::Instant::now();
         // The rw nkey can change only with a renewal of another nkey; follow the cell.
         self.rw_self = self.rw_cell.get().public_key().unwrap_or_default();
         let conns = self.connz().await?;
@@ -477,10 +482,15 @@ impl Sweeper {
             }
         }
         let durable = self.durable().await?;
+        if !self.seeded {
+            self.seeded = true;
+            self.seed_written().await;
+        }
         let mut principals: BTreeSet<String> = live.keys().cloned().collect();
         principals.extend(durable.keys().cloned());
         let now = epoch_ms();
         let bucket = self.names.membership_bucket();
+        let (mut wrote, mut pruned) = (0usize, 0usize);
         for p in &principals {
             let l: Vec<String> = live
                 .get(p)
@@ -507,6 +517,7 @@ impl Sweeper {
             )
             .await?;
             self.written.insert(p.clone(), sum);
+            wrote += 1;
         }
         // Prune rows of principals no longer live or durable (complete sweeps only).
         let relist = self
@@ -525,6 +536,7 @@ impl Sweeper {
                 }
                 if let Ok(Read::Present(_)) = rows.read(&key).await {
                     self.put(&bucket, &key, Vec::new(), true).await?;
+                    pruned += 1;
                 }
                 self.written.remove(&key);
             }
@@ -541,10 +553,89 @@ impl Sweeper {
             for key in stale {
                 self.put(&bucket, &key, Vec::new(), true).await?;
                 self.written.remove(&key);
+                pruned += 1;
             }
         }
         let beat = json!({"observedAt": now}).to_string().into_bytes();
-        self.put(&bucket, HEARTBEAT_KEY, beat, false).await
+        self.put(&bucket, HEARTBEAT_KEY, beat, false).await?;
+        let ms = started.elapsed().as_millis() as u64;
+        tracing::debug!(
+            principals = principals.len(),
+            wrote,
+            pruned,
+            ms,
+            "membership sweep"
+        );
+        Ok(())
+    }
+
+    /// Seeds [`Sweeper::written`] with the digest of every row the bucket holds, so a daemon
+    /// that starts (or takes the lease over) in front of rows it would write again unchanged
+    /// does not rewrite them: without it the first sweep put one row per principal (10,000
+    /// serial puts at `bench-scale`'s 100,000-row point), whatever had changed. Read with one
+    /// ordered consumer (the last message per key, one stream of messages rather than a
+    /// request per key), bounded by [`BOUND`]; a row that is not read here is written as
+    /// before, so an error or a timeout costs only the puts.
+    async fn seed_written(&mut self) {
+        let bucket = self.names.membership_bucket();
+        match tokio::time::timeout(BOUND, self.last_rows(&bucket)).await {
+            Ok(Ok(held)) => self.written.extend(held),
+            Ok(Err(e)) => {
+                tracing::info!(%bucket, error = %e, "membership feed: rows not read before the first sweep; it writes them all")
+            }
+            Err(_) => {
+                tracing::info!(%bucket, "membership feed: rows not read within the bound before the first sweep; it writes them all")
+            }
+        }
+    }
+
+    /// The digests of `bucket`'s rows (the last message of each key; deleted keys, the
+    /// heartbeat and rows that are not the feed's shape left out).
+    async fn last_rows(
+        &self,
+        bucket: &str,
+    ) -> Result<BTreeMap<String, u64>, Box<dyn std::error::Error + Send + Sync>> {
+        /// The part of a row the digest covers (`observedAt` is not in it).
+        #[derive(Deserialize)]
+        struct Held {
+            live: Vec<String>,
+            durable: Vec<String>,
+        }
+        let stream = self
+            .js
+            .get_stream_no_info(SpaceNames::kv_stream(bucket))
+            .await?;
+        let prefix = format!("$KV.{bucket}.");
+        let name = format!("feedseed_{}", uuid::Uuid::new_v4().simple());
+        let mut held = BTreeMap::new();
+        let consumer = stream
+            .create_consumer(jetstream::consumer::push::OrderedConfig {
+                name: Some(name.clone()),
+                deliver_subject: self.js.client().new_inbox(),
+                filter_subject: format!("{prefix}>"),
+                deliver_policy: jetstream::consumer::DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            })
+            .await?;
+        if consumer.cached_info().num_pending > 0 {
+            let mut messages = consumer.messages().await?;
+            while let Some(msg) = messages.next().await {
+                let msg = msg?;
+                let pending = msg.info()?.pending;
+                let key = msg.subject.strip_prefix(&prefix).unwrap_or_default();
+                if key != HEARTBEAT_KEY && base::row_op(msg.headers.as_ref()).is_row() {
+                    if let Ok(row) = serde_json::from_slice::<Held>(&msg.payload) {
+                        held.insert(key.to_string(), digest(&row.live, &row.durable));
+                    }
+                }
+                if pending == 0 {
+                    break;
+                }
+            }
+        }
+        // The ordered consumer is ephemeral; deleting it now spares the broker its idle wait.
+        let _ = stream.delete_consumer(&name).await;
+        Ok(held)
     }
 
     async fn put(

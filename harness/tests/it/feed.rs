@@ -118,6 +118,77 @@ async fn rows_and_heartbeat_appear_and_a_gone_principal_is_pruned() {
     d.wait_exit(BOUND).await.unwrap();
 }
 
+/// The revision of `key`'s last message in the membership bucket (a delete marker counts).
+async fn feed_revision(insp: &Inspector, key: &str) -> Option<u64> {
+    let kv = insp
+        .js
+        .get_key_value(insp.names.membership_bucket())
+        .await
+        .expect("membership bucket");
+    kv.entry(key).await.expect("entry").map(|e| e.revision)
+}
+
+/// A daemon that starts again in front of the rows its feed wrote rewrites none that has not
+/// changed: its first sweep seeds what it wrote from the bucket, so the broker receives only
+/// the heartbeat; a row that does change after the restart (alice's live subscription gone) is
+/// still written (pruned). Mutation seen failing: the seed skipped in `Sweeper::sweep` (bob's
+/// and alice's rows written again by the restarted daemon's first sweep, their revisions
+/// advanced).
+#[tokio::test]
+async fn a_restarted_feed_does_not_rewrite_rows_that_have_not_changed() {
+    let mesh = crate::support::data_path::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = start(&mesh).await;
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let (alice, (bob, _bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let _joined = bob.durable_join("general").await.unwrap();
+    let live = alice
+        .client()
+        .subscribe(insp.names.chat_read_subject("general"))
+        .await
+        .unwrap();
+    alice.client().flush().await.unwrap();
+    eventually("alice and bob rows", BOUND, || async {
+        let a = feed_row(&insp, "local.alice").await;
+        let b = feed_row(&insp, "local.bob").await;
+        matches!((a, b), (Some(a), Some(b))
+            if a.live == ["general"] && b.live == ["general"] && b.durable == ["general"])
+    })
+    .await;
+    let alice_rev = feed_revision(&insp, "local.alice").await.expect("alice");
+    let bob_rev = feed_revision(&insp, "local.bob").await.expect("bob");
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+    let beat = feed_revision(&insp, "=feed").await.expect("heartbeat");
+
+    let mut d = start(&mesh).await;
+    d.wait_for_line(FEED_UP, BOUND)
+        .await
+        .expect("feed up again");
+    // The heartbeat is the last write of a sweep: once it moves, the first sweep is done.
+    eventually("the restarted daemon's first sweep", BOUND, || async {
+        feed_revision(&insp, "=feed").await > Some(beat)
+    })
+    .await;
+    assert_eq!(
+        (
+            feed_revision(&insp, "local.alice").await,
+            feed_revision(&insp, "local.bob").await
+        ),
+        (Some(alice_rev), Some(bob_rev)),
+        "unchanged rows rewritten by the restarted daemon's first sweep"
+    );
+    drop(live);
+    alice.client().flush().await.unwrap();
+    eventually("alice's row pruned after the restart", BOUND, || async {
+        feed_row(&insp, "local.alice").await.is_none()
+    })
+    .await;
+    assert_eq!(feed_revision(&insp, "local.bob").await, Some(bob_rev));
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
 /// The membership bucket's last stream sequence: every sweep writes the `=feed` heartbeat, and
 /// nothing else changes a row in the burst tests below, so its growth counts the sweeps.
 async fn membership_writes(insp: &Inspector) -> u64 {
