@@ -74,6 +74,43 @@ async fn remint_rw(mesh: &Mesh, live: &Credential) -> Credential {
     renewed
 }
 
+/// alice live on `general` only (a broker-enforced subscription, no registry row) and bob
+/// joined to it durably, both connected (held by the value: bind it whole, or bob leaves), once
+/// the feed's rows show exactly that.
+struct Principals {
+    alice: cotal_delivery::agent::Agent,
+    live: async_nats::Subscriber,
+    _bob: cotal_delivery::agent::Agent,
+    _bob_material: cotal_delivery::provision::AgentMaterial,
+    _joined: cotal_delivery::agent::Joined,
+}
+
+async fn alice_live_bob_durable(mesh: &Mesh, insp: &Inspector) -> Principals {
+    let (alice, (bob, bob_material)) = alice_and_bob(mesh, insp).await;
+    let joined = bob.durable_join("general").await.unwrap();
+    let live = alice
+        .client()
+        .subscribe(insp.names.chat_read_subject("general"))
+        .await
+        .unwrap();
+    alice.client().flush().await.unwrap();
+    eventually("alice and bob rows", BOUND, || async {
+        let a = feed_row(insp, "local.alice").await;
+        let b = feed_row(insp, "local.bob").await;
+        matches!((a, b), (Some(a), Some(b))
+            if a.live == ["general"] && a.durable.is_empty()
+            && b.live == ["general"] && b.durable == ["general"])
+    })
+    .await;
+    Principals {
+        alice,
+        live,
+        _bob: bob,
+        _bob_material: bob_material,
+        _joined: joined,
+    }
+}
+
 /// Rows appear: one per principal, `live` from the broker's CONNZ (the agents' live chat
 /// subscriptions, attributed by their `principal:` JWT tag), `durable` from the members
 /// registry, and the `=feed` heartbeat; a principal that disconnects and holds no durable row
@@ -85,30 +122,14 @@ async fn rows_and_heartbeat_appear_and_a_gone_principal_is_pruned() {
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = start(&mesh).await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
-    let (alice, (bob, _bob_m)) = alice_and_bob(&mesh, &insp).await;
-    let _joined = bob.durable_join("general").await.unwrap();
-    // alice joins live only: a broker-enforced subscription, no registry row.
-    let live = alice
-        .client()
-        .subscribe(insp.names.chat_read_subject("general"))
-        .await
-        .unwrap();
-    alice.client().flush().await.unwrap();
-    eventually("alice and bob rows", BOUND, || async {
-        let a = feed_row(&insp, "local.alice").await;
-        let b = feed_row(&insp, "local.bob").await;
-        matches!((a, b), (Some(a), Some(b))
-            if a.live == ["general"] && a.durable.is_empty()
-            && b.live == ["general"] && b.durable == ["general"])
-    })
-    .await;
+    let p = alice_live_bob_durable(&mesh, &insp).await;
     let beat = row(&insp, &insp.names.membership_bucket(), "=feed")
         .await
         .expect("heartbeat");
     assert!(beat["observedAt"].as_u64().unwrap_or(0) > 0, "{beat}");
     // alice goes away: her row is pruned; bob's durable membership keeps his.
-    drop(live);
-    drop(alice);
+    drop(p.live);
+    drop(p.alice);
     eventually("alice's row pruned", BOUND, || async {
         feed_row(&insp, "local.alice").await.is_none()
     })
@@ -140,21 +161,7 @@ async fn a_restarted_feed_does_not_rewrite_rows_that_have_not_changed() {
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = start(&mesh).await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
-    let (alice, (bob, _bob_m)) = alice_and_bob(&mesh, &insp).await;
-    let _joined = bob.durable_join("general").await.unwrap();
-    let live = alice
-        .client()
-        .subscribe(insp.names.chat_read_subject("general"))
-        .await
-        .unwrap();
-    alice.client().flush().await.unwrap();
-    eventually("alice and bob rows", BOUND, || async {
-        let a = feed_row(&insp, "local.alice").await;
-        let b = feed_row(&insp, "local.bob").await;
-        matches!((a, b), (Some(a), Some(b))
-            if a.live == ["general"] && b.live == ["general"] && b.durable == ["general"])
-    })
-    .await;
+    let p = alice_live_bob_durable(&mesh, &insp).await;
     let alice_rev = feed_revision(&insp, "local.alice").await.expect("alice");
     let bob_rev = feed_revision(&insp, "local.bob").await.expect("bob");
     d.terminate().unwrap();
@@ -178,8 +185,8 @@ async fn a_restarted_feed_does_not_rewrite_rows_that_have_not_changed() {
         (Some(alice_rev), Some(bob_rev)),
         "unchanged rows rewritten by the restarted daemon's first sweep"
     );
-    drop(live);
-    alice.client().flush().await.unwrap();
+    drop(p.live);
+    p.alice.client().flush().await.unwrap();
     eventually("alice's row pruned after the restart", BOUND, || async {
         feed_row(&insp, "local.alice").await.is_none()
     })
