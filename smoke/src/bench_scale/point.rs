@@ -2,8 +2,10 @@
 //!
 //! - **start to serving**: from the spawn to `delivery daemon up` (the rails bound);
 //! - **settle**: until the daemon's CPU falls under [`QUIET_CORE_SHARE`] (its caches loaded);
-//! - **idle**: `--idle-secs` with nothing happening: the broker's own `/varz` messages in and
-//!   out and the broker's and the daemon's CPU from `/proc`, per minute; RSS at the end;
+//! - **idle**: `--idle-secs` with nothing happening, from the moment the point's bulk presence
+//!   rows have expired (their expiry is the broker removing one message per bulk agent: the
+//!   work of a change, not of the daemon idling): the broker's own `/varz` messages in and out
+//!   and the broker's and the daemon's CPU from `/proc`, per minute; RSS at the end;
 //! - **sweep**: a connection opened (a CONNECT event) to the next `=feed` heartbeat the feed
 //!   writes, less its debounce;
 //! - **answers**: `lifecycleMemberships` over the admin rail, `pending` and `members` through
@@ -45,6 +47,11 @@ const WORKLOAD_BOUND: Duration = Duration::from_secs(300);
 const HEARTBEAT_POLL: Duration = Duration::from_millis(10);
 /// The feed's debounce (`space::feed::DEBOUNCE`), taken off a timed sweep.
 const FEED_DEBOUNCE: Duration = cotal_delivery::space::DEBOUNCE;
+/// How often the presence bucket is asked for a bulk row while the idle window waits for them
+/// to expire ...
+const EXPIRY_POLL: Duration = Duration::from_millis(100);
+/// ... and how long past the bucket's max age it waits at most.
+const EXPIRY_SLACK: Duration = Duration::from_secs(10);
 
 /// One point's figures.
 #[derive(Default, Clone)]
@@ -59,6 +66,10 @@ pub struct Point {
     pub idle_out_per_min: f64,
     pub idle_broker_cpu_pct: f64,
     pub idle_daemon_cpu_pct: f64,
+    /// Seconds from settled to the idle window's start (the bulk presence rows expiring).
+    pub idle_wait_s: f64,
+    /// Whether a bulk presence row was still stored when the idle window ended.
+    pub idle_presence_left: bool,
     pub rss_idle_mb: f64,
     pub sweep_ms: f64,
     pub inventory_ms: f64,
@@ -95,6 +106,8 @@ impl Point {
             "idle_broker_msgs_out_per_min": r2(self.idle_out_per_min),
             "idle_broker_cpu_pct_of_core": r2(self.idle_broker_cpu_pct),
             "idle_daemon_cpu_pct_of_core": r2(self.idle_daemon_cpu_pct),
+            "idle_wait_s": r2(self.idle_wait_s),
+            "idle_presence_left": self.idle_presence_left,
             "rss_idle_mb": r2(self.rss_idle_mb),
             "feed_sweep_ms": r2(self.sweep_ms),
             "lifecycle_memberships_ms": r2(self.inventory_ms),
@@ -164,8 +177,8 @@ pub async fn measure(
     idle(b, daemon.pid(), &mut p).await?;
     p.rss_idle_mb = rss_kb(daemon.pid(), "VmRSS:") as f64 / 1024.0;
     progress(&format!(
-        "{tag}: idle {:.0} msgs in / {:.0} out per minute at the broker, broker {:.2} % and daemon {:.2} % of a core, RSS {:.1} MB",
-        p.idle_in_per_min, p.idle_out_per_min, p.idle_broker_cpu_pct, p.idle_daemon_cpu_pct, p.rss_idle_mb
+        "{tag}: idle {:.0} msgs in / {:.0} out per minute at the broker, broker {:.2} % and daemon {:.2} % of a core, RSS {:.1} MB (the window from {:.1} s after it settled, once its presence rows had expired)",
+        p.idle_in_per_min, p.idle_out_per_min, p.idle_broker_cpu_pct, p.idle_daemon_cpu_pct, p.rss_idle_mb, p.idle_wait_s
     ));
 
     p.sweep_ms = median_of(args.samples, || sweep_ms(mesh, insp)).await?;
@@ -319,6 +332,19 @@ async fn varz_msgs(mesh: &Mesh) -> Result<(u64, u64), String> {
 }
 
 async fn idle(b: &Bench, pid: u32, p: &mut Point) -> Result<(), String> {
+    let waited = Instant::now();
+    let presence = bulk_presence(&b.insp).await?;
+    while presence.left().await? {
+        if waited.elapsed() >= presence.max_age + EXPIRY_SLACK {
+            return Err(format!(
+                "the point's presence rows were still stored {:.0} s after it settled (the bucket's max age is {} s)",
+                waited.elapsed().as_secs_f64(),
+                presence.max_age.as_secs()
+            ));
+        }
+        tokio::time::sleep(EXPIRY_POLL).await;
+    }
+    p.idle_wait_s = waited.elapsed().as_secs_f64();
     let (i0, o0) = varz_msgs(&b.mesh).await?;
     let a = CpuMark::take(pid, &b.brokers)?;
     tokio::time::sleep(Duration::from_secs(b.args.idle_secs.max(1))).await;
@@ -331,7 +357,48 @@ async fn idle(b: &Bench, pid: u32, p: &mut Point) -> Result<(), String> {
     p.idle_out_per_min = o1.saturating_sub(o0) as f64 / minutes;
     p.idle_broker_cpu_pct = spent.brokers.as_secs_f64() / spent.wall.as_secs_f64() * 100.0;
     p.idle_daemon_cpu_pct = spent.side.as_secs_f64() / spent.wall.as_secs_f64() * 100.0;
+    p.idle_presence_left = presence.left().await?;
     Ok(())
+}
+
+/// The presence bucket's bulk rows: whether any is still stored, and the bucket's max age.
+struct BulkPresence {
+    stream: Stream,
+    filter: String,
+    max_age: Duration,
+}
+
+async fn bulk_presence(insp: &Inspector) -> Result<BulkPresence, String> {
+    let bucket = insp.names.presence_bucket();
+    let stream = insp
+        .js
+        .get_stream(format!("KV_{bucket}"))
+        .await
+        .map_err(err)?;
+    let max_age = stream.cached_info().config.max_age;
+    let filter = space::kv(&bucket, &format!("{}.>", space::BULK_OWNER));
+    Ok(BulkPresence {
+        stream,
+        filter,
+        max_age,
+    })
+}
+
+impl BulkPresence {
+    /// Whether the broker still stores a bulk presence row (expired rows are removed by the
+    /// broker itself, at the bucket's max age).
+    async fn left(&self) -> Result<bool, String> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        match self
+            .stream
+            .get_first_raw_message_by_subject(&self.filter, 1)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(false),
+            Err(e) => Err(format!("the presence bucket's bulk rows: {e}")),
+        }
+    }
 }
 
 /// The `=feed` heartbeat's last stored sequence and time (ns).

@@ -1,5 +1,6 @@
-//! `smoke bench-scale` inside `ci/test`, at its smallest sizes (25 s here at a load average of
-//! 3, 78 s beside a build; eight daemon starts, each settled for a second or two): every axis of
+//! `smoke bench-scale` inside `ci/test`, at its smallest sizes (41 s here, 25 s before each
+//! point's idle window began to wait for the point's presence rows to expire, up to the
+//! bucket's 6 s; eight daemon starts, each settled for a second or two): every axis of
 //! two points, the backlog, the large channel against the raw pipeline and the burst of joins,
 //! so the command cannot rot. Asserted: exit 0 (nothing lost: every frame of the channels' runs
 //! and every join of the burst accounted for on the broker), and every figure of every part
@@ -7,7 +8,8 @@
 //! judged by the benchmark on the release build, never in a timed test.
 //!
 //! Mutations seen failing: `pending_ms` left out of a point's JSON (the point's figure
-//! missing); the burst's joins sent without a reply subject (exit 2, every join unanswered);
+//! missing); the idle window's wait for the bulk presence rows to expire removed (a row still
+//! stored at the window's end: `idle_presence_left` true); the burst's joins sent without a reply subject (exit 2, every join unanswered);
 //! the channel axis dropped from `Axis::shapes` (no point on the channels axis).
 
 use std::process::Command;
@@ -27,6 +29,7 @@ const POINT_FIGURES: &[&str] = &[
     "idle_broker_msgs_out_per_min",
     "idle_broker_cpu_pct_of_core",
     "idle_daemon_cpu_pct_of_core",
+    "idle_wait_s",
     "rss_idle_mb",
     "feed_sweep_ms",
     "lifecycle_memberships_ms",
@@ -176,6 +179,9 @@ fn the_smallest_bench_scale_run_produces_every_figure() {
     for p in &points {
         numbers(p, POINT_FIGURES, "a point", &all);
         assert!(p["workload_frames"].as_u64() > Some(0), "{p}");
+        // The idle window starts once the broker has removed the point's presence rows: their
+        // expiry is not the daemon's idle work.
+        assert_eq!(p["idle_presence_left"], false, "{p}");
     }
 
     let backlog = objects
