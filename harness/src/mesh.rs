@@ -20,6 +20,12 @@ use crate::cluster::Cluster;
 use crate::daemon::DaemonSpec;
 use crate::error::HarnessError;
 
+/// The broker's words (error 10039) while an account's JetStream is not enabled yet ...
+const ACCOUNT_JS_NOT_ENABLED: &str = "JetStream not enabled for account";
+/// ... how long provisioning waits for it, and how often it asks again.
+const ACCOUNT_JS_BOUND: Duration = Duration::from_secs(15);
+const ACCOUNT_JS_POLL: Duration = Duration::from_millis(200);
+
 /// How to build a mesh.
 pub struct MeshBuilder {
     spaces: Vec<Space>,
@@ -88,15 +94,32 @@ impl MeshBuilder {
             .replicas(self.nodes);
         let ca = broker.ca_pem_path();
         for space in &self.spaces {
-            provision::provision_space(
-                &authority,
-                &broker.client_url(),
-                ca.as_deref(),
-                space,
-                &options,
-            )
-            .await
-            .map_err(|e| HarnessError::Usage(format!("provision {space}: {e}")))?;
+            let asked = tokio::time::Instant::now();
+            loop {
+                let provisioned = provision::provision_space(
+                    &authority,
+                    &broker.client_url(),
+                    ca.as_deref(),
+                    space,
+                    &options,
+                )
+                .await;
+                match provisioned {
+                    Ok(_) => break,
+                    // A cluster that just became ready (healthz, a meta leader) may not have
+                    // enabled JetStream for the account on the node dialled yet: the broker
+                    // says so until it has.
+                    Err(e)
+                        if e.to_string().contains(ACCOUNT_JS_NOT_ENABLED)
+                            && asked.elapsed() < ACCOUNT_JS_BOUND =>
+                    {
+                        tokio::time::sleep(ACCOUNT_JS_POLL).await;
+                    }
+                    Err(e) => {
+                        return Err(HarnessError::Usage(format!("provision {space}: {e}")));
+                    }
+                }
+            }
             let mut material = SpaceMaterial::mint(&authority, space)
                 .map_err(|e| HarnessError::Usage(e.to_string()))?;
             if !self.evictor {

@@ -40,6 +40,8 @@ pub const FENCE_MAX_STEPS: usize = 64;
 pub const AUDIT_PERIOD: Duration = Duration::from_secs(2);
 /// Pause before a reset cache re-creates its consumer.
 const RESTART_PAUSE: Duration = Duration::from_millis(250);
+/// Most a stopping cache waits to queue its consumer's delete (the connection's buffer full).
+const RETIRE_BOUND: Duration = Duration::from_millis(100);
 
 /// One key's latest message as applied: `value` is `None` for a delete/purge marker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +137,8 @@ struct State {
     /// Max age of the bucket's messages (presence), read from the stream at each start: older
     /// entries read as absent.
     max_age_ms: Option<u64>,
+    /// The feed's current consumer (`rowcache_<uuid>`), deleted when its feed ends.
+    consumer: Option<String>,
     /// Counters for the benchmark and tests.
     fences: u64,
     fallbacks: u64,
@@ -494,9 +498,13 @@ impl RowCache {
             // a release during an outage would run past its five seconds from the drop.
             let mut feed_stop = stop.clone();
             let fed = tokio::select! {
-                _ = stopped(&mut stop) => break,
+                _ = stopped(&mut stop) => {
+                    self.retire_consumer(&ctx).await;
+                    break;
+                }
                 fed = self.feed(&ctx, &mut feed_stop) => fed,
             };
+            self.retire_consumer(&ctx).await;
             if let Err(e) = fed {
                 tracing::info!(bucket = %self.inner.bucket, why = %e, "row cache reset");
             }
@@ -509,6 +517,27 @@ impl RowCache {
             }
         }
         self.reset();
+    }
+
+    /// Asks the broker to delete the feed's last consumer, without waiting for its answer:
+    /// left alone, an ordered consumer nobody reads outlives its daemon by its inactivity
+    /// threshold (30 s), the broker sending it heartbeats and flow control all the while, and a
+    /// daemon restarted in front of a large registry would have its predecessor's consumers
+    /// beside its own. The request is only queued on the connection (a stopping daemon drains
+    /// it), so a broker that is away costs the stop nothing. A consumer the client recreated
+    /// after a gap (`<name>_<n>`) is left to the threshold.
+    async fn retire_consumer(&self, ctx: &PlaneCtx) {
+        let Some(name) = self.lock().consumer.take() else {
+            return;
+        };
+        let stream = crate::wire::SpaceNames::kv_stream(&self.inner.bucket);
+        let subject = format!("$JS.API.CONSUMER.DELETE.{stream}.{name}");
+        let queued = ctx
+            .client
+            .publish_with_reply(subject, ctx.client.new_inbox(), Bytes::new());
+        if tokio::time::timeout(RETIRE_BOUND, queued).await.is_err() {
+            tracing::debug!(bucket = %self.inner.bucket, %name, "row cache: its consumer's delete not queued");
+        }
     }
 
     async fn feed(&self, ctx: &PlaneCtx, stop: &mut StopRx) -> Result<(), FeedEnd> {
@@ -529,6 +558,7 @@ impl RowCache {
         let max_age = info.config.max_age;
         self.lock().max_age_ms = (!max_age.is_zero()).then_some(max_age.as_millis() as u64);
         let name = format!("rowcache_{}", uuid::Uuid::new_v4().simple());
+        self.lock().consumer = Some(name.clone());
         let consumer = tokio::time::timeout(
             ctx.config.request_bound,
             stream.create_consumer(push::OrderedConfig {

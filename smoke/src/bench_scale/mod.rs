@@ -64,7 +64,9 @@ pub struct Args {
     /// Channels the agents axis holds.
     #[arg(long, default_value_t = 100)]
     axis_channels: usize,
-    /// Seconds of the idle window of each point (figures are scaled to a minute).
+    /// Seconds of the idle window of each point (figures are scaled to a minute). The window
+    /// opens once the point's presence rows have expired (up to the bucket's 6 s after they
+    /// were written), so their removal is not counted as idle work.
     #[arg(long, default_value_t = 30)]
     idle_secs: u64,
     /// Posts of the fixed workload (to one channel of 10 members), at most the 1,000 per

@@ -228,3 +228,55 @@ async fn a_purged_bucket_resets_the_cache_and_decisions_stay_correct() {
     );
     stop_daemon(&mut daemon).await;
 }
+
+/// The `rowcache_` consumers the broker holds on `buckets`' streams.
+async fn cache_consumers(
+    insp: &delivery_harness::mesh::Inspector,
+    buckets: &[String],
+) -> Vec<String> {
+    use futures::TryStreamExt;
+    let mut out = Vec::new();
+    for bucket in buckets {
+        let stream = insp
+            .js
+            .get_stream_no_info(format!("KV_{bucket}"))
+            .await
+            .unwrap();
+        let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
+        out.extend(names.into_iter().filter(|n| n.starts_with("rowcache_")));
+    }
+    out
+}
+
+/// A daemon that stops deletes its row caches' consumers on its way out: right after its exit
+/// the broker holds no `rowcache_` consumer on any cached bucket, where an ordered consumer
+/// left alone would stay (heartbeated by the broker) for its 30 s inactivity threshold, beside
+/// a restarted daemon's own. Mutation seen failing: `RowCache::retire_consumer` returning at
+/// once (the four consumers still on the broker after the exit).
+#[tokio::test]
+async fn a_stopped_daemon_leaves_no_cache_consumer_behind() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut daemon = start_traced(&mesh).await;
+    let n = &insp.names;
+    let buckets = [
+        n.acl_bucket(),
+        n.members_bucket(),
+        n.channels_bucket(),
+        n.presence_bucket(),
+    ];
+    for b in &buckets {
+        loaded(&daemon, b, 1).await;
+    }
+    assert_eq!(
+        cache_consumers(&insp, &buckets).await.len(),
+        buckets.len(),
+        "one consumer per cache while serving"
+    );
+    stop_daemon(&mut daemon).await;
+    assert_eq!(
+        cache_consumers(&insp, &buckets).await,
+        Vec::<String>::new(),
+        "left on the broker by the stopped daemon"
+    );
+}
