@@ -498,13 +498,11 @@ impl RowCache {
             // a release during an outage would run past its five seconds from the drop.
             let mut feed_stop = stop.clone();
             let fed = tokio::select! {
-                _ = stopped(&mut stop) => {
-                    self.retire_consumer(&ctx).await;
-                    break;
-                }
-                fed = self.feed(&ctx, &mut feed_stop) => fed,
+                _ = stopped(&mut stop) => None,
+                fed = self.feed(&ctx, &mut feed_stop) => Some(fed),
             };
             self.retire_consumer(&ctx).await;
+            let Some(fed) = fed else { break };
             if let Err(e) = fed {
                 tracing::info!(bucket = %self.inner.bucket, why = %e, "row cache reset");
             }

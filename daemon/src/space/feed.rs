@@ -8,8 +8,8 @@
 //! joins the live channel subscriptions with the durable rows of the members registry, and
 //! writes one display row per principal to `cotal_membership_<s>` plus the `=feed` heartbeat;
 //! a row it would write unchanged is not written again, after a restart either (its first sweep
-//! reads what the bucket holds). An incomplete sweep neither writes nor prunes. Its own 75 % timer (`space::renew`) and
-//! `reloadCreds` move the rw connection onto a renewed credential. `close()` retires both
+//! reads what the bucket holds). An incomplete sweep neither writes nor prunes. Its own 75 %
+//! timer (`space::renew`) and `reloadCreds` move the rw connection onto a renewed credential. `close()` retires both
 //! connections before it drains them, so a drain that fails (a connection that is down cannot
 //! flush one) never leaves either redialing after the close.
 

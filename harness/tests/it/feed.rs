@@ -118,10 +118,7 @@ async fn alice_live_bob_durable(mesh: &Mesh, insp: &Inspector) -> Principals {
 /// rows), and skipping the prune loop (alice's row stayed).
 #[tokio::test]
 async fn rows_and_heartbeat_appear_and_a_gone_principal_is_pruned() {
-    let mesh = crate::support::data_path::mesh().await;
-    let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = start(&mesh).await;
-    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let (mesh, insp, mut d) = feed_up("300").await;
     let p = alice_live_bob_durable(&mesh, &insp).await;
     let beat = row(&insp, &insp.names.membership_bucket(), "=feed")
         .await
@@ -157,10 +154,7 @@ async fn feed_revision(insp: &Inspector, key: &str) -> Option<u64> {
 /// advanced).
 #[tokio::test]
 async fn a_restarted_feed_does_not_rewrite_rows_that_have_not_changed() {
-    let mesh = crate::support::data_path::mesh().await;
-    let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = start(&mesh).await;
-    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let (mesh, insp, mut d) = feed_up("300").await;
     let p = alice_live_bob_durable(&mesh, &insp).await;
     let alice_rev = feed_revision(&insp, "local.alice").await.expect("alice");
     let bob_rev = feed_revision(&insp, "local.bob").await.expect("bob");

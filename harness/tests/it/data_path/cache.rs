@@ -234,16 +234,9 @@ async fn cache_consumers(
     insp: &delivery_harness::mesh::Inspector,
     buckets: &[String],
 ) -> Vec<String> {
-    use futures::TryStreamExt;
     let mut out = Vec::new();
     for bucket in buckets {
-        let stream = insp
-            .js
-            .get_stream_no_info(format!("KV_{bucket}"))
-            .await
-            .unwrap();
-        let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
-        out.extend(names.into_iter().filter(|n| n.starts_with("rowcache_")));
+        out.extend(rowcache_consumers(insp, bucket).await);
     }
     out
 }

@@ -386,23 +386,25 @@ pub async fn loaded(d: &Daemon, bucket: &str, n: usize) {
     }
 }
 
-/// Pauses every row-cache watch consumer of `bucket` on the broker, so changes reach the cache
-/// only through its fence. Returns how many were paused (at least one).
-pub async fn pause_watch(insp: &Inspector, bucket: &str) -> usize {
+/// The row-cache watch consumers (`rowcache_<uuid>`) the broker holds on `bucket`'s stream.
+pub async fn rowcache_consumers(insp: &Inspector, bucket: &str) -> Vec<String> {
     let stream = insp
         .js
         .get_stream_no_info(format!("KV_{bucket}"))
         .await
         .unwrap();
     let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
-    let watches: Vec<&String> = names
-        .iter()
+    names
+        .into_iter()
         .filter(|n| n.starts_with("rowcache_"))
-        .collect();
-    assert!(
-        !watches.is_empty(),
-        "no row-cache watch on {bucket}: {names:?}"
-    );
+        .collect()
+}
+
+/// Pauses every row-cache watch consumer of `bucket` on the broker, so changes reach the cache
+/// only through its fence. Returns how many were paused (at least one).
+pub async fn pause_watch(insp: &Inspector, bucket: &str) -> usize {
+    let watches = rowcache_consumers(insp, bucket).await;
+    assert!(!watches.is_empty(), "no row-cache watch on {bucket}");
     for name in &watches {
         let reply = insp
             .client
