@@ -314,6 +314,7 @@ impl MembershipFeed {
             derived: None,
             waited_for_load: false,
             seeded: false,
+            swept: None,
         };
         let task = tokio::spawn(run(sweeper, events, parts.interval, j, stop_rx));
         Some(MembershipFeed {
@@ -442,7 +443,14 @@ struct Sweeper {
     waited_for_load: bool,
     /// Whether [`Sweeper::written`] was seeded from the bucket (once, at the first sweep).
     seeded: bool,
+    /// What the last complete sweep derived its rows from: a sweep that finds the same live
+    /// channels and the same durable view (the very `Arc`, so the members cache did not move)
+    /// has nothing to write or prune and skips the per-principal pass.
+    swept: Option<(Live, Arc<Durable>)>,
 }
+
+/// Live channels per principal (`<o>.<a>`), from CONNZ.
+type Live = BTreeMap<String, BTreeSet<String>>;
 
 /// Durable channels per principal (`<o>.<a>`).
 type Durable = BTreeMap<String, BTreeSet<String>>;
@@ -471,7 +479,7 @@ impl Sweeper {
         if !conns.iter().any(|c| c.user == self.rw_self) {
             return Err(FeedError::new(FeedErrorKind::UnderReported, "CONNZ sweep under-reported (the feed's own rw connection was not listed) - nothing written"));
         }
-        let mut live: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut live = Live::new();
         for c in &conns {
             if let Some(p) = &c.principal {
                 if !c.channels.is_empty() {
@@ -486,10 +494,47 @@ impl Sweeper {
             self.seeded = true;
             self.seed_written().await;
         }
-        let mut principals: BTreeSet<String> = live.keys().cloned().collect();
-        principals.extend(durable.keys().cloned());
         let now = epoch_ms();
         let bucket = self.names.membership_bucket();
+        // Whether this sweep lists the bucket to prune rows it never wrote ([`RELIST_PERIOD`]).
+        let relist = self
+            .listed_at
+            .is_none_or(|at| at.elapsed() >= RELIST_PERIOD);
+        // The same inputs as the last complete sweep: every row it would derive carries the
+        // digest it wrote, and it pruned every row it no longer derives. Only the heartbeat
+        // is due (at 10,000 principals the pass cost the idle daemon about as much as the
+        // rest of its idle work: docs/performance.md).
+        let unchanged = !relist
+            && self
+                .swept
+                .as_ref()
+                .is_some_and(|(l, d)| *l == live && Arc::ptr_eq(d, &durable));
+        let (mut wrote, mut pruned, mut compared) = (0usize, 0usize, 0usize);
+        if !unchanged {
+            self.swept = None;
+            (wrote, pruned, compared) = self.rows(&bucket, &live, &durable, relist, now).await?;
+            self.swept = Some((live, durable));
+        }
+        let beat = json!({"observedAt": now}).to_string().into_bytes();
+        self.put(&bucket, HEARTBEAT_KEY, beat, false).await?;
+        let ms = started.elapsed().as_millis() as u64;
+        tracing::debug!(compared, wrote, pruned, ms, "membership sweep");
+        Ok(())
+    }
+
+    /// The per-principal pass: puts each row whose digest changed, prunes the rows no longer
+    /// derived (listing the bucket when `relist`). Returns (written, pruned, principals
+    /// compared).
+    async fn rows(
+        &mut self,
+        bucket: &str,
+        live: &Live,
+        durable: &Durable,
+        relist: bool,
+        now: u64,
+    ) -> Result<(usize, usize, usize), FeedError> {
+        let mut principals: BTreeSet<String> = live.keys().cloned().collect();
+        principals.extend(durable.keys().cloned());
         let (mut wrote, mut pruned) = (0usize, 0usize);
         for p in &principals {
             let l: Vec<String> = live
@@ -510,7 +555,7 @@ impl Sweeper {
                 observed_at: now,
             };
             self.put(
-                &bucket,
+                bucket,
                 p,
                 serde_json::to_vec(&row).unwrap_or_default(),
                 false,
@@ -519,15 +564,11 @@ impl Sweeper {
             self.written.insert(p.clone(), sum);
             wrote += 1;
         }
-        // Prune rows of principals no longer live or durable (complete sweeps only).
-        let relist = self
-            .listed_at
-            .is_none_or(|at| at.elapsed() >= RELIST_PERIOD);
         if relist {
-            let existing = crate::base::keys(&self.js, &bucket, ">", BOUND)
+            let existing = crate::base::keys(&self.js, bucket, ">", BOUND)
                 .await
                 .map_err(|e| bucket_error(format!("listing {bucket}: {e}"), e))?;
-            let rows = Rows::open(&self.js, &bucket, BOUND)
+            let rows = Rows::open(&self.js, bucket, BOUND)
                 .await
                 .map_err(|e| bucket_error(format!("{bucket}: {e}"), e))?;
             for key in existing {
@@ -535,7 +576,7 @@ impl Sweeper {
                     continue;
                 }
                 if let Ok(Read::Present(_)) = rows.read(&key).await {
-                    self.put(&bucket, &key, Vec::new(), true).await?;
+                    self.put(bucket, &key, Vec::new(), true).await?;
                     pruned += 1;
                 }
                 self.written.remove(&key);
@@ -551,22 +592,12 @@ impl Sweeper {
                 .cloned()
                 .collect();
             for key in stale {
-                self.put(&bucket, &key, Vec::new(), true).await?;
+                self.put(bucket, &key, Vec::new(), true).await?;
                 self.written.remove(&key);
                 pruned += 1;
             }
         }
-        let beat = json!({"observedAt": now}).to_string().into_bytes();
-        self.put(&bucket, HEARTBEAT_KEY, beat, false).await?;
-        let ms = started.elapsed().as_millis() as u64;
-        tracing::debug!(
-            principals = principals.len(),
-            wrote,
-            pruned,
-            ms,
-            "membership sweep"
-        );
-        Ok(())
+        Ok((wrote, pruned, principals.len()))
     }
 
     /// Seeds [`Sweeper::written`] with the digest of every row the bucket holds, so a daemon

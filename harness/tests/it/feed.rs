@@ -190,6 +190,64 @@ async fn a_restarted_feed_does_not_rewrite_rows_that_have_not_changed() {
     d.wait_exit(BOUND).await.unwrap();
 }
 
+/// A sweep whose inputs have not changed since the last complete one (the same live channels
+/// in CONNZ, the members cache not moved) compares no principal and writes only the heartbeat;
+/// a change (alice's live subscription gone) is compared and pruned by the next sweep. Read
+/// from the feed's `membership sweep` debug line (the pass it skips writes nothing either way,
+/// so the broker cannot tell; its cost is CPU, docs/performance.md). Mutation seen failing:
+/// `unchanged` always false in `Sweeper::sweep` (every sweep compared bob and alice).
+#[tokio::test]
+async fn a_sweep_with_nothing_changed_compares_no_principal() {
+    let mesh = crate::support::data_path::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let mut d = crate::support::data_path::daemon_spec(&mesh)
+        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "300")
+        .env("RUST_LOG", "cotal_delivery::space::feed=debug")
+        .spawn()
+        .expect("spawn");
+    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
+    let p = alice_live_bob_durable(&mesh, &insp).await;
+    let before = sweeps(&d).len();
+    eventually("a sweep that compares no principal", BOUND, || async {
+        sweeps(&d)[before..]
+            .iter()
+            .any(|l| l.contains(" compared=0 "))
+    })
+    .await;
+    let beat = feed_revision(&insp, "=feed").await.expect("heartbeat");
+    eventually(
+        "the heartbeat written by the quiet sweeps",
+        BOUND,
+        || async { feed_revision(&insp, "=feed").await > Some(beat) },
+    )
+    .await;
+
+    let quiet = sweeps(&d).len();
+    drop(p.live);
+    p.alice.client().flush().await.unwrap();
+    eventually("alice's row pruned", BOUND, || async {
+        feed_row(&insp, "local.alice").await.is_none()
+    })
+    .await;
+    let after = sweeps(&d);
+    assert!(
+        after[quiet..]
+            .iter()
+            .any(|l| l.contains(" compared=1 ") && l.contains(" pruned=1 ")),
+        "the change compared (bob) and pruned (alice): {after:#?}"
+    );
+    d.terminate().unwrap();
+    d.wait_exit(BOUND).await.unwrap();
+}
+
+/// The feed's `membership sweep` debug lines so far.
+fn sweeps(d: &Daemon) -> Vec<String> {
+    d.lines()
+        .into_iter()
+        .filter(|l| l.contains("membership sweep"))
+        .collect()
+}
+
 /// The membership bucket's last stream sequence: every sweep writes the `=feed` heartbeat, and
 /// nothing else changes a row in the burst tests below, so its growth counts the sweeps.
 async fn membership_writes(insp: &Inspector) -> u64 {

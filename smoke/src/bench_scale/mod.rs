@@ -1,9 +1,12 @@
 //! `smoke bench-scale`: what the daemon costs as the space grows (issue 32), every point on the
-//! release build and the same broker (or 3-node R3 cluster, `--cluster`) in one run.
+//! release build and a broker (or 3-node R3 cluster, `--cluster`) of its own, started fresh for
+//! the point: a broker that carried the earlier points' purged rows idled higher with every
+//! point, and the largest point is measured last (docs/performance.md). `--shared-broker`
+//! measures every point on one broker as before.
 //!
 //! A point is a space of bulk agents (each with its ACL row and a presence row) joined durably
-//! to bulk channels (`space.rs`), written straight into the buckets and wiped before the next
-//! point. The points lie on three axes that each move one size and hold the others:
+//! to bulk channels (`space.rs`), written straight into the buckets (after the last point's are
+//! wiped, on a shared broker). The points lie on three axes that each move one size and hold the others:
 //!
 //! - **rows**: 1,000 → 10,000 → 100,000 members rows (agents = rows / 10 joined to 10 channels
 //!   each, channels = rows / 100: everything grows together);
@@ -104,6 +107,12 @@ pub struct Args {
     /// Every point on a 3-node loopback JetStream cluster with every stream at R3.
     #[arg(long)]
     cluster: bool,
+    /// Measure every point on one broker (or cluster) started once, each point's rows purged
+    /// before the next, instead of a fresh broker per point. The broker then carries every
+    /// earlier point's history (purged blocks, deleted consumers), which raises its idle CPU
+    /// as the run goes on, and the largest point is always measured last.
+    #[arg(long)]
+    shared_broker: bool,
     /// One JSON object per point (and per part after them) instead of the table.
     #[arg(long)]
     json: bool,
@@ -208,7 +217,79 @@ pub struct Bench {
     pub view: InspectView,
     /// Every broker node's pid.
     pub brokers: Vec<u32>,
+    /// "one nats-server" or the cluster's shape, for the progress lines.
+    shape_words: String,
     pub args: Args,
+}
+
+impl Bench {
+    /// A fresh mesh of the space `scale` (one broker or the `--cluster`), its inspector,
+    /// manager and inspection view.
+    async fn open(args: Args) -> Result<Bench, String> {
+        let nodes = crate::cluster::nodes(args.cluster);
+        let mesh = Mesh::builder()
+            .space("scale")
+            .map_err(err)?
+            .cluster(nodes)
+            .start()
+            .await
+            .map_err(err)?;
+        let insp = mesh
+            .inspector_with(mesh.space(), MintOptions::new().expires_in(STANDING_TTL))
+            .await
+            .map_err(err)?;
+        let shape_words = if args.cluster {
+            format!(
+                "a {nodes}-node loopback cluster ({})",
+                crate::cluster::replicas(&insp, nodes).await?
+            )
+        } else {
+            "one nats-server".to_string()
+        };
+        let brokers: Vec<u32> = (0..mesh.node_count())
+            .filter_map(|i| mesh.node(i).map(|b| b.pid()))
+            .collect();
+        let manager = Manager::connect(
+            &mesh,
+            mesh.space(),
+            &Principal::new("local", "scale_manager").map_err(err)?,
+        )
+        .await
+        .map_err(err)?;
+        let view = InspectView::open(&InspectConfig {
+            space: mesh.space().clone(),
+            root: mesh.root().to_path_buf(),
+            server: Some(mesh.url()),
+            tls_ca: mesh.tls_ca(),
+        })
+        .await
+        .map_err(err)?;
+        Ok(Bench {
+            mesh,
+            insp,
+            manager,
+            view,
+            brokers,
+            shape_words,
+            args,
+        })
+    }
+
+    /// Closes the view and stops the mesh's brokers (by dropping it); gives the arguments back.
+    async fn close(self) -> Args {
+        let Bench {
+            mesh,
+            insp,
+            manager,
+            view,
+            args,
+            ..
+        } = self;
+        view.close().await;
+        drop((manager, insp));
+        drop(mesh);
+        args
+    }
 }
 
 async fn bench(args: Args) -> Result<bool, String> {
@@ -237,63 +318,24 @@ async fn bench(args: Args) -> Result<bool, String> {
         return Err("no point to measure (--axes)".into());
     }
 
-    let nodes = crate::cluster::nodes(args.cluster);
-    let mesh = Mesh::builder()
-        .space("scale")
-        .map_err(err)?
-        .cluster(nodes)
-        .start()
-        .await
-        .map_err(err)?;
-    let insp = mesh
-        .inspector_with(mesh.space(), MintOptions::new().expires_in(STANDING_TTL))
-        .await
-        .map_err(err)?;
-    let shape_words = if args.cluster {
-        format!(
-            "a {nodes}-node loopback cluster ({})",
-            crate::cluster::replicas(&insp, nodes).await?
-        )
-    } else {
-        "one nats-server".to_string()
-    };
+    let mut b = Bench::open(args).await?;
     progress(&format!(
-        "{shape_words} at {}; {} points on the {} axes; idle {} s; workload {} posts at {}/s to {} members; load average {}",
-        mesh.url(),
+        "{} at {}; {} points on the {} axes{}; idle {} s; workload {} posts at {}/s to {} members; load average {}",
+        b.shape_words,
+        b.mesh.url(),
         shapes.len(),
-        args.axes.join(", "),
-        args.idle_secs,
-        args.workload_posts,
-        args.rate,
+        b.args.axes.join(", "),
+        if b.args.shared_broker {
+            ", every point on this broker"
+        } else {
+            ", a fresh broker for each point"
+        },
+        b.args.idle_secs,
+        b.args.workload_posts,
+        b.args.rate,
         point::WORKLOAD_MEMBERS,
         loadavg()
     ));
-    let brokers: Vec<u32> = (0..mesh.node_count())
-        .filter_map(|i| mesh.node(i).map(|b| b.pid()))
-        .collect();
-    let manager = Manager::connect(
-        &mesh,
-        mesh.space(),
-        &Principal::new("local", "scale_manager").map_err(err)?,
-    )
-    .await
-    .map_err(err)?;
-    let view = InspectView::open(&InspectConfig {
-        space: mesh.space().clone(),
-        root: mesh.root().to_path_buf(),
-        server: Some(mesh.url()),
-        tls_ca: mesh.tls_ca(),
-    })
-    .await
-    .map_err(err)?;
-    let b = Bench {
-        mesh,
-        insp,
-        manager,
-        view,
-        brokers,
-        args,
-    };
 
     if !b.args.json {
         point::header();
@@ -301,6 +343,12 @@ async fn bench(args: Args) -> Result<bool, String> {
     let mut workload = None;
     let mut points = Vec::new();
     for (i, (shape, on)) in shapes.iter().enumerate() {
+        if i > 0 && !b.args.shared_broker {
+            // The workload's agents belong to the mesh they joined on.
+            workload = None;
+            let args = b.close().await;
+            b = Bench::open(args).await?;
+        }
         let tag = format!("point {}/{} ({})", i + 1, shapes.len(), shape.words());
         let p = point::measure(&b, &tag, *shape, on, &mut workload).await?;
         point::print(&p, &b.args);
@@ -332,8 +380,7 @@ async fn bench(args: Args) -> Result<bool, String> {
             println!("{line}");
         }
     }
-    let Bench { view, .. } = b;
-    view.close().await;
+    b.close().await;
     Ok(complete)
 }
 

@@ -58,6 +58,8 @@ const EXPIRY_SLACK: Duration = Duration::from_secs(10);
 pub struct Point {
     pub shape: Option<Shape>,
     pub axes: Vec<Axis>,
+    /// The pids of the broker nodes the point was measured on.
+    pub broker_pids: Vec<u32>,
     pub provision_s: f64,
     pub serving_ms: f64,
     pub settle_ms: f64,
@@ -98,6 +100,7 @@ impl Point {
         json!({
             "rows": s.rows(), "agents": s.agents, "channels": s.channels, "joins_per_agent": s.joins,
             "axes": self.axes.iter().map(|a| a.name()).collect::<Vec<_>>(),
+            "broker_pids": self.broker_pids,
             "cluster": cluster,
             "provision_s": r2(self.provision_s),
             "start_to_serving_ms": r2(self.serving_ms),
@@ -168,6 +171,7 @@ pub async fn measure(
     let mut p = Point {
         shape: Some(shape),
         axes: axes.to_vec(),
+        broker_pids: b.brokers.clone(),
         provision_s,
         serving_ms,
         settle_ms,

@@ -10,7 +10,8 @@
 //! Mutations seen failing: `pending_ms` left out of a point's JSON (the point's figure
 //! missing); the idle window's wait for the bulk presence rows to expire removed (a row still
 //! stored at the window's end: `idle_presence_left` true); the burst's joins sent without a reply subject (exit 2, every join unanswered);
-//! the channel axis dropped from `Axis::shapes` (no point on the channels axis).
+//! the channel axis dropped from `Axis::shapes` (no point on the channels axis); every point
+//! measured on the first point's broker (the broker's pid the same at every point).
 
 use std::process::Command;
 
@@ -176,6 +177,16 @@ fn the_smallest_bench_scale_run_produces_every_figure() {
             .count();
         assert_eq!(on, 2, "the {axis} axis: {all}");
     }
+    // Each point on a broker of its own: no point inherits an earlier one's purged rows.
+    let mut pids: Vec<u64> = points
+        .iter()
+        .flat_map(|p| p["broker_pids"].as_array().cloned().unwrap_or_default())
+        .filter_map(|pid| pid.as_u64())
+        .collect();
+    assert_eq!(pids.len(), 4, "one broker pid per point: {all}");
+    pids.sort_unstable();
+    pids.dedup();
+    assert_eq!(pids.len(), 4, "a fresh broker per point: {all}");
     for p in &points {
         numbers(p, POINT_FIGURES, "a point", &all);
         assert!(p["workload_frames"].as_u64() > Some(0), "{p}");
