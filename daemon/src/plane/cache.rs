@@ -210,6 +210,13 @@ impl RowCache {
         &self.inner.bucket
     }
 
+    /// Waits up to `bound` for the cache to be loaded; whether it is.
+    pub async fn loaded_within(&self, bound: Duration) -> bool {
+        let mut rx = self.inner.loaded_tx.subscribe();
+        let waited = tokio::time::timeout(bound, rx.wait_for(|l| *l)).await;
+        matches!(waited, Ok(Ok(_)))
+    }
+
     pub fn stats(&self) -> CacheStats {
         let st = self.lock();
         CacheStats {
@@ -471,8 +478,10 @@ impl RowCache {
             st.loaded = true;
             st.applied
         };
-        self.inner.loaded_tx.send_replace(true);
+        // The line before the wake-up: a pull loop waiting for the load pulls after the line's
+        // stamp (the start-up test in `data_path::cache` compares the two).
         tracing::info!(bucket = %self.inner.bucket, applied, "row cache loaded");
+        self.inner.loaded_tx.send_replace(true);
     }
 
     /// Forgets everything: not proved until the consumer has caught up again.
@@ -854,9 +863,7 @@ impl ProvedRows {
 
     /// Waits up to `bound` for the cache to be loaded; whether it is.
     pub async fn loaded(&self, bound: Duration) -> bool {
-        let mut rx = self.cache.inner.loaded_tx.subscribe();
-        let waited = tokio::time::timeout(bound, rx.wait_for(|l| *l)).await;
-        matches!(waited, Ok(Ok(_)))
+        self.cache.loaded_within(bound).await
     }
 
     /// Every live row whose key starts with `prefix`, proved current at a moment after this

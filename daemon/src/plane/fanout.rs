@@ -102,6 +102,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         stop,
         FANOUT_LANES,
         "fan-out writer",
+        vec![ctx.caches.channels.clone(), ctx.caches.members.clone()],
         move || {
             let caches = &asks.caches;
             Arrival {

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 
 use crate::base::Store;
 use crate::plane::boundary::Ticket;
-use crate::plane::cache::Asked;
+use crate::plane::cache::{Asked, RowCache};
 use crate::plane::pull::Pulls;
 use crate::plane::{stopped, BrokerError, BrokerErrorKind, PlaneCtx, StopRx};
 
@@ -61,6 +61,14 @@ const REOPEN_PAUSE: Duration = Duration::from_millis(250);
 /// connection, say) is noticed within 6 s (`pull::PULL_LOST_MARGIN` past it), for one request
 /// and one expiry status per idle loop every 5 s instead of every 30 s.
 pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
+
+/// Most a pull loop's first pull waits for the row caches its handler decides from to load.
+/// Until a cache is loaded every decision reads its rows one key at a time from the leader,
+/// beside the load: a daemon restarted in front of a 100,000-entry backlog at 100,000 members
+/// rows drained its first 0.45 s at a tenth of its pace, for 16 % more CPU per entry than
+/// when it waited (docs/performance.md, "Fifth pass"). Past the bound the loop pulls anyway,
+/// with per-key reads, so a cache that cannot load holds delivery back by at most this.
+pub const CACHE_LOAD_WAIT: Duration = Duration::from_secs(10);
 
 /// Applies `settle` to `msg` if the gate still shows `epoch`.
 pub async fn settle(ctx: &PlaneCtx, msg: &Message, epoch: u64, settle: Settle) {
@@ -253,6 +261,8 @@ async fn hand_back(msg: &Message) {
 /// subject (one channel's posts, one member's entries) are handed over in stream order while
 /// different subjects proceed in parallel. `arrive()` runs once per burst, after every message
 /// of it was received and before any is handed to a lane; each message carries what it made.
+/// The first pull waits (at most [`CACHE_LOAD_WAIT`]) for `reads`, the caches the handler
+/// decides from, to load.
 #[allow(clippy::too_many_arguments)]
 pub async fn run<H, F>(
     ctx: PlaneCtx,
@@ -261,6 +271,7 @@ pub async fn run<H, F>(
     mut stop: StopRx,
     lanes: usize,
     what: &'static str,
+    reads: Vec<RowCache>,
     arrive: impl Fn() -> Arrival + Send + Sync,
     handler: H,
 ) where
@@ -297,12 +308,21 @@ pub async fn run<H, F>(
     // One burst buffer for the loop's life, emptied by each burst: a burst of many messages
     // does not regrow (and move) a new one message by message.
     let mut burst: Vec<Message> = Vec::new();
+    let mut reads = Some(reads);
     'outer: loop {
         // Pull only while serving: a message pulled behind a closed gate (before `arm` opens it,
         // or after a quiesce closed it) would sit out a whole `ack_wait` before anyone got it.
         tokio::select! {
             _ = stopped(&mut stop) => break 'outer,
             _ = ctx.gate.opened() => {}
+        }
+        if let Some(reads) = reads.take() {
+            tokio::select! {
+                _ = stopped(&mut stop) => break 'outer,
+                all = loaded_within(&reads, CACHE_LOAD_WAIT) => if !all {
+                    tracing::warn!(what, bound_s = CACHE_LOAD_WAIT.as_secs(), "row caches not loaded within the bound; pulling, with per-key leader reads");
+                }
+            }
         }
         let mut messages = tokio::select! {
             _ = stopped(&mut stop) => break 'outer,
@@ -399,6 +419,14 @@ pub async fn run<H, F>(
     }
     drop(senders);
     tasks.abort_all();
+}
+
+/// Whether every cache of `reads` loaded within `bound` (waited for together).
+async fn loaded_within(reads: &[RowCache], bound: Duration) -> bool {
+    futures::future::join_all(reads.iter().map(|c| c.loaded_within(bound)))
+        .await
+        .into_iter()
+        .all(|loaded| loaded)
 }
 
 /// Hands a burst's admitted messages to their lanes, with what `arrive` sets going for the

@@ -192,6 +192,7 @@ pub async fn bind(ctx: &PlaneCtx, stop: StopRx) -> Result<JoinHandle<()>, PlaneE
         stop,
         READER_LANES,
         "trusted reader",
+        vec![ctx.caches.acl.clone(), ctx.caches.members.clone()],
         move || {
             // The ticket first: the fences asked for next are sent after it was taken.
             let ticket = asks.handoffs.ticket();

@@ -6,9 +6,11 @@
 //! Everything is checked on the broker (INBOX/DLV contents, consumer state) and in the daemon's
 //! own log (the cache's `row cache loaded` / `row cache reset` lines, enabled with `RUST_LOG`).
 
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use cotal_delivery::provision::set_read_acl;
+use cotal_delivery::wire::LifecycleUid;
 use delivery_harness::agent::{surface_for, texts};
 
 use crate::support::data_path::*;
@@ -272,4 +274,138 @@ async fn a_stopped_daemon_leaves_no_cache_consumer_behind() {
         Vec::<String>::new(),
         "left on the broker by the stopped daemon"
     );
+}
+
+/// A daemon restarted in front of work its pull loops have not judged waits for the row caches
+/// they decide from before their first pull (`pump::CACHE_LOAD_WAIT`): the copy of a post
+/// captured while it was down (the fan-out writer's), and the frame of a copy already in INBOX
+/// (the trusted reader's), are stored on the broker only after the member cache, 20,000 rows,
+/// logged `row cache loaded`. Judged from the broker's stamps on the copy and the frame against
+/// the stamp of the daemon's line. Mutations seen failing: `pump::run` given no caches to wait
+/// for in `fanout::bind` (the copy stored 105-132 ms before the load), and in `reader::bind`
+/// (the frame stored 179-197 ms before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_judges_its_first_work_from_its_loaded_member_cache() {
+    const FILLER_ROWS: usize = 20_000;
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
+    let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
+    let members = insp.names.members_bucket();
+    let mut daemon = start_traced(&mesh).await;
+    bob.durable_join("general").await.unwrap();
+    // A copy the reader has not handed off when the daemon stops: its durable paused.
+    pause_reader(&insp, true).await;
+    let first = alice.message("general", "copied before the stop", None);
+    alice.post("general", &first).await.unwrap();
+    eventually("the first copy is in INBOX", SURFACE_BOUND, || async {
+        inbox_count(&insp, &p, &u).await == 1
+    })
+    .await;
+    stop_daemon(&mut daemon).await;
+    pause_reader(&insp, false).await;
+    assert_eq!(
+        dlv_count(&insp, &p, &u).await,
+        0,
+        "handed off before the stop"
+    );
+
+    // Rows of other lifecycles the restarted daemon must load before it is proved current,
+    // written pipelined (the broker's acks collected in windows).
+    let filler = LifecycleUid::generate();
+    let mut acks = Vec::new();
+    for i in 0..FILLER_ROWS {
+        let row = serde_json::json!({
+            "channel": "filler", "owner": format!("zz.f{i}"), "lifecycleUid": filler.as_str(),
+            "state": "live-confirmed", "joinCursor": 0, "generation": 1,
+        });
+        let subject = format!("$KV.{members}.filler/zz.f{i}.{filler}");
+        acks.push(
+            insp.js
+                .publish(subject, row.to_string().into())
+                .await
+                .unwrap(),
+        );
+        if acks.len() == 1_000 || i + 1 == FILLER_ROWS {
+            for ack in futures::future::join_all(acks.drain(..).map(|a| a.into_future())).await {
+                ack.unwrap();
+            }
+        }
+    }
+    let second = alice.message("general", "posted while the daemon was down", None);
+    alice.post("general", &second).await.unwrap();
+
+    let mut daemon = start_traced(&mesh).await;
+    eventually("both copies are handed off", SURFACE_BOUND, || async {
+        inbox_count(&insp, &p, &u).await == 2 && dlv_count(&insp, &p, &u).await == 2
+    })
+    .await;
+    let stamp_us = |m: async_nats::jetstream::message::StreamMessage| {
+        (m.time.unix_timestamp_nanos() / 1_000) as i64
+    };
+    let inbox = insp.js.get_stream(insp.names.inbox_stream()).await.unwrap();
+    let copied_us = stamp_us(
+        inbox
+            .get_last_raw_message_by_subject(&insp.names.dinbox_subject(&p, &u))
+            .await
+            .unwrap(),
+    );
+    let dlv = insp.js.get_stream(insp.names.dlv_stream()).await.unwrap();
+    let framed_us = stamp_us(
+        dlv.get_first_raw_message_by_subject(&insp.names.dlv_subject(&p, &u), 1)
+            .await
+            .unwrap(),
+    );
+    // The line is read from the daemon's stderr a moment after it is written.
+    loaded(&daemon, &members, 1).await;
+    let lines = daemon.lines();
+    let line = lines
+        .iter()
+        .find(|l| l.contains("row cache loaded") && l.contains(&members))
+        .unwrap_or_else(|| panic!("no members load line: {lines:#?}"));
+    let loaded_us = line
+        .split_whitespace()
+        .next()
+        .and_then(delivery_harness::connz::rfc3339_unix_us)
+        .unwrap_or_else(|| panic!("no stamp on {line:?}"));
+    // bob's row and the fillers at least: the load saw every row written before the start.
+    let applied: usize = line
+        .rsplit("applied=")
+        .next()
+        .and_then(|a| a.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(applied > FILLER_ROWS, "loaded before the fillers: {line}");
+    assert!(
+        copied_us >= loaded_us,
+        "the writer's copy was stored {} µs before the member cache loaded ({line})",
+        loaded_us - copied_us
+    );
+    assert!(
+        framed_us >= loaded_us,
+        "the reader's frame was stored {} µs before the member cache loaded ({line})",
+        loaded_us - framed_us
+    );
+    stop_daemon(&mut daemon).await;
+}
+
+/// Pauses (or resumes) the trusted reader's durable on the broker.
+async fn pause_reader(insp: &delivery_harness::mesh::Inspector, pause: bool) {
+    let body = if pause {
+        r#"{"pause_until":"2099-01-01T00:00:00Z"}"#
+    } else {
+        "{}"
+    };
+    let reply = insp
+        .client
+        .request(
+            format!(
+                "$JS.API.CONSUMER.PAUSE.{}.reader",
+                insp.names.inbox_stream()
+            ),
+            body.into(),
+        )
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(answer["paused"], pause, "reader pause {pause}: {answer}");
 }
