@@ -457,6 +457,40 @@ fn js_failed(what: &str, name: &str, err: impl fmt::Display) -> ProvisionError {
     )
 }
 
+/// Times a stream creation the assigned node could not store (`10049`) is sent again.
+const STORE_RACE_RETRIES: u32 = 3;
+/// Pause before such a retry.
+const STORE_RACE_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `js.create_stream`, sent again (at most [`STORE_RACE_RETRIES`] times) when the node the meta
+/// leader assigned it to answered `10049`. On a cluster that has just formed, a node may be
+/// assigned a stream of an account whose JetStream it has not yet enabled, and fails to make the
+/// account's store directory (CI of 251fdb0, `admin::liveness::on_a_cluster_liveness_is_unknown_never_gone`:
+/// "could not create storage directory ... no such file or directory"); the meta leader drops
+/// the assignment, so a second request starts clean. A store that stays unwritable fails every
+/// try and is reported as before.
+async fn create_stream(
+    js: &Context,
+    desired: &Config,
+) -> Result<async_nats::jetstream::stream::Stream, async_nats::jetstream::context::CreateStreamError>
+{
+    let mut tries = 0;
+    loop {
+        match js.create_stream(desired.clone()).await {
+            Err(e)
+                if tries < STORE_RACE_RETRIES
+                    && matches!(e.kind(), CreateStreamErrorKind::JetStream(je)
+                        if je.error_code() == ErrorCode::STREAM_CREATE) =>
+            {
+                tries += 1;
+                tracing::debug!(stream = %desired.name, tries, error = %e, "stream create not stored; sending it again");
+                tokio::time::sleep(STORE_RACE_PAUSE).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Creates `desired`, or accepts/updates the existing stream of that name (see module docs).
 pub async fn ensure_stream(js: &Context, desired: &Config) -> Result<Ensured, ProvisionError> {
     let name = desired.name.as_str();
@@ -471,7 +505,7 @@ pub async fn ensure_stream(js: &Context, desired: &Config) -> Result<Ensured, Pr
     };
     let existing = match existing {
         Some(c) => c,
-        None => match js.create_stream(desired.clone()).await {
+        None => match create_stream(js, desired).await {
             Ok(_) => return Ok(Ensured::Created),
             Err(e) => match e.kind() {
                 // Lost a race with another provisioner: compare with what it created.
