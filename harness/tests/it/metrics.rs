@@ -212,9 +212,14 @@ async fn without_the_flag_nothing_is_sampled_from_the_broker() {
     stop_daemon(&mut served).await;
 }
 
-/// Posts made while the daemon is frozen (SIGSTOP) show as fan-out lag once it runs again, the
-/// lag falls back to 0, and the counters match what was sent: `posts_copied` and `handed_off`
-/// grow by posts x members, as the broker's INBOX and DLV stores do. Mutations applied and seen
+/// Posts the fan-out writer has not settled on the broker show as fan-out lag, the lag falls
+/// back to 0 once they are, and the counters match what was sent: `posts_copied` and
+/// `handed_off` grow by posts x members, as the broker's INBOX and DLV stores do. The daemon
+/// dials through a proxy that holds the fan-out durable's acks while the posts are made (every
+/// other frame flows, the sampler's reads included), so the lag is on the broker until the
+/// sampler has seen it; a frozen daemon (SIGSTOP) used to stand for that, and on a thaw could
+/// fan out every post before its sampler's next read (CI of ad9488f: lag never above 0). The
+/// durables' ack wait is 30 s here, so no held ack is redelivered. Mutations applied and seen
 /// caught: `posts_copied(stored.len())` replaced by `posts_copied(1)` (N instead of 2N); the
 /// sampler's lag computed as `floor - last` saturating (lag never above 0); the sampler not
 /// reading the caches' totals (no `cache_fences_total` series); `rail_request` counting every
@@ -225,7 +230,23 @@ async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let port = free_port();
-    let mut daemon = start_with_metrics(&mesh, port).await;
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .unwrap();
+    let mut daemon =
+        delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+            .server(&proxy.url())
+            .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+            .env("COTAL_DELIVERY_ACK_WAIT_MS", "30000")
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
+            .spawn()
+            .expect("spawn");
+    daemon
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("up");
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();
@@ -268,19 +289,29 @@ async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
     let copied0 = value(&before, "cotal_delivery_posts_copied_total{space=\"demo\"}");
     let handed0 = value(&before, "cotal_delivery_handed_off_total{space=\"demo\"}");
 
-    daemon.freeze().unwrap();
+    const LAG: &str = "cotal_delivery_fanout_lag{space=\"demo\"}";
+    proxy.delay_publishes_to(&format!(
+        "$JS.ACK.{}.{}.>",
+        insp.names.chat_stream(),
+        cotal_delivery::wire::FANOUT_DURABLE
+    ));
     for i in 0..POSTS {
         let m = alice.message("general", &format!("lag-{i}"), None);
         alice.post("general", &m).await.unwrap();
     }
-    daemon.thaw().unwrap();
+    let held = scrape_until(port, "fan-out lag above 0 while its acks are held", |t| {
+        value(t, LAG) > 0.0
+    })
+    .await;
+    assert!(proxy.delayed_count() > 0, "no ack was held");
+    proxy.release_delayed();
     let t = Instant::now();
-    let mut max_lag = 0.0_f64;
+    let mut max_lag = value(&held, LAG);
     let mut last;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         last = scrape(port).await;
-        let lag = value(&last, "cotal_delivery_fanout_lag{space=\"demo\"}");
+        let lag = value(&last, LAG);
         max_lag = max_lag.max(lag);
         let copied = value(&last, "cotal_delivery_posts_copied_total{space=\"demo\"}") - copied0;
         let handed = value(&last, "cotal_delivery_handed_off_total{space=\"demo\"}") - handed0;
@@ -298,7 +329,7 @@ async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!(
-        "MEASURED fan-out lag after a {POSTS}-post freeze: max {max_lag}, back to 0 in {} ms",
+        "MEASURED fan-out lag with {POSTS} posts' acks held: max {max_lag}, back to 0 in {} ms after the release",
         t.elapsed().as_millis()
     );
     assert!(max_lag <= POSTS as f64, "{max_lag}");
@@ -391,7 +422,23 @@ async fn dlv_retention_discards_are_exported() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let port = free_port();
-    let mut daemon = start_with_metrics(&mesh, port).await;
+    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
+        .await
+        .unwrap();
+    let mut daemon =
+        delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+            .server(&proxy.url())
+            .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+            .env("COTAL_DELIVERY_ACK_WAIT_MS", "30000")
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
+            .spawn()
+            .expect("spawn");
+    daemon
+        .wait_for_line("delivery daemon up", UP_BOUND)
+        .await
+        .expect("up");
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();
