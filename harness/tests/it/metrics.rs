@@ -422,23 +422,7 @@ async fn dlv_retention_discards_are_exported() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let port = free_port();
-    let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
-        .await
-        .unwrap();
-    let mut daemon =
-        delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
-            .server(&proxy.url())
-            .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
-            .env("COTAL_DELIVERY_ACK_WAIT_MS", "30000")
-            .arg("--metrics-addr")
-            .arg(format!("127.0.0.1:{port}"))
-            .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
-            .spawn()
-            .expect("spawn");
-    daemon
-        .wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
+    let mut daemon = start_with_metrics(&mesh, port).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();
