@@ -1,35 +1,20 @@
-//! The delivery harness: real nats-server brokers (single, TLS, operator-mode, clustered),
-//! faults against them (signals, restart, a blackholing proxy) and bounded waits, for the
-//! daemon's integration tests, scenarios and smoke suites. No mock broker anywhere.
+//! The delivery harness: qualifies a Cotal delivery daemon against real nats-server brokers.
+//!
+//! Wings, each using only the ones listed under it:
+//! - [`simulation`]: a seeded workload and nemesis against a live mesh, and the pure checker
+//!   that judges its history (`harness simulate`);
+//! - [`kit`]: the qualification kit, cases run against the daemon under test
+//!   (`harness qualify`, `run`, `mutate`);
+//! - [`rig`]: brokers, faults, processes, actors, the mesh and bounded waits that both stand on.
+//!
+//! The command line (`harness`, `src/cli/`) sits above them all.
 
-pub mod agent;
-pub mod broker;
-pub mod cluster;
-pub mod connz;
-pub mod daemon;
-pub mod error;
-pub mod events;
-pub mod frames;
-pub mod http;
 pub mod kit;
-pub mod lease_log;
-pub mod manager;
-pub mod mesh;
-mod process;
-pub mod proxy;
-pub mod scenario;
-pub mod server_bin;
+pub mod rig;
 pub mod sim;
 pub mod simulate;
-pub mod tls;
-pub mod wait;
 
-pub use broker::{Broker, BrokerBuilder};
-pub use cluster::Cluster;
-pub use connz::{BrokerConn, ConnState};
-pub use error::{ErrorKind, HarnessError};
-pub use events::ClientEvents;
-pub use proxy::TcpProxy;
-pub use server_bin::nats_server_bin;
-pub use tls::TestPki;
-pub use wait::{wait_until, Attempt, Outcome};
+pub use rig::{
+    nats_server_bin, wait_until, Attempt, Broker, BrokerBuilder, BrokerConn, ClientEvents, Cluster,
+    ConnState, ErrorKind, HarnessError, Outcome, TcpProxy, TestPki,
+};

@@ -256,7 +256,7 @@ fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, String,
             refuse(&format!("--nats-server: {e}"));
         }
         // Read by every broker the harness starts (before any thread of the runtime exists).
-        std::env::set_var(delivery_harness::server_bin::NATS_SERVER_BIN_ENV, &bin);
+        std::env::set_var(delivery_harness::rig::server_bin::NATS_SERVER_BIN_ENV, &bin);
     }
     if let Err(e) = delivery_harness::nats_server_bin() {
         refuse(&format!("no usable nats-server: {e} (ci/install-nats-server installs one; or pass --nats-server)"));
@@ -298,7 +298,7 @@ fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, String,
             )
         }
         (None, None) => {
-            let bin = delivery_harness::daemon::daemon_bin()
+            let bin = delivery_harness::rig::daemon::daemon_bin()
                 .unwrap_or_else(|e| refuse(&format!("the checkout's daemon: {e}")));
             let v = version_of(&bin);
             (DaemonUnderTest::Workspace, bin.display().to_string(), v)

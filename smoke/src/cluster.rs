@@ -3,7 +3,7 @@
 //! before a suite measures anything on it.
 
 use async_nats::jetstream::stream::Info;
-use delivery_harness::mesh::Inspector;
+use delivery_harness::rig::mesh::Inspector;
 use futures::TryStreamExt;
 
 /// Nodes of the `--cluster` mesh (and replicas of its streams and buckets).

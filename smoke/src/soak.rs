@@ -21,8 +21,8 @@ use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::{provision_agent, AgentMaterial};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile, ReadChannels, Roles};
 use cotal_delivery::wire::{Principal, Space};
-use delivery_harness::daemon::DaemonSpec;
-use delivery_harness::server_bin::nats_server_bin;
+use delivery_harness::rig::daemon::DaemonSpec;
+use delivery_harness::rig::server_bin::nats_server_bin;
 use serde_json::json;
 
 #[derive(clap::Args, Clone)]

@@ -21,9 +21,9 @@ use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::DEFAULT_BACKSTOP_MAX_MSGS_PER_SUBJECT;
 use cotal_delivery::provision::{prepare_standby_hosts, renew_host_delivery, StandbyPlan};
 use cotal_delivery::wire::{Principal, Space};
-use delivery_harness::agent;
-use delivery_harness::daemon::Daemon;
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::agent;
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use delivery_harness::ConnState;
 
 use crate::cluster::CLUSTER_NODES;

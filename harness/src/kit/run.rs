@@ -204,7 +204,7 @@ fn transcript(case: &Case, w: &World, log: &[String]) -> String {
     for (name, d) in &w.daemons {
         out.push_str(&format!("\ndaemon {name}:\n"));
         for l in d.lines() {
-            if crate::daemon::is_component_line(&l) || omit.iter().any(|r| r.is_match(&l)) {
+            if crate::rig::daemon::is_component_line(&l) || omit.iter().any(|r| r.is_match(&l)) {
                 continue;
             }
             out.push_str("  ");

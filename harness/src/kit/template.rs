@@ -16,7 +16,7 @@
 
 use std::path::PathBuf;
 
-use crate::daemon::DaemonSpec;
+use crate::rig::daemon::DaemonSpec;
 
 use super::world::Failure;
 

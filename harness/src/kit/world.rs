@@ -15,10 +15,10 @@ use serde_json::Value;
 use super::case::{Case, Preset, Shape};
 use super::expr::Vars;
 use super::template::DaemonCmd;
-use crate::daemon::{Daemon, DaemonSpec};
-use crate::error::HarnessError;
-use crate::mesh::{Inspector, LeaseRow, Mesh};
-use crate::proxy::TcpProxy;
+use crate::rig::daemon::{Daemon, DaemonSpec};
+use crate::rig::error::HarnessError;
+use crate::rig::mesh::{Inspector, LeaseRow, Mesh};
+use crate::rig::proxy::TcpProxy;
 
 /// Which daemon a run qualifies.
 #[derive(Debug, Clone, Default)]
@@ -45,7 +45,7 @@ impl RunOptions {
     /// there is none.
     pub fn distribution_bin(&self) -> Result<PathBuf, HarnessError> {
         match &self.daemon {
-            DaemonUnderTest::Workspace => crate::daemon::daemon_bin(),
+            DaemonUnderTest::Workspace => crate::rig::daemon::daemon_bin(),
             DaemonUnderTest::Bin(b) => Ok(b.clone()),
             DaemonUnderTest::Cmd(_) => Err(HarnessError::Usage(
                 "a daemon given by --daemon-cmd has no commands of this distribution".into(),
@@ -177,7 +177,7 @@ impl World {
         // Built (when stale) before anything is minted: a case's short credential lifetimes
         // and its credential_time events are not spent on a build.
         if let DaemonUnderTest::Workspace = opts.daemon {
-            crate::daemon::daemon_bin()?;
+            crate::rig::daemon::daemon_bin()?;
         }
         let mut builder = Mesh::builder()
             .space(&spec.space)?

@@ -4,7 +4,7 @@
 //! live run, on a stored run directory (`snapshot.json` beside the history) and in unit tests.
 //! The runner reads these from the broker with the inspector credential (`DLV_<s>` and
 //! `INBOX_<s>` pending per member, the members and ACL buckets, the lease key's writes from
-//! [`crate::lease_log::LeaseLog`]).
+//! [`crate::rig::lease_log::LeaseLog`]).
 
 use serde::{Deserialize, Serialize};
 

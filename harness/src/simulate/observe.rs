@@ -21,8 +21,8 @@ use super::record::Recorder;
 use crate::kit::steps::process::{CredsChoice, CwdChoice, Step as ProcessStep};
 use crate::kit::steps::Ctx;
 use crate::kit::world::World;
-use crate::lease_log::{LeaseLog, LogFrom};
-use crate::mesh::Inspector;
+use crate::rig::lease_log::{LeaseLog, LogFrom};
+use crate::rig::mesh::Inspector;
 use crate::sim::snapshot::{LeaseOp, LeaseWrite};
 use crate::sim::{classify_exit, Call, Done, Ms, Observation, Process};
 
@@ -270,7 +270,7 @@ fn last_line(lines: &[String], host: bool) -> Option<String> {
     // lines"): bookkeeping, not the reason it ended.
     let own = |l: &&String| {
         let repeat_count = l.contains("(repeated ") && l.contains(" in the last ");
-        !(crate::daemon::is_component_line(l) || l.trim().is_empty() || repeat_count)
+        !(crate::rig::daemon::is_component_line(l) || l.trim().is_empty() || repeat_count)
     };
     if host {
         // The host's own signal line ends every lane; else the lane's last line.

@@ -112,7 +112,7 @@ async fn kit_step(w: &mut World, step: Step, what: &str) -> Result<(), SimError>
 /// Waits, at most [`LEASE_SETTLE`], until the lease watch has recorded the lease key's last
 /// write on the broker (the stopped daemons' releases), so the snapshot's `lease_writes` ends
 /// where the broker's key does. A broker that cannot be read ends the wait at its bound.
-async fn lease_caught_up(view: &crate::mesh::Inspector, lease: &LeaseWrites) {
+async fn lease_caught_up(view: &crate::rig::mesh::Inspector, lease: &LeaseWrites) {
     let deadline = Instant::now() + LEASE_SETTLE;
     let last = tokio::time::timeout(LEASE_SETTLE, view.lease_revision()).await;
     let Ok(Ok(Some(last))) = last else {
@@ -432,7 +432,11 @@ async fn wait_serving(stage: &Mutex<Stage>, bound: Duration) -> Result<(), ()> {
 
 /// Every agent online until nothing is pending (the fan-out writer, the reader, every online
 /// agent's `dlv_` durable), or the bound passes; whether it drained.
-async fn drain(work: &Workload, stage: &Mutex<Stage>, manager: &crate::mesh::Inspector) -> bool {
+async fn drain(
+    work: &Workload,
+    stage: &Mutex<Stage>,
+    manager: &crate::rig::mesh::Inspector,
+) -> bool {
     let deadline = Instant::now() + Duration::from_millis(config::DRAIN_BOUND_MS);
     loop {
         let slots: Vec<(usize, bool, Option<crate::sim::Member>)> = work
@@ -462,7 +466,7 @@ async fn drain(work: &Workload, stage: &Mutex<Stage>, manager: &crate::mesh::Ins
 
 async fn drained(
     stage: &Mutex<Stage>,
-    manager: &crate::mesh::Inspector,
+    manager: &crate::rig::mesh::Inspector,
     slots: &[(usize, bool, Option<crate::sim::Member>)],
 ) -> bool {
     {

@@ -17,10 +17,10 @@ use cotal_delivery::agent::{TakeVerdict, NO_DAEMON};
 use cotal_delivery::base::{Read, Rows, ENV_FAULT_HOLD_AFTER_ANYCAST_ROW};
 use cotal_delivery::plane::{row_key, FAULT_HOLD_LINE};
 use cotal_delivery::wire::{CtlService, Principal, SpaceNames};
-use delivery_harness::agent;
-use delivery_harness::daemon::Daemon;
-use delivery_harness::events::ClientEvents;
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::agent;
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::events::ClientEvents;
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use futures::StreamExt;
 use serde_json::Value;
 

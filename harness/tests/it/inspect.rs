@@ -11,9 +11,9 @@ use async_nats::Event;
 use cotal_delivery::agent::Backstop;
 use cotal_delivery::provision::remove_acl;
 use cotal_delivery::wire::{Principal, SpaceNames};
-use delivery_harness::agent;
-use delivery_harness::events::ClientEvents;
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::agent;
+use delivery_harness::rig::events::ClientEvents;
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use serde_json::{json, Value};
 
 use crate::support::data_path::*;
@@ -28,7 +28,7 @@ struct Run {
 }
 
 async fn cli(mesh: &Mesh, args: &[&str], server: Option<&str>) -> Run {
-    let bin = delivery_harness::daemon::daemon_bin().expect("daemon binary");
+    let bin = delivery_harness::rig::daemon::daemon_bin().expect("daemon binary");
     let url = mesh.url();
     let root = mesh.root().display().to_string();
     let mut cmd = tokio::process::Command::new(bin);

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use cotal_delivery::provision::Manifest;
-use delivery_harness::agent;
-use delivery_harness::daemon::{Daemon, DaemonSpec};
+use delivery_harness::rig::agent;
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
 
 use crate::support::data_path::*;
 
@@ -21,7 +21,7 @@ pub(crate) fn free_port() -> u16 {
 }
 
 pub(crate) async fn scrape(port: u16) -> String {
-    let r = delivery_harness::http::get(port, "/metrics", SCRAPE_BOUND)
+    let r = delivery_harness::rig::http::get(port, "/metrics", SCRAPE_BOUND)
         .await
         .expect("scrape");
     assert_eq!(r.status, 200);
@@ -32,7 +32,7 @@ pub(crate) async fn scrape(port: u16) -> String {
 async fn scrape_until(port: u16, what: &str, ok: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + UP_BOUND;
     loop {
-        let text = match delivery_harness::http::get(port, "/metrics", SCRAPE_BOUND).await {
+        let text = match delivery_harness::rig::http::get(port, "/metrics", SCRAPE_BOUND).await {
             Ok(r) if r.status == 200 => String::from_utf8(r.body).expect("utf-8"),
             _ => String::new(),
         };
@@ -88,7 +88,7 @@ fn listening_sockets_of(pid: u32) -> usize {
         .count()
 }
 
-async fn start_with_metrics(mesh: &delivery_harness::mesh::Mesh, port: u16) -> Daemon {
+async fn start_with_metrics(mesh: &delivery_harness::rig::mesh::Mesh, port: u16) -> Daemon {
     start_served(daemon_spec(mesh), port).await
 }
 
@@ -115,7 +115,7 @@ async fn start_served(spec: DaemonSpec, port: u16) -> Daemon {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_is_absent_without_the_flag() {
     // A 4 s lease TTL: renewals every 2 s.
-    let mesh = delivery_harness::mesh::Mesh::demo_builder()
+    let mesh = delivery_harness::rig::mesh::Mesh::demo_builder()
         .unwrap()
         .lease_ttl(Duration::from_secs(4))
         .start()
@@ -161,7 +161,7 @@ async fn the_endpoint_is_absent_without_the_flag() {
         "the broker saw the renewals ({rev0} -> {rev1}, {renewals})"
     );
     // Anything but GET /metrics is not found.
-    let other = delivery_harness::http::get(port, "/", SCRAPE_BOUND)
+    let other = delivery_harness::rig::http::get(port, "/", SCRAPE_BOUND)
         .await
         .unwrap();
     assert_eq!(other.status, 404);
@@ -183,7 +183,7 @@ async fn without_the_flag_nothing_is_sampled_from_the_broker() {
         .unwrap();
     proxy.delay_replies_to(&format!("$JS.API.STREAM.INFO.{}", insp.names.dlv_stream()));
     let spec = || {
-        delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+        delivery_harness::rig::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
             .server(&proxy.url())
             .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
     };
@@ -364,7 +364,7 @@ async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
 /// series merge under one empty label).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multi_space_host_serves_every_lane_on_one_endpoint() {
-    let mesh = delivery_harness::mesh::Mesh::builder()
+    let mesh = delivery_harness::rig::mesh::Mesh::builder()
         .space("alpha")
         .unwrap()
         .space("beta")
@@ -465,19 +465,20 @@ async fn dlv_retention_discards_are_exported() {
 /// first connect, so the guard is only defensive).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_are_counted_and_their_lines_aggregated() {
-    use delivery_harness::proxy::TcpProxy;
+    use delivery_harness::rig::proxy::TcpProxy;
     const LOST: &str = "broker connection unavailable, reconnecting";
     const RESTORED: &str = "broker connection restored";
     let mesh = mesh().await;
     let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
     let port = free_port();
-    let mut d = delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
-        .server(&proxy.url())
-        .arg("--metrics-addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
-        .spawn()
-        .expect("spawn");
+    let mut d =
+        delivery_harness::rig::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+            .server(&proxy.url())
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
+            .spawn()
+            .expect("spawn");
     d.wait_for_line("delivery daemon up", UP_BOUND)
         .await
         .expect("up");

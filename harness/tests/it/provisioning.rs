@@ -10,8 +10,8 @@ use async_nats::Event;
 use cotal_delivery::base::Rows;
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames, LEASE_KEY};
-use delivery_harness::events::ClientEvents;
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::events::ClientEvents;
+use delivery_harness::rig::mesh::Mesh;
 use delivery_harness::wait_until;
 use futures::StreamExt;
 
@@ -285,7 +285,9 @@ async fn row_then_expiry(
 }
 
 /// The lease bucket's raw last message for the key: (sequence, headers, payload length).
-async fn last_lease_message(insp: &delivery_harness::mesh::Inspector) -> (u64, Vec<String>, usize) {
+async fn last_lease_message(
+    insp: &delivery_harness::rig::mesh::Inspector,
+) -> (u64, Vec<String>, usize) {
     let stream = insp
         .js
         .get_stream_no_info(SpaceNames::kv_stream(&insp.names().delivery_bucket()))
@@ -483,10 +485,11 @@ async fn an_open_broker_is_refused_at_start_saying_open_mode_has_no_daemon() {
         .start()
         .await
         .expect("open broker");
-    let mut d = delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
-        .server(&open.client_url())
-        .spawn()
-        .expect("spawn");
+    let mut d =
+        delivery_harness::rig::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+            .server(&open.client_url())
+            .spawn()
+            .expect("spawn");
     let status = d.wait_exit(BOUND).await.expect("exits");
     assert_eq!(status.code(), Some(3), "{}", d.transcript());
     assert!(!d.has_line("$SYS sweeps bound"), "{}", d.transcript());

@@ -275,7 +275,7 @@ fn bad_flags_a_missing_daemon_or_broker_binary_exit_2() {
 /// on its missing command).
 #[test]
 fn a_command_template_runs_the_wire_cases_and_skips_the_distribution_ones() {
-    let bin = delivery_harness::daemon::daemon_bin().expect("the workspace's daemon binary");
+    let bin = delivery_harness::rig::daemon::daemon_bin().expect("the workspace's daemon binary");
     let template = format!(
         "{} deliver --space {{space}} --server {{server}} --root {{root}} [ --tls --tls-ca {{tls_ca}} ] [ --creds {{creds}} ]",
         bin.display()

@@ -32,7 +32,7 @@ async fn a_one_minute_simulation_on_one_broker_is_valid_and_keeps_its_history_an
     // Kept when the test fails, for `harness simulate --check` and `--replay`.
     let run_dir = std::env::temp_dir().join(format!("cotal-sim-ci-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&run_dir);
-    let daemon = delivery_harness::daemon::daemon_bin().expect("the checkout's daemon");
+    let daemon = delivery_harness::rig::daemon::daemon_bin().expect("the checkout's daemon");
     let outcome = run(Options {
         daemon: DaemonUnderTest::Workspace,
         daemon_label: daemon.display().to_string(),

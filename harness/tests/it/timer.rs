@@ -19,8 +19,8 @@ use cotal_delivery::space::{
     TIMER_CONNECTION_NAME,
 };
 use cotal_delivery::wire::{Space, SpaceNames};
-use delivery_harness::daemon::{Daemon, DaemonSpec};
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use delivery_harness::ConnState;
 
 use crate::support::data_path::{alice_and_bob, consumer, count_on, dlv_count, eventually, row};

@@ -12,7 +12,7 @@
 
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{CtlService, Principal};
-use delivery_harness::agent;
+use delivery_harness::rig::agent;
 use futures::StreamExt;
 use serde_json::{json, Value};
 

@@ -33,9 +33,9 @@ use async_nats::jetstream::stream::Stream;
 use async_nats::HeaderMap;
 use cotal_delivery::agent::Agent;
 use cotal_delivery::provision::{AgentMaterial, MintOptions, STANDING_TTL};
-use delivery_harness::agent;
-use delivery_harness::daemon::Daemon;
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::agent;
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use futures::StreamExt;
 use serde_json::{json, Value};
 

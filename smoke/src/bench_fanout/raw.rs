@@ -34,8 +34,8 @@ use async_nats::jetstream::{self, Message};
 use async_nats::{HeaderMap, Subject};
 use cotal_delivery::provision::{AgentMaterial, MintOptions, Profile};
 use cotal_delivery::wire::{LifecycleUid, Principal, DELIVERY_FRAME_HEADER};
-use delivery_harness::daemon::{Daemon, DaemonSpec};
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use futures::StreamExt;
 use serde_json::{json, Value};
 

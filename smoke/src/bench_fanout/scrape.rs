@@ -47,7 +47,7 @@ fn metric(text: &str, name: &str, space: &str) -> Option<u64> {
 }
 
 async fn scrape(port: u16) -> Option<String> {
-    let r = delivery_harness::http::get(port, "/metrics", SCRAPE_BOUND)
+    let r = delivery_harness::rig::http::get(port, "/metrics", SCRAPE_BOUND)
         .await
         .ok()?;
     (r.status == 200).then(|| String::from_utf8_lossy(&r.body).into_owned())

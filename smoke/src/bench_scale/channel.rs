@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use cotal_delivery::wire::{LifecycleUid, Principal};
-use delivery_harness::agent;
+use delivery_harness::rig::agent;
 use serde_json::json;
 
 use super::space::{self, Pipe};

@@ -37,8 +37,8 @@ use std::time::Duration;
 use cotal_delivery::inspect::{InspectConfig, Inspector as InspectView};
 use cotal_delivery::provision::{MintOptions, STANDING_TTL};
 use cotal_delivery::wire::Principal;
-use delivery_harness::manager::Manager;
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::manager::Manager;
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use serde_json::json;
 
 use crate::bench_fanout::measure::loadavg;

@@ -22,9 +22,9 @@ use async_nats::HeaderMap;
 use cotal_delivery::agent::Agent;
 use cotal_delivery::provision::{AgentMaterial, MintOptions};
 use cotal_delivery::wire::{LifecycleUid, Principal};
-use delivery_harness::agent;
-use delivery_harness::manager::Outcome;
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::agent;
+use delivery_harness::rig::manager::Outcome;
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use serde_json::{json, Value};
 
 use super::space::{self, Shape};

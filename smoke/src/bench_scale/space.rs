@@ -12,7 +12,7 @@ use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use cotal_delivery::wire::{AclRecord, LifecycleUid, Principal, SpaceNames};
-use delivery_harness::mesh::Inspector;
+use delivery_harness::rig::mesh::Inspector;
 use serde_json::json;
 
 use super::err;

@@ -1,5 +1,5 @@
 //! What the lease did in each case of `smoke delivery-standby`, read from a broker watch of
-//! every write to the lease key (`delivery_harness::lease_log`, the suite's own connection): when
+//! every write to the lease key (`delivery_harness::rig::lease_log`, the suite's own connection): when
 //! the holder's row ended (its release's delete, or the broker's expiry marker), as the broker
 //! stamped it; how long after that the standby answered and delivered; and whether exactly one
 //! create followed, by the expected host, with nobody else writing the key until the next case.
@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use cotal_delivery::base::RowOp;
-use delivery_harness::lease_log::{LeaseWrite, LogFrom};
-use delivery_harness::mesh::Inspector;
+use delivery_harness::rig::lease_log::{LeaseWrite, LogFrom};
+use delivery_harness::rig::mesh::Inspector;
 
 /// How long the recorder waits for one write (it runs for the whole suite).
 const RECORD_WAIT: Duration = Duration::from_secs(3600);

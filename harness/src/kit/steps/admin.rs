@@ -17,8 +17,8 @@ use serde_json::Value;
 use super::agents::toml_to_json;
 use super::rails::{call, check, parse_reply, Expect, Fill, Rail};
 use super::{poll, Ctx, Kind, Refs};
-use crate::connz::ConnState;
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use crate::rig::connz::ConnState;
 
 pub const VERBS: &[&str] = &[
     "send",

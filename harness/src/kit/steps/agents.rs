@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
 use crate::kit::world::{AgentActor, DaemonUnderTest, Failure, Post, StepResult, World};
-use crate::mesh::Inspector;
+use crate::rig::mesh::Inspector;
 
 pub const VERBS: &[&str] = &[
     "agent",
@@ -198,7 +198,7 @@ impl Step {
             } => {
                 let read: Vec<&str> = read.iter().map(String::as_str).collect();
                 let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
-                let material = crate::agent::provision_holder(
+                let material = crate::rig::agent::provision_holder(
                     &w.mesh,
                     &w.insp,
                     w.mesh.space(),
@@ -210,7 +210,7 @@ impl Step {
                 let client = if *offline {
                     None
                 } else {
-                    Some(crate::agent::connect(&w.mesh, &material, name).await?)
+                    Some(crate::rig::agent::connect(&w.mesh, &material, name).await?)
                 };
                 w.agents.insert(
                     name.clone(),
@@ -248,7 +248,7 @@ impl Step {
                     .get_mut(agent)
                     .ok_or_else(|| Failure::could_not(format!("no agent {agent:?}")))?;
                 if a.client.is_none() {
-                    a.client = Some(crate::agent::connect(mesh, &a.material, agent).await?);
+                    a.client = Some(crate::rig::agent::connect(mesh, &a.material, agent).await?);
                 }
                 Ok(format!("agent {agent} comes back online"))
             }
@@ -266,7 +266,7 @@ impl Step {
             } => {
                 // The agent's own credential on a connection whose card carries `card`.
                 let material = w.agent(agent)?.material.clone();
-                let client = crate::agent::connect(&w.mesh, &material, card).await?;
+                let client = crate::rig::agent::connect(&w.mesh, &material, card).await?;
                 let announced = client.announce("idle").await;
                 let _ = client.client().drain().await;
                 announced.map_err(|e| Failure::could_not(format!("announce {agent}: {e}")))?;

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::{Ctx, Kind, Refs, DEFAULT_WITHIN};
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
-use crate::proxy::TcpProxy;
+use crate::rig::proxy::TcpProxy;
 
 pub const VERBS: &[&str] = &[
     "broker",

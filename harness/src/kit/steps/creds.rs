@@ -12,8 +12,8 @@ use serde_json::json;
 
 use super::rails::{check_reply, exchange, supervisor, supervisor_principal};
 use super::{poll, Ctx, Kind, Refs};
-use crate::connz::ConnState;
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use crate::rig::connz::ConnState;
 
 pub const VERBS: &[&str] = &["resign", "expect_broker_jwt", "reload_creds"];
 

@@ -11,10 +11,10 @@ use cotal_delivery::base::RowOp;
 use serde::Deserialize;
 
 use super::{Ctx, Kind, Refs, DEFAULT_WITHIN};
-use crate::connz::ConnState;
 use crate::kit::expr::Duration;
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
-use crate::lease_log::{LeaseLog, LeaseWrite, LogFrom};
+use crate::rig::connz::ConnState;
+use crate::rig::lease_log::{LeaseLog, LeaseWrite, LogFrom};
 
 pub const VERBS: &[&str] = &["watch_lease", "expect_lease_write", "expect_dials"];
 

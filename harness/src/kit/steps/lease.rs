@@ -11,9 +11,9 @@ use cotal_delivery::wire::LeaseInfo;
 use serde::Deserialize;
 
 use super::{poll, Ctx, Kind, Refs};
-use crate::error::HarnessError;
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
-use crate::mesh::{Inspector, LeaseRow};
+use crate::rig::error::HarnessError;
+use crate::rig::mesh::{Inspector, LeaseRow};
 
 pub const VERBS: &[&str] = &[
     "expect_lease",

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::{only_here, Ctx, Kind, Refs, DEFAULT_WITHIN};
-use crate::daemon::DaemonSpec;
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use crate::rig::daemon::DaemonSpec;
 
 pub const VERBS: &[&str] = &[
     "start",
@@ -300,7 +300,7 @@ impl Step {
                         nix::unistd::Pid::from_raw(d.pid() as i32),
                         nix::sys::signal::Signal::SIGHUP,
                     )
-                    .map_err(|e| crate::error::HarnessError::Usage(e.to_string())),
+                    .map_err(|e| crate::rig::error::HarnessError::Usage(e.to_string())),
                     other => {
                         return Err(Failure::could_not(format!(
                             "signal {other:?} (TERM, INT, KILL, STOP, CONT, HUP)"
@@ -429,7 +429,7 @@ fn fill(w: &World, arg: &str) -> String {
 }
 
 /// The last lines a daemon printed, for a failure.
-fn last_lines(d: &crate::daemon::Daemon) -> String {
+fn last_lines(d: &crate::rig::daemon::Daemon) -> String {
     let lines = d.lines();
     let tail: Vec<&String> = lines.iter().rev().take(5).collect();
     if tail.is_empty() {
@@ -556,7 +556,7 @@ fn start(
         };
         if cwd == CwdChoice::Outside {
             // Typed by hand outside every workspace: no `--root`, nothing to find above.
-            spec = crate::daemon::DaemonSpec::deliver(space.as_str(), &dir).server(&server);
+            spec = crate::rig::daemon::DaemonSpec::deliver(space.as_str(), &dir).server(&server);
             if let DaemonUnderTest::Bin(b) = &w.opts.daemon {
                 spec = spec.bin(b);
             }

@@ -9,9 +9,9 @@ use serde::Deserialize;
 
 use super::creds::Which;
 use super::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
-use crate::connz::ConnState;
 use crate::kit::expr;
 use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use crate::rig::connz::ConnState;
 
 pub const VERBS: &[&str] = &[
     "starve",

@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::support::admin as a;
 use crate::support::data_path as s;
 use crate::support::BOUND;
-use delivery_harness::agent;
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::agent;
+use delivery_harness::rig::mesh::Mesh;
 use delivery_harness::ConnState;
 use serde_json::json;
 

@@ -16,9 +16,9 @@ use cotal_delivery::provision::Manifest;
 use cotal_delivery::provision::MeshAuthority;
 use cotal_delivery::provision::{retain_system_seed, system_seed_path};
 use cotal_delivery::wire::Principal;
-use delivery_harness::agent;
-use delivery_harness::manager::Manager;
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::agent;
+use delivery_harness::rig::manager::Manager;
+use delivery_harness::rig::mesh::Mesh;
 use delivery_harness::{BrokerConn, ConnState};
 use serde_json::json;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::support::admin as a;
 use crate::support::data_path as s;
 use crate::support::BOUND;
-use delivery_harness::agent;
+use delivery_harness::rig::agent;
 use serde_json::json;
 
 /// The join-vs-inventory race, many trials: whatever the interleaving, every member row of the

@@ -9,8 +9,8 @@ use crate::support::data_path as s;
 use crate::support::BOUND;
 use cotal_delivery::agent::ProbeWhy;
 use cotal_delivery::base::read_creds_file;
-use delivery_harness::agent;
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::agent;
+use delivery_harness::rig::mesh::Mesh;
 use delivery_harness::ConnState;
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -112,7 +112,7 @@ async fn serving_and_bound(
     mesh: &Mesh,
     agent: &cotal_delivery::agent::Agent,
 ) -> (
-    delivery_harness::daemon::Daemon,
+    delivery_harness::rig::daemon::Daemon,
     cotal_delivery::agent::Probe,
 ) {
     let d = a::start_daemon(mesh).await;
@@ -278,7 +278,7 @@ async fn the_live_delivery_grants_are_confined() {
 }
 
 /// A daemon started with `env` (besides the admin tests' short page settle), waited up.
-async fn daemon_with(mesh: &Mesh, env: &[(&str, &str)]) -> delivery_harness::daemon::Daemon {
+async fn daemon_with(mesh: &Mesh, env: &[(&str, &str)]) -> delivery_harness::rig::daemon::Daemon {
     let mut spec = s::daemon_spec(mesh).env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS);
     for (k, v) in env {
         spec = spec.env(k, *v);
@@ -380,9 +380,9 @@ async fn on_a_cluster_liveness_is_unknown_never_gone() {
         self, MeshAuthority, MintOptions, Profile, ProvisionOptions, SpaceMaterial,
     };
     use cotal_delivery::wire::{Principal, Space};
-    use delivery_harness::broker::Broker;
-    use delivery_harness::cluster::Cluster;
-    use delivery_harness::manager::Manager;
+    use delivery_harness::rig::broker::Broker;
+    use delivery_harness::rig::cluster::Cluster;
+    use delivery_harness::rig::manager::Manager;
 
     let space = Space::parse("demo").unwrap();
     let mut authority = MeshAuthority::new();
@@ -405,7 +405,7 @@ async fn on_a_cluster_liveness_is_unknown_never_gone() {
     let ws = provision::Workspace::new(root.path());
     ws.write_space_material(&space, &SpaceMaterial::mint(&authority, &space).unwrap())
         .unwrap();
-    let mut d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), root.path())
+    let mut d = delivery_harness::rig::daemon::DaemonSpec::deliver(space.as_str(), root.path())
         .server(&urls[0])
         .env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS)
         .spawn()

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::support::admin as a;
 use crate::support::data_path as s;
-use delivery_harness::agent;
-use delivery_harness::manager::{Ledger, ManagerWaits, Outcome};
+use delivery_harness::rig::agent;
+use delivery_harness::rig::manager::{Ledger, ManagerWaits, Outcome};
 use futures::StreamExt;
 use serde_json::json;
 use tokio::time::Instant;
@@ -280,7 +280,7 @@ async fn fifty_seat_inventories_do_not_queue_behind_evictions() {
 
 /// Sends one inventory per seat at once; the slowest answer time.
 async fn inventories(
-    m: &delivery_harness::manager::Manager,
+    m: &delivery_harness::rig::manager::Manager,
     seats: &[cotal_delivery::provision::AgentMaterial],
 ) -> Duration {
     let started = Instant::now();

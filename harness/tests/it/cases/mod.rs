@@ -123,7 +123,7 @@ fn every_case_file_has_a_test() {
 /// target/debug/cotal-delivery: no such file`, exit 2).
 #[test]
 fn harness_run_resolves_a_relative_daemon_path_against_the_callers_directory() {
-    let bin = delivery_harness::daemon::daemon_bin().expect("the workspace's daemon binary");
+    let bin = delivery_harness::rig::daemon::daemon_bin().expect("the workspace's daemon binary");
     let profile = bin.parent().expect("profile dir");
     let target = profile.parent().expect("target dir");
     let base = target.parent().expect("the directory above the target dir");

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use cotal_delivery::provision::set_read_acl;
 use cotal_delivery::wire::{AclRecord, CtlService, LifecycleUid, Principal, SpaceNames};
-use delivery_harness::agent::{self, surface_until, texts};
-use delivery_harness::mesh::Inspector;
+use delivery_harness::rig::agent::{self, surface_until, texts};
+use delivery_harness::rig::mesh::Inspector;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cotal_delivery::provision::set_read_acl;
 use cotal_delivery::wire::LifecycleUid;
-use delivery_harness::agent::{surface_for, texts};
+use delivery_harness::rig::agent::{surface_for, texts};
 
 use crate::support::data_path::*;
 
@@ -233,7 +233,7 @@ async fn a_purged_bucket_resets_the_cache_and_decisions_stay_correct() {
 
 /// The `rowcache_` consumers the broker holds on `buckets`' streams.
 async fn cache_consumers(
-    insp: &delivery_harness::mesh::Inspector,
+    insp: &delivery_harness::rig::mesh::Inspector,
     buckets: &[String],
 ) -> Vec<String> {
     let mut out = Vec::new();
@@ -366,7 +366,7 @@ async fn a_restarted_daemon_judges_its_first_work_from_its_loaded_member_cache()
     let loaded_us = line
         .split_whitespace()
         .next()
-        .and_then(delivery_harness::connz::rfc3339_unix_us)
+        .and_then(delivery_harness::rig::connz::rfc3339_unix_us)
         .unwrap_or_else(|| panic!("no stamp on {line:?}"));
     // bob's row and the fillers at least: the load saw every row written before the start.
     let applied: usize = line
@@ -389,7 +389,7 @@ async fn a_restarted_daemon_judges_its_first_work_from_its_loaded_member_cache()
 }
 
 /// Pauses (or resumes) the trusted reader's durable on the broker.
-async fn pause_reader(insp: &delivery_harness::mesh::Inspector, pause: bool) {
+async fn pause_reader(insp: &delivery_harness::rig::mesh::Inspector, pause: bool) {
     let body = if pause {
         r#"{"pause_until":"2099-01-01T00:00:00Z"}"#
     } else {

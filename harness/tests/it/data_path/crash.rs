@@ -11,9 +11,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use delivery_harness::agent::{self, surface_until};
-use delivery_harness::daemon::Daemon;
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::agent::{self, surface_until};
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::mesh::Mesh;
 
 use crate::support::data_path::*;
 
@@ -40,7 +40,7 @@ impl Rng {
 }
 
 /// The daemon with its default `ack_wait` (only the nak delay shortened).
-fn crash_spec(mesh: &Mesh) -> delivery_harness::daemon::DaemonSpec {
+fn crash_spec(mesh: &Mesh) -> delivery_harness::rig::daemon::DaemonSpec {
     mesh.deliver(mesh.space())
         .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
 }

@@ -5,7 +5,7 @@
 
 use cotal_delivery::agent::AgentErrorKind;
 use cotal_delivery::provision::set_read_acl;
-use delivery_harness::agent;
+use delivery_harness::rig::agent;
 
 use crate::support::data_path::*;
 

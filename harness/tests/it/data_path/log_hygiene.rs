@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use cotal_delivery::plane::READER_LANES;
 use cotal_delivery::provision::remove_acl;
-use delivery_harness::daemon::Daemon;
-use delivery_harness::mesh::Inspector;
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::mesh::Inspector;
 
 use crate::support::data_path::*;
 
@@ -96,7 +96,7 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
         },
     )
     .await;
-    let scraped = delivery_harness::http::get(port, "/metrics", Duration::from_secs(5))
+    let scraped = delivery_harness::rig::http::get(port, "/metrics", Duration::from_secs(5))
         .await
         .expect("scrape");
     let text = String::from_utf8(scraped.body).unwrap();

@@ -18,7 +18,7 @@ mod retention;
 use std::time::Duration;
 
 use cotal_delivery::agent::Backstop;
-use delivery_harness::agent::{surface_until, texts};
+use delivery_harness::rig::agent::{surface_until, texts};
 
 use crate::support::data_path::*;
 
@@ -79,7 +79,7 @@ async fn binding_while_the_lease_is_not_ready_warns_naming_durable_space_and_hol
     let admin_sub = format!("SUB {} ", insp.names.ctl_serve(CtlService::DeliveryAdmin));
     proxy.hold_from(admin_sub.as_bytes());
     let mut daemon =
-        delivery_harness::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+        delivery_harness::rig::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
             .server(&proxy.url())
             .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
             .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)

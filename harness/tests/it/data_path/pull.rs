@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cotal_delivery::plane::{PULL_EXPIRES, PULL_LOST_MARGIN};
 use cotal_delivery::wire::{FANOUT_DURABLE, READER_DURABLE};
-use delivery_harness::mesh::Inspector;
+use delivery_harness::rig::mesh::Inspector;
 use futures::StreamExt;
 use tokio::time::Instant;
 

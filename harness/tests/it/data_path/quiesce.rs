@@ -13,7 +13,7 @@ use std::time::Duration;
 use cotal_delivery::agent::AgentErrorKind;
 use cotal_delivery::plane::{NOT_SERVING, STOPPED_SERVING};
 use cotal_delivery::wire::{SpaceNames, LEASE_KEY};
-use delivery_harness::agent;
+use delivery_harness::rig::agent;
 use serde_json::json;
 
 use crate::support::data_path::*;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use cotal_delivery::agent::AgentErrorKind;
-use delivery_harness::agent;
+use delivery_harness::rig::agent;
 use delivery_harness::TcpProxy;
 use serde_json::json;
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use cotal_delivery::agent::AgentErrorKind;
 use cotal_delivery::base::{Read, Rows};
 use cotal_delivery::wire::SpaceNames;
-use delivery_harness::agent;
+use delivery_harness::rig::agent;
 use futures::StreamExt;
 use serde_json::json;
 

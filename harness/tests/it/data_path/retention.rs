@@ -7,7 +7,7 @@
 //! happens however fast the writer is.
 
 use cotal_delivery::agent::Backstop;
-use delivery_harness::agent;
+use delivery_harness::rig::agent;
 
 use crate::support::data_path::*;
 

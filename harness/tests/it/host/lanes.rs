@@ -14,10 +14,10 @@ use async_nats::jetstream::kv::Operation;
 use cotal_delivery::provision::Manifest;
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::{MintOptions, Profile};
-use delivery_harness::agent::{self, surface_until, texts};
-use delivery_harness::mesh::{Inspector, Mesh};
-use delivery_harness::proxy::TcpProxy;
-use delivery_harness::scenario::normalise;
+use delivery_harness::kit::transcript::normalise;
+use delivery_harness::rig::agent::{self, surface_until, texts};
+use delivery_harness::rig::mesh::{Inspector, Mesh};
+use delivery_harness::rig::proxy::TcpProxy;
 
 /// The backoff cap the tests run with (`COTAL_DELIVERY_LANE_BACKOFF_MAX_MS`).
 const BACKOFF_MAX_MS: u64 = 2_000;
@@ -48,7 +48,7 @@ fn start_host(
     mesh: &Mesh,
     server: Option<&str>,
     extra: &[(&str, &str)],
-) -> delivery_harness::daemon::Daemon {
+) -> delivery_harness::rig::daemon::Daemon {
     let spec = match server {
         Some(url) => mesh.host_at(mesh.root(), url),
         None => mesh.host(mesh.root()),

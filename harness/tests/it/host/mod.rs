@@ -18,8 +18,8 @@ use crate::support::host::{
 };
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::{manifest_path, Manifest};
-use delivery_harness::mesh::Mesh;
-use delivery_harness::scenario::{normalise, normalise_status};
+use delivery_harness::kit::transcript::{normalise, normalise_status};
+use delivery_harness::rig::mesh::Mesh;
 use futures::StreamExt;
 
 /// A malformed manifest refuses the whole start, naming the file and the fault, before any
@@ -154,10 +154,10 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
 
     // Isolation: alpha's lease taken by a foreign holder; beta keeps answering.
     let beta_agent_material =
-        delivery_harness::agent::provision(&mesh, &ins_b, &beta, "dave", &["general"])
+        delivery_harness::rig::agent::provision(&mesh, &ins_b, &beta, "dave", &["general"])
             .await
             .expect("agent");
-    let beta_agent = delivery_harness::agent::connect(&mesh, &beta_agent_material, "dave")
+    let beta_agent = delivery_harness::rig::agent::connect(&mesh, &beta_agent_material, "dave")
         .await
         .expect("connect");
     beta_agent.list_memberships().await.expect("beta answers");
@@ -214,7 +214,7 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
 
 /// Runs `cotal-delivery status --spaces --root <root>`; returns (exit code, normalised stdout).
 fn host_status(root: &Path) -> (Option<i32>, String) {
-    let out = std::process::Command::new(delivery_harness::daemon::daemon_bin().expect("bin"))
+    let out = std::process::Command::new(delivery_harness::rig::daemon::daemon_bin().expect("bin"))
         .args(["status", "--spaces", "--root"])
         .arg(root)
         .output()

@@ -21,9 +21,9 @@ use cotal_delivery::space::{ReleaseErrorKind, Released};
 use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::Space;
 use cotal_delivery::{start_delivery_service, DeliveryService, HostedContextInputs};
-use delivery_harness::agent::{self, surface_until, texts};
-use delivery_harness::mesh::{Inspector, Mesh};
-use delivery_harness::proxy::TcpProxy;
+use delivery_harness::rig::agent::{self, surface_until, texts};
+use delivery_harness::rig::mesh::{Inspector, Mesh};
+use delivery_harness::rig::proxy::TcpProxy;
 use delivery_harness::ConnState;
 
 /// The broker-gone window the services run with (an explicit, documented input).

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::host::{count_lines, wait_count, HOST_BOUND};
 use cotal_delivery::base;
 use cotal_delivery::provision::Manifest;
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::mesh::Mesh;
 use nix::sys::signal::Signal;
 
 fn send(pid: u32, sig: Signal) {

@@ -3,7 +3,7 @@
 //! quick takeover), two standbys woken by one marker leave one row, a lost watch leaves the
 //! retry and is said once, and a bucket without expiry markers is reported and still taken over
 //! on the retry. Every claim about the lease is read from a broker watch of the key
-//! (`delivery_harness::lease_log`), stamped by the broker.
+//! (`delivery_harness::rig::lease_log`), stamped by the broker.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -13,11 +13,11 @@ use crate::support::host::{
 };
 use cotal_delivery::base::RowOp;
 use cotal_delivery::provision::{prepare_standby_hosts, StandbyPlan};
-use delivery_harness::daemon::Daemon;
-use delivery_harness::lease_log::{LeaseLog, LeaseWrite, LogFrom};
-use delivery_harness::mesh::Mesh;
-use delivery_harness::proxy::TcpProxy;
-use delivery_harness::scenario::normalise;
+use delivery_harness::kit::transcript::normalise;
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::lease_log::{LeaseLog, LeaseWrite, LogFrom};
+use delivery_harness::rig::mesh::Mesh;
+use delivery_harness::rig::proxy::TcpProxy;
 
 /// The standby retry of the watch tests: far beyond every bound below, so a takeover inside
 /// them is the watch's.

@@ -13,15 +13,15 @@ use cotal_delivery::base::ENV_STANDBY_RETRY_MS;
 use cotal_delivery::host::HOST_PID_FILE;
 use cotal_delivery::provision::{manifest_path, Manifest};
 use cotal_delivery::wire::LeaseInfo;
-use delivery_harness::mesh::Mesh;
-use delivery_harness::scenario::{normalise, normalise_status};
+use delivery_harness::kit::transcript::{normalise, normalise_status};
+use delivery_harness::rig::mesh::Mesh;
 use serde_json::Value;
 
 const FOREIGN: &str = "local.UFOREIGNHOLDER";
 
 /// Runs `cotal-delivery status --spaces --root <root> [extra]`.
 fn status(root: &Path, extra: &[&str]) -> Output {
-    std::process::Command::new(delivery_harness::daemon::daemon_bin().expect("bin"))
+    std::process::Command::new(delivery_harness::rig::daemon::daemon_bin().expect("bin"))
         .args(["status", "--spaces", "--root"])
         .arg(root)
         .args(extra)

@@ -7,8 +7,8 @@ use crate::support::data_path::{set_max_msg_size, start_daemon_via_proxy};
 use crate::support::BOUND;
 use cotal_delivery::base::Rows;
 use cotal_delivery::wire::{LeaseInfo, SpaceNames, LEASE_KEY};
-use delivery_harness::daemon::Daemon;
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use delivery_harness::TcpProxy;
 
 /// The header of a create: a write expecting the key never written (a renew or a not-ready

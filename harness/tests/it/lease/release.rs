@@ -11,8 +11,8 @@ use cotal_delivery::base::{delivery_creds_key, FsStore, SecretStore};
 use cotal_delivery::provision::SpaceMaterial;
 use cotal_delivery::space::{evictor_key, observer_key};
 use cotal_delivery::wire::SpaceNames;
-use delivery_harness::daemon::{Daemon, DaemonSpec};
-use delivery_harness::mesh::Inspector;
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
+use delivery_harness::rig::mesh::Inspector;
 use futures::TryStreamExt;
 
 use crate::support::data_path::mesh;

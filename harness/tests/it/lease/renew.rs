@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use cotal_delivery::wire::LEASE_KEY;
-use delivery_harness::mesh::Mesh;
-use delivery_harness::scenario::normalise;
+use delivery_harness::kit::transcript::normalise;
+use delivery_harness::rig::mesh::Mesh;
 
 use crate::support::data_path::start_daemon_via_proxy;
 

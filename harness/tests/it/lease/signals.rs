@@ -10,8 +10,8 @@ use async_nats::jetstream::kv::Operation;
 use cotal_delivery::base;
 use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::{CtlService, SpaceNames, LEASE_KEY};
-use delivery_harness::mesh::Mesh;
-use delivery_harness::scenario::normalise;
+use delivery_harness::kit::transcript::normalise;
+use delivery_harness::rig::mesh::Mesh;
 use futures::{StreamExt, TryStreamExt};
 
 /// Attempts at catching the daemon inside the create→ready window; each is conclusive or not.
@@ -276,9 +276,9 @@ async fn daemon_behind_a_proxy(
 ) -> (
     Mesh,
     cotal_delivery::wire::Space,
-    delivery_harness::mesh::Inspector,
+    delivery_harness::rig::mesh::Inspector,
     delivery_harness::TcpProxy,
-    delivery_harness::daemon::Daemon,
+    delivery_harness::rig::daemon::Daemon,
 ) {
     let mesh = Mesh::demo().await.expect("mesh");
     let space = mesh.space().clone();
@@ -289,7 +289,7 @@ async fn daemon_behind_a_proxy(
     if let Some(pattern) = hold(insp.names()) {
         proxy.hold_from(pattern.as_bytes());
     }
-    let d = delivery_harness::daemon::DaemonSpec::deliver(space.as_str(), mesh.root())
+    let d = delivery_harness::rig::daemon::DaemonSpec::deliver(space.as_str(), mesh.root())
         .server(&proxy.url())
         .spawn()
         .expect("spawn");

@@ -10,8 +10,8 @@ use crate::support::BOUND;
 use cotal_delivery::base::{read_creds_file, write_creds_file_atomic, Credential};
 use cotal_delivery::provision::{remint_daemon_creds_for, RemintOutcome};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
-use delivery_harness::daemon::{Daemon, DaemonSpec};
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
+use delivery_harness::rig::mesh::Mesh;
 use delivery_harness::ConnState;
 use delivery_harness::TcpProxy;
 use serde_json::{json, Value};
@@ -265,7 +265,7 @@ async fn the_daemon_never_opens_the_signer_in_its_root() {
     let signer_files = std::fs::read_dir(&auth).expect("signer saved").count();
     assert!(signer_files >= 2, "broker.json and the account file");
     // Built first (when stale), so the short credential's lifetime is not spent on a build.
-    delivery_harness::daemon::daemon_bin().expect("daemon binary");
+    delivery_harness::rig::daemon::daemon_bin().expect("daemon binary");
     let live = shorten(&mesh, Duration::from_secs(8));
     let opens = Opens::watch(&auth);
     let mut d = start(&mesh, &[("COTAL_DELIVERY_REMINT_RETRY_MS", "1000")]).await;

@@ -19,9 +19,9 @@ use cotal_delivery::provision::{remint_daemon_creds, Preflight, RemintOutcome};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use cotal_delivery::provision::{OperatorAuth, Workspace, SIGNER_BUNDLE_KEY};
 use cotal_delivery::wire::{Space, SpaceNames};
-use delivery_harness::broker::Broker;
-use delivery_harness::daemon::Daemon;
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::broker::Broker;
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::mesh::Mesh;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preflight_keeps_the_last_good_credential_from_a_broker_dead_signer() {

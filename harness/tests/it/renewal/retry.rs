@@ -9,7 +9,7 @@ use cotal_delivery::base::{delivery_creds_key, MemoryStore, SecretStore, StoreId
 use cotal_delivery::provision::{MintOptions, Profile, SpaceMaterial};
 use cotal_delivery::space::{evictor_key, observer_key, HealthConfig};
 use cotal_delivery::{start_delivery_service, HostedContextInputs};
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::mesh::Mesh;
 
 /// The retry the service runs with (its documented input, `tuning.remint_retry`).
 const RETRY: Duration = Duration::from_secs(2);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::BOUND;
 use cotal_delivery::base::{read_creds_file, write_creds_file_atomic};
 use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::mesh::Mesh;
 use delivery_harness::ConnState;
 use nix::sys::signal::Signal;
 

@@ -10,7 +10,7 @@ use cotal_delivery::base::{self, delivery_creds_key, FsStore, MeshRecord, Secret
 use cotal_delivery::provision::MeshAuthority;
 use cotal_delivery::provision::SpaceMaterial;
 use cotal_delivery::space::observer_key;
-use delivery_harness::tls::TestPki;
+use delivery_harness::rig::tls::TestPki;
 use nix::sys::signal::Signal;
 
 /// Detached up then down: up exits 0 with the daemon serving (status healthy, exit 0); down
@@ -226,7 +226,7 @@ async fn hidden_reader_missing() -> Option<String> {
         }
         _ => return Some(format!("the kernel release {release:?} names no version")),
     }
-    let bin = match delivery_harness::daemon::daemon_bin() {
+    let bin = match delivery_harness::rig::daemon::daemon_bin() {
         Ok(bin) => bin,
         Err(e) => return Some(format!("no daemon binary to run as the hidden reader: {e}")),
     };
@@ -275,7 +275,7 @@ async fn hidden_reader_missing() -> Option<String> {
 /// (`EPERM`: alive) but cannot read its command line, as on a host that hides other users'
 /// processes. Its prerequisites are probed first ([`hidden_reader_missing`]).
 async fn status_json_without_cmdlines(root: &std::path::Path) -> serde_json::Value {
-    let bin = delivery_harness::daemon::daemon_bin().expect("daemon binary");
+    let bin = delivery_harness::rig::daemon::daemon_bin().expect("daemon binary");
     let script = format!(
         "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid={uid} --regid={uid} --clear-groups -- {} status --space demo --root {} --json",
         bin.display(),

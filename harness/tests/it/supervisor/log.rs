@@ -138,7 +138,7 @@ async fn every_line_of_the_daemon_log_is_stamped_and_each_run_is_framed() {
         .into_iter()
         .filter(|l| !l.contains(" INFO "))
         // Their order beside each other depends on scheduling; they were awaited above.
-        .filter(|l| !delivery_harness::daemon::is_component_line(l))
+        .filter(|l| !delivery_harness::rig::daemon::is_component_line(l))
         .map(|l| {
             l.replace(&typed_pid.to_string(), "[TYPED PID]")
                 .replace(&detached.to_string(), "[DETACHED PID]")

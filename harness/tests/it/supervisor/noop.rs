@@ -153,7 +153,7 @@ async fn up_passes_metrics_addr_to_the_daemon_it_starts_and_relaunches() {
     let scrape = || async move {
         let deadline = std::time::Instant::now() + COMMAND_BOUND;
         loop {
-            let r = delivery_harness::http::get(port, "/metrics", Duration::from_secs(5))
+            let r = delivery_harness::rig::http::get(port, "/metrics", Duration::from_secs(5))
                 .await
                 .unwrap_or_else(|e| panic!("no metrics at 127.0.0.1:{port}: {e}"));
             assert_eq!(r.status, 200);

@@ -266,7 +266,7 @@ const SHORT_WINDOWS: [(&str, &str); 2] = [
 /// frozen pid and the warning line. The replacement is proved frozen and never recorded itself.
 async fn up_with_a_replacement_that_never_serves(
     root: &std::path::Path,
-) -> (delivery_harness::daemon::Daemon, u32, String) {
+) -> (delivery_harness::rig::daemon::Daemon, u32, String) {
     let (mut up, first) = serving_up(root, &["--lease-ttl-secs", "2"], &SHORT_WINDOWS).await;
     signal(first, Signal::SIGKILL);
     let frozen = freeze_the_replacement(root, first).await;

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames};
-use delivery_harness::daemon::Daemon;
-use delivery_harness::manager::{Manager, Outcome};
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::manager::{Manager, Outcome};
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use serde_json::Value;
 
 use crate::support::data_path as s;

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::pull;
 use cotal_delivery::base::{Read, Rows};
 use cotal_delivery::wire::{LifecycleUid, Principal, Space, SpaceNames};
-use delivery_harness::daemon::{Daemon, DaemonSpec};
-use delivery_harness::mesh::{Inspector, Mesh};
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
+use delivery_harness::rig::mesh::{Inspector, Mesh};
 use futures::TryStreamExt;
 
 /// Nak delay the tests run the daemon with (`COTAL_DELIVERY_NAK_DELAY_MS`).
@@ -59,7 +59,7 @@ pub async fn start_daemon_via_proxy(mesh: &Mesh) -> (delivery_harness::TcpProxy,
 /// "delivery daemon up" (the start-up order of docs/architecture.md), so a proxy hold armed before
 /// this may keep the watch's subscription from the broker, and the watch would then never see a
 /// lease change.
-pub async fn wait_lease_watch_bound(insp: &delivery_harness::mesh::Inspector) {
+pub async fn wait_lease_watch_bound(insp: &delivery_harness::rig::mesh::Inspector) {
     let lease_stream = cotal_delivery::wire::SpaceNames::kv_stream(&insp.names.delivery_bucket());
     eventually("the lease watch bound", UP_BOUND, || async {
         let Ok(stream) = insp.js.get_stream(&lease_stream).await else {
@@ -237,10 +237,10 @@ pub async fn alice_and_bob(
         cotal_delivery::provision::AgentMaterial,
     ),
 ) {
-    let (alice, _) = delivery_harness::agent::spawn(mesh, insp, "alice", &["general"])
+    let (alice, _) = delivery_harness::rig::agent::spawn(mesh, insp, "alice", &["general"])
         .await
         .expect("alice");
-    let bob = delivery_harness::agent::spawn(mesh, insp, "bob", &["general"])
+    let bob = delivery_harness::rig::agent::spawn(mesh, insp, "bob", &["general"])
         .await
         .expect("bob");
     (alice, bob)
@@ -317,14 +317,14 @@ pub async fn burst(insp: &Inspector, from: &cotal_delivery::agent::Agent, channe
 }
 
 /// Pauses (`until` = an RFC 3339 time) or resumes (`None`) the daemon's `fanout` durable.
-pub async fn pause_fanout(insp: &delivery_harness::mesh::Inspector, until: Option<&str>) {
+pub async fn pause_fanout(insp: &delivery_harness::rig::mesh::Inspector, until: Option<&str>) {
     pause_durable(insp, &insp.names.chat_stream(), "fanout", until).await;
 }
 
 /// Pauses (`until` = an RFC 3339 time) or resumes (`None`) one of the daemon's durables on the
 /// broker (`CONSUMER.PAUSE`): while paused the broker hands it nothing, whoever pulls.
 pub async fn pause_durable(
-    insp: &delivery_harness::mesh::Inspector,
+    insp: &delivery_harness::rig::mesh::Inspector,
     stream: &str,
     durable: &str,
     until: Option<&str>,

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use cotal_delivery::base::Credential;
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{CtlService, Principal, Space, SpaceNames};
-use delivery_harness::mesh::Mesh;
+use delivery_harness::rig::mesh::Mesh;
 use futures::StreamExt;
 
 /// insta filters: log timestamps, ports, paths, revisions, durations, uuids, timestamps (nkeys
-/// are numbered by [`delivery_harness::scenario::number_nkeys`] before these apply). The
+/// are numbered by [`delivery_harness::kit::transcript::number_nkeys`] before these apply). The
 /// credited stall keeps whether the daemon was stalled: the meter charges every late 250 ms
 /// tick, so a daemon that
 /// was never stopped still credits scheduling jitter (100 ms seen on two busy cores); under
@@ -49,7 +49,7 @@ macro_rules! snapshot {
         for (re, with) in $crate::support::health::filters() {
             settings.add_filter(re, with);
         }
-        let numbered = delivery_harness::scenario::number_nkeys(&$transcript);
+        let numbered = delivery_harness::kit::transcript::number_nkeys(&$transcript);
         settings.bind(|| insta::assert_snapshot!($name, numbered));
     }};
 }
@@ -63,7 +63,7 @@ pub fn own_lines(transcript: &str) -> String {
         .filter(|l| {
             l.starts_with('✓') || l.starts_with('✗') || l.starts_with('!') || l.starts_with('•')
         })
-        .filter(|l| !delivery_harness::daemon::is_component_line(l))
+        .filter(|l| !delivery_harness::rig::daemon::is_component_line(l))
         .filter(|l| !l.contains("$SYS sweeps bound"))
         .filter(|l| !(l.starts_with('✓') && l.contains("renews its delivery lease")))
         .collect::<Vec<_>>()

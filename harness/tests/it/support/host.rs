@@ -13,8 +13,8 @@ use cotal_delivery::base::read_creds_file;
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::{Principal, Space, LEASE_KEY};
-use delivery_harness::daemon::Daemon;
-use delivery_harness::mesh::Inspector;
+use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::mesh::Inspector;
 use futures::StreamExt;
 
 /// What one wait of the multi-space host tests may take, in s: a lane up or closed, a lease
@@ -40,7 +40,7 @@ pub fn lane_lines(d: &Daemon, space: &str) -> Vec<String> {
     d.lines()
         .iter()
         .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
-        .filter(|l| !delivery_harness::daemon::is_component_line(l))
+        .filter(|l| !delivery_harness::rig::daemon::is_component_line(l))
         .collect()
 }
 

@@ -24,5 +24,5 @@ pub fn snapshot_base() -> insta::Settings {
 
 /// A broker stamp (`YYYY-MM-DDTHH:MM:SS[.fraction]Z`) as unix microseconds.
 pub fn rfc3339_us(text: &str) -> Option<i64> {
-    delivery_harness::connz::rfc3339_unix_us(text)
+    delivery_harness::rig::connz::rfc3339_unix_us(text)
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use cotal_delivery::base;
 use cotal_delivery::wire::Space;
-use delivery_harness::daemon::{Daemon, DaemonSpec};
 use delivery_harness::nats_server_bin;
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
 
 /// What one `cotal-delivery` command line of these scenarios may take to print the line
 /// waited for or to exit, in s: `up` starts a broker, provisions the space and launches the

@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use crate::error::HarnessError;
+use crate::rig::error::HarnessError;
 
 /// Locates the daemon binary: `COTAL_DELIVERY_BIN`, else `<target dir>/<profile>/cotal-delivery`
 /// next to the running test executable, built once with cargo when it is missing or was built

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use cotal_delivery::wire::channel_matches as subject_matches;
 
-use crate::frames::{Direction, Event, Framer, Head};
+use crate::rig::frames::{Direction, Event, Framer, Head};
 
 /// What the delay keeps, and what it kept.
 #[derive(Debug, Default)]

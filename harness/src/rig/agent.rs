@@ -8,8 +8,8 @@ use cotal_delivery::provision::{provision_agent, AgentMaterial};
 use cotal_delivery::provision::{MintOptions, ReadChannels, Roles};
 use cotal_delivery::wire::{Principal, Space};
 
-use crate::error::HarnessError;
-use crate::mesh::{Inspector, Mesh};
+use crate::rig::error::HarnessError;
+use crate::rig::mesh::{Inspector, Mesh};
 
 /// Provisions a fresh lifecycle of `local.<actor>` reading `read` in `space`.
 pub async fn provision(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::error::HarnessError;
+use crate::rig::error::HarnessError;
 
 /// Largest response body accepted.
 pub const MAX_RESPONSE_BYTES: usize = 16 << 20;

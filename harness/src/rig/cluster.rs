@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use cotal_delivery::provision::ClusterConf;
 
-use crate::broker::{Broker, BrokerBuilder};
-use crate::error::HarnessError;
-use crate::http;
-use crate::wait::wait_until;
+use crate::rig::broker::{Broker, BrokerBuilder};
+use crate::rig::error::HarnessError;
+use crate::rig::http;
+use crate::rig::wait::wait_until;
 
 /// Attempts at forming the cluster when a pre-picked cluster port was taken meanwhile.
 const START_ATTEMPTS: usize = 3;

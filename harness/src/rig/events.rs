@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_nats::{ConnectOptions, Event};
 use tokio::sync::mpsc;
 
-use crate::error::HarnessError;
+use crate::rig::error::HarnessError;
 
 /// Events received so far and the channel the client's callback feeds.
 #[derive(Debug)]

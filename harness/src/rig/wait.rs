@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::{timeout_at, Instant};
 
-use crate::error::HarnessError;
+use crate::rig::error::HarnessError;
 
 /// The result of one attempt: done, try again (with a note for the timeout message), or give
 /// up at once.
@@ -114,7 +114,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ErrorKind;
+    use crate::rig::error::ErrorKind;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     #[tokio::test]

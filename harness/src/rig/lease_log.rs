@@ -9,8 +9,8 @@ use cotal_delivery::base::{row_op, RowOp};
 use cotal_delivery::wire::{LeaseInfo, SpaceNames, LEASE_KEY};
 use futures::StreamExt;
 
-use crate::error::HarnessError;
-use crate::mesh::Inspector;
+use crate::rig::error::HarnessError;
+use crate::rig::mesh::Inspector;
 
 /// One write to the lease key, as the broker stored it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,8 +35,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::error::HarnessError;
-use crate::frames::Direction;
+use crate::rig::error::HarnessError;
+use crate::rig::frames::Direction;
 
 mod delay;
 use delay::{Delay, Framing};
@@ -259,7 +259,7 @@ impl TcpProxy {
     /// while held: the hold's proof of what is in flight).
     pub async fn wait_held(&self, needle: &str, bound: Duration) -> Result<(), HarnessError> {
         let what = format!("held client bytes containing {needle:?}");
-        crate::wait::wait_until(bound, HOLD_POLL, &what, || async {
+        crate::rig::wait::wait_until(bound, HOLD_POLL, &what, || async {
             let held = self.held();
             held.windows(needle.len())
                 .any(|w| w == needle.as_bytes())
@@ -326,7 +326,7 @@ impl TcpProxy {
     /// Waits, at most `bound`, until the delay keeps at least `count` whole frames.
     pub async fn wait_delayed(&self, count: usize, bound: Duration) -> Result<(), HarnessError> {
         let what = format!("{count} delayed frames");
-        crate::wait::wait_until(bound, HOLD_POLL, &what, || async {
+        crate::rig::wait::wait_until(bound, HOLD_POLL, &what, || async {
             (self.delayed_count() >= count).then_some(())
         })
         .await

@@ -9,7 +9,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
-use crate::error::HarnessError;
+use crate::rig::error::HarnessError;
 
 /// Paths of the PEM files written by [`TestPki::generate`].
 #[derive(Debug, Clone)]

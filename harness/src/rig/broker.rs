@@ -13,12 +13,12 @@ use cotal_delivery::provision::{ClusterConf, OperatorAuth, ServerConf, TlsFiles}
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
-use crate::error::HarnessError;
-use crate::http;
-use crate::process::ServerProcess;
-use crate::server_bin::nats_server_bin;
-use crate::tls::TestPki;
-use crate::wait::{wait_until, Outcome};
+use crate::rig::error::HarnessError;
+use crate::rig::http;
+use crate::rig::process::ServerProcess;
+use crate::rig::server_bin::nats_server_bin;
+use crate::rig::tls::TestPki;
+use crate::rig::wait::{wait_until, Outcome};
 
 /// Default bound for each readiness stage (ports file, then `/healthz`).
 pub const DEFAULT_READY_BOUND: Duration = Duration::from_secs(20);

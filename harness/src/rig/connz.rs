@@ -6,8 +6,8 @@
 
 use serde_json::Value;
 
-use crate::broker::Broker;
-use crate::error::HarnessError;
+use crate::rig::broker::Broker;
+use crate::rig::error::HarnessError;
 
 /// Connections asked for in one `/connz` page: far above what any test opens, so one page is
 /// the whole list.

@@ -15,10 +15,10 @@ use cotal_delivery::provision::{
 use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::{Space, SpaceNames, LEASE_KEY};
 
-use crate::broker::{Broker, BrokerBuilder};
-use crate::cluster::Cluster;
-use crate::daemon::DaemonSpec;
-use crate::error::HarnessError;
+use crate::rig::broker::{Broker, BrokerBuilder};
+use crate::rig::cluster::Cluster;
+use crate::rig::daemon::DaemonSpec;
+use crate::rig::error::HarnessError;
 
 /// The broker's words (error 10039) while an account's JetStream is not enabled yet ...
 const ACCOUNT_JS_NOT_ENABLED: &str = "JetStream not enabled for account";
@@ -307,7 +307,7 @@ impl Mesh {
         &self,
         credential: &Credential,
         name: &str,
-    ) -> Result<(async_nats::Client, crate::events::ClientEvents), HarnessError> {
+    ) -> Result<(async_nats::Client, crate::rig::events::ClientEvents), HarnessError> {
         let bound = Duration::from_secs(5);
         let nkey = credential
             .public_key()
@@ -320,7 +320,7 @@ impl Mesh {
             bound,
         )
         .map_err(|e| HarnessError::Usage(e.to_string()))?;
-        let (options, events) = crate::events::ClientEvents::capture(options);
+        let (options, events) = crate::rig::events::ClientEvents::capture(options);
         let client = cotal_delivery::base::connect_options(options, &self.url(), name, bound)
             .await
             .map_err(|e| HarnessError::Usage(e.to_string()))?;
@@ -483,12 +483,12 @@ impl Inspector {
         &self.names
     }
 
-    /// A broker watch of the lease key's writes (see [`crate::lease_log`]).
+    /// A broker watch of the lease key's writes (see [`crate::rig::lease_log`]).
     pub async fn lease_log(
         &self,
-        from: crate::lease_log::LogFrom,
-    ) -> Result<crate::lease_log::LeaseLog, HarnessError> {
-        crate::lease_log::LeaseLog::bind(self, from).await
+        from: crate::rig::lease_log::LogFrom,
+    ) -> Result<crate::rig::lease_log::LeaseLog, HarnessError> {
+        crate::rig::lease_log::LeaseLog::bind(self, from).await
     }
 
     /// The lease bucket's stream config, as the broker holds it.

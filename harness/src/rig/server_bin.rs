@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::error::HarnessError;
+use crate::rig::error::HarnessError;
 
 /// Environment variable overriding the binary path.
 pub const NATS_SERVER_BIN_ENV: &str = "NATS_SERVER_BIN";

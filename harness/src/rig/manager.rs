@@ -21,8 +21,8 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::error::HarnessError;
-use crate::mesh::Mesh;
+use crate::rig::error::HarnessError;
+use crate::rig::mesh::Mesh;
 
 /// The documented waits (docs/admin.md).
 #[derive(Debug, Clone)]
