@@ -11,8 +11,7 @@
 
 pub mod kit;
 pub mod rig;
-pub mod sim;
-pub mod simulate;
+pub mod simulation;
 
 pub use rig::{
     nats_server_bin, wait_until, Attempt, Broker, BrokerBuilder, BrokerConn, ClientEvents, Cluster,

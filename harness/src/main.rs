@@ -569,14 +569,18 @@ fn main() {
 /// `harness simulate`: checks the flags (exit 2 naming what was wrong), runs, prints the table,
 /// exits with the verdict's code.
 fn simulate(args: SimulateArgs, cwd: &Path) -> ! {
-    use delivery_harness::simulate::{config, runner, summary};
+    use delivery_harness::simulation::{config, runner, summary};
     if let Some(dir) = &args.check {
         let dir = from_caller(dir.clone(), cwd);
-        let history = delivery_harness::sim::History::read_dir(&dir)
+        let history = delivery_harness::simulation::check::History::read_dir(&dir)
             .unwrap_or_else(|e| refuse(&format!("--check {}: {e}", dir.display())));
-        let snapshot = delivery_harness::sim::Snapshot::read_dir(&dir)
+        let snapshot = delivery_harness::simulation::check::Snapshot::read_dir(&dir)
             .unwrap_or_else(|e| refuse(&format!("--check {}: {e}", dir.display())));
-        let report = delivery_harness::sim::check(&history, &snapshot, &config::check_config());
+        let report = delivery_harness::simulation::check::check(
+            &history,
+            &snapshot,
+            &config::check_config(),
+        );
         println!("{}", report.summary());
         if let Some(p) = args.json {
             let text = report
@@ -594,7 +598,7 @@ fn simulate(args: SimulateArgs, cwd: &Path) -> ! {
         .unwrap_or(0);
     let replay = args.replay.as_ref().map(|dir| {
         let dir = from_caller(dir.clone(), cwd);
-        match delivery_harness::sim::History::read_dir(&dir) {
+        match delivery_harness::simulation::check::History::read_dir(&dir) {
             Ok(history) => runner::ReplaySource { dir, history },
             Err(e) => refuse(&format!("--replay {}: {e}", dir.display())),
         }
@@ -627,7 +631,7 @@ fn simulate(args: SimulateArgs, cwd: &Path) -> ! {
     let (seed, cluster, standby, minutes) = match &replay {
         Some(r) => {
             let h = &r.history.header;
-            let phases = delivery_harness::simulate::replay::phases(&r.history);
+            let phases = delivery_harness::simulation::replay::phases(&r.history);
             (
                 h.seed,
                 h.cluster,
@@ -707,7 +711,7 @@ fn simulate(args: SimulateArgs, cwd: &Path) -> ! {
         }
     }
     let verdict = outcome.report.verdict;
-    use delivery_harness::sim::Verdict;
+    use delivery_harness::simulation::check::Verdict;
     match (&replay_of, verdict) {
         (Some(of), Verdict::Valid) => println!(
             "not reproduced: the replay of {} found nothing invalid (a replay that passes proves nothing fixed: real processes do not replay exactly)",
@@ -743,7 +747,7 @@ fn simulation_mutants(
     control: bool,
     cwd: &Path,
 ) -> ! {
-    use delivery_harness::simulate::mutants;
+    use delivery_harness::simulation::mutants;
     let workspace = catalogue::shipped_root()
         .parent()
         .and_then(|p| p.canonicalize().ok())

@@ -5,8 +5,10 @@
 //! runs").
 
 use delivery_harness::kit::DaemonUnderTest;
-use delivery_harness::sim::{History, Liveness, Snapshot, Verdict, HISTORY_FILE, SNAPSHOT_FILE};
-use delivery_harness::simulate::{run, Options};
+use delivery_harness::simulation::check::{
+    History, Liveness, Snapshot, Verdict, HISTORY_FILE, SNAPSHOT_FILE,
+};
+use delivery_harness::simulation::{run, Options};
 
 /// The seed CI runs (docs/simulation.md names it with its figures).
 const CI_SEED: u64 = 31;
@@ -40,7 +42,7 @@ async fn a_one_minute_simulation_on_one_broker_is_valid_and_keeps_its_history_an
         minutes: CI_MINUTES,
         cluster: false,
         standby: false,
-        agents: delivery_harness::simulate::config::DEFAULT_AGENTS,
+        agents: delivery_harness::simulation::config::DEFAULT_AGENTS,
         dir: run_dir.clone(),
         replay: None,
         progress: false,
@@ -81,10 +83,10 @@ async fn a_one_minute_simulation_on_one_broker_is_valid_and_keeps_its_history_an
     assert_eq!(history.header.seed, CI_SEED);
     assert!(!history.frames.is_empty(), "no frame surfaced");
     assert!(
-        history
-            .ops
-            .iter()
-            .any(|o| matches!(o.call, delivery_harness::sim::Call::FaultStart { .. })),
+        history.ops.iter().any(|o| matches!(
+            o.call,
+            delivery_harness::simulation::check::Call::FaultStart { .. }
+        )),
         "no fault ran"
     );
     Snapshot::read_dir(&run_dir).expect("the snapshot reads back");

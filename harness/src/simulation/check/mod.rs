@@ -1,12 +1,12 @@
-//! The simulation suite's pure core (issue 31): the history a run writes and the checker that
-//! judges it with the broker's final state.
+//! The simulation's pure check: the history a run writes and the checker that judges it with
+//! the broker's final state.
 //!
 //! Owns the history format ([`history`]: JSON lines, `"v": 1`, invoke / ok / fail / unknown per
 //! operation, every surfaced frame, what the runner saw of the daemons), the final-state snapshot
 //! ([`snapshot`]) and the checker ([`checker::check`]) with its report ([`report`]). Invariant:
 //! nothing here talks to a broker or reads a clock, so a stored run is checked exactly as it was
 //! live, and every rule has a unit test over a hand-written history. The live runner (workload,
-//! nemesis, actors) builds on the kit and feeds these types; it is not here.
+//! nemesis, actors) sits above it in the wing and feeds these types; nothing here imports it.
 
 mod checker;
 mod daemons;

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::record::{OpRef, Recorder};
-use crate::sim::{Call, Class, Done, Member, Process, Surfaced};
+use crate::simulation::check::{Call, Class, Done, Member, Process, Surfaced};
 
 /// How often an online agent announces its presence (the writer takes presence younger than
 /// 6 s as fresh).

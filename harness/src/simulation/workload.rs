@@ -16,12 +16,12 @@ use cotal_delivery::provision::{
 use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames};
 use tokio::sync::Mutex;
 
-use super::agents::{self, AgentCtx, Command, Population, Slot};
 use super::config::{self, WorkKind};
+use super::population::{self, AgentCtx, Command, Population, Slot};
 use super::prng::Prng;
 use super::record::Recorder;
 use super::Stage;
-use crate::sim::{Call, Class, Done, Member, Ms, Process};
+use crate::simulation::check::{Call, Class, Done, Member, Ms, Process};
 
 /// The workload's shared handles.
 pub struct Workload {
@@ -158,7 +158,7 @@ impl Workload {
                 return false;
             }
         }
-        let (tx, _) = agents::spawn(self.agents.clone(), slot, actor, member.clone(), material);
+        let (tx, _) = population::spawn(self.agents.clone(), slot, actor, member.clone(), material);
         let mut slots = self.slots();
         if let Some(s) = slots.get_mut(slot) {
             s.member = Some(member);

@@ -20,7 +20,7 @@ use crate::kit::steps::creds::{ReloadExpect, Step as CredsStep};
 use crate::kit::steps::lease::Step as LeaseStep;
 use crate::kit::steps::process::Step as ProcessStep;
 use crate::kit::steps::{Ctx, Step};
-use crate::sim::{Call, Done, FaultKind, Ms, Process};
+use crate::simulation::check::{Call, Done, FaultKind, Ms, Process};
 
 /// Bound on one fault step (a broker restart waits for readiness).
 const STEP_BOUND: Duration = Duration::from_secs(30);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::sim::{
+use crate::simulation::check::{
     Body, Call, Done, Event, HistoryWriter, Member, Ms, Observation, Phase, Process, RunHeader,
     Surfaced,
 };

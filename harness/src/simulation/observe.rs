@@ -23,8 +23,8 @@ use crate::kit::steps::Ctx;
 use crate::kit::world::World;
 use crate::rig::lease_log::{LeaseLog, LogFrom};
 use crate::rig::mesh::Inspector;
-use crate::sim::snapshot::{LeaseOp, LeaseWrite};
-use crate::sim::{classify_exit, Call, Done, Ms, Observation, Process};
+use crate::simulation::check::snapshot::{LeaseOp, LeaseWrite};
+use crate::simulation::check::{classify_exit, Call, Done, Ms, Observation, Process};
 
 /// How often the daemons' lines and exits are read.
 pub const OBSERVE_TICK: Duration = Duration::from_millis(100);
@@ -240,7 +240,7 @@ async fn observe_one(
                     .unwrap_or(RESTART_FIRST);
                 // A live row (its own killed incarnation's, say) refuses every start until it
                 // expires: wait one TTL, as `up` does.
-                let wait = if class == crate::sim::report::ExitClass::LeaseHeld {
+                let wait = if class == crate::simulation::check::report::ExitClass::LeaseHeld {
                     Duration::from_millis(super::config::LEASE_TTL_MS)
                 } else {
                     wait

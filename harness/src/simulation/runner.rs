@@ -13,17 +13,17 @@ use std::time::{Duration, Instant};
 use cotal_delivery::provision::MintOptions;
 use tokio::sync::{watch, Mutex};
 
-use super::agents::AgentCtx;
 use super::config::{self, Phases};
 use super::observe::{self, DaemonPlan, Daemons, LeaseWrites};
+use super::population::AgentCtx;
 use super::prng::Prng;
 use super::record::{Recorder, Tally};
 use super::workload::{self, Workload};
-use super::{nemesis, replay, snapshot, summary, SimError, SimErrorKind, Stage};
+use super::{capture, nemesis, replay, summary, SimError, SimErrorKind, Stage};
 use crate::kit::case::{MeshSpec, Shape};
 use crate::kit::steps::{broker, hosts, rows, Ctx, Step};
 use crate::kit::world::{DaemonUnderTest, RunOptions, World};
-use crate::sim::{check, History, HistoryWriter, Phase, Report, RunHeader};
+use crate::simulation::check::{check, History, HistoryWriter, Phase, Report, RunHeader};
 
 /// Bound on the first daemon serving, before the workload starts.
 const SERVING_START_BOUND: Duration = Duration::from_secs(90);
@@ -365,7 +365,7 @@ pub async fn run(opts: Options) -> Result<Outcome, SimError> {
     keep_logs(&stage, &opts.dir).await;
 
     // The broker's final state, the history read back, the verdict.
-    let snap = snapshot::read(&manager.js, &manager.names, &work.members(), &lease)
+    let snap = capture::read(&manager.js, &manager.names, &work.members(), &lease)
         .await
         .map_err(|e| SimError::new(SimErrorKind::Mesh, format!("read the final state: {e}")))?;
     snap.write_dir(&opts.dir)
@@ -439,7 +439,7 @@ async fn drain(
 ) -> bool {
     let deadline = Instant::now() + Duration::from_millis(config::DRAIN_BOUND_MS);
     loop {
-        let slots: Vec<(usize, bool, Option<crate::sim::Member>)> = work
+        let slots: Vec<(usize, bool, Option<crate::simulation::check::Member>)> = work
             .population
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -451,7 +451,7 @@ async fn drain(
         for (i, online, member) in &slots {
             if member.is_some() && !online {
                 all_online = false;
-                work.send(*i, super::agents::Command::Online);
+                work.send(*i, super::population::Command::Online);
             }
         }
         if all_online && drained(stage, manager, &slots).await {
@@ -467,7 +467,7 @@ async fn drain(
 async fn drained(
     stage: &Mutex<Stage>,
     manager: &crate::rig::mesh::Inspector,
-    slots: &[(usize, bool, Option<crate::sim::Member>)],
+    slots: &[(usize, bool, Option<crate::simulation::check::Member>)],
 ) -> bool {
     {
         let mut s = stage.lock().await;
@@ -505,8 +505,8 @@ async fn stop_daemons(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWr
     let names: Vec<String> = s.daemons.plans.iter().map(|p| p.name.clone()).collect();
     for name in names {
         let op = recorder.invoke(
-            &crate::sim::Process::Runner,
-            crate::sim::Call::DaemonStop {
+            &crate::simulation::check::Process::Runner,
+            crate::simulation::check::Call::DaemonStop {
                 daemon: name.clone(),
             },
             None,
@@ -524,7 +524,7 @@ async fn stop_daemons(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWr
         }
         let Stage { world, daemons } = &mut *s;
         observe::poll(world, daemons, recorder, lease).await;
-        recorder.ok(&op, crate::sim::Done::DaemonStop);
+        recorder.ok(&op, crate::simulation::check::Done::DaemonStop);
     }
 }
 

@@ -4,7 +4,7 @@
 //! durations per mesh shape. The shipped defaults belong to the kit's cases; a simulation
 //! shrinks them so that faults land in a run of minutes.
 
-use crate::sim::{CheckConfig, FaultKind};
+use crate::simulation::check::{CheckConfig, FaultKind};
 
 /// `COTAL_DELIVERY_BROKER_GONE_MS` of a simulation.
 pub const BROKER_GONE_WINDOW_MS: u64 = 8_000;

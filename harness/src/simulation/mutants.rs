@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::runner::{self, Options};
 use crate::kit::mutate::{build_mutated, stale, unmutated};
 use crate::kit::world::DaemonUnderTest;
-use crate::sim::Verdict;
+use crate::simulation::check::Verdict;
 
 /// The file the simulation's mutations are kept in, under `scenarios/`.
 pub const MUTATIONS_FILE: &str = "simulation-mutations.toml";

@@ -13,12 +13,12 @@ use cotal_delivery::wire::{Plane3DeliveryFrame, Plane3Entry, SpaceNames};
 use futures::StreamExt;
 use serde_json::Value;
 
-use super::agents::tag_of;
 use super::observe::LeaseWrites;
-use crate::sim::snapshot::{
+use super::population::tag_of;
+use crate::simulation::check::snapshot::{
     AclRow, MemberRow, Pending, PendingEntry, PendingFrame, PriorInterval, Snapshot,
 };
-use crate::sim::Member;
+use crate::simulation::check::Member;
 
 /// Bound on each broker read of the snapshot.
 const READ_BOUND: Duration = Duration::from_secs(10);

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
-use super::agents::Population;
 use super::config::Phases;
+use super::population::Population;
 use super::record::{Recorder, Tally};
 use super::Stage;
-use crate::sim::{Phase, Report};
+use crate::simulation::check::{Phase, Report};
 
 fn clock(ms: u64) -> String {
     let s = ms / 1000;

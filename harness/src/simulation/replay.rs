@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use super::agents::Command;
 use super::config::{self, Phases};
 use super::nemesis;
 use super::observe::{LeaseWrites, OBSERVE_TICK};
+use super::population::Command;
 use super::record::Recorder;
 use super::workload::Workload;
 use super::Stage;
-use crate::sim::{Call, FaultKind, History, Ms, Observation, Outcome, Phase, Process};
+use crate::simulation::check::{
+    Call, FaultKind, History, Ms, Observation, Outcome, Phase, Process,
+};
 
 /// What a replayed fault waits for: the original waited for `daemon` to serve (its
 /// `after_line` names that serving line), so the replay waits until `daemon` serves again.
@@ -146,7 +148,7 @@ pub fn phases(history: &History) -> Phases {
 pub async fn workload(w: Arc<Workload>, plan: Plan) {
     for (at, process, call) in plan.work {
         w.recorder.sleep_until_ms(at).await;
-        let slot_of_member = |m: &crate::sim::Member| {
+        let slot_of_member = |m: &crate::simulation::check::Member| {
             w.population
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

@@ -1,29 +1,31 @@
-//! `harness simulate`: a seeded workload and nemesis against a live mesh, built on the
-//! qualification kit's world and verbs, recorded as a history (`crate::sim`) and judged by its
-//! checker (docs/simulation.md).
+//! The simulation wing (`harness simulate`, docs/simulation.md): a seeded workload and nemesis
+//! against a live mesh, recorded as a history and judged by a pure checker.
 //!
-//! Owns the live side of the simulation suite: the population and its workload ([`workload`],
-//! [`agents`]), the faults ([`nemesis`]), what the runner sees of the daemons and the lease
-//! ([`observe`]), the broker's final state ([`snapshot`]), the phases and the run directory
-//! ([`runner`]), and replaying a run's schedule ([`replay`]). Invariant: every operation is
-//! recorded as invoke before it starts and as ok / fail / unknown once it is answered, and a
-//! timeout is never recorded as fail; every wait is bounded. Imports the kit (actors, verbs)
-//! and `crate::sim` (the history format and the checker), never the other way round.
+//! Rings, bottom up: [`check`] is pure (the history format, the final-state snapshot, the
+//! checker and its report: nothing there talks to a broker or reads a clock, so a stored run is
+//! checked exactly as it was live); above it the live runner: the population and its workload
+//! ([`population`], [`workload`]), the faults ([`nemesis`]), what the runner sees of the daemons
+//! and the lease ([`observe`]), the broker's final state read into the snapshot ([`capture`]),
+//! the phases and the run directory ([`runner`]), and replaying a run's schedule ([`replay`]).
+//! Invariant: every operation is recorded as invoke before it starts and as ok / fail / unknown
+//! once it is answered, and a timeout is never recorded as fail; every wait is bounded. The live
+//! runner imports the kit (actors, verbs) and [`check`]; [`check`] imports nothing of the wing.
 //!
 //! Anchors: Jepsen (a generator and a nemesis on a schedule, a history, a checker; exit 0/1/2)
 //! and TigerBeetle's Vortex (real processes, faults drawn by weight from a seed, liveness once
 //! the faults heal; the schedule as it really happened is what a replay follows).
 
-pub mod agents;
+pub mod capture;
+pub mod check;
 pub mod config;
 pub mod mutants;
 pub mod nemesis;
 pub mod observe;
+pub mod population;
 pub mod prng;
 pub mod record;
 pub mod replay;
 pub mod runner;
-pub mod snapshot;
 pub mod summary;
 pub mod workload;
 
