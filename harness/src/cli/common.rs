@@ -1,0 +1,167 @@
+//! What every subcommand shares: the daemon under test from its flags, paths as the caller typed
+//! them, the refusal line (exit 2), the runtime, atomic report writes and the catalogue.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use delivery_harness::kit::catalogue::{self, Catalogue};
+use delivery_harness::kit::{DaemonCmd, DaemonUnderTest};
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// The daemon binary to qualify (a `cotal-delivery` of this distribution; default: this
+    /// checkout's own build). A relative path is taken from the directory you type it in; a
+    /// bare name that is no file there is looked up on PATH.
+    #[arg(long, value_name = "PATH", conflicts_with = "daemon_cmd")]
+    pub daemon: Option<PathBuf>,
+    /// Another implementation, started through a command template with the placeholders
+    /// {space} {server} {root} {creds} {tls_ca}; words inside `[ … ]` are dropped when one of
+    /// their placeholders has no value. Cases that need this distribution's own commands are
+    /// skipped, with the reason. Example: 'node daemon.js --space {space} --server {server}
+    /// --root {root} [ --tls-ca {tls_ca} ]'.
+    #[arg(long, value_name = "TEMPLATE")]
+    pub daemon_cmd: Option<String>,
+    /// The nats-server binary (default: NATS_SERVER_BIN, then .tools/, then PATH).
+    #[arg(long, value_name = "PATH")]
+    pub nats_server: Option<PathBuf>,
+    /// Run the scaled form of the cases that run at the shipped defaults (their [scaled]
+    /// windows): what `ci/test` does. Without it they run at the shipped 15 s window, 30 s
+    /// lease TTL, 5 s standby retry.
+    #[arg(long)]
+    pub scaled: bool,
+}
+
+/// A run that could not start: the line naming why, and exit 2.
+pub fn refuse(line: &str) -> ! {
+    eprintln!("harness: {line}");
+    std::process::exit(2);
+}
+
+/// `path` as the caller meant it: relative to the directory the command is typed in; a bare
+/// name that is no file there stays a PATH lookup.
+pub fn from_caller(path: PathBuf, cwd: &Path) -> PathBuf {
+    let bare = path.components().count() == 1 && !cwd.join(&path).exists();
+    if path.is_absolute() || bare {
+        path
+    } else {
+        cwd.join(path)
+    }
+}
+
+/// The program a name runs: itself when it has a directory part, else the first on PATH.
+fn locate(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return Some(program.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+fn executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(format!("{} is not an executable file", path.display()));
+    }
+    Ok(())
+}
+
+/// The first line a program prints for `--version`.
+pub fn version_of(program: &Path) -> String {
+    std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).to_string()
+                + &String::from_utf8_lossy(&o.stderr);
+            text.lines().next().unwrap_or_default().trim().to_string()
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "(no --version)".into())
+}
+
+/// The daemon under test from the flags, checked; exits 2 when it cannot run.
+pub fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, String, String) {
+    if let Some(bin) = &args.nats_server {
+        let bin = from_caller(bin.clone(), cwd);
+        if let Err(e) = executable(&bin) {
+            refuse(&format!("--nats-server: {e}"));
+        }
+        // Read by every broker the harness starts (before any thread of the runtime exists).
+        std::env::set_var(delivery_harness::rig::server_bin::NATS_SERVER_BIN_ENV, &bin);
+    }
+    if let Err(e) = delivery_harness::nats_server_bin() {
+        refuse(&format!("no usable nats-server: {e} (ci/install-nats-server installs one; or pass --nats-server)"));
+    }
+    match (&args.daemon, &args.daemon_cmd) {
+        (_, Some(t)) => {
+            let cmd = DaemonCmd::parse(t).unwrap_or_else(|e| refuse(&e));
+            let program = PathBuf::from(t.split_whitespace().next().unwrap_or_default());
+            if locate(&program).filter(|p| p.is_file()).is_none() {
+                refuse(&format!(
+                    "--daemon-cmd: {} is not a file or on PATH",
+                    program.display()
+                ));
+            }
+            (
+                DaemonUnderTest::Cmd(cmd),
+                format!("--daemon-cmd {t}"),
+                "(a command template)".into(),
+            )
+        }
+        (Some(bin), None) => {
+            let typed = bin.clone();
+            let bin = from_caller(bin.clone(), cwd);
+            let found = locate(&bin).filter(|p| p.exists()).unwrap_or_else(|| {
+                refuse(&format!(
+                    "--daemon {}: no such file ({}), and not on PATH",
+                    typed.display(),
+                    bin.display()
+                ))
+            });
+            if let Err(e) = executable(&found) {
+                refuse(&format!("--daemon: {e}"));
+            }
+            let v = version_of(&found);
+            (
+                DaemonUnderTest::Bin(found.clone()),
+                found.display().to_string(),
+                v,
+            )
+        }
+        (None, None) => {
+            let bin = delivery_harness::rig::daemon::daemon_bin()
+                .unwrap_or_else(|e| refuse(&format!("the checkout's daemon: {e}")));
+            let v = version_of(&bin);
+            (DaemonUnderTest::Workspace, bin.display().to_string(), v)
+        }
+    }
+}
+
+pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| refuse(&format!("could not start the runtime: {e}")))
+}
+
+pub fn load_catalogue(dir: Option<PathBuf>, cwd: &Path) -> Catalogue {
+    let root = dir
+        .map(|d| from_caller(d, cwd))
+        .unwrap_or_else(catalogue::shipped_root);
+    Catalogue::load(&root).unwrap_or_else(|errors| {
+        for e in &errors {
+            eprintln!("harness: {e}");
+        }
+        refuse(&format!("{} case file(s) refused", errors.len()));
+    })
+}

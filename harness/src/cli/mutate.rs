@@ -1,0 +1,222 @@
+//! `harness mutate`: each mutation kept beside the cases applied to a scratch copy of this
+//! checkout, the daemon built there and its case run (KILLED or SURVIVED); with `--simulation`,
+//! each broken build of the simulation against its seed.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use delivery_harness::kit::{catalogue, mutate};
+
+use super::common::{
+    daemon_under_test, from_caller, load_catalogue, refuse, runtime, write_atomic, DaemonArgs,
+};
+
+#[derive(Debug, Args)]
+pub struct MutateArgs {
+    /// Only the mutations of this family, case or mutation id (repeatable).
+    #[arg(long, value_name = "ID")]
+    pub only: Vec<String>,
+    /// List the mutations and run nothing.
+    #[arg(long)]
+    pub list: bool,
+    /// The scratch copy (default: target/mutants); its build is reused between runs.
+    #[arg(long, value_name = "DIR")]
+    pub scratch: Option<PathBuf>,
+    /// Write the results as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The nats-server binary.
+    #[arg(long, value_name = "PATH")]
+    pub nats_server: Option<PathBuf>,
+    /// The simulation's mutations instead (scenarios/simulation-mutations.toml): each
+    /// broken build runs `harness simulate` with its seed and is KILLED when the verdict is
+    /// invalid (docs/simulation.md).
+    #[arg(long)]
+    pub simulation: bool,
+    /// With --simulation: run each seed against the unmutated build first (a control that
+    /// is invalid itself proves nothing), once per seed.
+    #[arg(long, requires = "simulation")]
+    pub control: bool,
+}
+
+pub fn run(args: MutateArgs, cwd: &Path) -> ! {
+    let MutateArgs {
+        only,
+        list,
+        scratch,
+        json,
+        nats_server,
+        simulation,
+        control,
+    } = args;
+    if simulation {
+        simulation_mutants(only, list, scratch, json, nats_server, control, cwd)
+    }
+    let workspace = catalogue::shipped_root()
+        .parent()
+        .and_then(|p| p.canonicalize().ok())
+        .unwrap_or_default();
+    let cat = load_catalogue(None, cwd);
+    let all = mutate::load(&cat, &workspace).unwrap_or_else(|errors| {
+        for e in &errors {
+            eprintln!("harness: {e}");
+        }
+        refuse(&format!("{} mutation(s) refused", errors.len()));
+    });
+    let selected: Vec<mutate::Mutation> = all
+        .into_iter()
+        .filter(|m| {
+            only.is_empty()
+                || only.iter().any(|o| {
+                    *o == m.id || *o == m.case || m.case.split('/').next() == Some(o.as_str())
+                })
+        })
+        .collect();
+    if selected.is_empty() {
+        refuse("no mutation selected");
+    }
+    if list {
+        for m in &selected {
+            println!("{}\t{}\t{}\t{}", m.id, m.case, m.file, m.why);
+        }
+        std::process::exit(0);
+    }
+    let _ = daemon_under_test(
+        &DaemonArgs {
+            daemon: None,
+            daemon_cmd: None,
+            nats_server,
+            scaled: true,
+        },
+        cwd,
+    );
+    let scratch = scratch
+        .map(|s| from_caller(s, cwd))
+        .unwrap_or_else(|| workspace.join("target/mutants"));
+    let results = runtime()
+        .block_on(mutate::run(&cat, &workspace, &scratch, &selected, |l| {
+            eprintln!("{l}")
+        }))
+        .unwrap_or_else(|e| refuse(&e));
+    let mut bad = 0;
+    println!("{:<50} {:<45} fate", "mutation", "case");
+    for r in &results {
+        let fate = match r.fate {
+            mutate::Fate::Killed => "KILLED",
+            mutate::Fate::Survived => "SURVIVED",
+            mutate::Fate::Unbuildable => "UNBUILDABLE",
+            mutate::Fate::ControlFailed => "CONTROL FAILED",
+        };
+        if r.fate != mutate::Fate::Killed {
+            bad += 1;
+        }
+        println!("{:<50} {:<45} {fate}", r.mutation.id, r.mutation.case);
+    }
+    for r in results.iter().filter(|r| r.fate != mutate::Fate::Killed) {
+        println!(
+            "\n{} ({:?}): {}\n  {}",
+            r.mutation.id,
+            r.fate,
+            r.mutation.why,
+            r.detail.replace('\n', "\n  ")
+        );
+    }
+    println!("\n{} killed, {bad} not", results.len() - bad);
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(&results).unwrap_or_default();
+        if let Err(e) = write_atomic(&from_caller(p, cwd), &text) {
+            refuse(&format!("write the JSON: {e}"));
+        }
+    }
+    std::process::exit(if bad == 0 { 0 } else { 1 });
+}
+
+/// `harness mutate --simulation`: each broken daemon build of scenarios/simulation-mutations.toml
+/// against its seed; exit 0 when every one was killed.
+fn simulation_mutants(
+    only: Vec<String>,
+    list: bool,
+    scratch: Option<PathBuf>,
+    json: Option<PathBuf>,
+    nats_server: Option<PathBuf>,
+    control: bool,
+    cwd: &Path,
+) -> ! {
+    use delivery_harness::simulation::mutants;
+    let workspace = catalogue::shipped_root()
+        .parent()
+        .and_then(|p| p.canonicalize().ok())
+        .unwrap_or_default();
+    let all = mutants::load(&workspace).unwrap_or_else(|errors| {
+        for e in &errors {
+            eprintln!("harness: {e}");
+        }
+        refuse(&format!("{} mutation(s) refused", errors.len()));
+    });
+    let selected: Vec<mutants::SimMutation> = all
+        .into_iter()
+        .filter(|m| only.is_empty() || only.contains(&m.id))
+        .collect();
+    if selected.is_empty() {
+        refuse("no mutation selected");
+    }
+    if list {
+        for m in &selected {
+            println!("{}\tseed {}\t{}\t{}", m.id, m.seed, m.file, m.why);
+        }
+        std::process::exit(0);
+    }
+    let _ = daemon_under_test(
+        &DaemonArgs {
+            daemon: None,
+            daemon_cmd: None,
+            nats_server,
+            scaled: false,
+        },
+        cwd,
+    );
+    let scratch = scratch
+        .map(|s| from_caller(s, cwd))
+        .unwrap_or_else(|| workspace.join("target/mutants"));
+    let runs = cwd.join("sim-runs").join("mutants");
+    let results = runtime()
+        .block_on(mutants::run(
+            &workspace,
+            &scratch,
+            &runs,
+            &selected,
+            control,
+            |l| eprintln!("{l}"),
+        ))
+        .unwrap_or_else(|e| refuse(&e));
+    println!(
+        "{:<42} {:>20} {:<9} {:>4} {:>6} {:>10} fate",
+        "mutation", "seed", "verdict", "lost", "leaked", "unexpected"
+    );
+    for r in &results {
+        println!(
+            "{:<42} {:>20} {:<9} {:>4} {:>6} {:>10} {:?}",
+            r.mutation.id,
+            r.mutation.seed,
+            r.verdict
+                .map(|v| format!("{v:?}"))
+                .unwrap_or_else(|| "-".into()),
+            r.lost,
+            r.leaked,
+            r.unexpected,
+            r.fate
+        );
+    }
+    for r in results.iter().filter(|r| r.fate != mutants::Fate::Killed) {
+        println!("\n{} ({:?}): {}", r.mutation.id, r.fate, r.why.join("; "));
+    }
+    println!("run directories: {}", runs.display());
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(&results).unwrap_or_default();
+        if let Err(e) = write_atomic(&from_caller(p, cwd), &text) {
+            refuse(&format!("write the JSON: {e}"));
+        }
+    }
+    let killed = results.iter().all(|r| r.fate == mutants::Fate::Killed);
+    std::process::exit(if killed { 0 } else { 1 });
+}
