@@ -207,7 +207,10 @@ fn simulation_mutants(
             r.fate
         );
     }
-    for r in results.iter().filter(|r| r.fate != mutants::Fate::Killed) {
+    for r in results
+        .iter()
+        .filter(|r| r.fate != mutants::MutantFate::Killed)
+    {
         println!("\n{} ({:?}): {}", r.mutation.id, r.fate, r.why.join("; "));
     }
     println!("run directories: {}", runs.display());
@@ -217,6 +220,8 @@ fn simulation_mutants(
             refuse(&format!("write the JSON: {e}"));
         }
     }
-    let killed = results.iter().all(|r| r.fate == mutants::Fate::Killed);
+    let killed = results
+        .iter()
+        .all(|r| r.fate == mutants::MutantFate::Killed);
     std::process::exit(if killed { 0 } else { 1 });
 }

@@ -43,7 +43,7 @@ pub struct Head {
 
 /// What the framer found in a chunk, in stream order.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Event<'a> {
+pub enum Framed<'a> {
     /// A complete head line (its bytes, CRLF included, possibly gathered over several chunks).
     Head(Head, Vec<u8>),
     /// Bytes of the current frame's payload (and its trailing CRLF).
@@ -82,20 +82,20 @@ impl Framer {
 
     /// Feeds the next chunk of the stream; `on` gets its events in order. The bytes of a head
     /// line that has not ended yet are kept (not reported) until it does.
-    pub fn feed<'a>(&mut self, chunk: &'a [u8], mut on: impl FnMut(Event<'a>)) {
+    pub fn feed<'a>(&mut self, chunk: &'a [u8], mut on: impl FnMut(Framed<'a>)) {
         let mut rest = chunk;
         while !rest.is_empty() {
             if self.lost {
-                on(Event::Raw(rest.to_vec()));
+                on(Framed::Raw(rest.to_vec()));
                 return;
             }
             if self.payload_left > 0 {
                 let n = self.payload_left.min(rest.len());
-                on(Event::Body(&rest[..n]));
+                on(Framed::Body(&rest[..n]));
                 self.payload_left -= n;
                 rest = &rest[n..];
                 if self.payload_left == 0 {
-                    on(Event::End);
+                    on(Framed::End);
                 }
                 continue;
             }
@@ -116,12 +116,12 @@ impl Framer {
                             let payload = head.payload_bytes;
                             let has_payload =
                                 matches!(head.op.as_str(), "PUB" | "HPUB" | "MSG" | "HMSG");
-                            on(Event::Head(head, line));
+                            on(Framed::Head(head, line));
                             if has_payload {
                                 // The payload and its CRLF.
                                 self.payload_left = payload + 2;
                             } else {
-                                on(Event::End);
+                                on(Framed::End);
                             }
                         }
                         None => self.lose(&mut on),
@@ -132,11 +132,11 @@ impl Framer {
     }
 
     /// Gives up: what was gathered goes out raw, and so does everything after.
-    fn lose<'a>(&mut self, on: &mut impl FnMut(Event<'a>)) {
+    fn lose<'a>(&mut self, on: &mut impl FnMut(Framed<'a>)) {
         self.lost = true;
         let kept = std::mem::take(&mut self.line);
         if !kept.is_empty() {
-            on(Event::Raw(kept));
+            on(Framed::Raw(kept));
         }
     }
 
@@ -209,19 +209,19 @@ mod tests {
         let mut bytes = Vec::new();
         for c in chunks {
             f.feed(c, |e| match e {
-                Event::Head(h, line) => {
+                Framed::Head(h, line) => {
                     events.push(format!(
                         "head {} {:?} {:?} {}",
                         h.op, h.subject, h.reply, h.payload_bytes
                     ));
                     bytes.extend(line);
                 }
-                Event::Body(b) => {
+                Framed::Body(b) => {
                     events.push(format!("body {}", b.len()));
                     bytes.extend_from_slice(b);
                 }
-                Event::End => events.push("end".into()),
-                Event::Raw(r) => {
+                Framed::End => events.push("end".into()),
+                Framed::Raw(r) => {
                     events.push(format!("raw {}", r.len()));
                     bytes.extend(r);
                 }

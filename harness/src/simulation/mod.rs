@@ -33,7 +33,7 @@ use std::fmt;
 
 use crate::kit::world::World;
 
-pub use runner::{run, Options, Outcome};
+pub use runner::{run, Finished, Options};
 
 /// The world the run acts on and what the runner knows of its daemons, behind one lock: the
 /// nemesis, the observer and the supervisor take it in turns.

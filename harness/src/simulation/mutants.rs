@@ -49,7 +49,7 @@ pub struct SimMutation {
 /// How a mutation fared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Fate {
+pub enum MutantFate {
     /// The run was invalid.
     Killed,
     /// The run was valid: the checker did not see the broken behaviour with this seed.
@@ -66,7 +66,7 @@ pub enum Fate {
 #[derive(Debug, Clone, Serialize)]
 pub struct MutantResult {
     pub mutation: SimMutation,
-    pub fate: Fate,
+    pub fate: MutantFate,
     pub verdict: Option<Verdict>,
     pub lost: usize,
     pub leaked: usize,
@@ -105,7 +105,7 @@ async fn simulate(
     seed: u64,
     minutes: f64,
     dir: PathBuf,
-) -> Result<super::Outcome, String> {
+) -> Result<super::Finished, String> {
     let _ = std::fs::remove_dir_all(&dir);
     runner::run(Options {
         daemon: DaemonUnderTest::Bin(bin.to_path_buf()),
@@ -144,7 +144,7 @@ pub async fn run(
         let dir = runs.join(&m.id);
         let mut result = MutantResult {
             mutation: m.clone(),
-            fate: Fate::CouldNotRun,
+            fate: MutantFate::CouldNotRun,
             verdict: None,
             lost: 0,
             leaked: 0,
@@ -170,11 +170,11 @@ pub async fn run(
                 slot.insert(verdict);
             }
             if let Some(Err(why)) = controls.get(&key) {
-                result.fate = Fate::ControlFailed;
+                result.fate = MutantFate::ControlFailed;
                 result.why = why.clone();
             }
         }
-        if result.fate != Fate::ControlFailed {
+        if result.fate != MutantFate::ControlFailed {
             match build_mutated(workspace, scratch, &m.file, &m.find, &m.replace)? {
                 Err(e) => result.why = vec![format!("does not build: {e}")],
                 Ok(bin) => {
@@ -191,9 +191,9 @@ pub async fn run(
                                 r.duplicates.iter().filter(|d| !d.allowed).count();
                             result.why = r.why.clone();
                             result.fate = match r.verdict {
-                                Verdict::Invalid => Fate::Killed,
-                                Verdict::Valid => Fate::Survived,
-                                Verdict::Unknown => Fate::Undecided,
+                                Verdict::Invalid => MutantFate::Killed,
+                                Verdict::Valid => MutantFate::Survived,
+                                Verdict::Unknown => MutantFate::Undecided,
                             };
                         }
                         Err(e) => result.why = vec![e],

@@ -23,7 +23,7 @@ use crate::kit::steps::Ctx;
 use crate::kit::world::World;
 use crate::rig::lease_log::{LeaseLog, LogFrom};
 use crate::rig::mesh::Inspector;
-use crate::simulation::check::snapshot::{LeaseOp, LeaseWrite};
+use crate::simulation::check::snapshot::{LeaseOp, LeaseRecord};
 use crate::simulation::check::{classify_exit, Call, Done, Ms, Observation, Process};
 
 /// How often the daemons' lines and exits are read.
@@ -121,7 +121,7 @@ impl Daemons {
 }
 
 /// The lease key's writes by revision, as the broker stamped them.
-pub type LeaseWrites = Arc<Mutex<BTreeMap<u64, LeaseWrite>>>;
+pub type LeaseWrites = Arc<Mutex<BTreeMap<u64, LeaseRecord>>>;
 
 /// Reads every daemon's new lines and exit into observations, then starts again the daemons
 /// that exited and may be.
@@ -422,7 +422,7 @@ pub async fn watch_lease(
         };
         match current.next(LEASE_POLL).await {
             Ok(Some(w)) => {
-                let write = LeaseWrite {
+                let write = LeaseRecord {
                     revision: w.revision,
                     ms: recorder.run_ms_of(w.stamped).unwrap_or(0),
                     op: match w.op {

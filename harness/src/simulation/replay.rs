@@ -20,7 +20,7 @@ use super::record::Recorder;
 use super::workload::Workload;
 use super::Stage;
 use crate::simulation::check::{
-    Call, FaultKind, History, Ms, Observation, Outcome, Phase, Process,
+    Call, Completion, FaultKind, History, Ms, Observation, Phase, Process,
 };
 
 /// What a replayed fault waits for: the original waited for `daemon` to serve (its
@@ -32,7 +32,7 @@ pub struct After {
 
 /// A fault to replay.
 #[derive(Debug, Clone)]
-pub struct Fault {
+pub struct ReplayFault {
     pub at: Ms,
     pub id: u64,
     pub kind: FaultKind,
@@ -47,7 +47,7 @@ pub struct Fault {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub work: Vec<(Ms, Process, Call)>,
-    pub faults: Vec<Fault>,
+    pub faults: Vec<ReplayFault>,
 }
 
 fn kind_of(o: &Observation) -> (&str, &'static str) {
@@ -73,7 +73,7 @@ impl Plan {
                     target,
                     planned_ms,
                 } => {
-                    if matches!(op.outcome, Outcome::Fail { .. }) {
+                    if matches!(op.outcome, Completion::Fail { .. }) {
                         continue;
                     }
                     let after = op.after_line.and_then(|line| {
@@ -90,7 +90,7 @@ impl Plan {
                         .iter()
                         .find(|e| matches!(e.call, Call::FaultEnd { fault: f } if f == *fault))
                         .map(|e| at(e.invoke_ms));
-                    faults.push(Fault {
+                    faults.push(ReplayFault {
                         at: at(op.invoke_ms),
                         id: *fault,
                         kind: *kind,

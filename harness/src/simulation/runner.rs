@@ -65,7 +65,7 @@ pub struct Options {
 }
 
 /// How a run ended.
-pub struct Outcome {
+pub struct Finished {
     pub report: Report,
     pub dir: PathBuf,
     pub tally: Tally,
@@ -133,7 +133,7 @@ async fn lease_caught_up(view: &crate::rig::mesh::Inspector, lease: &LeaseWrites
 }
 
 /// Runs one simulation to its verdict.
-pub async fn run(opts: Options) -> Result<Outcome, SimError> {
+pub async fn run(opts: Options) -> Result<Finished, SimError> {
     let wall = Instant::now();
     std::fs::create_dir_all(&opts.dir).map_err(|e| {
         SimError::new(
@@ -387,7 +387,7 @@ pub async fn run(opts: Options) -> Result<Outcome, SimError> {
     })?;
     let tally = recorder.tally();
     drop(stage);
-    Ok(Outcome {
+    Ok(Finished {
         report,
         dir: opts.dir,
         tally,

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use cotal_delivery::wire::channel_matches as subject_matches;
 
-use crate::rig::frames::{Direction, Event, Framer, Head};
+use crate::rig::frames::{Direction, Framed, Framer, Head};
 
 /// What the delay keeps, and what it kept.
 #[derive(Debug, Default)]
@@ -171,7 +171,7 @@ impl Framing {
         let keeping = &mut self.keeping;
         let mut out = Vec::with_capacity(chunk.len());
         self.framer.feed(chunk, |e| match e {
-            Event::Head(head, line) => {
+            Framed::Head(head, line) => {
                 *keeping = match direction {
                     Direction::ToBroker => d.client_head(id, &head),
                     Direction::ToClient => d.broker_head(id, &head),
@@ -184,16 +184,16 @@ impl Framing {
                     }
                 }
             }
-            Event::Body(bytes) => match *keeping {
+            Framed::Body(bytes) => match *keeping {
                 Some(round) if d.keep(id, direction, round, bytes) => {}
                 _ => out.extend_from_slice(bytes),
             },
-            Event::End => {
+            Framed::End => {
                 if let Some(round) = keeping.take() {
                     d.ended(round);
                 }
             }
-            Event::Raw(bytes) => out.extend(bytes),
+            Framed::Raw(bytes) => out.extend(bytes),
         });
         (d.take_released(id, direction), out)
     }

@@ -11,68 +11,19 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::bounds::CheckConfig;
 use super::daemons;
-use super::history::{Class, FaultKind, FrameEvent, History, Member, Ms, Outcome};
-use super::model::{Post, Standing, World};
+use super::history::{Class, Completion, FaultKind, FrameEvent, History, Member, Ms};
+use super::model::{Model, Posted, Standing};
 use super::report::{
     Counts, Duplicate, DuplicateWhy, FaultRef, Leak, LeakKind, Liveness, Lost, PostRef, Report,
     SingleFlight, Stuck, Uncertain, Undecided, Unexpected, UnexpectedKind, Verdict,
 };
 use super::snapshot::Snapshot;
 
-/// The bounds the rules judge time by. Defaults are the seeds' (broker-gone window 15 s,
-/// backstop four times it, lease TTL 30 s); the runner passes what it configured the daemon
-/// with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckConfig {
-    /// `COTAL_DELIVERY_BROKER_GONE_MS`.
-    pub broker_gone_window_ms: Ms,
-    /// `COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS`.
-    pub broker_gone_backstop_ms: Ms,
-    /// How long a broker that stops answering without closing the socket takes to count as
-    /// disconnected (two unanswered client pings: 2 × `COTAL_DELIVERY_PING_INTERVAL_MS`, plus
-    /// one interval for where the clock stood).
-    pub silent_detect_ms: Ms,
-    /// Slack on either side of a broker-gone exit's window.
-    pub exit_margin_ms: Ms,
-    /// The lease bucket's TTL: a row not renewed this long is gone.
-    pub lease_ttl_ms: Ms,
-    /// How long a daemon thawed from a pause, or whose row was replaced, may still look as if
-    /// it serves before noticing: overlaps no longer than this are not reported.
-    pub takeover_grace_ms: Ms,
-    /// Most time between the reader's check and the broker's stamp of its hand-off, when no
-    /// fault runs: bounds when the check happened, for leaks after a narrowing.
-    pub handoff_slack_ms: Ms,
-    /// Most time from a post's ok to its hand-off (fan-out, then the reader's check) while a
-    /// daemon serves and no fault runs: bounds when a mention was resolved against presence,
-    /// and makes a narrowing begun after it irrelevant to the post.
-    pub handoff_bound_ms: Ms,
-    /// The first post after the heal must surface within this of its ok.
-    pub liveness_bound_ms: Ms,
-    /// The DLV stream's duplicate window: a hand-off repeated later than this is not deduped.
-    pub dedup_window_ms: Ms,
-}
-
-impl Default for CheckConfig {
-    fn default() -> CheckConfig {
-        CheckConfig {
-            broker_gone_window_ms: 15_000,
-            broker_gone_backstop_ms: 60_000,
-            silent_detect_ms: 7_500,
-            exit_margin_ms: 3_000,
-            lease_ttl_ms: 30_000,
-            takeover_grace_ms: 2_000,
-            handoff_slack_ms: 2_000,
-            handoff_bound_ms: 10_000,
-            liveness_bound_ms: 30_000,
-            dedup_window_ms: 120_000,
-        }
-    }
-}
-
 /// Checks a run: the history, the broker's final state and the bounds to judge time by.
 pub fn check(history: &History, snapshot: &Snapshot, cfg: &CheckConfig) -> Report {
-    let world = World::build(history, snapshot, cfg);
+    let model = Model::build(history, snapshot, cfg);
     let mut report = Report {
         verdict: Verdict::Unknown,
         why: Vec::new(),
@@ -88,14 +39,14 @@ pub fn check(history: &History, snapshot: &Snapshot, cfg: &CheckConfig) -> Repor
             why: "not run".into(),
         },
     };
-    let matched = match_frames(&world, &mut report);
-    let owed = delivery(&world, &matched, &mut report);
-    leaks(&world, &matched, &mut report);
-    duplicates(&world, &matched, &mut report);
-    report.liveness = liveness(&world, &owed, &matched);
-    report.single_flight = daemons::single_flight(&world);
-    report.exits = daemons::exits(&world);
-    count(&world, &matched, &mut report);
+    let matched = match_frames(&model, &mut report);
+    let owed = delivery(&model, &matched, &mut report);
+    leaks(&model, &matched, &mut report);
+    duplicates(&model, &matched, &mut report);
+    report.liveness = liveness(&model, &owed, &matched);
+    report.single_flight = daemons::single_flight(&model);
+    report.exits = daemons::exits(&model);
+    count(&model, &matched, &mut report);
     report.decide();
     report
 }
@@ -106,7 +57,7 @@ type OwedMap<'h> = BTreeMap<usize, Vec<&'h Member>>;
 /// The frames of each (member, post), in surface order.
 type Matched<'h> = BTreeMap<(&'h Member, usize), Vec<&'h FrameEvent>>;
 
-pub(crate) fn post_ref(p: &Post<'_>) -> PostRef {
+pub(crate) fn post_ref(p: &Posted<'_>) -> PostRef {
     PostRef {
         op: p.op.id,
         sender: p.sender.clone(),
@@ -120,11 +71,11 @@ pub(crate) fn post_ref(p: &Post<'_>) -> PostRef {
 /// Pairs each frame with the post it is a copy of: by the workload's tag, else by message id
 /// (ids the workload used once), else by the CHAT sequence the frame carries. A frame that
 /// fits none, or whose post failed or went to another channel, is unexpected.
-fn match_frames<'h>(world: &World<'h>, report: &mut Report) -> Matched<'h> {
+fn match_frames<'h>(model: &Model<'h>, report: &mut Report) -> Matched<'h> {
     let mut by_tag: HashMap<&str, usize> = HashMap::new();
     let mut by_id: HashMap<&str, Option<usize>> = HashMap::new();
     let mut by_seq: HashMap<u64, usize> = HashMap::new();
-    for (i, p) in world.posts.iter().enumerate() {
+    for (i, p) in model.posts.iter().enumerate() {
         by_tag.insert(p.tag, i);
         if let Some(id) = p.id {
             // An id posted twice names neither post.
@@ -135,7 +86,7 @@ fn match_frames<'h>(world: &World<'h>, report: &mut Report) -> Matched<'h> {
         }
     }
     let mut matched: Matched<'h> = BTreeMap::new();
-    for f in &world.history.frames {
+    for f in &model.history.frames {
         let fr = &f.frame;
         let found = fr
             .tag
@@ -161,8 +112,8 @@ fn match_frames<'h>(world: &World<'h>, report: &mut Report) -> Matched<'h> {
                 .push(unexpected(UnexpectedKind::NoSuchPost));
             continue;
         };
-        let p = &world.posts[i];
-        if matches!(p.op.outcome, Outcome::Fail { .. }) {
+        let p = &model.posts[i];
+        if matches!(p.op.outcome, Completion::Fail { .. }) {
             report
                 .unexpected
                 .push(unexpected(UnexpectedKind::FailedPost { op: p.op.id }));
@@ -203,13 +154,13 @@ pub(crate) enum Due {
 /// `until` is when the hand-off certainly happened (see [`handoff_deadline`]): a write invoked
 /// after it cannot have been in force at the reader's check.
 pub(crate) fn authorized(
-    world: &World<'_>,
+    model: &Model<'_>,
     member: &Member,
     channel: &str,
     from: Ms,
     until: Ms,
 ) -> Due {
-    let Some(lc) = world.lifecycles.get(member) else {
+    let Some(lc) = model.lifecycles.get(member) else {
         return Due::NotOwed("never provisioned".into());
     };
     if lc.name.is_none() {
@@ -253,25 +204,25 @@ pub(crate) fn authorized(
 
 /// Who is owed post `p`, and how sure: members whose interval admits its sequence (durable),
 /// or the peer its mention resolves to (live).
-fn owed_to<'h>(world: &World<'h>, p: &Post<'h>) -> Vec<(&'h Member, Due)> {
+fn owed_to<'h>(model: &Model<'h>, p: &Posted<'h>) -> Vec<(&'h Member, Due)> {
     let (Some(seq), Some(ok_ms)) = (p.seq, p.op.outcome.ok_ms()) else {
         return Vec::new();
     };
-    let until = handoff_deadline(world, p.op.invoke_ms, ok_ms);
+    let until = handoff_deadline(model, p.op.invoke_ms, ok_ms);
     let mut out = Vec::new();
     match p.class {
         Class::Durable => {
-            for (member, lc) in &world.lifecycles {
+            for (member, lc) in &model.lifecycles {
                 if *member == p.sender || !lc.channels.contains_key(p.channel) {
                     continue;
                 }
-                let standing = world.standing(member, p.channel, seq);
+                let standing = model.standing(member, p.channel, seq);
                 if standing == Standing::Outside {
                     continue;
                 }
                 let owed = match (
                     standing,
-                    authorized(world, member, p.channel, p.op.invoke_ms, until),
+                    authorized(model, member, p.channel, p.op.invoke_ms, until),
                 ) {
                     (_, Due::NotOwed(why)) => Due::NotOwed(why),
                     (Standing::Inside, o) => o,
@@ -285,7 +236,7 @@ fn owed_to<'h>(world: &World<'h>, p: &Post<'h>) -> Vec<(&'h Member, Due)> {
         }
         Class::Live => {
             for name in p.mentions {
-                let Some(member) = mention_target(world, p, name) else {
+                let Some(member) = mention_target(model, p, name) else {
                     continue;
                 };
                 if out.iter().any(|(m, _)| *m == member) {
@@ -294,9 +245,9 @@ fn owed_to<'h>(world: &World<'h>, p: &Post<'h>) -> Vec<(&'h Member, Due)> {
                 // The writer resolves presence when it routes the post: fresh only if the
                 // peer was online until the hand-off surely happened.
                 let fresh =
-                    until < Ms::MAX && world.online_throughout(member, p.op.invoke_ms, until);
+                    until < Ms::MAX && model.online_throughout(member, p.op.invoke_ms, until);
                 let owed = if fresh {
-                    authorized(world, member, p.channel, p.op.invoke_ms, until)
+                    authorized(model, member, p.channel, p.op.invoke_ms, until)
                 } else {
                     Due::NotOwed("presence not provably fresh when the post was routed".into())
                 };
@@ -311,15 +262,15 @@ fn owed_to<'h>(world: &World<'h>, p: &Post<'h>) -> Vec<(&'h Member, Due)> {
 /// the hand-off bound, if a daemon served and nothing faulted all that time (capped at the
 /// run's end phase, when the runner stops the daemons); otherwise it may have happened any time
 /// (`Ms::MAX`).
-fn handoff_deadline(world: &World<'_>, invoke: Ms, ok: Ms) -> Ms {
-    let end = world
+fn handoff_deadline(model: &Model<'_>, invoke: Ms, ok: Ms) -> Ms {
+    let end = model
         .history
         .phase_ms(super::history::Phase::End)
-        .unwrap_or(world.history.end_ms);
-    let until = ok.saturating_add(world.cfg.handoff_bound_ms).min(end);
+        .unwrap_or(model.history.end_ms);
+    let until = ok.saturating_add(model.cfg.handoff_bound_ms).min(end);
     if until >= invoke
-        && world.served_throughout(invoke, until)
-        && world.faults_within(invoke, until).is_empty()
+        && model.served_throughout(invoke, until)
+        && model.faults_within(invoke, until).is_empty()
     {
         until
     } else {
@@ -329,8 +280,8 @@ fn handoff_deadline(world: &World<'_>, invoke: Ms, ok: Ms) -> Ms {
 
 /// The one lifecycle a mention reaches: the name names exactly one principal (not the
 /// sender), and that principal has exactly one lifecycle not retired.
-fn mention_target<'h>(world: &World<'h>, p: &Post<'h>, name: &str) -> Option<&'h Member> {
-    let named = world.named(name);
+fn mention_target<'h>(model: &Model<'h>, p: &Posted<'h>, name: &str) -> Option<&'h Member> {
+    let named = model.named(name);
     let principal = named.first()?.principal();
     if named.iter().any(|m| m.principal() != principal) || principal == p.sender.principal() {
         return None;
@@ -338,7 +289,7 @@ fn mention_target<'h>(world: &World<'h>, p: &Post<'h>, name: &str) -> Option<&'h
     let live: Vec<&'h Member> = named
         .into_iter()
         .filter(|m| {
-            world
+            model
                 .lifecycles
                 .get(m)
                 .is_some_and(|lc| !lc.retired && !lc.maybe_retired)
@@ -351,10 +302,10 @@ fn mention_target<'h>(world: &World<'h>, p: &Post<'h>, name: &str) -> Option<&'h
 }
 
 /// Lost and uncertain: every (post, member) owed, and whether the member surfaced it.
-fn delivery<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) -> OwedMap<'h> {
+fn delivery<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report) -> OwedMap<'h> {
     let mut owed_map = OwedMap::new();
-    for (i, p) in world.posts.iter().enumerate() {
-        for (member, owed) in owed_to(world, p) {
+    for (i, p) in model.posts.iter().enumerate() {
+        for (member, owed) in owed_to(model, p) {
             let surfaced = matched.contains_key(&(member, i));
             match owed {
                 Due::NotOwed(_) => report.counts.not_owed += 1,
@@ -377,9 +328,9 @@ fn delivery<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) -
                         report.lost.push(Lost {
                             post: post_ref(p),
                             member: member.clone(),
-                            stuck: stuck(world.snapshot, member, p),
-                            faults: world
-                                .faults_within(p.op.invoke_ms, world.history.end_ms)
+                            stuck: stuck(model.snapshot, member, p),
+                            faults: model
+                                .faults_within(p.op.invoke_ms, model.history.end_ms)
                                 .into_iter()
                                 .map(|f| FaultRef {
                                     id: f.id,
@@ -399,7 +350,7 @@ fn delivery<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) -
 }
 
 /// Where a lost post still sits for the member, if the broker still holds it.
-fn stuck(snapshot: &Snapshot, member: &Member, p: &Post<'_>) -> Option<Stuck> {
+fn stuck(snapshot: &Snapshot, member: &Member, p: &Posted<'_>) -> Option<Stuck> {
     let pending = snapshot.pending_of(member)?;
     let same = |tag: &Option<String>, id: &Option<String>| {
         tag.as_deref() == Some(p.tag) || (p.id.is_some() && id.as_deref() == p.id)
@@ -424,9 +375,9 @@ fn stuck(snapshot: &Snapshot, member: &Member, p: &Post<'_>) -> Option<Stuck> {
 /// Leaks: a frame outside the member's interval, a live post's frame to a member no mention
 /// names, or a frame whose reader check certainly ran after a narrowing or retirement was
 /// acknowledged.
-fn leaks<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
+fn leaks<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report) {
     for (&(member, i), frames) in matched {
-        let p = &world.posts[i];
+        let p = &model.posts[i];
         for f in frames {
             let leak = |kind| Leak {
                 post: post_ref(p),
@@ -443,7 +394,7 @@ fn leaks<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
                 why,
             };
             match (p.class, p.seq) {
-                (Class::Durable, Some(seq)) => match world.standing(member, p.channel, seq) {
+                (Class::Durable, Some(seq)) => match model.standing(member, p.channel, seq) {
                     Standing::Inside | Standing::InGap => {}
                     Standing::Outside => {
                         report.leaked.push(leak(LeakKind::OutsideInterval));
@@ -456,7 +407,7 @@ fn leaks<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
                 },
                 (Class::Live, _) => {
                     let named = p.mentions.iter().any(|n| {
-                        world
+                        model
                             .named(n)
                             .iter()
                             .any(|m| m.principal() == member.principal())
@@ -475,7 +426,7 @@ fn leaks<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
                 }
                 (Class::Durable, None) => {}
             }
-            match after_exclusion(world, member, p, f) {
+            match after_exclusion(model, member, p, f) {
                 Some(Ok(kind)) => report.leaked.push(leak(kind)),
                 Some(Err(why)) => report.uncertain.push(undecided(why)),
                 None => {}
@@ -492,17 +443,17 @@ fn leaks<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
 /// hand-off (or the surface, without a stamp); with a stamp and no fault around it, no earlier
 /// than the stamp less the hand-off slack.
 fn after_exclusion(
-    world: &World<'_>,
+    model: &Model<'_>,
     member: &Member,
-    p: &Post<'_>,
+    p: &Posted<'_>,
     f: &FrameEvent,
 ) -> Option<Result<LeakKind, String>> {
-    let lc = world.lifecycles.get(member)?;
+    let lc = model.lifecycles.get(member)?;
     let latest = f.frame.handed_off_ms.unwrap_or(f.ms);
     let mut earliest = p.op.invoke_ms;
     if let Some(stamp) = f.frame.handed_off_ms {
-        let from = stamp.saturating_sub(world.cfg.handoff_slack_ms);
-        if world.faults_within(from, stamp).is_empty() {
+        let from = stamp.saturating_sub(model.cfg.handoff_slack_ms);
+        if model.faults_within(from, stamp).is_empty() {
             earliest = earliest.max(from);
         }
     }
@@ -550,8 +501,8 @@ fn after_exclusion(
 pub const BROKER_ACK_LOSS_MS: Ms = 5_000;
 
 /// Duplicates: each frame of a (member, post) after the first, classified.
-fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report) {
-    let exits: Vec<Ms> = world
+fn duplicates<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report) {
+    let exits: Vec<Ms> = model
         .history
         .observed
         .iter()
@@ -559,7 +510,7 @@ fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report)
         .map(|o| o.ms)
         .collect();
     for (&(member, i), frames) in matched {
-        let p = &world.posts[i];
+        let p = &model.posts[i];
         let Some(first) = frames.first() else {
             continue;
         };
@@ -572,7 +523,7 @@ fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report)
                 if same.frame.acked {
                     // A broker killed just after it confirmed the ack may restart from consumer
                     // state it stored before the ack, and deliver the frame again.
-                    let lost_by_broker = world.faults.iter().any(|f| {
+                    let lost_by_broker = model.faults.iter().any(|f| {
                         matches!(f.kind, FaultKind::BrokerKill | FaultKind::NodeKill)
                             && f.from_ms >= same.ms
                             && f.from_ms <= same.ms.saturating_add(BROKER_ACK_LOSS_MS)
@@ -592,7 +543,7 @@ fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report)
                 let t0 = first.frame.handed_off_ms.unwrap_or(first.ms);
                 let t1 = again.frame.handed_off_ms.unwrap_or(again.ms);
                 let crashed = exits.iter().any(|&e| e >= t0 && e <= t1);
-                if crashed && t1.saturating_sub(t0) >= world.cfg.dedup_window_ms {
+                if crashed && t1.saturating_sub(t0) >= model.cfg.dedup_window_ms {
                     DuplicateWhy::CrashRedelivery
                 } else {
                     DuplicateWhy::SecondHandOff
@@ -615,26 +566,26 @@ fn duplicates<'h>(world: &World<'h>, matched: &Matched<'h>, report: &mut Report)
 /// After the heal, the first post owed to a member online to surface it must surface within
 /// the bound. A member offline in that time cannot surface anything, whatever the daemon does,
 /// so such a post says nothing about liveness and the next one is taken.
-fn liveness<'h>(world: &World<'h>, owed: &OwedMap<'h>, matched: &Matched<'h>) -> Liveness {
-    let Some(heal) = world.history.phase_ms(super::history::Phase::Heal) else {
+fn liveness<'h>(model: &Model<'h>, owed: &OwedMap<'h>, matched: &Matched<'h>) -> Liveness {
+    let Some(heal) = model.history.phase_ms(super::history::Phase::Heal) else {
         return Liveness::NotChecked {
             why: "the history has no heal phase".into(),
         };
     };
-    let bound = world.cfg.liveness_bound_ms;
+    let bound = model.cfg.liveness_bound_ms;
     let mut after: Vec<(&usize, &Vec<&'h Member>)> = owed
         .iter()
-        .filter(|(i, _)| world.posts[**i].op.invoke_ms >= heal)
+        .filter(|(i, _)| model.posts[**i].op.invoke_ms >= heal)
         .collect();
-    after.sort_by_key(|(i, _)| (world.posts[**i].op.invoke_ms, **i));
+    after.sort_by_key(|(i, _)| (model.posts[**i].op.invoke_ms, **i));
     let first = after.into_iter().find_map(|(&i, members)| {
-        let p = &world.posts[i];
+        let p = &model.posts[i];
         let ok = p.op.outcome.ok_ms().unwrap_or(p.op.invoke_ms);
-        let until = ok.saturating_add(bound).min(world.history.end_ms);
+        let until = ok.saturating_add(bound).min(model.history.end_ms);
         let online: Vec<&Member> = members
             .iter()
             .copied()
-            .filter(|m| world.online_throughout(m, p.op.invoke_ms, until))
+            .filter(|m| model.online_throughout(m, p.op.invoke_ms, until))
             .collect();
         (!online.is_empty()).then_some((i, ok, online))
     });
@@ -643,7 +594,7 @@ fn liveness<'h>(world: &World<'h>, owed: &OwedMap<'h>, matched: &Matched<'h>) ->
             why: "no post after the heal was owed to a member online to surface it".into(),
         };
     };
-    let p = &world.posts[i];
+    let p = &model.posts[i];
     let surfaced = members
         .iter()
         .filter_map(|m| matched.get(&(*m, i)))
@@ -661,11 +612,11 @@ fn liveness<'h>(world: &World<'h>, owed: &OwedMap<'h>, matched: &Matched<'h>) ->
     }
 }
 
-fn count(world: &World<'_>, matched: &Matched<'_>, report: &mut Report) {
+fn count(model: &Model<'_>, matched: &Matched<'_>, report: &mut Report) {
     let c = &mut report.counts;
-    c.posts = world.posts.len() as u64;
-    c.posts_ok = world.posts.iter().filter(|p| p.seq.is_some()).count() as u64;
-    c.posts_indeterminate = world
+    c.posts = model.posts.len() as u64;
+    c.posts_ok = model.posts.iter().filter(|p| p.seq.is_some()).count() as u64;
+    c.posts_indeterminate = model
         .posts
         .iter()
         .filter(|p| p.op.outcome.is_indeterminate())
@@ -673,10 +624,10 @@ fn count(world: &World<'_>, matched: &Matched<'_>, report: &mut Report) {
     let surfaced: std::collections::BTreeSet<usize> = matched.keys().map(|(_, i)| *i).collect();
     c.recovered = surfaced
         .iter()
-        .filter(|i| world.posts[**i].op.outcome.is_indeterminate())
+        .filter(|i| model.posts[**i].op.outcome.is_indeterminate())
         .count() as u64;
-    c.frames = world.history.frames.len() as u64;
-    for f in &world.faults {
+    c.frames = model.history.frames.len() as u64;
+    for f in &model.faults {
         *c.faults.entry(f.kind.name().to_string()).or_default() += 1;
     }
 }

@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 
 use super::history::{Call, FaultKind, Ms, Observation};
-use super::model::{Fault, World};
+use super::model::{FaultSpan, Model};
 use super::report::{
     ExitClass, ExitJudgement, ExitReport, ForeignWrite, Overlap, OverlapSeen, SingleFlight,
 };
-use super::snapshot::{LeaseOp, LeaseWrite};
+use super::snapshot::{LeaseOp, LeaseRecord};
 
 /// Overlapping serving spans, a daemon serving while another holder's lease row is written,
 /// and lease rows written over another holder's live row.
@@ -17,14 +17,14 @@ use super::snapshot::{LeaseOp, LeaseWrite};
 /// A daemon's serving span runs from its serving line to its quiesce or exit; a pause of that
 /// daemon (SIGSTOP) is cut out of it, and so is the grace after its SIGCONT, in which it has
 /// not yet seen that its lease was taken. Overlaps no longer than that grace are not reported.
-pub(crate) fn single_flight(world: &World<'_>) -> SingleFlight {
-    let grace = world.cfg.takeover_grace_ms;
+pub(crate) fn single_flight(model: &Model<'_>) -> SingleFlight {
+    let grace = model.cfg.takeover_grace_ms;
     let mut spans: BTreeMap<&str, Vec<(Ms, Ms)>> = BTreeMap::new();
-    for (daemon, served) in &world.serving {
-        let frozen: Vec<(Ms, Ms)> = world
+    for (daemon, served) in &model.serving {
+        let frozen: Vec<(Ms, Ms)> = model
             .faults
             .iter()
-            .filter(|f| f.kind.freezes() && World::daemon_of_target(&f.target) == Some(daemon))
+            .filter(|f| f.kind.freezes() && Model::daemon_of_target(&f.target) == Some(daemon))
             .map(|f| (f.from_ms, f.to_ms.saturating_add(grace)))
             .collect();
         let mut cut = served.clone();
@@ -60,9 +60,9 @@ pub(crate) fn single_flight(world: &World<'_>) -> SingleFlight {
     // The lease row says who holds it: another holder's row written while a daemon still
     // serves (past the grace before its span ends) is two daemons serving at once, whether or
     // not the runner saw the other's serving line.
-    let names = holder_names(world);
+    let names = holder_names(model);
     for (daemon, cut) in &spans {
-        for w in world
+        for w in model
             .snapshot
             .lease_writes
             .iter()
@@ -86,7 +86,7 @@ pub(crate) fn single_flight(world: &World<'_>) -> SingleFlight {
             }
         }
     }
-    out.foreign_writes = foreign_writes(world, &names);
+    out.foreign_writes = foreign_writes(model, &names);
     out
 }
 
@@ -100,7 +100,7 @@ impl HolderNames<'_> {
             .map(|d| d.to_string())
             .unwrap_or_else(|| format!("{holder}/{incarnation}"))
     }
-    fn name(&self, w: &LeaseWrite) -> String {
+    fn name(&self, w: &LeaseRecord) -> String {
         self.of(
             w.holder.as_deref().unwrap_or(""),
             w.incarnation.as_deref().unwrap_or(""),
@@ -108,9 +108,9 @@ impl HolderNames<'_> {
     }
 }
 
-fn holder_names<'h>(world: &World<'h>) -> HolderNames<'h> {
+fn holder_names<'h>(model: &Model<'h>) -> HolderNames<'h> {
     let mut names = BTreeMap::new();
-    for o in &world.history.observed {
+    for o in &model.history.observed {
         if let Observation::DaemonServing {
             daemon,
             holder,
@@ -138,9 +138,9 @@ fn subtract(span: (Ms, Ms), hole: (Ms, Ms)) -> Vec<(Ms, Ms)> {
 
 /// A row write while another holder's row is live (not deleted, not expired, written less than
 /// a TTL ago): the writer did not hold the lease.
-fn foreign_writes(world: &World<'_>, names: &HolderNames<'_>) -> Vec<ForeignWrite> {
+fn foreign_writes(model: &Model<'_>, names: &HolderNames<'_>) -> Vec<ForeignWrite> {
     let name = |h: &str, i: &str| names.of(h, i);
-    let mut writes: Vec<_> = world.snapshot.lease_writes.iter().collect();
+    let mut writes: Vec<_> = model.snapshot.lease_writes.iter().collect();
     writes.sort_by_key(|w| w.revision);
     let mut live: Option<(&str, &str, Ms)> = None;
     let mut out = Vec::new();
@@ -150,7 +150,7 @@ fn foreign_writes(world: &World<'_>, names: &HolderNames<'_>) -> Vec<ForeignWrit
                 let holder = w.holder.as_deref().unwrap_or("");
                 let inc = w.incarnation.as_deref().unwrap_or("");
                 if let Some((h, i, at)) = live {
-                    let expired = w.ms >= at.saturating_add(world.cfg.lease_ttl_ms);
+                    let expired = w.ms >= at.saturating_add(model.cfg.lease_ttl_ms);
                     if (h, i) != (holder, inc) && !expired {
                         out.push(ForeignWrite {
                             revision: w.revision,
@@ -224,8 +224,8 @@ pub fn classify_exit(code: Option<i32>, signal: Option<i32>, last_line: Option<&
 }
 
 /// Every daemon exit, classified and judged.
-pub(crate) fn exits(world: &World<'_>) -> Vec<ExitReport> {
-    world
+pub(crate) fn exits(model: &Model<'_>) -> Vec<ExitReport> {
+    model
         .history
         .observed
         .iter()
@@ -245,7 +245,7 @@ pub(crate) fn exits(world: &World<'_>) -> Vec<ExitReport> {
                     signal: *signal,
                     last_line: last_line.clone(),
                     class,
-                    judged: judge(world, daemon, o.ms, class),
+                    judged: judge(model, daemon, o.ms, class),
                 })
             }
             _ => None,
@@ -253,23 +253,23 @@ pub(crate) fn exits(world: &World<'_>) -> Vec<ExitReport> {
         .collect()
 }
 
-fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudgement {
-    let aimed = |f: &&Fault, kinds: &[FaultKind]| {
+fn judge(model: &Model<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudgement {
+    let aimed = |f: &&FaultSpan, kinds: &[FaultKind]| {
         kinds.contains(&f.kind)
-            && World::daemon_of_target(&f.target) == Some(daemon)
+            && Model::daemon_of_target(&f.target) == Some(daemon)
             && f.from_ms <= at
     };
     let expected = |because: String| ExitJudgement::Expected { because };
-    let stopped = world.history.ops.iter().any(|op| {
+    let stopped = model.history.ops.iter().any(|op| {
         matches!(&op.call, Call::DaemonStop { daemon: d } if d == daemon) && op.invoke_ms <= at
     });
     match class {
         ExitClass::BrokerGone | ExitClass::BrokerGoneBackstop => {
-            broker_gone(world, daemon, at, class)
+            broker_gone(model, daemon, at, class)
         }
         ExitClass::Killed => {
-            let margin = world.cfg.exit_margin_ms;
-            match world.faults.iter().find(|f| {
+            let margin = model.cfg.exit_margin_ms;
+            match model.faults.iter().find(|f| {
                 aimed(f, &[FaultKind::DaemonKill]) && at <= f.to_ms.saturating_add(margin)
             }) {
                 Some(f) => expected(format!("SIGKILL of fault {}", f.id)),
@@ -279,7 +279,7 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             }
         }
         ExitClass::Signal => {
-            if let Some(f) = world
+            if let Some(f) = model
                 .faults
                 .iter()
                 .find(|f| aimed(f, &[FaultKind::DaemonRestart]))
@@ -293,7 +293,7 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             }
         }
         ExitClass::CredentialExpired => {
-            match world
+            match model
                 .faults
                 .iter()
                 .find(|f| aimed(f, &[FaultKind::CredentialExpiry]))
@@ -311,18 +311,18 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             if class == ExitClass::LeaseHeld {
                 // The daemon read the row before it exited, up to a margin before the runner saw
                 // the exit (its shutdown, the observation tick): a row live then explains it.
-                let since = at.saturating_sub(world.cfg.exit_margin_ms);
-                if let Some(by) = live_row_within(world, since, at) {
+                let since = at.saturating_sub(model.cfg.exit_margin_ms);
+                if let Some(by) = live_row_within(model, since, at) {
                     return expected(format!("the lease row of {by} was live"));
                 }
             }
-            if let Some(other) = other_holder_before(world, daemon, at) {
+            if let Some(other) = other_holder_before(model, daemon, at) {
                 return expected(format!("the lease was held by {other}"));
             }
-            match world.faults.iter().find(|f| {
+            match model.faults.iter().find(|f| {
                 f.from_ms <= at
                     && (f.kind == FaultKind::LeaseDelete
-                        || (f.kind.freezes() && World::daemon_of_target(&f.target) == Some(daemon)))
+                        || (f.kind.freezes() && Model::daemon_of_target(&f.target) == Some(daemon)))
             }) {
                 Some(f) => expected(format!("{} of fault {}", f.kind.name(), f.id)),
                 None => ExitJudgement::Unexplained,
@@ -330,8 +330,8 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
         }
         ExitClass::Unreachable => {
             // Started while a fault kept the broker away: "restart once the broker is up".
-            let margin = world.cfg.exit_margin_ms;
-            match world.faults.iter().find(|f| {
+            let margin = model.cfg.exit_margin_ms;
+            match model.faults.iter().find(|f| {
                 f.kind.cuts_broker() && f.from_ms <= at && at <= f.to_ms.saturating_add(margin)
             }) {
                 Some(f) => expected(format!("{} of fault {}", f.kind.name(), f.id)),
@@ -345,8 +345,8 @@ fn judge(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
 /// The holder of a lease row live at some moment in `[from, to]` (a row written by `to`, not
 /// replaced by another write before `from`, and less than a TTL old at `from`), if the snapshot
 /// has one.
-fn live_row_within(world: &World<'_>, from: Ms, to: Ms) -> Option<String> {
-    let mut writes: Vec<&LeaseWrite> = world
+fn live_row_within(model: &Model<'_>, from: Ms, to: Ms) -> Option<String> {
+    let mut writes: Vec<&LeaseRecord> = model
         .snapshot
         .lease_writes
         .iter()
@@ -357,14 +357,14 @@ fn live_row_within(world: &World<'_>, from: Ms, to: Ms) -> Option<String> {
         let replaced_before = writes.get(k + 1).is_some_and(|next| next.ms <= from);
         w.op == LeaseOp::Row
             && !replaced_before
-            && from < w.ms.saturating_add(world.cfg.lease_ttl_ms)
+            && from < w.ms.saturating_add(model.cfg.lease_ttl_ms)
     })?;
-    Some(holder_names(world).name(live.1))
+    Some(holder_names(model).name(live.1))
 }
 
 /// Another daemon that wrote the lease row or said it served before `at`.
-fn other_holder_before(world: &World<'_>, daemon: &str, at: Ms) -> Option<String> {
-    let mine: Vec<(&str, &str)> = world
+fn other_holder_before(model: &Model<'_>, daemon: &str, at: Ms) -> Option<String> {
+    let mine: Vec<(&str, &str)> = model
         .history
         .observed
         .iter()
@@ -377,7 +377,7 @@ fn other_holder_before(world: &World<'_>, daemon: &str, at: Ms) -> Option<String
             _ => None,
         })
         .collect();
-    let row = world.snapshot.lease_writes.iter().find(|w| {
+    let row = model.snapshot.lease_writes.iter().find(|w| {
         w.op == LeaseOp::Row
             && w.ms <= at
             && !mine.contains(&(
@@ -388,7 +388,7 @@ fn other_holder_before(world: &World<'_>, daemon: &str, at: Ms) -> Option<String
     if let Some(w) = row {
         return Some(w.holder.clone().unwrap_or_default());
     }
-    world
+    model
         .serving
         .iter()
         .find(|(d, spans)| d.as_str() != daemon && spans.iter().any(|(from, _)| *from <= at))
@@ -400,12 +400,12 @@ fn other_holder_before(world: &World<'_>, daemon: &str, at: Ms) -> Option<String
 /// that plus the time a silent broker takes to count as gone, plus the margin. A pause of the
 /// daemon itself is credited as its own stall, so the window line may then come as late as the
 /// backstop.
-fn broker_gone(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudgement {
-    let cfg = world.cfg;
-    let stalled = world.faults.iter().any(|f| {
-        f.kind.freezes() && World::daemon_of_target(&f.target) == Some(daemon) && f.from_ms <= at
+fn broker_gone(model: &Model<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudgement {
+    let cfg = model.cfg;
+    let stalled = model.faults.iter().any(|f| {
+        f.kind.freezes() && Model::daemon_of_target(&f.target) == Some(daemon) && f.from_ms <= at
     });
-    let causes: Vec<&Fault> = world
+    let causes: Vec<&FaultSpan> = model
         .faults
         .iter()
         .filter(|f| f.kind.cuts_broker() && f.from_ms <= at)
@@ -413,9 +413,9 @@ fn broker_gone(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> Exi
     // Past the backstop "however long the daemon was stalled": a daemon frozen long enough
     // for the broker to drop it may find itself past the backstop once thawed.
     if class == ExitClass::BrokerGoneBackstop {
-        let thawed = world.faults.iter().find(|f| {
+        let thawed = model.faults.iter().find(|f| {
             f.kind.freezes()
-                && World::daemon_of_target(&f.target) == Some(daemon)
+                && Model::daemon_of_target(&f.target) == Some(daemon)
                 && f.from_ms <= at
                 && at
                     <= f.to_ms
@@ -429,7 +429,7 @@ fn broker_gone(world: &World<'_>, daemon: &str, at: Ms, class: ExitClass) -> Exi
             };
         }
     }
-    let window = |f: &Fault| {
+    let window = |f: &FaultSpan| {
         let detect = if f.kind.is_silent() {
             cfg.silent_detect_ms
         } else {

@@ -8,6 +8,7 @@
 //! live, and every rule has a unit test over a hand-written history. The live runner (workload,
 //! nemesis, actors) sits above it in the wing and feeds these types; nothing here imports it.
 
+mod bounds;
 mod checker;
 mod daemons;
 pub mod history;
@@ -18,12 +19,13 @@ pub mod snapshot;
 #[cfg(test)]
 mod tests;
 
-pub use checker::{check, CheckConfig};
+pub use bounds::CheckConfig;
+pub use checker::check;
 pub use daemons::classify_exit;
 pub use history::{
-    Body, Call, Class, Done, Event, FaultKind, History, HistoryError, HistoryErrorKind,
-    HistoryWriter, Member, MemberError, MemberErrorKind, Ms, Observation, Op, Outcome, Phase,
-    Process, RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION,
+    Body, Call, Class, Completion, Done, Event, FaultKind, History, HistoryError, HistoryErrorKind,
+    HistoryWriter, Member, MemberError, MemberErrorKind, Ms, Observation, Op, Phase, Process,
+    RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION,
 };
 pub use report::{Liveness, Report, Verdict};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotErrorKind, SNAPSHOT_FILE};

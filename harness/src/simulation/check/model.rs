@@ -12,8 +12,10 @@ use std::collections::BTreeMap;
 
 use cotal_delivery::wire::channel_matches;
 
-use super::checker::CheckConfig;
-use super::history::{Call, Class, Done, FaultKind, History, Member, Ms, Observation, Op, Outcome};
+use super::bounds::CheckConfig;
+use super::history::{
+    Call, Class, Completion, Done, FaultKind, History, Member, Ms, Observation, Op,
+};
 use super::snapshot::Snapshot;
 
 /// A cursor known to lie in `[lo, hi]` (`lo == hi`: known exactly).
@@ -67,7 +69,7 @@ pub(crate) enum Standing {
 
 /// A post, as posted.
 #[derive(Debug, Clone)]
-pub(crate) struct Post<'h> {
+pub(crate) struct Posted<'h> {
     pub op: &'h Op,
     pub sender: &'h Member,
     pub channel: &'h str,
@@ -103,7 +105,7 @@ impl AclWrite<'_> {
 /// A fault as it really ran: from its start's invoke to its end's completion (or the end of
 /// the history, when it never ended).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Fault {
+pub(crate) struct FaultSpan {
     pub id: u64,
     pub kind: FaultKind,
     pub target: String,
@@ -138,13 +140,13 @@ pub(crate) struct Lifecycle<'h> {
 }
 
 /// The run, as the rules read it.
-pub(crate) struct World<'h> {
+pub(crate) struct Model<'h> {
     pub history: &'h History,
     pub snapshot: &'h Snapshot,
     pub cfg: &'h CheckConfig,
-    pub posts: Vec<Post<'h>>,
+    pub posts: Vec<Posted<'h>>,
     pub lifecycles: BTreeMap<&'h Member, Lifecycle<'h>>,
-    pub faults: Vec<Fault>,
+    pub faults: Vec<FaultSpan>,
     /// Per daemon: spans `[from, to)` it said it served.
     pub serving: BTreeMap<String, Vec<(Ms, Ms)>>,
     /// `(ok ms, seq)` of every post acknowledged, by ok time, with the running max of seq.
@@ -154,9 +156,9 @@ pub(crate) struct World<'h> {
     invoked: Vec<(Ms, u64)>,
 }
 
-impl<'h> World<'h> {
-    pub fn build(history: &'h History, snapshot: &'h Snapshot, cfg: &'h CheckConfig) -> World<'h> {
-        let mut world = World {
+impl<'h> Model<'h> {
+    pub fn build(history: &'h History, snapshot: &'h Snapshot, cfg: &'h CheckConfig) -> Model<'h> {
+        let mut model = Model {
             history,
             snapshot,
             cfg,
@@ -167,11 +169,11 @@ impl<'h> World<'h> {
             acked: Vec::new(),
             invoked: Vec::new(),
         };
-        world.collect_posts();
-        world.collect_lifecycles();
-        world.collect_faults();
-        world.collect_serving();
-        world
+        model.collect_posts();
+        model.collect_lifecycles();
+        model.collect_faults();
+        model.collect_serving();
+        model
     }
 
     fn collect_posts(&mut self) {
@@ -190,7 +192,7 @@ impl<'h> World<'h> {
                 continue;
             };
             let seq = match &op.outcome {
-                Outcome::Ok {
+                Completion::Ok {
                     done: Done::Post { seq },
                     ..
                 } => Some(*seq),
@@ -200,7 +202,7 @@ impl<'h> World<'h> {
                 self.acked.push((ok, seq));
                 self.invoked.push((op.invoke_ms, seq));
             }
-            self.posts.push(Post {
+            self.posts.push(Posted {
                 op,
                 sender,
                 channel,
@@ -268,7 +270,7 @@ impl<'h> World<'h> {
                 }
                 // A write the broker refused changed nothing.
                 Call::AclNarrow { member, allow } | Call::AclWiden { member, allow }
-                    if !matches!(op.outcome, Outcome::Fail { .. }) =>
+                    if !matches!(op.outcome, Completion::Fail { .. }) =>
                 {
                     let acked_ms = op.outcome.ok_ms();
                     self.lifecycle(member).acl.push(AclWrite {
@@ -277,7 +279,7 @@ impl<'h> World<'h> {
                         acked_ms,
                     });
                 }
-                Call::Retire { member } if !matches!(op.outcome, Outcome::Fail { .. }) => {
+                Call::Retire { member } if !matches!(op.outcome, Completion::Fail { .. }) => {
                     let acked_ms = op.outcome.ok_ms();
                     self.lifecycle(member).acl.push(AclWrite {
                         op,
@@ -306,7 +308,7 @@ impl<'h> World<'h> {
             return;
         };
         let revision_of = |w: &AclWrite<'_>| match &w.op.outcome {
-            Outcome::Ok {
+            Completion::Ok {
                 done:
                     Done::Provision { revision }
                     | Done::AclNarrow { revision }
@@ -362,11 +364,11 @@ impl<'h> World<'h> {
         let mut since: Option<Ms> = None;
         for op in self.ops_of(member) {
             match (&op.call, &op.outcome) {
-                (Call::Online, Outcome::Ok { ms, .. }) => {
+                (Call::Online, Completion::Ok { ms, .. }) => {
                     since.get_or_insert(*ms);
                 }
                 // Offline from its invoke, whatever the answer: presence may lapse then.
-                (Call::Offline, outcome) if !matches!(outcome, Outcome::Fail { .. }) => {
+                (Call::Offline, outcome) if !matches!(outcome, Completion::Fail { .. }) => {
                     if let Some(from) = since.take() {
                         spans.push((from, op.invoke_ms));
                     }
@@ -406,7 +408,7 @@ impl<'h> World<'h> {
                 .filter_map(|o| match (&o.call, &o.outcome) {
                     (
                         Call::Join { channel: c },
-                        Outcome::Ok {
+                        Completion::Ok {
                             done: Done::Join { generation, .. },
                             ..
                         },
@@ -476,7 +478,7 @@ impl<'h> World<'h> {
             let (channel, certain_generation) = match (&op.call, &op.outcome) {
                 (
                     Call::Join { channel },
-                    Outcome::Ok {
+                    Completion::Ok {
                         done: Done::Join { generation, .. },
                         ..
                     },
@@ -486,7 +488,7 @@ impl<'h> World<'h> {
                         channel,
                         generation,
                     },
-                    Outcome::Ok { .. },
+                    Completion::Ok { .. },
                 ) => (channel, Some(*generation)),
                 (Call::Join { channel } | Call::Leave { channel, .. }, _) => (channel, None),
                 _ => continue,
@@ -496,9 +498,9 @@ impl<'h> World<'h> {
                 Some(g) => *tail = (tail.0.max(g), Vec::new(), false),
                 None => match (&op.call, &op.outcome) {
                     // It wrote nothing, or put back what it replaced (`leaves_the_count`).
-                    (Call::Join { .. }, Outcome::Fail { error, .. }) if leaves_the_count(error) => {
-                    }
-                    (Call::Join { .. }, Outcome::Unknown { .. } | Outcome::Pending) => {
+                    (Call::Join { .. }, Completion::Fail { error, .. })
+                        if leaves_the_count(error) => {}
+                    (Call::Join { .. }, Completion::Unknown { .. } | Completion::Pending) => {
                         tail.1.push(op)
                     }
                     // A refusal may have written the row and removed it: nothing is inferred.
@@ -526,8 +528,8 @@ impl<'h> World<'h> {
 
     fn apply_join(&self, member: &Member, channel: &str, op: &Op, intervals: &mut Vec<Interval>) {
         let (start, generation, certain) = match &op.outcome {
-            Outcome::Fail { .. } => return,
-            Outcome::Ok {
+            Completion::Fail { .. } => return,
+            Completion::Ok {
                 ms,
                 done:
                     Done::Join {
@@ -584,7 +586,7 @@ impl<'h> World<'h> {
             .rposition(|i| i.generation == Some(generation))
             .or_else(|| intervals.iter().rposition(|i| i.generation.is_none()));
         match &op.outcome {
-            Outcome::Ok {
+            Completion::Ok {
                 ms,
                 done:
                     Done::Leave {
@@ -605,13 +607,13 @@ impl<'h> World<'h> {
                 };
                 interval.end = End::Closed { at, certain: true };
             }
-            Outcome::Fail { ms, .. } => {
+            Completion::Fail { ms, .. } => {
                 // A leave refused after its write takes the row back: between the two, the
                 // reader may have dropped entries past the temporary cursor.
                 let b = self.cursor_between(op.invoke_ms, *ms);
                 gaps.push((b.lo, b.hi));
             }
-            Outcome::Unknown { .. } | Outcome::Pending => {
+            Completion::Unknown { .. } | Completion::Pending => {
                 let lo = self.cursor_between(op.invoke_ms, op.invoke_ms).lo;
                 let Some(t) = target else { return };
                 let interval = &mut intervals[t];
@@ -638,7 +640,7 @@ impl<'h> World<'h> {
                     }
                 }
             }
-            Outcome::Ok { .. } => {}
+            Completion::Ok { .. } => {}
         }
     }
 
@@ -660,14 +662,14 @@ impl<'h> World<'h> {
             else {
                 continue;
             };
-            if matches!(op.outcome, Outcome::Fail { .. }) {
+            if matches!(op.outcome, Completion::Fail { .. }) {
                 continue;
             }
             let to_ms = match ends.get(fault).map(|o| &o.outcome) {
-                Some(Outcome::Ok { ms, .. }) => *ms,
+                Some(Completion::Ok { ms, .. }) => *ms,
                 _ => end,
             };
-            self.faults.push(Fault {
+            self.faults.push(FaultSpan {
                 id: *fault,
                 kind: *kind,
                 target: target.clone(),
@@ -764,7 +766,7 @@ impl<'h> World<'h> {
     }
 
     /// The faults whose span meets `[from, to]`.
-    pub fn faults_within(&self, from: Ms, to: Ms) -> Vec<&Fault> {
+    pub fn faults_within(&self, from: Ms, to: Ms) -> Vec<&FaultSpan> {
         self.faults
             .iter()
             .filter(|f| f.from_ms <= to && f.to_ms >= from)
@@ -822,7 +824,7 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
         match (&op.call, &op.outcome) {
             (
                 Call::Join { channel },
-                Outcome::Ok {
+                Completion::Ok {
                     done: Done::Join { generation, .. },
                     ..
                 },
@@ -845,8 +847,8 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
             // refused as its daemon stopped serving put back the row it replaced (or removed
             // one it created), which keeps the count; another refusal may have written the row
             // and removed it (an ACL lost after the write), which restarts it.
-            (Call::Join { .. }, Outcome::Fail { error, .. }) if leaves_the_count(error) => {}
-            (Call::Join { channel }, Outcome::Fail { .. }) => {
+            (Call::Join { .. }, Completion::Fail { error, .. }) if leaves_the_count(error) => {}
+            (Call::Join { channel }, Completion::Fail { .. }) => {
                 runs.entry(channel.as_str()).or_default().void = true;
             }
             (Call::Join { channel }, _) => runs
@@ -859,7 +861,7 @@ fn joins_that_never_stood(ops: &[&Op]) -> std::collections::BTreeSet<u64> {
                     channel,
                     generation,
                 },
-                Outcome::Ok { .. },
+                Completion::Ok { .. },
             ) => {
                 let run = runs.entry(channel.as_str()).or_default();
                 if *generation > run.known {

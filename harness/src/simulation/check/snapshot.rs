@@ -31,7 +31,7 @@ pub struct Snapshot {
     pub acl_rows: Vec<AclRow>,
     /// Every write to the lease key during the run, in revision order.
     #[serde(default)]
-    pub lease_writes: Vec<LeaseWrite>,
+    pub lease_writes: Vec<LeaseRecord>,
 }
 
 /// What a member still has waiting: frames handed off but not surfaced, entries not handed off.
@@ -121,7 +121,7 @@ pub enum LeaseOp {
 /// One write to the lease key, as the broker stamped it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct LeaseWrite {
+pub struct LeaseRecord {
     pub revision: u64,
     /// The broker's stamp, in run ms.
     pub ms: Ms,

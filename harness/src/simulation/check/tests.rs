@@ -189,7 +189,7 @@ impl Script {
         self.observe(ms, &daemon(name), what);
     }
     fn lease(&mut self, revision: u64, ms: Ms, op: LeaseOp, incarnation: Option<&str>) {
-        self.snapshot.lease_writes.push(LeaseWrite {
+        self.snapshot.lease_writes.push(LeaseRecord {
             revision,
             ms,
             op,
@@ -333,7 +333,7 @@ fn a_post_a_member_never_surfaced_is_lost_with_the_faults_around_it() {
     assert!(r.summary().contains("lost:"));
 }
 
-/// Mutation seen failing: `World::standing` reading a closed interval's end one past its leave
+/// Mutation seen failing: `Model::standing` reading a closed interval's end one past its leave
 /// cursor (`seq <= at.lo + 1`, `seq <= at.hi + 1`: the first post after the leave admitted).
 #[test]
 fn a_frame_past_the_leave_cursor_is_leaked_and_one_before_it_is_not() {
@@ -695,7 +695,7 @@ fn a_narrowing_acknowledged_after_the_post_but_before_hand_off_makes_it_not_owed
     assert_eq!(r.lost[0].post.tag, "t3");
 }
 
-/// Mutation seen failing: `World::cursor_between` taking as the lower bound every post
+/// Mutation seen failing: `Model::cursor_between` taking as the lower bound every post
 /// acknowledged before the join's *ok* instead of its invoke (a post made during the join then
 /// reads as before the cursor: not owed, and its frame a leak).
 #[test]
@@ -1129,7 +1129,7 @@ fn a_history_written_to_a_run_directory_reads_back_with_its_schedule() {
     let last = schedule.last().unwrap();
     assert_eq!(
         (last.id, last.after_line, &last.outcome),
-        (500, Some(serving_line), &Outcome::Pending)
+        (500, Some(serving_line), &Completion::Pending)
     );
     s.snapshot.write_dir(dir.path()).unwrap();
     assert_eq!(Snapshot::read_dir(dir.path()).unwrap(), s.snapshot);

@@ -80,7 +80,7 @@ impl HistoryWriter {
 
 /// How an operation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Completion {
     Ok {
         ms: Ms,
         done: Done,
@@ -97,18 +97,18 @@ pub enum Outcome {
     Pending,
 }
 
-impl Outcome {
+impl Completion {
     pub fn is_ok(&self) -> bool {
-        matches!(self, Outcome::Ok { .. })
+        matches!(self, Completion::Ok { .. })
     }
     /// Whether the operation may have taken effect without saying so (unknown or pending).
     pub fn is_indeterminate(&self) -> bool {
-        matches!(self, Outcome::Unknown { .. } | Outcome::Pending)
+        matches!(self, Completion::Unknown { .. } | Completion::Pending)
     }
     /// When it completed ok.
     pub fn ok_ms(&self) -> Option<Ms> {
         match self {
-            Outcome::Ok { ms, .. } => Some(*ms),
+            Completion::Ok { ms, .. } => Some(*ms),
             _ => None,
         }
     }
@@ -124,7 +124,7 @@ pub struct Op {
     /// The invoke's line.
     pub line: u64,
     pub after_line: Option<u64>,
-    pub outcome: Outcome,
+    pub outcome: Completion,
 }
 
 /// A frame with the agent that surfaced it.
@@ -330,7 +330,7 @@ impl Builder {
                     invoke_ms: event.ms,
                     line,
                     after_line,
-                    outcome: Outcome::Pending,
+                    outcome: Completion::Pending,
                 });
             }
             Body::Ok { op, done } => {
@@ -342,18 +342,18 @@ impl Builder {
                         done.name()
                     )));
                 }
-                target.outcome = Outcome::Ok { ms: event.ms, done };
+                target.outcome = Completion::Ok { ms: event.ms, done };
             }
             Body::Fail { op, error } => {
                 let target = self.completing(op, &event.process, event.ms, line)?;
-                target.outcome = Outcome::Fail {
+                target.outcome = Completion::Fail {
                     ms: event.ms,
                     error,
                 };
             }
             Body::Unknown { op, error } => {
                 let target = self.completing(op, &event.process, event.ms, line)?;
-                target.outcome = Outcome::Unknown {
+                target.outcome = Completion::Unknown {
                     ms: event.ms,
                     error,
                 };
@@ -404,7 +404,7 @@ impl Builder {
                 target.process
             )));
         }
-        if target.outcome != Outcome::Pending {
+        if target.outcome != Completion::Pending {
             return Err(structure(format!("op {op} completed twice")));
         }
         if ms < target.invoke_ms {

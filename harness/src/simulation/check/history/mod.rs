@@ -13,7 +13,7 @@
 
 mod io;
 
-pub use io::{FrameEvent, History, HistoryWriter, Observed, Op, Outcome};
+pub use io::{Completion, FrameEvent, History, HistoryWriter, Observed, Op};
 
 use std::fmt;
 
