@@ -26,11 +26,11 @@ Exit status: 0 every selected case passed, 1 one failed, 2 the run could not sta
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Action,
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {
+enum Action {
     /// Run the catalogue against a daemon and report a verdict per case.
     Qualify(cli::qualify::QualifyArgs),
     /// Run case files and print each normalised transcript and its figures.
@@ -48,9 +48,9 @@ fn main() {
     let cli = Cli::parse();
     let cwd = std::env::current_dir().unwrap_or_default();
     match cli.command {
-        Command::Qualify(args) => cli::qualify::run(args, &cwd),
-        Command::Run(args) => cli::run::run(args, &cwd),
-        Command::Mutate(args) => cli::mutate::run(args, &cwd),
-        Command::Simulate(args) => cli::simulate::run(args, &cwd),
+        Action::Qualify(args) => cli::qualify::run(args, &cwd),
+        Action::Run(args) => cli::run::run(args, &cwd),
+        Action::Mutate(args) => cli::mutate::run(args, &cwd),
+        Action::Simulate(args) => cli::simulate::run(args, &cwd),
     }
 }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use delivery_harness::kit::catalogue::{self, QualifyOptions};
-use delivery_harness::kit::report::Subject;
+use delivery_harness::kit::results::Subject;
 use delivery_harness::kit::RunOptions;
 
 use super::common::{

@@ -3,13 +3,14 @@
 //! a typed step before anything runs. Every refusal names the file and the line, so an
 //! integrator editing a case sees where it went wrong.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use super::expr::{self, Duration, Vars};
+use super::shape::{MeshSpec, Shape};
 use super::steps::{self, Step};
 
 /// The families of the catalogue, fixed (issue 30): each a directory of `scenarios/`.
@@ -52,114 +53,6 @@ impl fmt::Display for LoadError {
 }
 
 impl std::error::Error for LoadError {}
-
-/// One broker preset; a shape is a `+`-joined set of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Preset {
-    Operator,
-    Tls,
-    MaxPayload,
-    Cluster,
-}
-
-/// The broker shape a case runs on.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Shape {
-    presets: BTreeSet<Preset>,
-    text: String,
-}
-
-impl Shape {
-    pub fn parse(text: &str) -> Result<Shape, String> {
-        let mut presets = BTreeSet::new();
-        for part in text.split('+') {
-            let p = match part.trim() {
-                "operator" => Preset::Operator,
-                "tls" => Preset::Tls,
-                "max-payload" => Preset::MaxPayload,
-                "cluster" => Preset::Cluster,
-                other => {
-                    return Err(format!(
-                    "unknown shape {other:?} (shapes: operator, tls, max-payload, cluster, joined by +)"
-                ))
-                }
-            };
-            presets.insert(p);
-        }
-        Ok(Shape {
-            presets,
-            text: text.to_string(),
-        })
-    }
-    pub fn has(&self, p: Preset) -> bool {
-        self.presets.contains(&p)
-    }
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-}
-
-impl fmt::Display for Shape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-/// `[mesh]`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MeshSpec {
-    #[serde(default = "default_space")]
-    pub space: String,
-    /// Spaces provisioned beside `space` (a multi-space host serves them all).
-    #[serde(default)]
-    pub spaces: Vec<String>,
-    /// The lease bucket's `max_age`, ms (the shipped TTL is 30 s): a number, or an expression
-    /// of the case's variables (`"ttl"`), so a shipped-default case scales its TTL in `[scaled]`.
-    #[serde(default = "default_lease_ttl_ms")]
-    pub lease_ttl_ms: Duration,
-    #[serde(default = "yes")]
-    pub evictor: bool,
-    /// Save the signer under `.cotal/auth/` (what `up` and the renewal owner keep).
-    #[serde(default)]
-    pub signer: bool,
-    /// `max_payload` of the `max-payload` shape, bytes.
-    #[serde(default = "default_max_payload")]
-    pub max_payload: u64,
-    #[serde(default)]
-    pub max_file_store_bytes: Option<u64>,
-    /// The delivery credential re-signed to this lifetime before anything starts, ms.
-    #[serde(default)]
-    pub delivery_lifetime_ms: Option<u64>,
-}
-
-impl Default for MeshSpec {
-    fn default() -> Self {
-        MeshSpec {
-            space: default_space(),
-            spaces: Vec::new(),
-            lease_ttl_ms: default_lease_ttl_ms(),
-            evictor: true,
-            signer: false,
-            max_payload: default_max_payload(),
-            max_file_store_bytes: None,
-            delivery_lifetime_ms: None,
-        }
-    }
-}
-
-fn default_space() -> String {
-    "demo".into()
-}
-fn default_lease_ttl_ms() -> Duration {
-    Duration::Ms(30_000)
-}
-fn default_max_payload() -> u64 {
-    4096
-}
-fn yes() -> bool {
-    true
-}
 
 /// `[scaled]`: what replaces `[vars]` and extends `[env]` in the scaled form.
 #[derive(Debug, Clone, Default, Deserialize)]

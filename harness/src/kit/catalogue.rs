@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::case::{Case, LoadError, Shape, FAMILIES};
-use super::report::{
-    figure, CaseReport, FailureReport, Report, Subject, TranscriptVerdict, Verdict,
+use super::case::{Case, LoadError, FAMILIES};
+use super::results::{
+    figure, CaseReport, CaseVerdict, FailureReport, QualifyReport, Subject, TranscriptVerdict,
 };
 use super::run::run_case;
 use super::transcript::{first_difference, matches_snapshot};
-use super::world::RunOptions;
+use crate::kit::shape::Shape;
+use crate::kit::under_test::RunOptions;
 
 /// The loaded catalogue.
 #[derive(Debug)]
@@ -172,7 +173,7 @@ pub async fn qualify(
     subject: Subject,
     opts: &QualifyOptions,
     progress: impl Fn(&str) + Send + Sync + 'static,
-) -> Report {
+) -> QualifyReport {
     let started = Instant::now();
     let mut units: Vec<(&Case, Shape)> = Vec::new();
     for c in cases {
@@ -194,11 +195,11 @@ pub async fn qualify(
             let report = qualify_one(cat, case, shape, opts).await;
             let n = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             let verdict = match (&report.verdict, report.fails(opts.behaviour_only)) {
-                (Verdict::Skipped, _) => format!(
+                (CaseVerdict::Skipped, _) => format!(
                     "skipped ({})",
                     report.skip_reason.as_deref().unwrap_or_default()
                 ),
-                (_, true) if report.verdict == Verdict::Pass => "DRIFT".to_string(),
+                (_, true) if report.verdict == CaseVerdict::Pass => "DRIFT".to_string(),
                 (_, true) => "FAIL".to_string(),
                 _ => "pass".to_string(),
             };
@@ -218,7 +219,7 @@ pub async fn qualify(
     if opts.keep.is_none() {
         let _ = std::fs::remove_dir(&opts.failed_logs);
     }
-    Report::new(
+    QualifyReport::new(
         subject,
         opts.run.scaled,
         opts.behaviour_only,
@@ -240,7 +241,7 @@ async fn qualify_one(
         seed: case.seed.clone(),
         sentence: case.sentence.trim().to_string(),
         shape: shape.to_string(),
-        verdict: Verdict::Pass,
+        verdict: CaseVerdict::Pass,
         transcript: TranscriptVerdict::NotCompared,
         skip_reason: None,
         transcript_difference: None,
@@ -251,7 +252,7 @@ async fn qualify_one(
         logs: None,
     };
     if let Some(why) = skip_reason(case, &opts.run) {
-        report.verdict = Verdict::Skipped;
+        report.verdict = CaseVerdict::Skipped;
         report.skip_reason = Some(why);
         return report;
     }
@@ -282,7 +283,7 @@ async fn qualify_one(
             let _ = std::fs::remove_dir_all(&dir);
         }
         if let Err(f) = run.outcome {
-            report.verdict = Verdict::Fail;
+            report.verdict = CaseVerdict::Fail;
             report.failure = Some(FailureReport {
                 step: f.step,
                 line: f.line,
@@ -296,7 +297,7 @@ async fn qualify_one(
         }
     }
     report.figures = values.into_iter().map(|(n, v)| figure(&n, v)).collect();
-    if report.verdict == Verdict::Pass && !opts.behaviour_only {
+    if report.verdict == CaseVerdict::Pass && !opts.behaviour_only {
         let path = cat.snapshot_path(case);
         match std::fs::read_to_string(&path) {
             Ok(text) if matches_snapshot(&text, &transcript) => {
@@ -325,7 +326,7 @@ async fn qualify_one(
 
 /// Why a case cannot run against the daemon under test.
 pub fn skip_reason(case: &Case, opts: &RunOptions) -> Option<String> {
-    if !matches!(opts.daemon, super::world::DaemonUnderTest::Cmd(_)) {
+    if !matches!(opts.daemon, crate::kit::under_test::DaemonUnderTest::Cmd(_)) {
         return None;
     }
     if let Some(why) = &case.distribution {

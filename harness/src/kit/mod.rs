@@ -1,26 +1,49 @@
 //! The qualification kit: cases (one black-box proof of one seed sentence each, judged from what
-//! the broker holds) written in the scenario language of docs/scenarios.md, run against the
-//! daemon under test on real brokers of each shape, with a verdict per case that
-//! `harness qualify` reports as a table, JSON and JUnit, and mutations kept as data that prove
-//! each case fails without its behaviour (`harness mutate`).
+//! the broker holds) written in the case language of docs/scenarios.md, run against the daemon
+//! under test on real brokers of each shape, with a verdict per case that `harness qualify`
+//! reports as a table, JSON and JUnit, and mutations kept as data that prove each case fails
+//! without its behaviour (`harness mutate`).
 //!
-//! Rings, inside out: `expr` and `template` (pure), `case` (the file), `steps` (the verbs over
-//! the `world` of actors), `run` (one case on one shape), `catalogue` and `report` (many cases),
-//! `mutate` (cases against mutated builds).
+//! ## Rings
+//!
+//! Top to bottom. A file uses only files of the rings below its own, never one of its own ring
+//! or above; the harness's `rings` test holds every file to this table.
+//!
+//! | ring | files |
+//! | --- | --- |
+//! | surface | `mod.rs` |
+//! | mutations | `mutate.rs` |
+//! | the catalogue | `catalogue.rs` |
+//! | one case on one shape | `run.rs` |
+//! | the case file | `case.rs` |
+//! | the verbs' dispatch | `steps/mod.rs` |
+//! | verb groups | `steps/admin.rs`, `steps/agents.rs`, `steps/broker.rs`, `steps/creds.rs`, `steps/delay.rs`, `steps/entries.rs`, `steps/history.rs`, `steps/hosts.rs`, `steps/lease.rs`, `steps/process.rs`, `steps/rails.rs`, `steps/registry.rs`, `steps/rows.rs`, `steps/streams.rs`, `steps/timed.rs` |
+//! | what verb groups share | `steps/call.rs`, `steps/read.rs` |
+//! | the world | `world.rs` |
+//! | what the world holds | `steps/verb.rs`, `watch.rs`, `shape.rs` |
+//! | the daemon under test | `under_test.rs` |
+//! | command templates | `template.rs` |
+//! | ground | `failure.rs`, `expr.rs`, `transcript.rs`, `results.rs` |
 
 pub mod case;
 pub mod catalogue;
 pub mod expr;
+pub mod failure;
 pub mod mutate;
-pub mod report;
+pub mod results;
 pub mod run;
+pub mod shape;
 pub mod steps;
 pub mod template;
 pub mod transcript;
+pub mod under_test;
+pub mod watch;
 pub mod world;
 
-pub use case::{Case, LoadError, Shape, FAMILIES};
+pub use case::{Case, LoadError, FAMILIES};
 pub use catalogue::Catalogue;
+pub use failure::{Failure, StepResult};
 pub use run::{run_case, CaseRun, StepFailure};
+pub use shape::Shape;
 pub use template::DaemonCmd;
-pub use world::{DaemonUnderTest, Failure, RunOptions};
+pub use under_test::{DaemonUnderTest, RunOptions};

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::catalogue::Catalogue;
 use super::run::run_case;
-use super::world::{DaemonUnderTest, RunOptions};
+use crate::kit::under_test::{DaemonUnderTest, RunOptions};
 
 /// `scenarios/<family>/mutations.toml`.
 #[derive(Debug, Deserialize)]

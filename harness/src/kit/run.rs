@@ -6,10 +6,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::case::{Case, Shape};
-use super::steps::{Ctx, DEFAULT_WITHIN};
+use super::case::Case;
+use super::steps::verb::{Ctx, DEFAULT_WITHIN};
 use super::transcript::normalise_paths;
-use super::world::{Failure, RunOptions, World};
+use super::world::World;
+use crate::kit::failure::Failure;
+use crate::kit::shape::Shape;
+use crate::kit::under_test::RunOptions;
 
 /// Where a case failed: its step (0 before any step: the mesh did not start) and what it
 /// expected against what happened.
@@ -52,7 +55,12 @@ pub async fn run_case(
     keep: Option<&Path>,
 ) -> CaseRun {
     let started = Instant::now();
-    let mut world = match World::start(case, shape, opts).await {
+    let env = case.env_for(opts.scaled).map_err(Failure::could_not);
+    let started_world = match env {
+        Ok(env) => World::start(&case.mesh, shape, env, case.vars_for(opts.scaled), opts).await,
+        Err(e) => Err(e),
+    };
+    let mut world = match started_world {
         Ok(w) => w,
         Err(failure) => {
             return CaseRun {

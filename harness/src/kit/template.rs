@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use crate::rig::daemon::DaemonSpec;
 
-use super::world::Failure;
+use crate::kit::failure::Failure;
 
 const PLACEHOLDERS: &[&str] = &["space", "server", "root", "creds", "tls_ca"];
 

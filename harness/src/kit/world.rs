@@ -12,82 +12,14 @@ use cotal_delivery::base::Credential;
 use cotal_delivery::provision::{AgentMaterial, MintOptions, Profile};
 use serde_json::Value;
 
-use super::case::{Case, Preset, Shape};
 use super::expr::Vars;
-use super::template::DaemonCmd;
+use super::failure::Failure;
+use super::under_test::{DaemonUnderTest, RunOptions};
+use super::watch::{AdminState, AdvisoryWatch, LeaseLogWatch};
+use crate::kit::shape::{Preset, Shape};
 use crate::rig::daemon::{Daemon, DaemonSpec};
-use crate::rig::error::HarnessError;
 use crate::rig::mesh::{Inspector, LeaseRow, Mesh};
 use crate::rig::proxy::TcpProxy;
-
-/// Which daemon a run qualifies.
-#[derive(Debug, Clone, Default)]
-pub enum DaemonUnderTest {
-    /// This workspace's own build (`target/<profile>/cotal-delivery`, built when stale).
-    #[default]
-    Workspace,
-    /// A `cotal-delivery` binary of this distribution.
-    Bin(PathBuf),
-    /// Any binary that speaks the wire, started through a command template.
-    Cmd(DaemonCmd),
-}
-
-/// Options of a run.
-#[derive(Debug, Clone, Default)]
-pub struct RunOptions {
-    pub daemon: DaemonUnderTest,
-    /// Run the scaled form (the `[scaled]` table): what `ci/test` does.
-    pub scaled: bool,
-}
-
-impl RunOptions {
-    /// The binary of this distribution that runs commands (`status`, `remint`, `up`…), or why
-    /// there is none.
-    pub fn distribution_bin(&self) -> Result<PathBuf, HarnessError> {
-        match &self.daemon {
-            DaemonUnderTest::Workspace => crate::rig::daemon::daemon_bin(),
-            DaemonUnderTest::Bin(b) => Ok(b.clone()),
-            DaemonUnderTest::Cmd(_) => Err(HarnessError::Usage(
-                "a daemon given by --daemon-cmd has no commands of this distribution".into(),
-            )),
-        }
-    }
-}
-
-/// A case's step did not see what it expected: what it expected, and what happened.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    pub expected: String,
-    pub actual: String,
-}
-
-impl Failure {
-    pub fn new(expected: impl Into<String>, actual: impl Into<String>) -> Failure {
-        Failure {
-            expected: expected.into(),
-            actual: actual.into(),
-        }
-    }
-    /// The step could not do its work at all (a broker request failed, a name was missing).
-    pub fn could_not(what: impl std::fmt::Display) -> Failure {
-        Failure::new("the step to run", what.to_string())
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "expected {}; got {}", self.expected, self.actual)
-    }
-}
-
-impl From<HarnessError> for Failure {
-    fn from(e: HarnessError) -> Failure {
-        Failure::could_not(e)
-    }
-}
-
-/// A step's result: the line it adds to the transcript, or what went wrong.
-pub type StepResult = Result<String, Failure>;
 
 /// A post an agent made, kept under its text.
 #[derive(Debug, Clone)]
@@ -135,14 +67,14 @@ pub struct World {
     pub posts: BTreeMap<String, Post>,
     pub leases: BTreeMap<String, LeaseRow>,
     pub counters: BTreeMap<String, u64>,
-    pub advisories: BTreeMap<String, super::steps::streams::AdvisoryWatch>,
+    pub advisories: BTreeMap<String, AdvisoryWatch>,
     /// Broker watches of the lease key (`watch_lease`), by name.
-    pub lease_logs: BTreeMap<String, super::steps::history::LeaseLogWatch>,
+    pub lease_logs: BTreeMap<String, LeaseLogWatch>,
     pub resigns: Resigns,
     /// The admin rail's caller, connected on first use.
     pub supervisor: Option<async_nats::Client>,
-    /// Requests in flight, one-shot connections and sweep watches (`steps::admin`).
-    pub admin: super::steps::admin::AdminState,
+    /// Requests in flight, one-shot connections and sweep watches (the admin rail's steps).
+    pub admin: AdminState,
     pub marks: BTreeMap<String, Instant>,
     /// When the thing a step awaited happened, when the step knows it better than the moment
     /// it saw it (a broker's stamp): its `mark`, `since` bound and `figure` use this instant.
@@ -158,16 +90,10 @@ pub struct World {
 const INSPECTOR_LIFETIME: Duration = Duration::from_secs(4 * 3600);
 
 impl World {
-    /// Starts the mesh of `case` in `shape`.
-    pub async fn start(case: &Case, shape: &Shape, opts: &RunOptions) -> Result<World, Failure> {
-        let env = case.env_for(opts.scaled).map_err(Failure::could_not)?;
-        World::start_with(&case.mesh, shape, env, case.vars_for(opts.scaled), opts).await
-    }
-
-    /// Starts a mesh of `spec` in `shape` with no case behind it (the simulation's world): its
-    /// daemons get `env`, its durations are `vars`.
-    pub async fn start_with(
-        spec: &super::case::MeshSpec,
+    /// Starts a mesh of `spec` in `shape`: its daemons get `env`, its durations are `vars` (a
+    /// case's, or the simulation's).
+    pub async fn start(
+        spec: &crate::kit::shape::MeshSpec,
         shape: &Shape,
         env: Vec<(String, String)>,
         vars: Vars,

@@ -53,7 +53,7 @@ pub const EVICT_BATCH: usize = 256;
 
 /// How one request ended.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
+pub enum AdminAnswer {
     /// `{ok:true}`: the data.
     Answered(Value),
     /// `{ok:false}`: the refusal text.
@@ -66,10 +66,10 @@ pub enum Answer {
     TimedOut,
 }
 
-impl Answer {
+impl AdminAnswer {
     /// Only silence is retried.
     fn retryable(&self) -> bool {
-        matches!(self, Answer::NoResponders | Answer::TimedOut)
+        matches!(self, AdminAnswer::NoResponders | AdminAnswer::TimedOut)
     }
 }
 
@@ -183,7 +183,7 @@ impl Manager {
     }
 
     /// One request, answered within `bound`.
-    pub async fn request_once(&self, op: &str, args: &Value, bound: Duration) -> Answer {
+    pub async fn request_once(&self, op: &str, args: &Value, bound: Duration) -> AdminAnswer {
         self.request_before(op, args, bound, None).await
     }
 
@@ -195,11 +195,11 @@ impl Manager {
         args: &Value,
         bound: Duration,
         deadline: Option<Instant>,
-    ) -> Answer {
+    ) -> AdminAnswer {
         let subject = self.subject();
         let reply = format!("{subject}.reply.{}", uuid::Uuid::new_v4().simple());
         let Ok(mut sub) = self.client.subscribe(reply.clone()).await else {
-            return Answer::TimedOut;
+            return AdminAnswer::TimedOut;
         };
         let body = json!({
             "op": op,
@@ -209,7 +209,7 @@ impl Manager {
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
             let _ = sub.unsubscribe().await;
-            return Answer::TimedOut;
+            return AdminAnswer::TimedOut;
         }
         self.sent
             .lock()
@@ -221,17 +221,17 @@ impl Manager {
             .await
             .is_err()
         {
-            return Answer::TimedOut;
+            return AdminAnswer::TimedOut;
         }
         let outcome = match tokio::time::timeout(bound, sub.next()).await {
-            Err(_) | Ok(None) => Answer::TimedOut,
+            Err(_) | Ok(None) => AdminAnswer::TimedOut,
             Ok(Some(m)) if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) => {
-                Answer::NoResponders
+                AdminAnswer::NoResponders
             }
             Ok(Some(m)) => match serde_json::from_slice::<ControlReply>(&m.payload) {
-                Ok(r) if r.ok => Answer::Answered(r.data.unwrap_or(Value::Null)),
-                Ok(r) => Answer::Refused(r.error.unwrap_or_default()),
-                Err(e) => Answer::Unreadable(e.to_string()),
+                Ok(r) if r.ok => AdminAnswer::Answered(r.data.unwrap_or(Value::Null)),
+                Ok(r) => AdminAnswer::Refused(r.error.unwrap_or_default()),
+                Err(e) => AdminAnswer::Unreadable(e.to_string()),
             },
         };
         let _ = sub.unsubscribe().await;
@@ -248,10 +248,10 @@ impl Manager {
         args: &Value,
         wait: Duration,
         attempt: Option<Duration>,
-    ) -> (Answer, usize) {
+    ) -> (AdminAnswer, usize) {
         let deadline = Instant::now() + wait;
         let mut sent = 0usize;
-        let mut last = Answer::TimedOut;
+        let mut last = AdminAnswer::TimedOut;
         while Instant::now() < deadline {
             if sent >= 2 {
                 // Later retries: at most `retry_gap` apart, shortened as the wait runs out.
@@ -273,7 +273,7 @@ impl Manager {
             .await
             {
                 Ok(o) => o,
-                Err(_) => Answer::TimedOut,
+                Err(_) => AdminAnswer::TimedOut,
             };
             if !last.retryable() {
                 return (last, sent);
@@ -307,20 +307,20 @@ impl Manager {
 
     fn finish(
         &self,
-        outcome: Answer,
+        outcome: AdminAnswer,
         silent: String,
         refused: impl Fn(&str) -> String,
         unreadable: impl Fn(&str) -> String,
         ok: String,
     ) -> Result<Value, ManagerError> {
         let line = match outcome {
-            Answer::Answered(v) => {
+            AdminAnswer::Answered(v) => {
                 self.log(ok);
                 return Ok(v);
             }
-            Answer::Refused(e) => refused(&e),
-            Answer::Unreadable(e) => unreadable(&e),
-            Answer::NoResponders | Answer::TimedOut => silent,
+            AdminAnswer::Refused(e) => refused(&e),
+            AdminAnswer::Unreadable(e) => unreadable(&e),
+            AdminAnswer::NoResponders | AdminAnswer::TimedOut => silent,
         };
         self.log(line.clone());
         Err(ManagerError { line })
@@ -424,7 +424,7 @@ impl Manager {
         principal: &Principal,
         uid: &cotal_delivery::wire::LifecycleUid,
         bound: Duration,
-    ) -> Answer {
+    ) -> AdminAnswer {
         self.request_once(
             "lifecycleMemberships",
             &json!({"principal": principal.dot_form(), "lifecycleUid": uid.as_str()}),

@@ -483,14 +483,6 @@ impl Inspector {
         &self.names
     }
 
-    /// A broker watch of the lease key's writes (see [`crate::rig::lease_log`]).
-    pub async fn lease_log(
-        &self,
-        from: crate::rig::lease_log::LogFrom,
-    ) -> Result<crate::rig::lease_log::LeaseLog, HarnessError> {
-        crate::rig::lease_log::LeaseLog::bind(self, from).await
-    }
-
     /// The lease bucket's stream config, as the broker holds it.
     pub async fn lease_bucket_config(&self) -> Result<jetstream::stream::Config, HarnessError> {
         let mut stream = self

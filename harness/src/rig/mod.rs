@@ -2,6 +2,21 @@
 //! operator-mode, clustered), faults against them (signals, restart, a blackholing or delaying
 //! proxy), the processes of the daemon under test, the agent and manager actors, the mesh a
 //! space is provisioned on, and bounded waits. No mock broker anywhere.
+//!
+//! ## Rings
+//!
+//! Top to bottom. A file uses only files of the rings below its own, never one of its own ring
+//! or above; the harness's `rings` test holds every file to this table.
+//!
+//! | ring | files |
+//! | --- | --- |
+//! | surface | `mod.rs` |
+//! | actors on a mesh | `agent.rs`, `manager.rs`, `lease_log.rs` |
+//! | the mesh | `mesh.rs` |
+//! | views of brokers | `cluster.rs`, `connz.rs` |
+//! | processes and links | `broker.rs`, `proxy.rs`, `daemon.rs`, `events.rs` |
+//! | parts | `http.rs`, `process.rs`, `server_bin.rs`, `tls.rs`, `wait.rs`, `proxy/delay.rs` |
+//! | ground | `error.rs`, `frames.rs` |
 
 pub mod agent;
 pub mod broker;

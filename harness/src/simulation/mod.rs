@@ -11,6 +11,30 @@
 //! once it is answered, and a timeout is never recorded as fail; every wait is bounded. The live
 //! runner imports the kit (actors, verbs) and [`check`]; [`check`] imports nothing of the wing.
 //!
+//! ## Rings
+//!
+//! Top to bottom. A file uses only files of the rings below its own, never one of its own ring
+//! or above; the harness's `rings` test holds every file to this table.
+//!
+//! | ring | files |
+//! | --- | --- |
+//! | surface | `mod.rs` |
+//! | broken builds | `mutants.rs` |
+//! | the run | `runner.rs` |
+//! | replay, final state, summary | `replay.rs`, `capture.rs`, `summary.rs` |
+//! | faults and workload | `nemesis.rs`, `workload.rs` |
+//! | the stage | `stage.rs` |
+//! | what the runner watches | `observe.rs`, `population.rs` |
+//! | ground of the runner | `record.rs`, `config.rs`, `prng.rs` |
+//! | the check's surface | `check/mod.rs` |
+//! | the rules | `check/checker.rs` |
+//! | single flight and exits | `check/daemons.rs` |
+//! | the model of the run | `check/model.rs` |
+//! | what the check reads and says | `check/report.rs`, `check/snapshot.rs`, `check/bounds.rs` |
+//! | the history's surface | `check/history/mod.rs` |
+//! | writing and reading a history | `check/history/io.rs` |
+//! | history lines | `check/history/line.rs` |
+//!
 //! Anchors: Jepsen (a generator and a nemesis on a schedule, a history, a checker; exit 0/1/2)
 //! and TigerBeetle's Vortex (real processes, faults drawn by weight from a seed, liveness once
 //! the faults heal; the schedule as it really happened is what a replay follows).
@@ -26,70 +50,9 @@ pub mod prng;
 pub mod record;
 pub mod replay;
 pub mod runner;
+pub mod stage;
 pub mod summary;
 pub mod workload;
 
-use std::fmt;
-
-use crate::kit::world::World;
-
 pub use runner::{run, Finished, Options};
-
-/// The world the run acts on and what the runner knows of its daemons, behind one lock: the
-/// nemesis, the observer and the supervisor take it in turns.
-pub struct Stage {
-    pub world: World,
-    pub daemons: observe::Daemons,
-}
-
-/// Why a simulation could not run to a verdict.
-#[derive(Debug)]
-pub struct SimError {
-    kind: SimErrorKind,
-    detail: String,
-    source: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-/// What kind of failure kept the run from a verdict (each exits 2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SimErrorKind {
-    /// Bad input: a run directory that cannot be used, a history that cannot be replayed.
-    Usage,
-    /// The mesh (brokers, provisioning, proxies, hosts) could not be started.
-    Mesh,
-    /// No daemon served before the workload was to start.
-    NoDaemon,
-    /// The history, the snapshot or the report could not be written or read back.
-    Files,
-}
-
-impl SimError {
-    pub fn new(kind: SimErrorKind, detail: impl Into<String>) -> SimError {
-        SimError {
-            kind,
-            detail: detail.into(),
-            source: None,
-        }
-    }
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Box::new(source));
-        self
-    }
-    pub fn kind(&self) -> SimErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for SimError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.detail)
-    }
-}
-
-impl std::error::Error for SimError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
+pub use stage::{SimError, SimErrorKind, Stage};

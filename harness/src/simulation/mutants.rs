@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::runner::{self, Options};
 use crate::kit::mutate::{build_mutated, stale, unmutated};
-use crate::kit::world::DaemonUnderTest;
+use crate::kit::under_test::DaemonUnderTest;
 use crate::simulation::check::Verdict;
 
 /// The file the simulation's mutations are kept in, under `scenarios/`.
@@ -23,7 +23,7 @@ pub const MUTATIONS_FILE: &str = "simulation-mutations.toml";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct MutationsFile {
+struct SimMutationsFile {
     #[serde(rename = "mutation", default)]
     mutations: Vec<SimMutation>,
 }
@@ -83,7 +83,7 @@ pub fn load(workspace: &Path) -> Result<Vec<SimMutation>, Vec<String>> {
     let path = workspace.join("scenarios").join(MUTATIONS_FILE);
     let text =
         std::fs::read_to_string(&path).map_err(|e| vec![format!("{}: {e}", path.display())])?;
-    let file: MutationsFile = toml::from_str(&text)
+    let file: SimMutationsFile = toml::from_str(&text)
         .map_err(|e| vec![format!("{}: {}", path.display(), e.message().trim())])?;
     let mut errors = Vec::new();
     let mut ids = std::collections::BTreeSet::new();
@@ -105,7 +105,7 @@ async fn simulate(
     seed: u64,
     minutes: f64,
     dir: PathBuf,
-) -> Result<super::Finished, String> {
+) -> Result<super::runner::Finished, String> {
     let _ = std::fs::remove_dir_all(&dir);
     runner::run(Options {
         daemon: DaemonUnderTest::Bin(bin.to_path_buf()),

@@ -14,12 +14,13 @@ use super::config::{self, Aim, FaultSpec};
 use super::observe::{self, LeaseWrites};
 use super::prng::Prng;
 use super::record::Recorder;
-use super::Stage;
-use crate::kit::steps::broker::{BrokerFault, ProxyFault, Step as BrokerStep};
-use crate::kit::steps::creds::{ReloadExpect, Step as CredsStep};
-use crate::kit::steps::lease::Step as LeaseStep;
-use crate::kit::steps::process::Step as ProcessStep;
-use crate::kit::steps::{Ctx, Step};
+use super::stage::Stage;
+use crate::kit::steps::broker::{BrokerFault, BrokerStep, ProxyFault};
+use crate::kit::steps::creds::{CredStep, ReloadExpect};
+use crate::kit::steps::lease::LeaseStep;
+use crate::kit::steps::process::ProcessStep;
+use crate::kit::steps::verb::Ctx;
+use crate::kit::steps::Step;
 use crate::simulation::check::{Call, Done, FaultKind, Ms, Process};
 
 /// Bound on one fault step (a broker restart waits for readiness).
@@ -74,7 +75,7 @@ fn proxy(proxy: &str, fault: ProxyFault) -> Step {
 }
 
 fn resign(lifetime: u64) -> Step {
-    Step::Creds(CredsStep::Resign {
+    Step::Creds(CredStep::Resign {
         lifetime,
         rogue: false,
     })
@@ -88,7 +89,7 @@ async fn reload(stage: &mut Stage) -> Result<(), String> {
 }
 
 fn reload_step() -> Step {
-    Step::Creds(CredsStep::ReloadCreds {
+    Step::Creds(CredStep::ReloadCreds {
         expect: ReloadExpect::Ok,
         error: None,
         release: None,

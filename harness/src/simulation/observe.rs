@@ -18,8 +18,8 @@ use cotal_delivery::base::RowOp;
 use tokio::sync::watch;
 
 use super::record::Recorder;
-use crate::kit::steps::process::{CredsChoice, CwdChoice, Step as ProcessStep};
-use crate::kit::steps::Ctx;
+use crate::kit::steps::process::{CredsChoice, CwdChoice, ProcessStep};
+use crate::kit::steps::verb::Ctx;
 use crate::kit::world::World;
 use crate::rig::lease_log::{LeaseLog, LogFrom};
 use crate::rig::mesh::Inspector;
@@ -412,7 +412,7 @@ pub async fn watch_lease(
                 .next_back()
                 .copied();
             let from = last.map_or(LogFrom::Last, LogFrom::After);
-            match insp.lease_log(from).await {
+            match LeaseLog::bind(&insp, from).await {
                 Ok(l) => log = Some(l),
                 Err(_) => {
                     let _ = tokio::time::timeout(LEASE_REBIND_GAP, stop.changed()).await;

@@ -463,7 +463,7 @@ fn settle_error(recorder: &Recorder, op: &OpRef, e: &cotal_delivery::agent::Agen
 /// A member row's field, read leader-served after the op was answered.
 async fn row_of(ctx: &AgentCtx, member: &Member, channel: &str) -> Option<Value> {
     let key = SpaceNames::member_key(channel, member.principal(), member.uid());
-    crate::kit::steps::rows::read_row(&ctx.js, &ctx.names.members_bucket(), &key)
+    crate::kit::steps::read::read_row(&ctx.js, &ctx.names.members_bucket(), &key)
         .await
         .ok()
         .flatten()

@@ -17,8 +17,8 @@ use super::nemesis;
 use super::observe::{LeaseWrites, OBSERVE_TICK};
 use super::population::Command;
 use super::record::Recorder;
+use super::stage::Stage;
 use super::workload::Workload;
-use super::Stage;
 use crate::simulation::check::{
     Call, Completion, FaultKind, History, Ms, Observation, Phase, Process,
 };

@@ -18,11 +18,14 @@ use super::observe::{self, DaemonPlan, Daemons, LeaseWrites};
 use super::population::AgentCtx;
 use super::prng::Prng;
 use super::record::{Recorder, Tally};
+use super::stage::{SimError, SimErrorKind, Stage};
 use super::workload::{self, Workload};
-use super::{capture, nemesis, replay, summary, SimError, SimErrorKind, Stage};
-use crate::kit::case::{MeshSpec, Shape};
-use crate::kit::steps::{broker, hosts, rows, Ctx, Step};
-use crate::kit::world::{DaemonUnderTest, RunOptions, World};
+use super::{capture, nemesis, replay, summary};
+use crate::kit::shape::{MeshSpec, Shape};
+use crate::kit::steps::verb::Ctx;
+use crate::kit::steps::{broker, hosts, rows, Step};
+use crate::kit::under_test::{DaemonUnderTest, RunOptions};
+use crate::kit::world::World;
 use crate::simulation::check::{check, History, HistoryWriter, Phase, Report, RunHeader};
 
 /// Bound on the first daemon serving, before the workload starts.
@@ -96,7 +99,7 @@ pub fn commit() -> String {
     }
 }
 
-fn mesh_err(what: &str) -> impl Fn(crate::kit::world::Failure) -> SimError + '_ {
+fn mesh_err(what: &str) -> impl Fn(crate::kit::failure::Failure) -> SimError + '_ {
     move |f| SimError::new(SimErrorKind::Mesh, format!("{what}: {f}"))
 }
 
@@ -167,7 +170,7 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
         "operator"
     })
     .map_err(|e| SimError::new(SimErrorKind::Usage, e))?;
-    let mut world = World::start_with(
+    let mut world = World::start(
         &spec,
         &shape,
         config::daemon_env(opts.standby),
@@ -180,28 +183,28 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
     .await
     .map_err(mesh_err("start the mesh"))?;
     for c in config::DURABLE_CHANNELS {
-        let step = Step::Rows(rows::Step::Channel {
+        let step = Step::Rows(rows::RowStep::Channel {
             name: c.to_string(),
-            class: rows::Class::Durable,
+            class: rows::RowClass::Durable,
         });
         kit_step(&mut world, step, "write a channel row").await?;
     }
-    let step = Step::Rows(rows::Step::Channel {
+    let step = Step::Rows(rows::RowStep::Channel {
         name: config::LIVE_CHANNEL.to_string(),
-        class: rows::Class::Live,
+        class: rows::RowClass::Live,
     });
     kit_step(&mut world, step, "write the live channel's row").await?;
     let names: &[&str] = if opts.standby { &["a", "b"] } else { &["a"] };
     let mut plans = Vec::new();
     for n in names {
         let via = format!("p{n}");
-        let step = Step::Broker(broker::Step::Proxy {
+        let step = Step::Broker(broker::BrokerStep::Proxy {
             name: via.clone(),
             node: 0,
         });
         kit_step(&mut world, step, "start a proxy").await?;
         let host = if opts.standby {
-            let step = Step::Hosts(hosts::Step::Host {
+            let step = Step::Hosts(hosts::HostStep::Host {
                 name: n.to_string(),
             });
             kit_step(&mut world, step, "prepare a standby host").await?;
@@ -479,7 +482,7 @@ async fn drained(
             started: now,
             deadline: now,
         };
-        let step = Step::Streams(crate::kit::steps::streams::Step::Drained {});
+        let step = Step::Streams(crate::kit::steps::streams::StreamStep::Drained {});
         if step.run(&mut s.world, once).await.is_err() {
             return false;
         }
@@ -488,8 +491,7 @@ async fn drained(
     for (_, _, member) in slots {
         let Some(m) = member else { continue };
         let durable = cotal_delivery::wire::SpaceNames::dlv_durable(m.principal(), m.uid());
-        match crate::kit::steps::agents::consumer_info(manager, &names.dlv_stream(), &durable).await
-        {
+        match crate::kit::steps::read::consumer_info(manager, &names.dlv_stream(), &durable).await {
             Ok(c) if c.num_pending == 0 && c.num_ack_pending == 0 => {}
             _ => return false,
         }

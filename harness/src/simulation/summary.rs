@@ -12,7 +12,7 @@ use tokio::sync::Mutex;
 use super::config::Phases;
 use super::population::Population;
 use super::record::{Recorder, Tally};
-use super::Stage;
+use super::stage::Stage;
 use crate::simulation::check::{Phase, Report};
 
 fn clock(ms: u64) -> String {

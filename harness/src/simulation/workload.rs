@@ -20,7 +20,7 @@ use super::config::{self, WorkKind};
 use super::population::{self, AgentCtx, Command, Population, Slot};
 use super::prng::Prng;
 use super::record::Recorder;
-use super::Stage;
+use super::stage::Stage;
 use crate::simulation::check::{Call, Class, Done, Member, Ms, Process};
 
 /// The workload's shared handles.

@@ -59,7 +59,7 @@ fn unchanged(s: String) -> String {
 
 /// Every selected case passes: exit 0, the versions first, a table row, and reports a CI can
 /// read: the JSON's verdict and per-case fields, the JUnit suite of the family.
-/// Mutation seen failing: `Report::exit_code` answering 1 when nothing failed.
+/// Mutation seen failing: `QualifyReport::exit_code` answering 1 when nothing failed.
 #[test]
 fn a_passing_run_exits_0_with_versions_a_table_json_and_junit() {
     let work = tempfile::tempdir().expect("work dir");

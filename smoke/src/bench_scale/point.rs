@@ -23,7 +23,7 @@ use cotal_delivery::agent::Agent;
 use cotal_delivery::provision::{AgentMaterial, MintOptions};
 use cotal_delivery::wire::{LifecycleUid, Principal};
 use delivery_harness::rig::agent;
-use delivery_harness::rig::manager::Answer;
+use delivery_harness::rig::manager::AdminAnswer;
 use delivery_harness::rig::mesh::{Inspector, Mesh};
 use serde_json::{json, Value};
 
@@ -222,7 +222,7 @@ async fn answers(
         async move {
             let t = Instant::now();
             match m.inventory(&who, &uid, ANSWER_BOUND).await {
-                Answer::Answered(v)
+                AdminAnswer::Answered(v)
                     if v["memberships"]
                         .as_array()
                         .is_some_and(|a| a.len() == shape.joins) =>

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use cotal_delivery::base::RowOp;
-use delivery_harness::rig::lease_log::{LeaseWrite, LogFrom};
+use delivery_harness::rig::lease_log::{LeaseLog, LeaseWrite, LogFrom};
 use delivery_harness::rig::mesh::Inspector;
 
 /// How long the recorder waits for one write (it runs for the whole suite).
@@ -22,8 +22,7 @@ pub struct Recorder {
 
 impl Recorder {
     pub async fn start(insp: &Inspector) -> Result<Recorder, String> {
-        let mut log = insp
-            .lease_log(LogFrom::Last)
+        let mut log = LeaseLog::bind(insp, LogFrom::Last)
             .await
             .map_err(|e| e.to_string())?;
         let writes: Arc<Mutex<Vec<LeaseWrite>>> = Arc::default();

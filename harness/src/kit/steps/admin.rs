@@ -5,19 +5,19 @@
 //! CONNZ answers an eviction sweep drew (counted by a watcher with the space's own observer
 //! credential), and the member rows a lifecycle holds on the broker.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cotal_delivery::wire::MEMBERSHIP_OBSERVER_INBOX_PREFIX;
-use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::agents::toml_to_json;
-use super::rails::{call, check, parse_reply, Expect, Fill, Rail};
-use super::{poll, Ctx, Kind, Refs};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::call::{call, check, parse_reply, Expect, Fill, Rail};
+use super::verb::toml_to_json;
+use super::verb::{poll, Ctx, Kind, Refs};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::watch::{Collector, Sent};
+use crate::kit::world::World;
 use crate::rig::connz::ConnState;
 
 pub const VERBS: &[&str] = &[
@@ -33,7 +33,7 @@ pub const VERBS: &[&str] = &[
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum AdminStep {
     Send {
         name: String,
         rail: Rail,
@@ -91,104 +91,17 @@ pub enum Step {
     },
 }
 
-/// What the steps of this module keep between steps.
-#[derive(Default)]
-pub struct AdminState {
-    /// One reply collector per rail subject a `send` went out on (`<subject>.reply.>`).
-    collectors: BTreeMap<String, Collector>,
-    sent: BTreeMap<String, Sent>,
-    once: BTreeMap<String, async_nats::Client>,
-    sweeps: BTreeMap<String, Collector>,
-}
-
-impl AdminState {
-    /// The request sent as `name` and the collector its reply arrives in.
-    fn sent(&self, name: &str) -> Result<(&Sent, &Collector), Failure> {
-        let sent = self
-            .sent
-            .get(name)
-            .ok_or_else(|| Failure::could_not(format!("no request {name:?} was sent")))?;
-        let collector = self
-            .collectors
-            .get(&sent.collector)
-            .ok_or_else(|| Failure::could_not("no reply collector"))?;
-        Ok((sent, collector))
-    }
-}
-
-/// A subscription that keeps what arrives, in arrival order.
-struct Collector {
-    arrived: Arc<Mutex<Vec<Arrival>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-#[derive(Clone)]
-struct Arrival {
-    subject: String,
-    no_responders: bool,
-    payload: Vec<u8>,
-}
-
-/// Most messages one collector keeps.
-const ARRIVALS_MAX: usize = 100_000;
-
-impl Collector {
-    fn start(mut sub: async_nats::Subscriber) -> Collector {
-        let arrived: Arc<Mutex<Vec<Arrival>>> = Arc::default();
-        let store = arrived.clone();
-        let task = tokio::spawn(async move {
-            while let Some(m) = sub.next().await {
-                let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
-                if s.len() < ARRIVALS_MAX {
-                    s.push(Arrival {
-                        subject: m.subject.to_string(),
-                        no_responders: m.status == Some(async_nats::StatusCode::NO_RESPONDERS),
-                        payload: m.payload.to_vec(),
-                    });
-                }
-            }
-        });
-        Collector { arrived, task }
-    }
-    fn snapshot(&self) -> Vec<Arrival> {
-        self.arrived
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-    /// The reply on `subject` and its place in the arrival order.
-    fn reply(&self, subject: &str) -> Option<(usize, Arrival)> {
-        self.snapshot()
-            .into_iter()
-            .enumerate()
-            .find(|(_, a)| a.subject == subject)
-    }
-}
-
-/// A request sent and not waited for.
-struct Sent {
-    collector: String,
-    reply: String,
-    at: Instant,
-}
-
 /// Default bound of a reply awaited by `expect_reply`: the reference agent's request timeout.
 const REPLY_WITHIN: Duration = Duration::from_secs(5);
 /// How long `expect_sweeps` watches for one more answer once the count is reached.
 const SWEEPS_QUIET: Duration = Duration::from_millis(500);
 
-impl Step {
+impl AdminStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::ExpectReply { pending: false, .. } => Some(REPLY_WITHIN),
-            Step::ExpectConnz { .. } | Step::ExpectSweeps { .. } => Some(REPLY_WITHIN),
-            Step::ExpectMemberRows { .. } => Some(Duration::ZERO),
+            AdminStep::ExpectReply { pending: false, .. } => Some(REPLY_WITHIN),
+            AdminStep::ExpectConnz { .. } | AdminStep::ExpectSweeps { .. } => Some(REPLY_WITHIN),
+            AdminStep::ExpectMemberRows { .. } => Some(Duration::ZERO),
             _ => None,
         }
     }
@@ -199,7 +112,7 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::Send {
+            AdminStep::Send {
                 name,
                 rail,
                 caller,
@@ -210,26 +123,26 @@ impl Step {
                 if *rail == Rail::Delivery {
                     refs = refs.uses_opt(Kind::Agent, caller.as_ref());
                 }
-                for a in args.iter().flat_map(super::rails::placeholder_agents) {
+                for a in args.iter().flat_map(super::call::placeholder_agents) {
                     refs = refs.uses(Kind::Agent, &a);
                 }
                 refs
             }
-            Step::ExpectReply { name, .. } => Refs::default().uses(Kind::Request, name),
-            Step::ReplyOrder { names } => names
+            AdminStep::ExpectReply { name, .. } => Refs::default().uses(Kind::Request, name),
+            AdminStep::ReplyOrder { names } => names
                 .iter()
                 .fold(Refs::default(), |r, n| r.uses(Kind::Request, n)),
-            Step::ConnectOnce { agent }
-            | Step::ExpectConnz { agent, .. }
-            | Step::ExpectMemberRows { agent, .. } => Refs::default().uses(Kind::Agent, agent),
-            Step::WatchSweeps { name } => Refs::default().creates(Kind::Sweeps, name),
-            Step::ExpectSweeps { name, .. } => Refs::default().uses(Kind::Sweeps, name),
+            AdminStep::ConnectOnce { agent }
+            | AdminStep::ExpectConnz { agent, .. }
+            | AdminStep::ExpectMemberRows { agent, .. } => Refs::default().uses(Kind::Agent, agent),
+            AdminStep::WatchSweeps { name } => Refs::default().creates(Kind::Sweeps, name),
+            AdminStep::ExpectSweeps { name, .. } => Refs::default().uses(Kind::Sweeps, name),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::Send {
+            AdminStep::Send {
                 name,
                 rail,
                 caller,
@@ -289,7 +202,7 @@ impl Step {
                     rail.name()
                 ))
             }
-            Step::ExpectReply {
+            AdminStep::ExpectReply {
                 name,
                 pending,
                 ok,
@@ -340,7 +253,7 @@ impl Step {
                 };
                 Ok(format!("request {name} is {verdict}"))
             }
-            Step::ReplyOrder { names } => {
+            AdminStep::ReplyOrder { names } => {
                 let mut places = Vec::with_capacity(names.len());
                 for n in names {
                     let (sent, collector) = w.admin.sent(n)?;
@@ -371,7 +284,7 @@ impl Step {
                     names.join(", ")
                 ))
             }
-            Step::ConnectOnce { agent } => {
+            AdminStep::ConnectOnce { agent } => {
                 let a = w.agent(agent)?;
                 let cred = a.material.credential.clone();
                 let client = w.mesh.connect(&cred, &format!("once-{agent}")).await?;
@@ -380,7 +293,7 @@ impl Step {
                     "a one-shot connection of {agent}'s credential (it never redials once closed)"
                 ))
             }
-            Step::ExpectConnz { agent, count } => {
+            AdminStep::ExpectConnz { agent, count } => {
                 let principal = w.agent(agent)?.material.principal.dot_form();
                 let mesh = &w.mesh;
                 let got = poll(
@@ -410,7 +323,7 @@ impl Step {
                     if got == 1 { "" } else { "s" }
                 ))
             }
-            Step::WatchSweeps { name } => {
+            AdminStep::WatchSweeps { name } => {
                 let path = w
                     .mesh
                     .workspace()
@@ -446,7 +359,7 @@ impl Step {
                     "watch {name}: the $SYS CONNZ answers of eviction sweeps, counted with the space's observer credential"
                 ))
             }
-            Step::ExpectSweeps { name, answers } => {
+            AdminStep::ExpectSweeps { name, answers } => {
                 let c = w
                     .admin
                     .sweeps
@@ -474,7 +387,7 @@ impl Step {
                     if *answers == 1 { "" } else { "s" }
                 ))
             }
-            Step::ExpectMemberRows {
+            AdminStep::ExpectMemberRows {
                 agent,
                 channels,
                 count,
@@ -510,7 +423,7 @@ impl Step {
                         .map_err(|e| format!("list the members bucket: {e}"))?;
                         let mut have = Vec::new();
                         for k in keys.iter().filter(|k| k.ends_with(&suffix)) {
-                            if let Some(row) = super::rows::read_row(&insp.js, &bucket, k).await? {
+                            if let Some(row) = super::read::read_row(&insp.js, &bucket, k).await? {
                                 have.push(row["channel"].as_str().unwrap_or_default().to_string());
                             }
                         }

@@ -4,19 +4,20 @@
 //! posts they made (each kept under its text), and what is pending for them is read on the
 //! broker.
 
+use super::read::{consumer_info, count_on};
+use super::verb::toml_to_json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer::pull;
 use cotal_delivery::agent::{Backstop, Frame};
 use cotal_delivery::wire::{Plane3Entry, Reason, SpaceNames};
-use futures::TryStreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
-use crate::kit::world::{AgentActor, DaemonUnderTest, Failure, Post, StepResult, World};
-use crate::rig::mesh::Inspector;
+use super::verb::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::{AgentActor, Post, World};
 
 pub const VERBS: &[&str] = &[
     "agent",
@@ -42,7 +43,7 @@ pub enum JoinExpect {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum AgentStep {
     Agent {
         name: String,
         read: Vec<String>,
@@ -137,13 +138,13 @@ const JOIN_WAIT: Duration = Duration::from_secs(15);
 /// Most posts one `post` step makes.
 const MAX_COUNT: u64 = 10_000;
 
-impl Step {
+impl AgentStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::Surface { .. } => Some(SURFACE_WITHIN),
-            Step::ExpectPending { .. } => Some(SURFACE_WITHIN),
-            Step::Join { .. } => Some(JOIN_WAIT),
-            Step::Online { .. } | Step::Agent { .. } => Some(DEFAULT_WITHIN),
+            AgentStep::Surface { .. } => Some(SURFACE_WITHIN),
+            AgentStep::ExpectPending { .. } => Some(SURFACE_WITHIN),
+            AgentStep::Join { .. } => Some(JOIN_WAIT),
+            AgentStep::Online { .. } | AgentStep::Agent { .. } => Some(DEFAULT_WITHIN),
             _ => None,
         }
     }
@@ -154,14 +155,14 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::Agent { name, .. } => Refs::default().creates(Kind::Agent, name),
-            Step::Offline { agent }
-            | Step::Online { agent }
-            | Step::Announce { agent, .. }
-            | Step::Join { agent, .. }
-            | Step::Leave { agent, .. }
-            | Step::ExpectPending { agent, .. } => Refs::default().uses(Kind::Agent, agent),
-            Step::Post {
+            AgentStep::Agent { name, .. } => Refs::default().creates(Kind::Agent, name),
+            AgentStep::Offline { agent }
+            | AgentStep::Online { agent }
+            | AgentStep::Announce { agent, .. }
+            | AgentStep::Join { agent, .. }
+            | AgentStep::Leave { agent, .. }
+            | AgentStep::ExpectPending { agent, .. } => Refs::default().uses(Kind::Agent, agent),
+            AgentStep::Post {
                 agent, text, count, ..
             } => {
                 let mut refs = Refs::default().uses(Kind::Agent, agent);
@@ -175,14 +176,14 @@ impl Step {
                 }
                 refs
             }
-            Step::Surface { agent, frames, .. } => {
+            AgentStep::Surface { agent, frames, .. } => {
                 let mut refs = Refs::default().uses(Kind::Agent, agent);
                 for f in frames {
                     refs = refs.uses(Kind::Post, f);
                 }
                 refs
             }
-            Step::PlantEntry { agent, post, .. } => Refs::default()
+            AgentStep::PlantEntry { agent, post, .. } => Refs::default()
                 .uses(Kind::Agent, agent)
                 .uses(Kind::Post, post),
         }
@@ -190,7 +191,7 @@ impl Step {
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::Agent {
+            AgentStep::Agent {
                 name,
                 read,
                 roles,
@@ -233,7 +234,7 @@ impl Step {
                     if *offline { ", offline" } else { "" }
                 ))
             }
-            Step::Offline { agent } => {
+            AgentStep::Offline { agent } => {
                 let a = w.agent(agent)?;
                 a.delivery = None;
                 if let Some(c) = a.client.take() {
@@ -241,7 +242,7 @@ impl Step {
                 }
                 Ok(format!("agent {agent} goes offline"))
             }
-            Step::Online { agent } => {
+            AgentStep::Online { agent } => {
                 let mesh = &w.mesh;
                 let a = w
                     .agents
@@ -252,7 +253,7 @@ impl Step {
                 }
                 Ok(format!("agent {agent} comes back online"))
             }
-            Step::Announce { agent, card: None } => {
+            AgentStep::Announce { agent, card: None } => {
                 let a = w.agent(agent)?;
                 online(a, agent)?
                     .announce("idle")
@@ -260,7 +261,7 @@ impl Step {
                     .map_err(|e| Failure::could_not(format!("announce {agent}: {e}")))?;
                 Ok(format!("agent {agent} announces its presence"))
             }
-            Step::Announce {
+            AgentStep::Announce {
                 agent,
                 card: Some(card),
             } => {
@@ -272,7 +273,7 @@ impl Step {
                 announced.map_err(|e| Failure::could_not(format!("announce {agent}: {e}")))?;
                 Ok(format!("agent {agent} announces its presence as {card:?}"))
             }
-            Step::Join {
+            AgentStep::Join {
                 agent,
                 channel,
                 expect,
@@ -325,7 +326,7 @@ impl Step {
                     )),
                 }
             }
-            Step::Leave {
+            AgentStep::Leave {
                 agent,
                 channel,
                 generation,
@@ -375,7 +376,7 @@ impl Step {
                     )),
                 }
             }
-            Step::Post {
+            AgentStep::Post {
                 agent,
                 channel,
                 text,
@@ -383,7 +384,7 @@ impl Step {
                 mentions,
                 count,
             } => post(w, agent, channel, text, id.as_deref(), mentions, *count).await,
-            Step::Surface {
+            AgentStep::Surface {
                 agent,
                 frames,
                 ordered,
@@ -399,7 +400,7 @@ impl Step {
                 )
                 .await
             }
-            Step::ExpectPending {
+            AgentStep::ExpectPending {
                 agent,
                 inbox,
                 dlv,
@@ -452,7 +453,7 @@ impl Step {
                 }
                 Ok(format!("the broker holds for {agent}: {}", what.join(", ")))
             }
-            Step::PlantEntry {
+            AgentStep::PlantEntry {
                 agent,
                 channel,
                 post,
@@ -510,11 +511,6 @@ fn online<'a>(
     a.client
         .as_ref()
         .ok_or_else(|| Failure::could_not(format!("agent {name} is offline")))
-}
-
-/// A TOML value as JSON (for answers written in a case).
-pub fn toml_to_json(v: &toml::Value) -> Value {
-    serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
 async fn post(
@@ -694,49 +690,4 @@ async fn surface(
     } else {
         format!("agent {agent} surfaces {frames:?}")
     })
-}
-
-/// How many messages `stream` holds on exactly `subject` (leader-served stream info).
-pub async fn count_on(insp: &Inspector, stream: &str, subject: &str) -> Result<u64, String> {
-    let s = insp
-        .js
-        .get_stream_no_info(stream)
-        .await
-        .map_err(|e| format!("stream {stream}: {e}"))?;
-    let mut info = s
-        .info_with_subjects(subject)
-        .await
-        .map_err(|e| format!("stream {stream} info: {e}"))?;
-    let mut n = 0;
-    while let Some((subj, count)) = info
-        .try_next()
-        .await
-        .map_err(|e| format!("stream {stream} subjects: {e}"))?
-    {
-        if subj == subject {
-            n += count as u64;
-        }
-    }
-    Ok(n)
-}
-
-/// A consumer's state from the broker.
-pub async fn consumer_info(
-    insp: &Inspector,
-    stream: &str,
-    name: &str,
-) -> Result<async_nats::jetstream::consumer::Info, String> {
-    let s = insp
-        .js
-        .get_stream_no_info(stream)
-        .await
-        .map_err(|e| format!("stream {stream}: {e}"))?;
-    let mut c: async_nats::jetstream::consumer::Consumer<pull::Config> = s
-        .get_consumer(name)
-        .await
-        .map_err(|e| format!("consumer {name}: {e}"))?;
-    c.info()
-        .await
-        .cloned()
-        .map_err(|e| format!("consumer {name} info: {e}"))
 }

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::{Ctx, Kind, Refs, DEFAULT_WITHIN};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::verb::{Ctx, Kind, Refs, DEFAULT_WITHIN};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 use crate::rig::proxy::TcpProxy;
 
 pub const VERBS: &[&str] = &[
@@ -47,7 +49,7 @@ pub enum ProxyFault {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum BrokerStep {
     Broker {
         fault: BrokerFault,
         #[serde(default)]
@@ -85,14 +87,14 @@ pub enum Step {
 /// Longest observation window a case may ask for.
 const OBSERVE_MAX: Duration = Duration::from_secs(600);
 
-impl Step {
+impl BrokerStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::Broker {
+            BrokerStep::Broker {
                 fault: BrokerFault::Restart | BrokerFault::Kill,
                 ..
             }
-            | Step::ExpectHeld { .. } => Some(DEFAULT_WITHIN),
+            | BrokerStep::ExpectHeld { .. } => Some(DEFAULT_WITHIN),
             _ => None,
         }
     }
@@ -103,19 +105,23 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::Proxy { name, .. } => Refs::default().creates(Kind::Proxy, name),
-            Step::ProxyFault { proxy, .. } | Step::ExpectHeld { proxy, .. } => {
+            BrokerStep::Proxy { name, .. } => Refs::default().creates(Kind::Proxy, name),
+            BrokerStep::ProxyFault { proxy, .. } | BrokerStep::ExpectHeld { proxy, .. } => {
                 Refs::default().uses(Kind::Proxy, proxy)
             }
-            Step::RememberConnections { name } => Refs::default().creates(Kind::Counter, name),
-            Step::ExpectConnections { after, .. } => Refs::default().uses(Kind::Counter, after),
-            Step::Broker { .. } | Step::Observe { .. } => Refs::default(),
+            BrokerStep::RememberConnections { name } => {
+                Refs::default().creates(Kind::Counter, name)
+            }
+            BrokerStep::ExpectConnections { after, .. } => {
+                Refs::default().uses(Kind::Counter, after)
+            }
+            BrokerStep::Broker { .. } | BrokerStep::Observe { .. } => Refs::default(),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::Broker { fault, node } => {
+            BrokerStep::Broker { fault, node } => {
                 let n = w.mesh.node_count();
                 let b = w
                     .mesh
@@ -150,7 +156,7 @@ impl Step {
                     Ok(format!("{what} the broker"))
                 }
             }
-            Step::Proxy { name, node } => {
+            BrokerStep::Proxy { name, node } => {
                 let port = w
                     .mesh
                     .node(*node)
@@ -160,7 +166,7 @@ impl Step {
                 w.proxies.insert(name.clone(), p);
                 Ok(format!("proxy {name} in front of broker node {node}"))
             }
-            Step::ProxyFault {
+            BrokerStep::ProxyFault {
                 proxy,
                 fault,
                 pattern,
@@ -204,7 +210,7 @@ impl Step {
                 };
                 Ok(format!("proxy {proxy} {what}"))
             }
-            Step::ExpectHeld { proxy, contains } => {
+            BrokerStep::ExpectHeld { proxy, contains } => {
                 let p = w.proxy(proxy)?;
                 p.wait_held(contains, ctx.left()).await.map_err(|_| {
                     Failure::new(
@@ -214,14 +220,14 @@ impl Step {
                 })?;
                 Ok(format!("proxy {proxy} holds {contains:?}"))
             }
-            Step::RememberConnections { name } => {
+            BrokerStep::RememberConnections { name } => {
                 let n = total_connections(w).await?;
                 w.counters.insert(name.clone(), n);
                 Ok(format!(
                     "remember the broker's accepted connections as {name}"
                 ))
             }
-            Step::ExpectConnections { after, opened } => {
+            BrokerStep::ExpectConnections { after, opened } => {
                 let before = *w.counters.get(after).ok_or_else(|| {
                     Failure::could_not(format!("nothing remembered as {after:?}"))
                 })?;
@@ -237,7 +243,7 @@ impl Step {
                     "the broker accepted {opened} connections since {after}"
                 ))
             }
-            Step::Observe { ms } => {
+            BrokerStep::Observe { ms } => {
                 let ms = ms.eval(&w.vars).map_err(Failure::could_not)?;
                 let d = Duration::from_millis(ms);
                 if d > OBSERVE_MAX {

@@ -10,21 +10,14 @@ use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::rails::{check_reply, exchange, supervisor, supervisor_principal};
-use super::{poll, Ctx, Kind, Refs};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::call::{check_reply, exchange, supervisor, supervisor_principal};
+use super::verb::{poll, Ctx, Kind, Refs};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 use crate::rig::connz::ConnState;
 
 pub const VERBS: &[&str] = &["resign", "expect_broker_jwt", "reload_creds"];
-
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum Which {
-    /// The credential the daemon was provisioned (or first re-signed) with.
-    Original,
-    /// The latest re-sign of the renewal owner.
-    Latest,
-}
 
 /// What the broker holds for the daemon's connection.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -46,7 +39,7 @@ pub enum ReloadExpect {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum CredStep {
     Resign {
         /// ms from now.
         lifetime: u64,
@@ -72,28 +65,28 @@ pub enum Step {
 /// The name the daemon's resident connection gives the broker.
 const DAEMON_CONNECTION: &str = "cotal:delivery";
 
-impl Step {
+impl CredStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::ExpectBrokerJwt { .. } => Some(Duration::ZERO),
-            Step::ReloadCreds { .. } => Some(Duration::from_secs(15)),
-            Step::Resign { .. } => None,
+            CredStep::ExpectBrokerJwt { .. } => Some(Duration::ZERO),
+            CredStep::ReloadCreds { .. } => Some(Duration::from_secs(15)),
+            CredStep::Resign { .. } => None,
         }
     }
 
     pub fn unsupported(&self, daemon: &DaemonUnderTest) -> Option<String> {
         match self {
-            Step::ExpectBrokerJwt { .. } => super::only_here(
+            CredStep::ExpectBrokerJwt { .. } => super::verb::only_here(
                 daemon,
                 "the daemon's connection is found by this distribution's connection name",
             ),
-            Step::Resign { .. } | Step::ReloadCreds { .. } => None,
+            CredStep::Resign { .. } | CredStep::ReloadCreds { .. } => None,
         }
     }
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::ReloadCreds { release, .. } => {
+            CredStep::ReloadCreds { release, .. } => {
                 Refs::default().uses_opt(Kind::Proxy, release.as_ref())
             }
             _ => Refs::default(),
@@ -102,7 +95,7 @@ impl Step {
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::Resign { lifetime, rogue } => {
+            CredStep::Resign { lifetime, rogue } => {
                 let space = w.mesh.space().clone();
                 let path = w.mesh.workspace().delivery_creds_path(&space);
                 let live = read_creds_file(&path)
@@ -131,7 +124,7 @@ impl Step {
                         .to_string()
                 })
             }
-            Step::ExpectBrokerJwt { is } => {
+            CredStep::ExpectBrokerJwt { is } => {
                 let want = match is {
                     BrokerJwt::Original => w.resigns.original.clone(),
                     BrokerJwt::Latest => w.resigns.written.last().cloned(),
@@ -170,7 +163,7 @@ impl Step {
                 .await?;
                 // Timed at the broker's own stamp of that connection's start.
                 if let Some(ms) = started {
-                    w.happened_at = Some(super::timed::instant_at_unix_ms(ms)?);
+                    w.happened_at = Some(super::verb::instant_at_unix_ms(ms)?);
                 }
                 Ok(match is {
                     BrokerJwt::Original => {
@@ -183,7 +176,7 @@ impl Step {
                 }
                 .to_string())
             }
-            Step::ReloadCreds {
+            CredStep::ReloadCreds {
                 expect,
                 error,
                 release,

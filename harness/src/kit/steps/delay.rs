@@ -11,14 +11,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Ctx, Kind, Refs, DEFAULT_WITHIN};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::verb::{Ctx, Kind, Refs, DEFAULT_WITHIN};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 
 pub const VERBS: &[&str] = &["delay_frames", "expect_delayed", "release_delayed"];
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum DelayStep {
     DelayFrames {
         proxy: String,
         /// Delay the broker's replies to requests on subjects this matches (e.g.
@@ -38,10 +40,10 @@ pub enum Step {
     },
 }
 
-impl Step {
+impl DelayStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::ExpectDelayed { .. } => Some(DEFAULT_WITHIN),
+            DelayStep::ExpectDelayed { .. } => Some(DEFAULT_WITHIN),
             _ => None,
         }
     }
@@ -52,15 +54,15 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::DelayFrames { proxy, .. }
-            | Step::ExpectDelayed { proxy, .. }
-            | Step::ReleaseDelayed { proxy } => Refs::default().uses(Kind::Proxy, proxy),
+            DelayStep::DelayFrames { proxy, .. }
+            | DelayStep::ExpectDelayed { proxy, .. }
+            | DelayStep::ReleaseDelayed { proxy } => Refs::default().uses(Kind::Proxy, proxy),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::DelayFrames {
+            DelayStep::DelayFrames {
                 proxy,
                 replies_to,
                 publishes_to,
@@ -82,7 +84,7 @@ impl Step {
                 }
                 Ok(format!("proxy {proxy} delays {}", what.join(" and ")))
             }
-            Step::ExpectDelayed { proxy, count } => {
+            DelayStep::ExpectDelayed { proxy, count } => {
                 let p = w.proxy(proxy)?;
                 p.wait_delayed(*count, ctx.left()).await.map_err(|_| {
                     Failure::new(
@@ -95,7 +97,7 @@ impl Step {
                     if *count == 1 { "" } else { "s" }
                 ))
             }
-            Step::ReleaseDelayed { proxy } => {
+            DelayStep::ReleaseDelayed { proxy } => {
                 w.proxy(proxy)?.release_delayed();
                 Ok(format!("proxy {proxy} releases what it delayed"))
             }

@@ -11,9 +11,11 @@ use cotal_delivery::wire::SpaceNames;
 use futures::StreamExt;
 use serde::Deserialize;
 
-use super::streams::{consumer_refs, resolve};
-use super::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::read::{consumer_refs, resolve};
+use super::verb::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 
 pub const VERBS: &[&str] = &[
     "delete_entries",
@@ -24,7 +26,7 @@ pub const VERBS: &[&str] = &[
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum EntryStep {
     DeleteEntries {
         agent: String,
         /// How many entries the broker must hold on the agent's INBOX subject (all deleted).
@@ -47,10 +49,10 @@ pub enum Step {
 /// Most entries one `delete_entries` deletes.
 const DELETE_MAX: u64 = 10_000;
 
-impl Step {
+impl EntryStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::LeaseWatched {} => Some(DEFAULT_WITHIN),
+            EntryStep::LeaseWatched {} => Some(DEFAULT_WITHIN),
             _ => None,
         }
     }
@@ -61,16 +63,16 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::DeleteEntries { agent, .. } => Refs::default().uses(Kind::Agent, agent),
-            Step::DeleteConsumer { consumer } => consumer_refs(consumer),
-            Step::ExpectSettlements { proxy, .. } => Refs::default().uses(Kind::Proxy, proxy),
-            Step::LeaseWatched {} => Refs::default(),
+            EntryStep::DeleteEntries { agent, .. } => Refs::default().uses(Kind::Agent, agent),
+            EntryStep::DeleteConsumer { consumer } => consumer_refs(consumer),
+            EntryStep::ExpectSettlements { proxy, .. } => Refs::default().uses(Kind::Proxy, proxy),
+            EntryStep::LeaseWatched {} => Refs::default(),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::DeleteEntries { agent, count } => {
+            EntryStep::DeleteEntries { agent, count } => {
                 if *count > DELETE_MAX {
                     return Err(Failure::could_not(format!("count above {DELETE_MAX}")));
                 }
@@ -119,7 +121,7 @@ impl Step {
                     "an operator deletes {agent}'s {count} INBOX entries from the stream"
                 ))
             }
-            Step::DeleteConsumer { consumer } => {
+            EntryStep::DeleteConsumer { consumer } => {
                 let (stream, name) = resolve(w, consumer)?;
                 w.insp
                     .js
@@ -128,7 +130,7 @@ impl Step {
                     .map_err(|e| Failure::could_not(format!("delete consumer {name}: {e}")))?;
                 Ok(format!("an operator deletes the {consumer} durable"))
             }
-            Step::ExpectSettlements {
+            EntryStep::ExpectSettlements {
                 proxy,
                 before,
                 settlements: want,
@@ -163,7 +165,7 @@ impl Step {
                     format!("the settlements {want:?} among the bytes proxy {proxy} holds {among}")
                 })
             }
-            Step::LeaseWatched {} => {
+            EntryStep::LeaseWatched {} => {
                 let stream = SpaceNames::kv_stream(&w.insp.names.delivery_bucket());
                 let js = w.insp.js.clone();
                 poll(

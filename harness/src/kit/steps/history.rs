@@ -4,15 +4,17 @@
 //! with the broker's start stamps. Takeovers and retries are judged from these records, and a
 //! step that reads one is timed by the broker's stamp, not by the moment the harness saw it.
 
-use std::collections::VecDeque;
 use std::time::{Duration as StdDuration, Instant, SystemTime};
 
 use cotal_delivery::base::RowOp;
 use serde::Deserialize;
 
-use super::{Ctx, Kind, Refs, DEFAULT_WITHIN};
+use super::verb::{Ctx, Kind, Refs, DEFAULT_WITHIN};
 use crate::kit::expr::Duration;
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::watch::LeaseLogWatch;
+use crate::kit::world::World;
 use crate::rig::connz::ConnState;
 use crate::rig::lease_log::{LeaseLog, LeaseWrite, LogFrom};
 
@@ -56,7 +58,7 @@ impl Write {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum HistoryStep {
     WatchLease {
         name: String,
         #[serde(default)]
@@ -94,30 +96,13 @@ pub enum Step {
     },
 }
 
-/// A broker watch of the lease key, and the write a step read past (the end of a run).
-pub struct LeaseLogWatch {
-    log: LeaseLog,
-    ahead: VecDeque<LeaseWrite>,
-}
-
-impl LeaseLogWatch {
-    /// The next write, waiting until `deadline`; `None` when none came.
-    async fn next(&mut self, deadline: Instant) -> Result<Option<LeaseWrite>, Failure> {
-        if let Some(w) = self.ahead.pop_front() {
-            return Ok(Some(w));
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        Ok(self.log.next(left).await?)
-    }
-}
-
-impl Step {
+impl HistoryStep {
     pub fn default_within(&self) -> Option<StdDuration> {
         match self {
-            Step::ExpectLeaseWrite { .. } => Some(DEFAULT_WITHIN),
+            HistoryStep::ExpectLeaseWrite { .. } => Some(DEFAULT_WITHIN),
             // Counted once, unless the case gives a bound to wait for the counts.
-            Step::ExpectDials { .. } => Some(StdDuration::ZERO),
-            Step::WatchLease { .. } => None,
+            HistoryStep::ExpectDials { .. } => Some(StdDuration::ZERO),
+            HistoryStep::WatchLease { .. } => None,
         }
     }
 
@@ -127,17 +112,17 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::WatchLease { name, .. } => Refs::default().creates(Kind::LeaseLog, name),
-            Step::ExpectLeaseWrite { log, holder, .. } => Refs::default()
+            HistoryStep::WatchLease { name, .. } => Refs::default().creates(Kind::LeaseLog, name),
+            HistoryStep::ExpectLeaseWrite { log, holder, .. } => Refs::default()
                 .uses(Kind::LeaseLog, log)
                 .uses_opt(Kind::Daemon, holder.as_ref()),
-            Step::ExpectDials { daemon, .. } => Refs::default().uses(Kind::Daemon, daemon),
+            HistoryStep::ExpectDials { daemon, .. } => Refs::default().uses(Kind::Daemon, daemon),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::WatchLease { name, from } => {
+            HistoryStep::WatchLease { name, from } => {
                 let log = LeaseLog::bind(
                     &w.insp,
                     match from {
@@ -146,13 +131,7 @@ impl Step {
                     },
                 )
                 .await?;
-                w.lease_logs.insert(
-                    name.clone(),
-                    LeaseLogWatch {
-                        log,
-                        ahead: VecDeque::new(),
-                    },
-                );
+                w.lease_logs.insert(name.clone(), LeaseLogWatch::new(log));
                 Ok(format!(
                     "watch every write to the lease key as {name}{}",
                     match from {
@@ -161,13 +140,13 @@ impl Step {
                     }
                 ))
             }
-            Step::ExpectLeaseWrite {
+            HistoryStep::ExpectLeaseWrite {
                 log,
                 write,
                 holder,
                 run,
             } => expect_write(w, ctx, log, *write, holder.as_deref(), *run).await,
-            Step::ExpectDials {
+            HistoryStep::ExpectDials {
                 daemon,
                 name,
                 min,
@@ -285,7 +264,7 @@ async fn expect_write(
             if one_run(&last, &next) {
                 last = next;
             } else {
-                watch.ahead.push_front(next);
+                watch.put_back(next);
                 break;
             }
         }

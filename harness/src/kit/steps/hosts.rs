@@ -12,8 +12,10 @@ use cotal_delivery::provision::{
 };
 use serde::Deserialize;
 
-use super::{only_here, Ctx, Kind, Refs};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::verb::{only_here, Ctx, Kind, Refs};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 
 pub const VERBS: &[&str] = &["host", "host_material"];
 
@@ -33,7 +35,7 @@ pub enum HostCreds {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum HostStep {
     Host {
         name: String,
     },
@@ -53,7 +55,7 @@ pub enum Step {
     },
 }
 
-impl Step {
+impl HostStep {
     pub fn default_within(&self) -> Option<Duration> {
         None
     }
@@ -67,14 +69,14 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::Host { name } => Refs::default().creates(Kind::Host, name),
-            Step::HostMaterial { host, .. } => Refs::default().uses(Kind::Host, host),
+            HostStep::Host { name } => Refs::default().creates(Kind::Host, name),
+            HostStep::HostMaterial { host, .. } => Refs::default().uses(Kind::Host, host),
         }
     }
 
     pub async fn run(&self, w: &mut World, _ctx: Ctx) -> StepResult {
         match self {
-            Step::Host { name } => {
+            HostStep::Host { name } => {
                 let root = tempfile::Builder::new()
                     .prefix("cotal-host-")
                     .tempdir()
@@ -91,7 +93,7 @@ impl Step {
                     w.mesh.space()
                 ))
             }
-            Step::HostMaterial {
+            HostStep::HostMaterial {
                 host,
                 creds,
                 observer,

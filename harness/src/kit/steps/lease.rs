@@ -10,8 +10,10 @@ use cotal_delivery::provision::{MeshAuthority, MintOptions, SystemProfile};
 use cotal_delivery::wire::LeaseInfo;
 use serde::Deserialize;
 
-use super::{poll, Ctx, Kind, Refs};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::verb::{poll, Ctx, Kind, Refs};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 use crate::rig::error::HarnessError;
 use crate::rig::mesh::{Inspector, LeaseRow};
 
@@ -29,7 +31,7 @@ pub const VERBS: &[&str] = &[
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum LeaseStep {
     ExpectLease {
         #[serde(default)]
         absent: bool,
@@ -66,11 +68,11 @@ pub enum Step {
     },
 }
 
-impl Step {
+impl LeaseStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
             // Checked once, unless the case gives a bound to wait for it.
-            Step::ExpectLease { .. } => Some(Duration::ZERO),
+            LeaseStep::ExpectLease { .. } => Some(Duration::ZERO),
             _ => None,
         }
     }
@@ -84,13 +86,13 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::ExpectLease {
+            LeaseStep::ExpectLease {
                 same_as, holder, ..
             } => Refs::default()
                 .uses_opt(Kind::Lease, same_as.as_ref())
                 .uses_opt(Kind::Daemon, holder.as_ref()),
-            Step::RememberLease { name } => Refs::default().creates(Kind::Lease, name),
-            Step::ExpectPidRecord { pid_of, .. } => {
+            LeaseStep::RememberLease { name } => Refs::default().creates(Kind::Lease, name),
+            LeaseStep::ExpectPidRecord { pid_of, .. } => {
                 Refs::default().uses_opt(Kind::Daemon, pid_of.as_ref())
             }
             _ => Refs::default(),
@@ -99,7 +101,7 @@ impl Step {
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::ExpectLease {
+            LeaseStep::ExpectLease {
                 absent,
                 ready,
                 same_as,
@@ -170,7 +172,7 @@ impl Step {
                 }
                 Ok(format!("lease row: {}", what.join(", ")))
             }
-            Step::RememberLease { name } => {
+            LeaseStep::RememberLease { name } => {
                 let row = w
                     .insp
                     .lease()
@@ -179,11 +181,11 @@ impl Step {
                 w.leases.insert(name.clone(), row);
                 Ok(format!("remember the lease row as {name}"))
             }
-            Step::DeleteLease {} => {
+            LeaseStep::DeleteLease {} => {
                 w.insp.delete_lease().await?;
                 Ok("operator deletes the lease row".into())
             }
-            Step::RewriteLeaseIdentical {} => {
+            LeaseStep::RewriteLeaseIdentical {} => {
                 let row = w
                     .insp
                     .lease()
@@ -195,7 +197,7 @@ impl Step {
                 }
                 Ok("operator re-writes the lease row with identical bytes".into())
             }
-            Step::RewriteLeaseForeignIncarnation {} => {
+            LeaseStep::RewriteLeaseForeignIncarnation {} => {
                 let row = w
                     .insp
                     .lease()
@@ -206,7 +208,7 @@ impl Step {
                 w.insp.put_lease(&info).await?;
                 Ok("operator re-writes the lease row with another incarnation".into())
             }
-            Step::ExpectPidRecord { pid_of, absent } => {
+            LeaseStep::ExpectPidRecord { pid_of, absent } => {
                 let path = base::pid_path(w.mesh.root(), w.mesh.space());
                 let recorded = base::read_pid(&path);
                 if *absent {
@@ -230,7 +232,7 @@ impl Step {
                 }
                 Ok(format!("pid record names daemon {name}"))
             }
-            Step::PlantReusedPid {} => {
+            LeaseStep::PlantReusedPid {} => {
                 let child = std::process::Command::new("sleep")
                     .arg("600")
                     .spawn()
@@ -241,14 +243,14 @@ impl Step {
                 w.sleeper = Some(child);
                 Ok("a pid record names a live process that is not a delivery daemon".into())
             }
-            Step::FillStore {} => {
+            LeaseStep::FillStore {} => {
                 let n = fill_store(&w.insp).await?;
                 Ok(format!(
                     "broker file store filled (refused after {} writes)",
                     if n == 0 { "0" } else { "some" }
                 ))
             }
-            Step::SysMaterial { observer, evictor } => sys_material(w, observer, evictor),
+            LeaseStep::SysMaterial { observer, evictor } => sys_material(w, observer, evictor),
         }
     }
 }

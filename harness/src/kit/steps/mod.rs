@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod agents;
 pub mod broker;
+pub mod call;
 pub mod creds;
 pub mod delay;
 pub mod entries;
@@ -14,77 +15,20 @@ pub mod hosts;
 pub mod lease;
 pub mod process;
 pub mod rails;
+pub mod read;
 pub mod registry;
 pub mod rows;
 pub mod streams;
 pub mod timed;
+pub mod verb;
 
 use std::collections::BTreeSet;
-use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::world::{DaemonUnderTest, StepResult, World};
-
-/// What a name in a case stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Kind {
-    Daemon,
-    Agent,
-    Proxy,
-    Host,
-    Lease,
-    Counter,
-    Advisory,
-    Post,
-    Request,
-    Sweeps,
-    LeaseLog,
-    /// A timed event a verb records itself (its `mark` modifier's kind).
-    Event,
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Kind::Daemon => "daemon",
-            Kind::Agent => "agent",
-            Kind::Proxy => "proxy",
-            Kind::Host => "host",
-            Kind::Lease => "remembered lease",
-            Kind::Counter => "remembered connection count",
-            Kind::Advisory => "advisory watch",
-            Kind::Post => "post",
-            Kind::Request => "sent request",
-            Kind::Sweeps => "sweep watch",
-            Kind::LeaseLog => "lease watch",
-            Kind::Event => "event (a `mark`)",
-        })
-    }
-}
-
-/// The names a step uses and the ones it creates.
-#[derive(Debug, Default)]
-pub struct Refs {
-    pub uses: Vec<(Kind, String)>,
-    pub creates: Vec<(Kind, String)>,
-}
-
-impl Refs {
-    pub fn uses(mut self, kind: Kind, name: &str) -> Self {
-        self.uses.push((kind, name.to_string()));
-        self
-    }
-    pub fn creates(mut self, kind: Kind, name: &str) -> Self {
-        self.creates.push((kind, name.to_string()));
-        self
-    }
-    pub fn uses_opt(self, kind: Kind, name: Option<&String>) -> Self {
-        match name {
-            Some(n) => self.uses(kind, n),
-            None => self,
-        }
-    }
-}
+use super::world::World;
+use crate::kit::failure::StepResult;
+use crate::kit::under_test::DaemonUnderTest;
+use verb::{Ctx, Kind, Refs};
 
 /// The names created so far while a case loads: a step that names one nobody created is
 /// refused with its line before anything runs.
@@ -120,29 +64,12 @@ impl Names {
     }
 }
 
-/// When a step must be done by and when it began.
-#[derive(Debug, Clone, Copy)]
-pub struct Ctx {
-    pub started: Instant,
-    pub deadline: Instant,
-}
-
-impl Ctx {
-    /// What is left of the step's bound.
-    pub fn left(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
-    }
-}
-
-/// The default bound of a waiting step.
-pub const DEFAULT_WITHIN: Duration = Duration::from_secs(20);
-
 macro_rules! groups {
-    ($($variant:ident => $module:ident),* $(,)?) => {
+    ($($variant:ident => $module:ident :: $ty:ident),* $(,)?) => {
         /// One typed step.
         #[derive(Debug)]
         pub enum Step {
-            $($variant($module::Step),)*
+            $($variant($module::$ty),)*
         }
 
         /// Every verb, for the refusal of an unknown one.
@@ -160,7 +87,7 @@ macro_rules! groups {
             $(
                 if $module::VERBS.contains(&verb) {
                     return value
-                        .try_into::<$module::Step>()
+                        .try_into::<$module::$ty>()
                         .map(Step::$variant)
                         .map_err(|e| format!("`{verb}`: {}", e.message().trim()));
                 }
@@ -189,21 +116,21 @@ macro_rules! groups {
 }
 
 groups! {
-    Process => process,
-    Lease => lease,
-    Broker => broker,
-    Agents => agents,
-    Rows => rows,
-    Streams => streams,
-    Creds => creds,
-    Rails => rails,
-    Hosts => hosts,
-    Admin => admin,
-    History => history,
-    Entries => entries,
-    Timed => timed,
-    Delay => delay,
-    Registry => registry,
+    Process => process::ProcessStep,
+    Lease => lease::LeaseStep,
+    Broker => broker::BrokerStep,
+    Agents => agents::AgentStep,
+    Rows => rows::RowStep,
+    Streams => streams::StreamStep,
+    Creds => creds::CredStep,
+    Rails => rails::RailStep,
+    Hosts => hosts::HostStep,
+    Admin => admin::AdminStep,
+    History => history::HistoryStep,
+    Entries => entries::EntryStep,
+    Timed => timed::TimedStep,
+    Delay => delay::DelayStep,
+    Registry => registry::RegistryStep,
 }
 
 /// The refusal of an unknown verb, naming the closest ones.
@@ -239,40 +166,6 @@ fn distance(a: &str, b: &str) -> usize {
         prev = cur;
     }
     prev[b.len()]
-}
-
-/// The reason every distribution-only step gives under `--daemon-cmd`.
-pub fn only_here(daemon: &DaemonUnderTest, why: &str) -> Option<String> {
-    matches!(daemon, DaemonUnderTest::Cmd(_)).then(|| why.to_string())
-}
-
-/// Waits until `check` answers `Ok` or `ctx`'s deadline passes; the last answer is the failure.
-pub async fn poll<F, Fut, T>(ctx: Ctx, what: &str, mut check: F) -> Result<T, super::world::Failure>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    /// How often a broker-side condition is read again.
-    const POLL: Duration = Duration::from_millis(50);
-    loop {
-        match check().await {
-            Ok(v) => return Ok(v),
-            Err(last) => {
-                if Instant::now() >= ctx.deadline {
-                    return Err(super::world::Failure::new(
-                        format!(
-                            "{what} within {} ms",
-                            ctx.deadline
-                                .saturating_duration_since(ctx.started)
-                                .as_millis()
-                        ),
-                        last,
-                    ));
-                }
-            }
-        }
-        tokio::time::sleep(POLL.min(ctx.left())).await;
-    }
 }
 
 #[cfg(test)]

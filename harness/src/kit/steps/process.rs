@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::{only_here, Ctx, Kind, Refs, DEFAULT_WITHIN};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::verb::{only_here, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 use crate::rig::daemon::DaemonSpec;
 
 pub const VERBS: &[&str] = &[
@@ -50,7 +52,7 @@ pub enum CwdChoice {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum ProcessStep {
     Start {
         daemon: String,
         /// Dial this proxy instead of the broker.
@@ -123,18 +125,18 @@ pub enum Step {
 /// Bound of a command run to completion.
 const COMMAND_BOUND: Duration = Duration::from_secs(60);
 
-impl Step {
+impl ProcessStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::WaitLine { .. } | Step::ExpectExit { .. } => Some(DEFAULT_WITHIN),
-            Step::Command { .. } | Step::Status { .. } => Some(COMMAND_BOUND),
+            ProcessStep::WaitLine { .. } | ProcessStep::ExpectExit { .. } => Some(DEFAULT_WITHIN),
+            ProcessStep::Command { .. } | ProcessStep::Status { .. } => Some(COMMAND_BOUND),
             _ => None,
         }
     }
 
     pub fn unsupported(&self, daemon: &DaemonUnderTest) -> Option<String> {
         match self {
-            Step::Start {
+            ProcessStep::Start {
                 host,
                 args,
                 creds,
@@ -175,34 +177,36 @@ impl Step {
                 }
                 None
             }
-            Step::Command { .. } => only_here(daemon, "it runs a command of this distribution"),
-            Step::Status { .. } => only_here(daemon, "it runs `cotal-delivery status`"),
+            ProcessStep::Command { .. } => {
+                only_here(daemon, "it runs a command of this distribution")
+            }
+            ProcessStep::Status { .. } => only_here(daemon, "it runs `cotal-delivery status`"),
             _ => None,
         }
     }
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::Start {
+            ProcessStep::Start {
                 daemon, via, host, ..
             } => Refs::default()
                 .uses_opt(Kind::Proxy, via.as_ref())
                 .uses_opt(Kind::Host, host.as_ref())
                 .creates(Kind::Daemon, daemon),
-            Step::WaitLine { daemon, .. }
-            | Step::NoLine { daemon, .. }
-            | Step::LineOrder { daemon, .. }
-            | Step::CountLines { daemon, .. }
-            | Step::Signal { daemon, .. }
-            | Step::ExpectExit { daemon, .. }
-            | Step::ExpectRunning { daemon } => Refs::default().uses(Kind::Daemon, daemon),
-            Step::Command { .. } | Step::Status { .. } => Refs::default(),
+            ProcessStep::WaitLine { daemon, .. }
+            | ProcessStep::NoLine { daemon, .. }
+            | ProcessStep::LineOrder { daemon, .. }
+            | ProcessStep::CountLines { daemon, .. }
+            | ProcessStep::Signal { daemon, .. }
+            | ProcessStep::ExpectExit { daemon, .. }
+            | ProcessStep::ExpectRunning { daemon } => Refs::default().uses(Kind::Daemon, daemon),
+            ProcessStep::Command { .. } | ProcessStep::Status { .. } => Refs::default(),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::Start {
+            ProcessStep::Start {
                 daemon,
                 via,
                 host,
@@ -224,7 +228,7 @@ impl Step {
                 *cwd,
                 *demand_tls,
             ),
-            Step::WaitLine { daemon, contains } => {
+            ProcessStep::WaitLine { daemon, contains } => {
                 let left = ctx.left();
                 let d = w.daemon(daemon)?;
                 d.wait_for_line(contains, left).await.map_err(|_| {
@@ -235,7 +239,7 @@ impl Step {
                 })?;
                 Ok(format!("daemon {daemon} printed {contains:?}"))
             }
-            Step::NoLine { daemon, contains } => {
+            ProcessStep::NoLine { daemon, contains } => {
                 let d = w.daemon(daemon)?;
                 if let Some(l) = d
                     .lines()
@@ -249,7 +253,7 @@ impl Step {
                 }
                 Ok(format!("daemon {daemon} never printed {contains:?}"))
             }
-            Step::LineOrder {
+            ProcessStep::LineOrder {
                 daemon,
                 first,
                 then,
@@ -267,7 +271,7 @@ impl Step {
                     )),
                 }
             }
-            Step::CountLines {
+            ProcessStep::CountLines {
                 daemon,
                 contains,
                 count,
@@ -288,7 +292,7 @@ impl Step {
                     "daemon {daemon} printed {count} lines containing {contains:?}"
                 ))
             }
-            Step::Signal { daemon, signal } => {
+            ProcessStep::Signal { daemon, signal } => {
                 let d = w.daemon(daemon)?;
                 let sent = match signal.as_str() {
                     "TERM" => d.terminate(),
@@ -310,7 +314,7 @@ impl Step {
                 sent.map_err(|e| Failure::could_not(format!("signal daemon {daemon}: {e}")))?;
                 Ok(format!("SIG{signal} to daemon {daemon}"))
             }
-            Step::ExpectExit {
+            ProcessStep::ExpectExit {
                 daemon,
                 code,
                 signal,
@@ -356,7 +360,7 @@ impl Step {
                     ),
                 })
             }
-            Step::ExpectRunning { daemon } => {
+            ProcessStep::ExpectRunning { daemon } => {
                 let d = w.daemon(daemon)?;
                 if !d.is_running() {
                     return Err(Failure::new(
@@ -366,7 +370,7 @@ impl Step {
                 }
                 Ok(format!("daemon {daemon} is running"))
             }
-            Step::Command {
+            ProcessStep::Command {
                 args,
                 code,
                 contains,
@@ -400,7 +404,7 @@ impl Step {
                         .unwrap_or_default()
                 ))
             }
-            Step::Status { contains, code } => {
+            ProcessStep::Status { contains, code } => {
                 w.mesh.leave_for_status()?;
                 let args = vec![
                     "status".to_string(),

@@ -13,10 +13,12 @@ use cotal_delivery::wire::SpaceNames;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::agents::consumer_info;
-use super::rows::read_row;
-use super::{poll, Ctx, Kind, Refs};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::read::consumer_info;
+use super::read::read_row;
+use super::verb::{poll, Ctx, Kind, Refs};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 
 pub const VERBS: &[&str] = &[
     "expect_interval",
@@ -27,7 +29,7 @@ pub const VERBS: &[&str] = &[
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum RegistryStep {
     ExpectInterval {
         agent: String,
         channel: String,
@@ -57,12 +59,12 @@ const REFUSAL_BOUND: Duration = Duration::from_secs(5);
 /// Bound of one row read.
 const ROW_BOUND: Duration = Duration::from_secs(5);
 
-impl Step {
+impl RegistryStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::ExpectInterval { .. } => Some(Duration::ZERO),
-            Step::ExpectRouted { .. } => Some(ROUTED_WITHIN),
-            Step::ForgeMemberRow { .. } | Step::ReadOwnStore { .. } => None,
+            RegistryStep::ExpectInterval { .. } => Some(Duration::ZERO),
+            RegistryStep::ExpectRouted { .. } => Some(ROUTED_WITHIN),
+            RegistryStep::ForgeMemberRow { .. } | RegistryStep::ReadOwnStore { .. } => None,
         }
     }
 
@@ -72,7 +74,7 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::ExpectInterval {
+            RegistryStep::ExpectInterval {
                 agent,
                 admits,
                 excludes,
@@ -84,10 +86,10 @@ impl Step {
                 }
                 refs
             }
-            Step::ExpectRouted { posts } => posts
+            RegistryStep::ExpectRouted { posts } => posts
                 .iter()
                 .fold(Refs::default(), |r, p| r.uses(Kind::Post, p)),
-            Step::ForgeMemberRow { agent, .. } | Step::ReadOwnStore { agent } => {
+            RegistryStep::ForgeMemberRow { agent, .. } | RegistryStep::ReadOwnStore { agent } => {
                 Refs::default().uses(Kind::Agent, agent)
             }
         }
@@ -95,13 +97,13 @@ impl Step {
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::ExpectInterval {
+            RegistryStep::ExpectInterval {
                 agent,
                 channel,
                 admits,
                 excludes,
             } => interval(w, ctx, agent, channel, admits, excludes).await,
-            Step::ExpectRouted { posts } => {
+            RegistryStep::ExpectRouted { posts } => {
                 let mut seqs = Vec::with_capacity(posts.len());
                 for p in posts {
                     seqs.push(w.post(p)?.seq);
@@ -125,8 +127,8 @@ impl Step {
                     "the fan-out writer has acked {posts:?} (its ack floor on the broker at or above their CHAT sequences)"
                 ))
             }
-            Step::ForgeMemberRow { agent, channel } => forge(w, agent, channel).await,
-            Step::ReadOwnStore { agent } => read_store(w, agent).await,
+            RegistryStep::ForgeMemberRow { agent, channel } => forge(w, agent, channel).await,
+            RegistryStep::ReadOwnStore { agent } => read_store(w, agent).await,
         }
     }
 }

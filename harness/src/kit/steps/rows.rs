@@ -2,6 +2,7 @@
 //! a lifecycle's read ACL narrowed or widened, its retirement tombstone, its deletion; and the
 //! membership registry's rows read back from the broker (or deleted, as an operator would).
 
+use super::read::{read_row, ROW_BOUND};
 use std::time::Duration;
 
 use cotal_delivery::base::{Read, Rows};
@@ -9,8 +10,10 @@ use cotal_delivery::provision::{remove_acl, retire, set_read_acl};
 use cotal_delivery::wire::SpaceNames;
 use serde::Deserialize;
 
-use super::{poll, Ctx, Kind, Refs};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::verb::{poll, Ctx, Kind, Refs};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 
 pub const VERBS: &[&str] = &[
     "channel",
@@ -23,17 +26,17 @@ pub const VERBS: &[&str] = &[
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
-pub enum Class {
+pub enum RowClass {
     Durable,
     Live,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum RowStep {
     Channel {
         name: String,
-        class: Class,
+        class: RowClass,
     },
     Acl {
         agent: String,
@@ -61,13 +64,10 @@ pub enum Step {
     },
 }
 
-/// Bound of one row read or write.
-const ROW_BOUND: Duration = Duration::from_secs(5);
-
-impl Step {
+impl RowStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::ExpectMember { .. } => Some(Duration::ZERO),
+            RowStep::ExpectMember { .. } => Some(Duration::ZERO),
             _ => None,
         }
     }
@@ -78,21 +78,21 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::Channel { .. } => Refs::default(),
-            Step::Acl { agent, .. }
-            | Step::Retire { agent }
-            | Step::DeleteAcl { agent }
-            | Step::ExpectMember { agent, .. }
-            | Step::DeleteMember { agent, .. } => Refs::default().uses(Kind::Agent, agent),
+            RowStep::Channel { .. } => Refs::default(),
+            RowStep::Acl { agent, .. }
+            | RowStep::Retire { agent }
+            | RowStep::DeleteAcl { agent }
+            | RowStep::ExpectMember { agent, .. }
+            | RowStep::DeleteMember { agent, .. } => Refs::default().uses(Kind::Agent, agent),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::Channel { name, class } => {
+            RowStep::Channel { name, class } => {
                 let config = match class {
-                    Class::Durable => serde_json::json!({"deliveryClass": "durable"}),
-                    Class::Live => serde_json::json!({"deliveryClass": "live"}),
+                    RowClass::Durable => serde_json::json!({"deliveryClass": "durable"}),
+                    RowClass::Live => serde_json::json!({"deliveryClass": "live"}),
                 };
                 let subject = format!("$KV.{}.{name}", w.insp.names.channels_bucket());
                 w.insp
@@ -104,7 +104,7 @@ impl Step {
                     .map_err(|e| Failure::could_not(format!("channel row stored: {e}")))?;
                 Ok(format!("channel row {name:?}: {class:?}"))
             }
-            Step::Acl { agent, read } => {
+            RowStep::Acl { agent, read } => {
                 let (p, u) = who(w, agent)?;
                 set_read_acl(&w.insp.js, &w.insp.names, &p, &u, read.clone())
                     .await
@@ -114,7 +114,7 @@ impl Step {
                     read.join(", ")
                 ))
             }
-            Step::Retire { agent } => {
+            RowStep::Retire { agent } => {
                 let (p, u) = who(w, agent)?;
                 retire(&w.insp.js, &w.insp.names, &p, &u)
                     .await
@@ -123,14 +123,14 @@ impl Step {
                     "{agent}'s lifecycle is retired (tombstone on its ACL row)"
                 ))
             }
-            Step::DeleteAcl { agent } => {
+            RowStep::DeleteAcl { agent } => {
                 let (p, u) = who(w, agent)?;
                 remove_acl(&w.insp.js, &w.insp.names, &p, &u)
                     .await
                     .map_err(|e| Failure::could_not(format!("delete the ACL row: {e}")))?;
                 Ok(format!("{agent}'s ACL row is deleted"))
             }
-            Step::ExpectMember {
+            RowStep::ExpectMember {
                 agent,
                 channel,
                 absent,
@@ -186,7 +186,7 @@ impl Step {
                     }
                 ))
             }
-            Step::DeleteMember { agent, channel } => {
+            RowStep::DeleteMember { agent, channel } => {
                 let (p, u) = who(w, agent)?;
                 let key = SpaceNames::member_key(channel, &p, &u);
                 let rows = Rows::open(&w.insp.js, &w.insp.names.members_bucket(), ROW_BOUND)
@@ -227,23 +227,4 @@ fn who(
         a.material.principal.clone(),
         a.material.lifecycle_uid.clone(),
     ))
-}
-
-/// A row as the broker holds it (leader-served), as JSON.
-pub async fn read_row(
-    js: &async_nats::jetstream::Context,
-    bucket: &str,
-    key: &str,
-) -> Result<Option<serde_json::Value>, String> {
-    let rows = Rows::open(js, bucket, ROW_BOUND)
-        .await
-        .map_err(|e| format!("bucket {bucket}: {e}"))?;
-    match rows
-        .read(key)
-        .await
-        .map_err(|e| format!("read {key}: {e}"))?
-    {
-        Read::Present(r) => Ok(serde_json::from_slice(&r.value).ok()),
-        Read::Absent { .. } => Ok(None),
-    }
 }

@@ -3,17 +3,19 @@
 //! redelivered), the broker's pause of a durable, a stream's configuration changed under the
 //! daemon (a refused delete, a message size cap), and the broker's own JetStream advisories.
 
-use std::sync::{Arc, Mutex};
+use super::read::{consumer_refs, resolve};
 use std::time::Duration;
 
 use cotal_delivery::wire::SpaceNames;
-use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::agents::consumer_info;
-use super::{poll, Ctx, Kind, Refs};
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use super::read::consumer_info;
+use super::verb::{poll, Ctx, Kind, Refs};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::watch::AdvisoryWatch;
+use crate::kit::world::World;
 
 pub const VERBS: &[&str] = &[
     "expect_consumer",
@@ -37,7 +39,7 @@ pub enum StreamName {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum StreamStep {
     ExpectConsumer {
         consumer: String,
         #[serde(default)]
@@ -82,26 +84,13 @@ pub enum Step {
     },
 }
 
-/// A subscription to broker advisories and what it collected.
-pub struct AdvisoryWatch {
-    seen: Arc<Mutex<Vec<Value>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for AdvisoryWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Most advisories one watch keeps.
-const ADVISORIES_MAX: usize = 10_000;
-
-impl Step {
+impl StreamStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::ExpectConsumer { .. } | Step::ExpectAdvisory { .. } => Some(Duration::ZERO),
-            Step::Drained {} => Some(Duration::from_secs(20)),
+            StreamStep::ExpectConsumer { .. } | StreamStep::ExpectAdvisory { .. } => {
+                Some(Duration::ZERO)
+            }
+            StreamStep::Drained {} => Some(Duration::from_secs(20)),
             _ => None,
         }
     }
@@ -112,20 +101,20 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::WatchAdvisory { name, consumer, .. } => {
+            StreamStep::WatchAdvisory { name, consumer, .. } => {
                 consumer_refs(consumer).creates(Kind::Advisory, name)
             }
-            Step::ExpectAdvisory { name, .. } => Refs::default().uses(Kind::Advisory, name),
-            Step::ExpectConsumer { consumer, .. }
-            | Step::PauseConsumer { consumer }
-            | Step::ResumeConsumer { consumer } => consumer_refs(consumer),
-            Step::Drained {} | Step::StreamConfig { .. } => Refs::default(),
+            StreamStep::ExpectAdvisory { name, .. } => Refs::default().uses(Kind::Advisory, name),
+            StreamStep::ExpectConsumer { consumer, .. }
+            | StreamStep::PauseConsumer { consumer }
+            | StreamStep::ResumeConsumer { consumer } => consumer_refs(consumer),
+            StreamStep::Drained {} | StreamStep::StreamConfig { .. } => Refs::default(),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::ExpectConsumer {
+            StreamStep::ExpectConsumer {
                 consumer,
                 pending,
                 ack_pending,
@@ -182,7 +171,7 @@ impl Step {
                 }
                 Ok(format!("consumer {consumer}: {}", what.join(", ")))
             }
-            Step::Drained {} => {
+            StreamStep::Drained {} => {
                 let insp = &w.insp;
                 let names = insp.names.clone();
                 poll(ctx, "the fan-out writer and the reader drained", || async {
@@ -204,8 +193,8 @@ impl Step {
                 .await?;
                 Ok("the fan-out writer and the reader have nothing pending".into())
             }
-            Step::PauseConsumer { consumer } | Step::ResumeConsumer { consumer } => {
-                let pause = matches!(self, Step::PauseConsumer { .. });
+            StreamStep::PauseConsumer { consumer } | StreamStep::ResumeConsumer { consumer } => {
+                let pause = matches!(self, StreamStep::PauseConsumer { .. });
                 let (stream, name) = resolve(w, consumer)?;
                 // A day ahead: far beyond any case; resumed explicitly.
                 let body = if pause {
@@ -243,7 +232,7 @@ impl Step {
                     if pause { "pauses" } else { "resumes" }
                 ))
             }
-            Step::StreamConfig {
+            StreamStep::StreamConfig {
                 stream,
                 deny_delete,
                 max_msg_size,
@@ -284,39 +273,26 @@ impl Step {
                     .map_err(|e| Failure::could_not(format!("update stream {name}: {e}")))?;
                 Ok(format!("stream {stream:?}: {}", what.join(", ")))
             }
-            Step::WatchAdvisory {
+            StreamStep::WatchAdvisory {
                 name,
                 event,
                 consumer,
             } => {
                 let (stream, cname) = resolve(w, consumer)?;
                 let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.{event}.{stream}.{cname}");
-                let mut sub = w
+                let sub = w
                     .insp
                     .client
                     .subscribe(subject)
                     .await
                     .map_err(|e| Failure::could_not(format!("subscribe advisories: {e}")))?;
                 w.insp.sync().await?;
-                let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
-                let store = seen.clone();
-                let task = tokio::spawn(async move {
-                    while let Some(m) = sub.next().await {
-                        if let Ok(v) = serde_json::from_slice::<Value>(&m.payload) {
-                            let mut s = store.lock().unwrap_or_else(|p| p.into_inner());
-                            if s.len() < ADVISORIES_MAX {
-                                s.push(v);
-                            }
-                        }
-                    }
-                });
-                w.advisories
-                    .insert(name.clone(), AdvisoryWatch { seen, task });
+                w.advisories.insert(name.clone(), AdvisoryWatch::start(sub));
                 Ok(format!(
                     "watch the broker's {event} advisories of {consumer} as {name}"
                 ))
             }
-            Step::ExpectAdvisory {
+            StreamStep::ExpectAdvisory {
                 name,
                 count,
                 fields,
@@ -329,7 +305,7 @@ impl Step {
                     .clone();
                 let want: Vec<(String, Value)> = fields
                     .iter()
-                    .map(|(k, v)| (k.clone(), super::agents::toml_to_json(v)))
+                    .map(|(k, v)| (k.clone(), super::verb::toml_to_json(v)))
                     .collect();
                 poll(ctx, &format!("{count} advisories of {name}"), || async {
                     let s = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -357,34 +333,6 @@ impl Step {
                 ))
             }
         }
-    }
-}
-
-pub(crate) fn consumer_refs(consumer: &str) -> Refs {
-    match consumer.strip_prefix("dlv:") {
-        Some(agent) => Refs::default().uses(Kind::Agent, agent),
-        None => Refs::default(),
-    }
-}
-
-/// (stream, durable) of `fanout`, `reader` or `dlv:<agent>`.
-pub(crate) fn resolve(w: &mut World, consumer: &str) -> Result<(String, String), Failure> {
-    let names = w.insp.names.clone();
-    match consumer {
-        "fanout" => Ok((names.chat_stream(), "fanout".into())),
-        "reader" => Ok((names.inbox_stream(), "reader".into())),
-        other => match other.strip_prefix("dlv:") {
-            Some(agent) => {
-                let a = w.agent(agent)?;
-                Ok((
-                    names.dlv_stream(),
-                    SpaceNames::dlv_durable(&a.material.principal, &a.material.lifecycle_uid),
-                ))
-            }
-            None => Err(Failure::could_not(format!(
-                "consumer {other:?} (fanout, reader or dlv:<agent>)"
-            ))),
-        },
     }
 }
 

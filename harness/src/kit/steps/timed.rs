@@ -3,14 +3,17 @@
 //! `iat` and `exp` as events a bound is measured from), start-up complete as the broker shows
 //! it, an earlier event judged against another, and lines that must not follow a verdict.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use super::verb::instant_at_unix_ms;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::creds::Which;
-use super::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use super::verb::Which;
+use super::verb::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
 use crate::kit::expr;
-use crate::kit::world::{DaemonUnderTest, Failure, StepResult, World};
+use crate::kit::failure::{Failure, StepResult};
+use crate::kit::under_test::DaemonUnderTest;
+use crate::kit::world::World;
 use crate::rig::connz::ConnState;
 
 pub const VERBS: &[&str] = &[
@@ -31,7 +34,7 @@ pub enum JwtTime {
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Step {
+pub enum TimedStep {
     Starve {
         daemon: String,
         /// How long each freeze lasts (ms, or an expression of the case's variables).
@@ -59,12 +62,12 @@ pub enum Step {
 /// (after the lease watch is bound and the membership feed's two connections are up).
 const TIMER_WRITER_CONNECTION: &str = "cotal-delivery-timer-writer";
 
-impl Step {
+impl TimedStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            Step::Starve { .. } | Step::ExpectStarted {} => Some(DEFAULT_WITHIN),
+            TimedStep::Starve { .. } | TimedStep::ExpectStarted {} => Some(DEFAULT_WITHIN),
             // Judged at the event's instant: a bound is a check, not a wait.
-            Step::ExpectEvent { .. } => Some(Duration::ZERO),
+            TimedStep::ExpectEvent { .. } => Some(Duration::ZERO),
             _ => None,
         }
     }
@@ -75,23 +78,23 @@ impl Step {
 
     pub fn refs(&self) -> Refs {
         match self {
-            Step::Starve { daemon, .. } | Step::NoLineAfter { daemon, .. } => {
+            TimedStep::Starve { daemon, .. } | TimedStep::NoLineAfter { daemon, .. } => {
                 Refs::default().uses(Kind::Daemon, daemon)
             }
-            Step::CredentialTime { event, .. } => Refs::default().creates(Kind::Event, event),
-            Step::ExpectEvent { event } => Refs::default().uses(Kind::Event, event),
-            Step::ExpectStarted {} => Refs::default(),
+            TimedStep::CredentialTime { event, .. } => Refs::default().creates(Kind::Event, event),
+            TimedStep::ExpectEvent { event } => Refs::default().uses(Kind::Event, event),
+            TimedStep::ExpectStarted {} => Refs::default(),
         }
     }
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            Step::Starve {
+            TimedStep::Starve {
                 daemon,
                 frozen,
                 awake,
             } => starve(w, ctx, daemon, frozen, awake).await,
-            Step::CredentialTime { event, of, at } => {
+            TimedStep::CredentialTime { event, of, at } => {
                 let cred = match of {
                     Which::Original => w.resigns.original.clone(),
                     Which::Latest => w.resigns.written.last().cloned(),
@@ -120,7 +123,7 @@ impl Step {
                     }
                 ))
             }
-            Step::ExpectStarted {} => {
+            TimedStep::ExpectStarted {} => {
                 // Any implementation: its lease watch bound (a push consumer on the lease
                 // bucket's stream). This distribution's daemon also dials its timer writer
                 // once start-up is complete, after the membership feed: that connection proves
@@ -166,7 +169,7 @@ impl Step {
                         .into(),
                 )
             }
-            Step::ExpectEvent { event } => {
+            TimedStep::ExpectEvent { event } => {
                 let at = *w
                     .marks
                     .get(event)
@@ -174,7 +177,7 @@ impl Step {
                 w.happened_at = Some(at);
                 Ok(format!("event {event}"))
             }
-            Step::NoLineAfter {
+            TimedStep::NoLineAfter {
                 daemon,
                 after,
                 contains,
@@ -264,41 +267,4 @@ fn exited(
             .map(|c| format!("code {c}"))
             .unwrap_or_else(|| status.to_string())
     )
-}
-
-/// The instant of this process's clock at unix time `ms` (past or future).
-pub fn instant_at_unix_ms(ms: i64) -> Result<Instant, Failure> {
-    let now = Instant::now();
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_err(|e| Failure::could_not(format!("the system clock: {e}")))?
-        .as_millis() as i64;
-    let delta = ms.saturating_sub(now_ms);
-    let shift = Duration::from_millis(delta.unsigned_abs());
-    if delta >= 0 {
-        Ok(now + shift)
-    } else {
-        now.checked_sub(shift).ok_or_else(|| {
-            Failure::could_not(format!("unix time {ms} ms is before this process's clock"))
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Mutation seen failing: the sign of the shift inverted (a past `iat` read as future).
-    #[test]
-    fn unix_times_map_onto_this_clock_both_ways() {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock")
-            .as_millis() as i64;
-        let past = instant_at_unix_ms(now_ms - 5_000).expect("past");
-        let future = instant_at_unix_ms(now_ms + 5_000).expect("future");
-        let gap = future.duration_since(past).as_millis();
-        assert!((9_990..=10_010).contains(&gap), "{gap}");
-        assert!(past < Instant::now() && future > Instant::now());
-    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::support::admin as a;
 use crate::support::data_path as s;
 use delivery_harness::rig::agent;
-use delivery_harness::rig::manager::{Answer, Ledger, ManagerWaits};
+use delivery_harness::rig::manager::{AdminAnswer, Ledger, ManagerWaits};
 use futures::StreamExt;
 use serde_json::json;
 use tokio::time::Instant;
@@ -118,7 +118,7 @@ async fn a_silent_daemon_fails_the_start_naming_the_rail_and_nothing_is_sent_aft
 /// no retry.
 ///
 /// Mutation seen failing (applied alone): every outcome but an answer retryable in
-/// `Answer::retryable` (the refused start retries for the whole wait instead of failing within
+/// `AdminAnswer::retryable` (the refused start retries for the whole wait instead of failing within
 /// 1 s).
 #[tokio::test]
 async fn a_refusal_or_an_unreadable_reply_fails_the_start_at_once() {
@@ -256,7 +256,7 @@ async fn fifty_seat_inventories_do_not_queue_behind_evictions() {
         }))
         .await;
         for r in results {
-            assert!(matches!(r, Answer::Answered(_)), "{r:?}");
+            assert!(matches!(r, AdminAnswer::Answered(_)), "{r:?}");
         }
         started.elapsed()
     };
@@ -346,7 +346,7 @@ async fn an_unanswered_eviction_gives_up_after_fifteen_seconds_total() {
 /// A responder gap inside the 15 s wait (the daemon binding 3 s into it, as after a credential
 /// reload) does not abandon the retirement: the retried request is answered and verified.
 ///
-/// Mutation seen failing: `Answer::retryable` false for `NoResponders` (the first no-responders
+/// Mutation seen failing: `AdminAnswer::retryable` false for `NoResponders` (the first no-responders
 /// answer fails the eviction at once).
 #[tokio::test]
 async fn a_responder_gap_inside_the_eviction_wait_does_not_abandon_it() {

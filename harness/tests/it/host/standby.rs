@@ -125,7 +125,7 @@ async fn a_standby_claims_as_soon_as_the_holder_releases() {
     let mut b = host(&mesh, b_root, &mesh.url(), LONG_RETRY_MS);
     lane_line(&mut b, "• delivery host: standing by", "B stands by").await;
     wait_standby_watches(&insp, 1).await;
-    let mut log = insp.lease_log(LogFrom::Now).await.expect("log");
+    let mut log = LeaseLog::bind(&insp, LogFrom::Now).await.expect("log");
 
     a.terminate().expect("SIGTERM");
     let writes = until(&mut log, "B's create", |w| w.is_row_of(&b_holder)).await;
@@ -172,7 +172,7 @@ async fn a_standby_claims_as_soon_as_the_row_expires() {
     let mut b = host(&mesh, b_root, &mesh.url(), LONG_RETRY_MS);
     lane_line(&mut b, "• delivery host: standing by", "B stands by").await;
     wait_standby_watches(&insp, 1).await;
-    let mut log = insp.lease_log(LogFrom::Last).await.expect("log");
+    let mut log = LeaseLog::bind(&insp, LogFrom::Last).await.expect("log");
 
     a.kill().expect("SIGKILL");
     a.wait_exit(HOST_BOUND).await.expect("A gone");
@@ -261,7 +261,7 @@ async fn two_standbys_woken_by_one_marker_leave_one_row() {
         proxies.push(proxy);
     }
     wait_standby_watches(&insp, 2).await;
-    let mut log = insp.lease_log(LogFrom::Last).await.expect("log");
+    let mut log = LeaseLog::bind(&insp, LogFrom::Last).await.expect("log");
     a.kill().expect("SIGKILL");
     a.wait_exit(HOST_BOUND).await.expect("A gone");
     // A's last row (nothing else writes the key now): its marker will be the next revision.
@@ -392,7 +392,7 @@ async fn a_lost_watch_leaves_the_retry_and_is_said_once() {
         .count();
     assert_eq!(lost, 1, "{}", b.transcript());
 
-    let mut log = insp.lease_log(LogFrom::Now).await.expect("log");
+    let mut log = LeaseLog::bind(&insp, LogFrom::Now).await.expect("log");
     a.terminate().expect("SIGTERM");
     until(&mut log, "B's create on its retry", |w| {
         w.is_row_of(&b_holder)
@@ -438,7 +438,7 @@ async fn a_bucket_without_markers_is_reported_and_the_retry_takes_over() {
     )
     .await;
     wait_standby_watches(&insp, 1).await;
-    let mut log = insp.lease_log(LogFrom::Now).await.expect("log");
+    let mut log = LeaseLog::bind(&insp, LogFrom::Now).await.expect("log");
     a.kill().expect("SIGKILL");
     a.wait_exit(HOST_BOUND).await.expect("A gone");
     let writes = until(&mut log, "B's create", |w| w.is_row_of(&b_holder)).await;

@@ -3,11 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use delivery_harness::kit::case::{MeshSpec, Shape};
-use delivery_harness::kit::steps::creds::{ReloadExpect, Step as Creds};
-use delivery_harness::kit::steps::process::{CredsChoice, CwdChoice, Step as Process};
-use delivery_harness::kit::steps::{Ctx, Step};
-use delivery_harness::kit::world::{RunOptions, World};
+use delivery_harness::kit::shape::{MeshSpec, Shape};
+use delivery_harness::kit::steps::creds::{CredStep as Creds, ReloadExpect};
+use delivery_harness::kit::steps::process::{CredsChoice, CwdChoice, ProcessStep as Process};
+use delivery_harness::kit::steps::verb::Ctx;
+use delivery_harness::kit::steps::Step;
+use delivery_harness::kit::under_test::RunOptions;
+use delivery_harness::kit::world::World;
 
 /// The lease TTL of this test: each renew of a daemon whose connection is down waits it out.
 const TTL_MS: u64 = 6_000;
@@ -68,7 +70,7 @@ async fn a_renewal_written_after_the_expiry_is_adopted_while_each_renew_waits_ou
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    let mut w = World::start_with(
+    let mut w = World::start(
         &spec,
         &Shape::parse("operator").expect("shape"),
         env,

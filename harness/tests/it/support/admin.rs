@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames};
 use delivery_harness::rig::daemon::Daemon;
-use delivery_harness::rig::manager::{Answer, Manager};
+use delivery_harness::rig::manager::{AdminAnswer, Manager};
 use delivery_harness::rig::mesh::{Inspector, Mesh};
 use serde_json::Value;
 
@@ -37,17 +37,17 @@ pub async fn manager(mesh: &Mesh) -> Manager {
 }
 
 /// The data of an answered request; panics on anything else.
-pub fn answered(o: Answer) -> Value {
+pub fn answered(o: AdminAnswer) -> Value {
     match o {
-        Answer::Answered(v) => v,
+        AdminAnswer::Answered(v) => v,
         other => panic!("expected an answer, got {other:?}"),
     }
 }
 
 /// The refusal text; panics on anything else.
-pub fn refused(o: Answer) -> String {
+pub fn refused(o: AdminAnswer) -> String {
     match o {
-        Answer::Refused(e) => e,
+        AdminAnswer::Refused(e) => e,
         other => panic!("expected a refusal, got {other:?}"),
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{
+use super::line::{
     Body, Call, Done, Event, HistoryError, HistoryErrorKind, Member, Ms, Observation, Phase,
     Process, RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION, MAX_EVENTS, MAX_LINE_BYTES,
 };

@@ -9,7 +9,7 @@ use serde::Serialize;
 /// The behaviour's verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Verdict {
+pub enum CaseVerdict {
     Pass,
     Fail,
     Skipped,
@@ -58,7 +58,7 @@ pub struct CaseReport {
     pub seed: String,
     pub sentence: String,
     pub shape: String,
-    pub verdict: Verdict,
+    pub verdict: CaseVerdict,
     pub transcript: TranscriptVerdict,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skip_reason: Option<String>,
@@ -78,7 +78,7 @@ impl CaseReport {
     /// Whether this case fails the run: its behaviour, or (unless `--behaviour-only`) its
     /// transcript.
     pub fn fails(&self, behaviour_only: bool) -> bool {
-        self.verdict == Verdict::Fail
+        self.verdict == CaseVerdict::Fail
             || (!behaviour_only
                 && matches!(
                     self.transcript,
@@ -89,11 +89,11 @@ impl CaseReport {
     /// The cell the table shows.
     fn cell(&self) -> String {
         match (&self.verdict, &self.transcript) {
-            (Verdict::Pass, TranscriptVerdict::Drift) => "pass, drift".into(),
-            (Verdict::Pass, TranscriptVerdict::Missing) => "pass, no snapshot".into(),
-            (Verdict::Pass, _) => "pass".into(),
-            (Verdict::Fail, _) => "FAIL".into(),
-            (Verdict::Skipped, _) => "skipped".into(),
+            (CaseVerdict::Pass, TranscriptVerdict::Drift) => "pass, drift".into(),
+            (CaseVerdict::Pass, TranscriptVerdict::Missing) => "pass, no snapshot".into(),
+            (CaseVerdict::Pass, _) => "pass".into(),
+            (CaseVerdict::Fail, _) => "FAIL".into(),
+            (CaseVerdict::Skipped, _) => "skipped".into(),
         }
     }
 }
@@ -109,13 +109,13 @@ pub struct Subject {
 
 /// The whole run.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct QualifyReport {
     pub harness_version: String,
     #[serde(flatten)]
     pub subject: Subject,
     pub scaled: bool,
     pub behaviour_only: bool,
-    pub verdict: Verdict,
+    pub verdict: CaseVerdict,
     pub passed: usize,
     pub failed: usize,
     pub skipped: usize,
@@ -123,29 +123,29 @@ pub struct Report {
     pub cases: Vec<CaseReport>,
 }
 
-impl Report {
+impl QualifyReport {
     pub fn new(
         subject: Subject,
         scaled: bool,
         behaviour_only: bool,
         cases: Vec<CaseReport>,
         duration_ms: u128,
-    ) -> Report {
+    ) -> QualifyReport {
         let failed = cases.iter().filter(|c| c.fails(behaviour_only)).count();
         let skipped = cases
             .iter()
-            .filter(|c| c.verdict == Verdict::Skipped)
+            .filter(|c| c.verdict == CaseVerdict::Skipped)
             .count();
         let passed = cases.len() - failed - skipped;
-        Report {
+        QualifyReport {
             harness_version: env!("CARGO_PKG_VERSION").to_string(),
             subject,
             scaled,
             behaviour_only,
             verdict: if failed == 0 {
-                Verdict::Pass
+                CaseVerdict::Pass
             } else {
-                Verdict::Fail
+                CaseVerdict::Fail
             },
             passed,
             failed,
@@ -210,7 +210,11 @@ impl Report {
             self.skipped,
             self.duration_ms as f64 / 1000.0
         ));
-        for c in self.cases.iter().filter(|c| c.verdict == Verdict::Skipped) {
+        for c in self
+            .cases
+            .iter()
+            .filter(|c| c.verdict == CaseVerdict::Skipped)
+        {
             out.push_str(&format!(
                 "skipped {} [{}]: {}\n",
                 c.id,
@@ -284,7 +288,7 @@ impl Report {
                 .count();
             let skipped = cases
                 .iter()
-                .filter(|c| c.verdict == Verdict::Skipped)
+                .filter(|c| c.verdict == CaseVerdict::Skipped)
                 .count();
             let time: u128 = cases.iter().map(|c| c.duration_ms).sum();
             out.push_str(&format!(
@@ -301,11 +305,11 @@ impl Report {
                     c.duration_ms as f64 / 1000.0
                 ));
                 match (&c.verdict, &c.failure) {
-                    (Verdict::Skipped, _) => out.push_str(&format!(
+                    (CaseVerdict::Skipped, _) => out.push_str(&format!(
                         "      <skipped message=\"{}\"/>\n",
                         xml(c.skip_reason.as_deref().unwrap_or_default())
                     )),
-                    (Verdict::Fail, Some(f)) => out.push_str(&format!(
+                    (CaseVerdict::Fail, Some(f)) => out.push_str(&format!(
                         "      <failure type=\"behaviour\" message=\"{}\">step {} (line {}, {}): proves: {}\nexpected: {}\nhappened: {}</failure>\n",
                         xml(&format!("expected {}", f.expected)),
                         f.step,
@@ -379,7 +383,7 @@ pub fn figure(name: &str, mut values: Vec<u128>) -> Figure {
 mod tests {
     use super::*;
 
-    fn case(id: &str, verdict: Verdict, transcript: TranscriptVerdict) -> CaseReport {
+    fn case(id: &str, verdict: CaseVerdict, transcript: TranscriptVerdict) -> CaseReport {
         CaseReport {
             id: id.into(),
             family: id.split('/').next().unwrap_or_default().into(),
@@ -388,12 +392,12 @@ mod tests {
             shape: "operator".into(),
             verdict: verdict.clone(),
             transcript,
-            skip_reason: (verdict == Verdict::Skipped).then(|| "no {creds}".into()),
+            skip_reason: (verdict == CaseVerdict::Skipped).then(|| "no {creds}".into()),
             transcript_difference: None,
             duration_ms: 1500,
             rounds: 1,
             figures: vec![figure("exit", vec![15_200])],
-            failure: (verdict == Verdict::Fail).then(|| FailureReport {
+            failure: (verdict == CaseVerdict::Fail).then(|| FailureReport {
                 step: 3,
                 line: 12,
                 verb: "expect_exit".into(),
@@ -418,14 +422,14 @@ mod tests {
     #[test]
     fn a_drift_fails_the_run_unless_behaviour_only() {
         let cases = vec![
-            case("a/x", Verdict::Pass, TranscriptVerdict::Match),
-            case("a/y", Verdict::Pass, TranscriptVerdict::Drift),
-            case("b/z", Verdict::Skipped, TranscriptVerdict::NotCompared),
+            case("a/x", CaseVerdict::Pass, TranscriptVerdict::Match),
+            case("a/y", CaseVerdict::Pass, TranscriptVerdict::Drift),
+            case("b/z", CaseVerdict::Skipped, TranscriptVerdict::NotCompared),
         ];
-        let strict = Report::new(subject(), false, false, cases.clone(), 10);
+        let strict = QualifyReport::new(subject(), false, false, cases.clone(), 10);
         assert_eq!((strict.passed, strict.failed, strict.skipped), (1, 1, 1));
         assert_eq!(strict.exit_code(), 1);
-        let lenient = Report::new(subject(), false, true, cases, 10);
+        let lenient = QualifyReport::new(subject(), false, true, cases, 10);
         assert_eq!(lenient.exit_code(), 0);
         assert!(strict.table().contains("pass, drift"));
     }
@@ -434,10 +438,10 @@ mod tests {
     #[test]
     fn junit_has_a_suite_per_family_and_escapes_text() {
         let cases = vec![
-            case("a/x", Verdict::Fail, TranscriptVerdict::NotCompared),
-            case("b/z", Verdict::Skipped, TranscriptVerdict::NotCompared),
+            case("a/x", CaseVerdict::Fail, TranscriptVerdict::NotCompared),
+            case("b/z", CaseVerdict::Skipped, TranscriptVerdict::NotCompared),
         ];
-        let r = Report::new(subject(), false, false, cases, 10);
+        let r = QualifyReport::new(subject(), false, false, cases, 10);
         let x = r.junit();
         assert_eq!(x.matches("<testsuite ").count(), 2);
         assert!(x.contains("<failure type=\"behaviour\""));

@@ -1,0 +1,180 @@
+//! What every verb is made of, below the verb groups so that no group imports another: the
+//! kinds of names a step uses or creates, its context (when it began, its bound), the default
+//! bound, polling a broker-side condition until the bound, the reason a distribution-only step
+//! gives under a command template, and the argument types and conversions groups share.
+
+use std::fmt;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::kit::failure::Failure;
+use crate::kit::under_test::DaemonUnderTest;
+
+/// What a name in a case stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Daemon,
+    Agent,
+    Proxy,
+    Host,
+    Lease,
+    Counter,
+    Advisory,
+    Post,
+    Request,
+    Sweeps,
+    LeaseLog,
+    /// A timed event a verb records itself (its `mark` modifier's kind).
+    Event,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Daemon => "daemon",
+            Kind::Agent => "agent",
+            Kind::Proxy => "proxy",
+            Kind::Host => "host",
+            Kind::Lease => "remembered lease",
+            Kind::Counter => "remembered connection count",
+            Kind::Advisory => "advisory watch",
+            Kind::Post => "post",
+            Kind::Request => "sent request",
+            Kind::Sweeps => "sweep watch",
+            Kind::LeaseLog => "lease watch",
+            Kind::Event => "event (a `mark`)",
+        })
+    }
+}
+
+/// The names a step uses and the ones it creates.
+#[derive(Debug, Default)]
+pub struct Refs {
+    pub uses: Vec<(Kind, String)>,
+    pub creates: Vec<(Kind, String)>,
+}
+
+impl Refs {
+    pub fn uses(mut self, kind: Kind, name: &str) -> Self {
+        self.uses.push((kind, name.to_string()));
+        self
+    }
+    pub fn creates(mut self, kind: Kind, name: &str) -> Self {
+        self.creates.push((kind, name.to_string()));
+        self
+    }
+    pub fn uses_opt(self, kind: Kind, name: Option<&String>) -> Self {
+        match name {
+            Some(n) => self.uses(kind, n),
+            None => self,
+        }
+    }
+}
+
+/// When a step must be done by and when it began.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    pub started: Instant,
+    pub deadline: Instant,
+}
+
+impl Ctx {
+    /// What is left of the step's bound.
+    pub fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The default bound of a waiting step.
+pub const DEFAULT_WITHIN: Duration = Duration::from_secs(20);
+
+/// The reason every distribution-only step gives under `--daemon-cmd`.
+pub fn only_here(daemon: &DaemonUnderTest, why: &str) -> Option<String> {
+    matches!(daemon, DaemonUnderTest::Cmd(_)).then(|| why.to_string())
+}
+
+/// Waits until `check` answers `Ok` or `ctx`'s deadline passes; the last answer is the failure.
+pub async fn poll<F, Fut, T>(
+    ctx: Ctx,
+    what: &str,
+    mut check: F,
+) -> Result<T, crate::kit::failure::Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    /// How often a broker-side condition is read again.
+    const POLL: Duration = Duration::from_millis(50);
+    loop {
+        match check().await {
+            Ok(v) => return Ok(v),
+            Err(last) => {
+                if Instant::now() >= ctx.deadline {
+                    return Err(crate::kit::failure::Failure::new(
+                        format!(
+                            "{what} within {} ms",
+                            ctx.deadline
+                                .saturating_duration_since(ctx.started)
+                                .as_millis()
+                        ),
+                        last,
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(POLL.min(ctx.left())).await;
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Which {
+    /// The credential the daemon was provisioned (or first re-signed) with.
+    Original,
+    /// The latest re-sign of the renewal owner.
+    Latest,
+}
+
+/// A TOML value as JSON (for answers written in a case).
+pub fn toml_to_json(v: &toml::Value) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// The instant of this process's clock at unix time `ms` (past or future).
+pub fn instant_at_unix_ms(ms: i64) -> Result<Instant, Failure> {
+    let now = Instant::now();
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|e| Failure::could_not(format!("the system clock: {e}")))?
+        .as_millis() as i64;
+    let delta = ms.saturating_sub(now_ms);
+    let shift = Duration::from_millis(delta.unsigned_abs());
+    if delta >= 0 {
+        Ok(now + shift)
+    } else {
+        now.checked_sub(shift).ok_or_else(|| {
+            Failure::could_not(format!("unix time {ms} ms is before this process's clock"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation seen failing: the sign of the shift inverted (a past `iat` read as future).
+    #[test]
+    fn unix_times_map_onto_this_clock_both_ways() {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+        let past = instant_at_unix_ms(now_ms - 5_000).expect("past");
+        let future = instant_at_unix_ms(now_ms + 5_000).expect("future");
+        let gap = future.duration_since(past).as_millis();
+        assert!((9_990..=10_010).contains(&gap), "{gap}");
+        assert!(past < Instant::now() && future > Instant::now());
+    }
+}
