@@ -1,6 +1,6 @@
 //! `harness`: qualifies a Cotal delivery daemon against real nats-server brokers.
 //!
-//! `harness qualify` runs the catalogue of cases (scenarios/<family>/*.toml, docs/qualify.md)
+//! `harness qualify` runs the catalogue of cases (cases/<family>/*.toml, docs/qualify.md)
 //! and reports a verdict per case, as a table, JSON and JUnit; `harness run FILE...` runs single
 //! case files and prints their transcripts; `harness mutate` proves each case fails without its
 //! behaviour; `harness simulate` runs a seeded workload and nemesis against a live mesh and checks
@@ -18,10 +18,10 @@ use clap::{Parser, Subcommand};
     version,
     about = "Qualify a Cotal delivery daemon against real nats-server brokers",
     long_about = "Qualify a Cotal delivery daemon against real nats-server brokers.\n\n\
-`harness qualify` runs every case of the catalogue (scenarios/<family>/*.toml: one seed sentence \
+`harness qualify` runs every case of the catalogue (cases/<family>/*.toml: one seed sentence \
 each, judged from what the broker holds) against the daemon under test and prints a verdict \
 table; --json and --junit write reports a CI can gate on. docs/qualify.md explains the report; \
-docs/scenarios.md is the language of the cases.\n\n\
+docs/cases.md is the language of the cases.\n\n\
 Exit status: 0 every selected case passed, 1 one failed, 2 the run could not start."
 )]
 struct Cli {

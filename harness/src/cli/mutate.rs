@@ -28,7 +28,7 @@ pub struct MutateArgs {
     /// The nats-server binary.
     #[arg(long, value_name = "PATH")]
     pub nats_server: Option<PathBuf>,
-    /// The simulation's mutations instead (scenarios/simulation-mutations.toml): each
+    /// The simulation's mutations instead (cases/simulation-mutations.toml): each
     /// broken build runs `harness simulate` with its seed and is KILLED when the verdict is
     /// invalid (docs/simulation.md).
     #[arg(long)]
@@ -131,7 +131,7 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
     std::process::exit(if bad == 0 { 0 } else { 1 });
 }
 
-/// `harness mutate --simulation`: each broken daemon build of scenarios/simulation-mutations.toml
+/// `harness mutate --simulation`: each broken daemon build of cases/simulation-mutations.toml
 /// against its seed; exit 0 when every one was killed.
 fn simulation_mutants(
     only: Vec<String>,

@@ -42,9 +42,10 @@ pub struct QualifyArgs {
     /// under ./qualify-logs/ without it).
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
-    /// The catalogue (default: this checkout's scenarios/).
+    /// The catalogue (default: this checkout's cases/).
     #[arg(long, value_name = "DIR")]
-    pub scenarios: Option<PathBuf>,
+    #[arg(alias = "scenarios")]
+    pub cases: Option<PathBuf>,
 }
 
 pub fn run(args: QualifyArgs, cwd: &Path) {
@@ -58,9 +59,9 @@ pub fn run(args: QualifyArgs, cwd: &Path) {
         json,
         junit,
         keep,
-        scenarios,
+        cases,
     } = args;
-    let cat = load_catalogue(scenarios, cwd);
+    let cat = load_catalogue(cases, cwd);
     let cases = cat.select(&only).unwrap_or_else(|e| refuse(&e));
     if list {
         for c in &cases {

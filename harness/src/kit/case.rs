@@ -13,14 +13,14 @@ use super::expr::{self, Duration, Vars};
 use super::shape::{MeshSpec, Shape};
 use super::steps::{self, Step};
 
-/// The families of the catalogue, fixed (issue 30): each a directory of `scenarios/`.
+/// The families of the catalogue, fixed (issue 30): each a directory of `cases/`.
 pub const FAMILIES: &[&str] = &[
     "lifecycle",
     "data-path",
     "retired",
     "oversized",
     "broker-gone",
-    "renewal",
+    "credentials",
     "standby",
     "admin",
     "bad-input",
@@ -296,7 +296,7 @@ impl Case {
             }
             let (verb, args) = verb.ok_or_else(|| {
                 at(format!(
-                    "no verb (only modifiers: {}); the verbs are in docs/scenarios.md",
+                    "no verb (only modifiers: {}); the verbs are in docs/cases.md",
                     MODIFIERS.join(", ")
                 ))
             })?;

@@ -1,4 +1,4 @@
-//! The catalogue: every case under `scenarios/<family>/`, loaded and checked together (a file
+//! The catalogue: every case under `cases/<family>/`, loaded and checked together (a file
 //! whose id is not its place, an unknown family directory, two cases with one id are refused),
 //! selected by family or id, and run as `harness qualify` runs it: each (case, shape) in
 //! parallel up to `-j`, `--repeat` rounds each, transcripts compared with their snapshots, logs
@@ -26,7 +26,7 @@ pub struct Catalogue {
 
 /// The catalogue this checkout ships.
 pub fn shipped_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../cases")
 }
 
 impl Catalogue {

@@ -1,5 +1,5 @@
 //! The qualification kit: cases (one black-box proof of one seed sentence each, judged from what
-//! the broker holds) written in the case language of docs/scenarios.md, run against the daemon
+//! the broker holds) written in the case language of docs/cases.md, run against the daemon
 //! under test on real brokers of each shape, with a verdict per case that `harness qualify`
 //! reports as a table, JSON and JUnit, and mutations kept as data that prove each case fails
 //! without its behaviour (`harness mutate`).

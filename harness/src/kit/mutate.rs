@@ -15,7 +15,7 @@ use super::catalogue::Catalogue;
 use super::run::run_case;
 use crate::kit::under_test::{DaemonUnderTest, RunOptions};
 
-/// `scenarios/<family>/mutations.toml`.
+/// `cases/<family>/mutations.toml`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MutationsFile {
@@ -288,7 +288,7 @@ start = { daemon = "a" }
 
     fn setup(mutations: &str) -> (tempfile::TempDir, Catalogue) {
         let dir = tempfile::tempdir().unwrap();
-        let cat_root = dir.path().join("scenarios");
+        let cat_root = dir.path().join("cases");
         std::fs::create_dir_all(cat_root.join("lifecycle")).unwrap();
         std::fs::write(cat_root.join("lifecycle/x.toml"), CASE).unwrap();
         std::fs::write(cat_root.join("lifecycle/mutations.toml"), mutations).unwrap();

@@ -76,7 +76,7 @@ pub struct MeshSpec {
     pub lease_ttl_ms: Duration,
     #[serde(default = "yes")]
     pub evictor: bool,
-    /// Save the signer under `.cotal/auth/` (what `up` and the renewal owner keep).
+    /// Save the signer under `.cotal/auth/` (what `up` and the credential's owner keep).
     #[serde(default)]
     pub signer: bool,
     /// `max_payload` of the `max-payload` shape, bytes.
@@ -84,7 +84,7 @@ pub struct MeshSpec {
     pub max_payload: u64,
     #[serde(default)]
     pub max_file_store_bytes: Option<u64>,
-    /// The delivery credential re-signed to this lifetime before anything starts, ms.
+    /// The delivery credential reminted to this lifetime before anything starts, ms.
     #[serde(default)]
     pub delivery_lifetime_ms: Option<u64>,
 }

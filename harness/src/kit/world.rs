@@ -41,10 +41,10 @@ pub struct AgentActor {
     pub surfaced: Vec<Frame>,
 }
 
-/// The renewal owner's re-signs of the daemon's delivery credential, in order.
+/// The owner's remints of the daemon's delivery credential, in order.
 #[derive(Default)]
-pub struct Resigns {
-    /// The credential the mesh was provisioned with (or re-signed to before any start).
+pub struct Remints {
+    /// The credential the mesh was provisioned with (or reminted to before any start).
     pub original: Option<Credential>,
     pub written: Vec<Credential>,
 }
@@ -70,7 +70,7 @@ pub struct World {
     pub advisories: BTreeMap<String, AdvisoryWatch>,
     /// Broker watches of the lease key (`watch_lease`), by name.
     pub lease_logs: BTreeMap<String, LeaseLogWatch>,
-    pub resigns: Resigns,
+    pub remints: Remints,
     /// The admin rail's caller, connected on first use.
     pub supervisor: Option<async_nats::Client>,
     /// Requests in flight, one-shot connections and sweep watches (the admin rail's steps).
@@ -177,7 +177,7 @@ impl World {
             counters: BTreeMap::new(),
             advisories: BTreeMap::new(),
             lease_logs: BTreeMap::new(),
-            resigns: Resigns {
+            remints: Remints {
                 original: Some(original),
                 written: Vec::new(),
             },

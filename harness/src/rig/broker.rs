@@ -1,7 +1,7 @@
 //! One real nats-server per test. A `Broker` owns its process and its temp dir (config, JetStream
 //! store, log, ports file); ports come from `--ports_file_dir` and readiness from `/healthz`, never
 //! from a sleep. Faults (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart on the same port and store)
-//! are methods, so a test reads like the scenario it checks. The configuration is rendered by the
+//! are methods, so a test reads like the story it checks. The configuration is rendered by the
 //! daemon's own `ServerConf`, so a test broker is configured exactly like an operator's.
 
 use std::ffi::OsStr;

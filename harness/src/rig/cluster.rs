@@ -1,4 +1,4 @@
-//! An n-node loopback JetStream cluster of real brokers, for failover scenarios (R3 assets,
+//! An n-node loopback JetStream cluster of real brokers, for failover tests and cases (R3 assets,
 //! leader loss, node restart). Cluster ports must be known before any node starts (every node
 //! lists every route), so they are pre-picked from the kernel and the whole start is retried if
 //! another process grabs one in between. Ready means every node answers `/healthz` 200 and

@@ -1,6 +1,6 @@
 //! The `Daemon` actor: the real `cotal-delivery` binary as a child process.
 //!
-//! Scenarios judge the daemon by what it did, so this actor only starts it, captures every line
+//! Cases and tests judge the daemon by what it did, so this actor only starts it, captures every line
 //! it prints (stdout and stderr, in arrival order), waits for a line with a bound, signals it by
 //! pid and reaps it. It never reaches into the daemon.
 
@@ -170,7 +170,7 @@ impl DaemonSpec {
                 cmd.env_remove(k);
             }
         }
-        // Diagnostics would interleave with the human lines the scenarios snapshot; a spec that
+        // Diagnostics would interleave with the human lines the cases and tests snapshot; a spec that
         // wants them sets RUST_LOG itself.
         cmd.env_remove("RUST_LOG");
         // The machine's mesh registry is never the real home's: a test that does not name one

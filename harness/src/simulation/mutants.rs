@@ -1,5 +1,5 @@
 //! The checker catches what it claims (issue 31): daemon builds with one behaviour broken, kept
-//! as data in `scenarios/simulation-mutations.toml` (file, text found exactly once, its
+//! as data in `cases/simulation-mutations.toml` (file, text found exactly once, its
 //! replacement, why, and the seed of a default run that catches it). `harness mutate
 //! --simulation` applies each to a scratch copy of the checkout (the kit's mutation machinery:
 //! the same copy and build), runs the simulation with its seed against that build, and reports
@@ -18,7 +18,7 @@ use crate::kit::mutate::{build_mutated, stale, unmutated};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::simulation::check::Verdict;
 
-/// The file the simulation's mutations are kept in, under `scenarios/`.
+/// The file the simulation's mutations are kept in, under `cases/`.
 pub const MUTATIONS_FILE: &str = "simulation-mutations.toml";
 
 #[derive(Debug, Deserialize)]
@@ -80,7 +80,7 @@ pub struct MutantResult {
 
 /// Loads the mutations and checks each against the sources (its text exactly once).
 pub fn load(workspace: &Path) -> Result<Vec<SimMutation>, Vec<String>> {
-    let path = workspace.join("scenarios").join(MUTATIONS_FILE);
+    let path = workspace.join("cases").join(MUTATIONS_FILE);
     let text =
         std::fs::read_to_string(&path).map_err(|e| vec![format!("{}: {e}", path.display())])?;
     let file: SimMutationsFile = toml::from_str(&text)

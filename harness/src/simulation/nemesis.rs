@@ -16,7 +16,7 @@ use super::prng::Prng;
 use super::record::Recorder;
 use super::stage::Stage;
 use crate::kit::steps::broker::{BrokerFault, BrokerStep, ProxyFault};
-use crate::kit::steps::creds::{CredStep, ReloadExpect};
+use crate::kit::steps::creds::{AdoptionExpect, CredStep};
 use crate::kit::steps::lease::LeaseStep;
 use crate::kit::steps::process::ProcessStep;
 use crate::kit::steps::verb::Ctx;
@@ -75,7 +75,7 @@ fn proxy(proxy: &str, fault: ProxyFault) -> Step {
 }
 
 fn resign(lifetime: u64) -> Step {
-    Step::Creds(CredStep::Resign {
+    Step::Creds(CredStep::Remint {
         lifetime,
         rogue: false,
     })
@@ -90,7 +90,7 @@ async fn reload(stage: &mut Stage) -> Result<(), String> {
 
 fn reload_step() -> Step {
     Step::Creds(CredStep::ReloadCreds {
-        expect: ReloadExpect::Ok,
+        expect: AdoptionExpect::Ok,
         error: None,
         release: None,
     })

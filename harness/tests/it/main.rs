@@ -1,7 +1,7 @@
 //! The harness's integration tests: one binary, a module per area, each test against real
 //! `nats-server` brokers and the real daemon binary. Shared fixtures are in [`support`] and in
-//! the harness library; snapshots are in `harness/tests/snapshots/` (scenario transcripts in
-//! `scenarios/snapshots/`).
+//! the harness library; snapshots are in `harness/tests/snapshots/` (the cases' transcripts are
+//! in `cases/<family>/snapshots/`).
 
 #[macro_use]
 mod support;
@@ -10,6 +10,7 @@ mod admin;
 mod anycast;
 mod brokers;
 mod cases;
+mod credentials;
 mod data_path;
 mod feed;
 mod host;
@@ -18,7 +19,6 @@ mod lease;
 mod metrics;
 mod provisioning;
 mod qualify;
-mod renewal;
 mod simulation;
 mod supervisor;
 mod timer;

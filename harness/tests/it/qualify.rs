@@ -129,16 +129,9 @@ fn a_failing_case_exits_1_names_its_step_and_keeps_its_logs() {
         )
     })]);
     let work = tempfile::tempdir().expect("work dir");
-    let scenarios = cat.path().display().to_string();
+    let cases = cat.path().display().to_string();
     let out = qualify(
-        &[
-            "--scenarios",
-            &scenarios,
-            "--json",
-            "r.json",
-            "--junit",
-            "r.xml",
-        ],
+        &["--cases", &cases, "--json", "r.json", "--junit", "r.xml"],
         work.path(),
     );
     let all = text(&out);
@@ -192,11 +185,8 @@ fn a_drifted_transcript_is_its_own_verdict_and_behaviour_only_ignores_it() {
     )
     .expect("edit");
     let work = tempfile::tempdir().expect("work dir");
-    let scenarios = cat.path().display().to_string();
-    let strict = qualify(
-        &["--scenarios", &scenarios, "--json", "s.json"],
-        work.path(),
-    );
+    let cases = cat.path().display().to_string();
+    let strict = qualify(&["--cases", &cases, "--json", "s.json"], work.path());
     let all = text(&strict);
     assert_eq!(strict.status.code(), Some(1), "{all}");
     assert!(
@@ -211,13 +201,7 @@ fn a_drifted_transcript_is_its_own_verdict_and_behaviour_only_ignores_it() {
     assert_eq!(json["cases"][0]["verdict"], "pass");
     assert_eq!(json["cases"][0]["transcript"], "drift");
     let lenient = qualify(
-        &[
-            "--scenarios",
-            &scenarios,
-            "--behaviour-only",
-            "--json",
-            "b.json",
-        ],
+        &["--cases", &cases, "--behaviour-only", "--json", "b.json"],
         work.path(),
     );
     assert_eq!(lenient.status.code(), Some(0), "{}", text(&lenient));

@@ -1,7 +1,7 @@
-//! Credentials as the renewal owner and a rogue handle them: a re-sign of the daemon's delivery
+//! Credentials as their owner and a rogue handle them: a remint of the daemon's delivery
 //! credential (same nkey) into its store, with a lifetime of the case's choosing, or by another
 //! account's key; the JWT the broker holds for the daemon's connection; and `reloadCreds`
-//! asking the daemon to adopt the latest re-sign.
+//! asking the daemon to adopt the latest remint.
 
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
 use crate::rig::connz::ConnState;
 
-pub const VERBS: &[&str] = &["resign", "expect_broker_jwt", "reload_creds"];
+pub const VERBS: &[&str] = &["remint", "expect_broker_jwt", "reload_creds"];
 
 /// What the broker holds for the daemon's connection.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum BrokerJwt {
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
-pub enum ReloadExpect {
+pub enum AdoptionExpect {
     #[default]
     Ok,
     Refused,
@@ -40,7 +40,7 @@ pub enum ReloadExpect {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum CredStep {
-    Resign {
+    Remint {
         /// ms from now.
         lifetime: u64,
         /// Signed by another account's key with the same space label.
@@ -52,7 +52,7 @@ pub enum CredStep {
     },
     ReloadCreds {
         #[serde(default)]
-        expect: ReloadExpect,
+        expect: AdoptionExpect,
         #[serde(default)]
         error: Option<String>,
         /// A proxy holding the daemon's bytes: the reply is expected among them (answered while
@@ -70,7 +70,7 @@ impl CredStep {
         match self {
             CredStep::ExpectBrokerJwt { .. } => Some(Duration::ZERO),
             CredStep::ReloadCreds { .. } => Some(Duration::from_secs(15)),
-            CredStep::Resign { .. } => None,
+            CredStep::Remint { .. } => None,
         }
     }
 
@@ -80,7 +80,7 @@ impl CredStep {
                 daemon,
                 "the daemon's connection is found by this distribution's connection name",
             ),
-            CredStep::Resign { .. } | CredStep::ReloadCreds { .. } => None,
+            CredStep::Remint { .. } | CredStep::ReloadCreds { .. } => None,
         }
     }
 
@@ -95,7 +95,7 @@ impl CredStep {
 
     pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
-            CredStep::Resign { lifetime, rogue } => {
+            CredStep::Remint { lifetime, rogue } => {
                 let space = w.mesh.space().clone();
                 let path = w.mesh.workspace().delivery_creds_path(&space);
                 let live = read_creds_file(&path)
@@ -115,19 +115,19 @@ impl CredStep {
                 write_creds_file_atomic(&path, &next)
                     .map_err(|e| Failure::could_not(format!("write the credential: {e}")))?;
                 if !*rogue {
-                    w.resigns.written.push(next);
+                    w.remints.written.push(next);
                 }
                 Ok(if *rogue {
-                    "a rogue signer (another account, the same space label) re-signs the delivery credential into the store".to_string()
+                    "a rogue signer (another account, the same space label) remints the delivery credential into the store".to_string()
                 } else {
-                    "the renewal owner re-signs the delivery credential (same nkey) into the store"
+                    "the owner remints the delivery credential (same nkey) into the store"
                         .to_string()
                 })
             }
             CredStep::ExpectBrokerJwt { is } => {
                 let want = match is {
-                    BrokerJwt::Original => w.resigns.original.clone(),
-                    BrokerJwt::Latest => w.resigns.written.last().cloned(),
+                    BrokerJwt::Original => w.remints.original.clone(),
+                    BrokerJwt::Latest => w.remints.written.last().cloned(),
                     BrokerJwt::None => None,
                 };
                 if *is != BrokerJwt::None && want.is_none() {
@@ -170,7 +170,7 @@ impl CredStep {
                         "the broker holds the original credential's JWT for the daemon's connection"
                     }
                     BrokerJwt::Latest => {
-                        "the broker holds the re-signed credential's JWT for the daemon's connection"
+                        "the broker holds the reminted credential's JWT for the daemon's connection"
                     }
                     BrokerJwt::None => "the broker holds no connection of the daemon",
                 }
@@ -182,7 +182,7 @@ impl CredStep {
                 release,
             } => {
                 let expected = w
-                    .resigns
+                    .remints
                     .written
                     .last()
                     .map(|c| json!({"expected": {"delivery": c.fingerprint()}}))
@@ -221,7 +221,7 @@ impl CredStep {
                 };
                 check_reply(
                     &reply,
-                    Some(*expect == ReloadExpect::Ok),
+                    Some(*expect == AdoptionExpect::Ok),
                     None,
                     error.as_deref(),
                 )?;
@@ -230,8 +230,8 @@ impl CredStep {
                     .map(|p| format!(" (the reply held by proxy {p}, then released)"))
                     .unwrap_or_default();
                 Ok(match expect {
-                    ReloadExpect::Ok => format!("reloadCreds is answered ok{held}"),
-                    ReloadExpect::Refused => format!(
+                    AdoptionExpect::Ok => format!("reloadCreds is answered ok{held}"),
+                    AdoptionExpect::Refused => format!(
                         "reloadCreds is refused{}{held}",
                         error
                             .as_ref()

@@ -35,7 +35,7 @@ pub enum LogStart {
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Write {
-    /// A live row (a claim, a renewal, a readiness change).
+    /// A live row (a claim, a renew, a readiness change).
     Row,
     /// A delete marker (a release, an operator's delete).
     Deleted,

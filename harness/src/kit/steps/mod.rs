@@ -1,4 +1,4 @@
-//! The verbs of the scenario language (docs/scenarios.md), one module per kind of actor:
+//! The verbs of the case language (docs/cases.md), one module per kind of actor:
 //! processes, the lease and records, brokers and the network, agents, rows, streams and
 //! consumers, credentials, the rails, standby hosts. Each module's `Step` is parsed from its
 //! verb's arguments (unknown keys refused) and run against the [`World`].
@@ -144,10 +144,10 @@ fn unknown_verb(verb: &str) -> String {
         .map(|v| format!("`{v}`"))
         .collect();
     if near.is_empty() {
-        format!("unknown step `{verb}` (the verbs are in docs/scenarios.md)")
+        format!("unknown step `{verb}` (the verbs are in docs/cases.md)")
     } else {
         format!(
-            "unknown step `{verb}` (did you mean {}? the verbs are in docs/scenarios.md)",
+            "unknown step `{verb}` (did you mean {}? the verbs are in docs/cases.md)",
             near.join(" or ")
         )
     }
@@ -193,10 +193,10 @@ mod tests {
     }
 
     /// The reference of the language lists every verb, and every verb it lists exists.
-    /// Mutation seen failing: a verb removed from docs/scenarios.md.
+    /// Mutation seen failing: a verb removed from docs/cases.md.
     #[test]
-    fn docs_scenarios_md_lists_every_verb() {
-        let doc = include_str!("../../../../docs/scenarios.md");
+    fn docs_cases_md_lists_every_verb() {
+        let doc = include_str!("../../../../docs/cases.md");
         let mut documented = BTreeSet::new();
         for line in doc.lines() {
             if let Some(rest) = line.strip_prefix("| `") {
@@ -210,7 +210,7 @@ mod tests {
         for verb in verbs() {
             assert!(
                 documented.contains(verb),
-                "docs/scenarios.md does not document `{verb}`"
+                "docs/cases.md does not document `{verb}`"
             );
         }
     }

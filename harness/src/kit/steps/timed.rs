@@ -96,8 +96,8 @@ impl TimedStep {
             } => starve(w, ctx, daemon, frozen, awake).await,
             TimedStep::CredentialTime { event, of, at } => {
                 let cred = match of {
-                    Which::Original => w.resigns.original.clone(),
-                    Which::Latest => w.resigns.written.last().cloned(),
+                    Which::Original => w.remints.original.clone(),
+                    Which::Latest => w.remints.written.last().cloned(),
                 }
                 .ok_or_else(|| Failure::could_not(format!("no {of:?} credential")))?;
                 let claims = cred
@@ -115,7 +115,7 @@ impl TimedStep {
                     "event {event}: the {} credential's {}",
                     match of {
                         Which::Original => "original",
-                        Which::Latest => "re-signed",
+                        Which::Latest => "reminted",
                     },
                     match at {
                         JwtTime::Iat => "issue time (iat)",

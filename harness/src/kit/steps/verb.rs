@@ -131,9 +131,9 @@ where
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Which {
-    /// The credential the daemon was provisioned (or first re-signed) with.
+    /// The credential the daemon was provisioned (or first reminted) with.
     Original,
-    /// The latest re-sign of the renewal owner.
+    /// The owner's latest remint.
     Latest,
 }
 

@@ -1,16 +1,16 @@
-//! The qualification kit's catalogue (`scenarios/<family>/*.toml`), every case run once per
+//! The qualification kit's catalogue (`cases/<family>/*.toml`), every case run once per
 //! shape against this checkout's daemon in its scaled form, each transcript compared with its
-//! insta snapshot in `scenarios/<family>/snapshots/`. A changed transcript fails the test; read
+//! insta snapshot in `cases/<family>/snapshots/`. A changed transcript fails the test; read
 //! the diff before accepting it. A module per family lists its cases; a case file without a
 //! test fails `every_case_file_has_a_test`.
 
 mod admin;
 mod bad_input;
 mod broker_gone;
+mod credentials;
 mod data_path;
 mod lifecycle;
 mod oversized;
-mod renewal;
 mod retired;
 mod standby;
 
@@ -100,7 +100,7 @@ fn every_case_file_has_a_test() {
         data_path::LISTED,
         lifecycle::LISTED,
         oversized::LISTED,
-        renewal::LISTED,
+        credentials::LISTED,
         retired::LISTED,
         standby::LISTED,
     ]
@@ -233,7 +233,7 @@ fn every_case_has_a_mutation_that_still_applies() {
     for c in &cat.cases {
         assert!(
             mutations.iter().any(|m| m.case == c.id),
-            "case {} has no mutation in scenarios/{}/mutations.toml",
+            "case {} has no mutation in cases/{}/mutations.toml",
             c.id,
             c.family
         );

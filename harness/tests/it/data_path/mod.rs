@@ -1,5 +1,5 @@
 //! The durable data path end to end on a real broker with the real daemon: fan-out writer,
-//! trusted reader, membership registry and the agent client. Every scenario checks broker
+//! trusted reader, membership registry and the agent client. Every test checks broker
 //! state from the test side (stream contents, consumer state, rows), not only what the agent
 //! surfaced.
 

@@ -146,7 +146,7 @@ fn normalised(lines: &[String], mesh: &Mesh) -> String {
         .into_owned()
 }
 
-/// Lane isolation under credential expiry (scenario, snapshot `expired_lane_beta`). Beta's
+/// Lane isolation under credential expiry (snapshot `expired_lane_beta`). Beta's
 /// credential expires while the host serves: beta's lane closes alone with the expiry line
 /// naming the space (its daemon does not await a renewal, as a `deliver --space` daemon would),
 /// the host reports the close and reopens it with the backoff; each reopen is refused by the

@@ -2,7 +2,7 @@
 //! manifest refusal, a lane refused alone and retried, lane isolation, an unprovisioned lane and
 //! `status --spaces`. Every claim about the lease is read from the broker. The standby host's
 //! held-lease report, retry, takeover after the holder's death, graceful stop and returning
-//! host are the `standby` cases of the kit (`scenarios/standby/`).
+//! host are the `standby` cases of the kit (`cases/standby/`).
 
 mod lanes;
 mod service;

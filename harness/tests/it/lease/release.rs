@@ -123,7 +123,7 @@ async fn the_signalled_release_waits_five_seconds_from_the_drop_not_from_the_sig
         .expect("the drop is seen");
     // The drop happened at or before this instant.
     let seen_drop = Instant::now();
-    // The scenario's own timing: the signal arrives 3 s into the outage.
+    // The test's own timing: the signal arrives 3 s into the outage.
     tokio::time::sleep(Duration::from_secs(3)).await;
     d.terminate().expect("SIGTERM");
     let status = d.wait_exit(BOUND).await.expect("exits");

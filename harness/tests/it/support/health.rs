@@ -1,4 +1,4 @@
-//! Shared pieces of the `health_*` and `renewal_*` scenarios: transcript normalisation for the
+//! Shared pieces of the `health_*` and `renewal_*` tests: transcript normalisation for the
 //! insta snapshots, an admin-rail caller, and measured-time printing.
 #![allow(dead_code)]
 
@@ -54,7 +54,7 @@ macro_rules! snapshot {
     }};
 }
 
-/// The lines a scenario is judged by: the daemon's own `✓ ✗ ! •` lines, without the ones
+/// The lines a test is judged by: the daemon's own `✓ ✗ ! •` lines, without the ones
 /// whose presence depends on scheduling (the `✓` "renews its delivery lease again" note, sweeps).
 /// Warnings stay: a `! delivery: could not renew its lease …` line is part of the transcript.
 pub fn own_lines(transcript: &str) -> String {

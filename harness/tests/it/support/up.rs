@@ -1,4 +1,4 @@
-//! Shared pieces of the `up*`/`down*` scenarios: `cotal-delivery` command lines run as an
+//! Shared pieces of the `up*`/`down*` tests: `cotal-delivery` command lines run as an
 //! operator types them (each test with its own `COTAL_HOME`), bounded waits on observable
 //! conditions, and the snapshot filters for the supervisor's lines.
 #![allow(dead_code)]
@@ -12,7 +12,7 @@ use cotal_delivery::wire::Space;
 use delivery_harness::nats_server_bin;
 use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
 
-/// What one `cotal-delivery` command line of these scenarios may take to print the line
+/// What one `cotal-delivery` command line of these tests may take to print the line
 /// waited for or to exit, in s: `up` starts a broker, provisions the space and launches the
 /// daemon before it reports serving.
 pub const COMMAND_BOUND: Duration = Duration::from_secs(60);
