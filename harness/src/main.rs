@@ -45,6 +45,15 @@ enum Action {
 }
 
 fn main() {
+    // A report piped into `head` or `grep -m1` ends the harness quietly, as a command line tool
+    // does, instead of panicking on the closed pipe.
+    // SAFETY: set once, before any thread exists; SIG_DFL installs no handler of ours.
+    unsafe {
+        let _ = nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        );
+    }
     let cli = Cli::parse();
     let cwd = std::env::current_dir().unwrap_or_default();
     match cli.command {

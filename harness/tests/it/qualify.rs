@@ -303,3 +303,29 @@ fn a_command_template_runs_the_wire_cases_and_skips_the_distribution_ones() {
         "{skipped}"
     );
 }
+
+/// A listing piped into a reader that stops early (`harness qualify --list | head -1`) ends the
+/// harness by SIGPIPE, as a command line tool ends, with nothing on stderr: no panic.
+/// Mutation seen failing: the SIGPIPE reset at the top of `main` removed (the harness panics
+/// with "failed printing to stdout: Broken pipe" and exits 101).
+#[test]
+fn a_listing_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["qualify", "--list"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run harness qualify --list");
+    // The reader is gone before the harness has loaded its catalogue and printed a line.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("its end");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(nix::sys::signal::Signal::SIGPIPE as i32),
+        "{:?}; stderr: {stderr}",
+        out.status
+    );
+    assert!(stderr.is_empty(), "{stderr}");
+}
