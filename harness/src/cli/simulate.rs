@@ -12,13 +12,21 @@ pub const SIMULATE_ABOUT: &str =
 Starts a mesh (one broker, or the 3-node R3 cluster with --cluster; a second host standing by \
 with --standby), provisions a population of agents (default 20) in three durable channels and \
 one live channel, and runs, drawn from the seed, a workload (durable posts, id-less posts, live \
-posts with @mentions, joins, leaves, rejoins, agents offline and back, ACL rows narrowed and \
-widened, lifecycles retired) and a nemesis (daemon SIGKILL, SIGSTOP shorter and longer than the \
-broker-gone window, graceful restart, broker SIGKILL or SIGSTOP, a proxy that blackholes or cuts \
-the daemon's connection, a cluster node killed, the daemon's credential let expire with and \
-without a renewal, the lease row deleted, with --standby the holder killed or stopped). Phases: \
-quiet, faults, heal, then a drain (every agent online until nothing is pending, bounded). The \
-windows are shrunk through the documented overrides so faults land in a short run.\n\n\
+posts with @mentions, joins, leaves, rejoins, posts raced on purpose against another member's \
+join, leave or rejoin, agents offline and back, ACL rows narrowed and widened, lifecycles \
+retired) and a nemesis (daemon SIGKILL, SIGSTOP shorter and longer than the broker-gone window, \
+graceful restart, broker SIGKILL or SIGSTOP, a slow broker (SIGSTOPs shorter than the ping \
+interval, repeated), a proxy that blackholes, cuts, swallows or delays (latency and jitter) the \
+daemon's connection, a store refusing writes, a cluster node killed, a cluster node cut off \
+from the other two (a partition, the daemon on either side), the daemon's credential let expire \
+with and without a renewal, the lease row deleted, with --standby the holder killed or \
+stopped), each seed drawing its own weights (swarm testing). The history records every write \
+to the members and ACL buckets as the broker stored it, which decides cursors and ACL states. \
+Phases: quiet, faults, heal, then a drain (every agent online until nothing is pending, \
+bounded). The windows are shrunk through the documented overrides so faults land in a short \
+run.\n\n\
+The long mode (--seeds A..B or --hours H) runs seeds back to back, one line per run and a table \
+at the end, and stops at the first invalid run with its replay command.\n\n\
 The run directory (--keep DIR, else ./sim-runs/seed-<seed>-<time>) holds history.jsonl, \
 snapshot.json, report.json and the daemons' and brokers' logs; it is removed after a valid run \
 unless --keep names it. `harness simulate --check <dir>` checks a stored run again. An invalid run prints the command that replays it: `harness simulate \
@@ -60,13 +68,44 @@ pub struct SimulateArgs {
     /// The run directory (kept whatever the verdict); it must not hold a history yet.
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
+    /// The long mode: run seeds A to B (inclusive) back to back, one line per run, a table at
+    /// the end; stops at the first invalid run and prints its replay command. Each run is
+    /// --minutes long (default 5) on the shape the other flags give (or rotated).
+    #[arg(long, value_name = "A..B", conflicts_with_all = ["seed", "hours"])]
+    seeds: Option<String>,
+    /// The long mode for H hours of wall time (a decimal is allowed): seeds from --seed (default
+    /// drawn from the clock) upwards, back to back, until H hours have passed (a run started
+    /// before then is finished).
+    #[arg(long, value_name = "H")]
+    hours: Option<f64>,
+    /// In the long mode, cycle the runs through one broker, the 3-node cluster and two standby
+    /// hosts (run i on shape i mod 3) instead of the shape --cluster / --standby give.
+    #[arg(long, conflicts_with_all = ["cluster", "standby"])]
+    rotate_shapes: bool,
     /// Replay the run in DIR: its seed, its mesh shape and its schedule as it really happened.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["seed", "minutes", "cluster", "standby", "agents", "check"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["seed", "minutes", "cluster", "standby", "agents", "check", "seeds", "hours", "rotate_shapes"])]
     replay: Option<PathBuf>,
     /// Check the stored run in DIR again (its history.jsonl and snapshot.json) and print the
     /// verdict; nothing is started (Jepsen's analyze).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["seed", "minutes", "cluster", "standby", "agents", "keep", "daemon"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["seed", "minutes", "cluster", "standby", "agents", "keep", "daemon", "seeds", "hours", "rotate_shapes"])]
     check: Option<PathBuf>,
+}
+
+/// `A..B` (inclusive), A at most B.
+fn parse_seeds(raw: &str) -> Result<(u64, u64), String> {
+    let (a, b) = raw
+        .split_once("..")
+        .ok_or_else(|| format!("--seeds {raw:?}: give a range A..B, as 1..20"))?;
+    let num = |t: &str| {
+        t.trim()
+            .parse::<u64>()
+            .map_err(|e| format!("--seeds {raw:?}: {t:?} is not a seed ({e})"))
+    };
+    let (a, b) = (num(a)?, num(b)?);
+    if a > b {
+        return Err(format!("--seeds {raw:?}: {a} is past {b}"));
+    }
+    Ok((a, b))
 }
 
 /// `harness simulate`: checks the flags (exit 2 naming what was wrong), runs, prints the table,
@@ -119,6 +158,12 @@ pub fn run(args: SimulateArgs, cwd: &Path) -> ! {
             "--agents {agents}: give 2 to {} agents",
             config::MAX_AGENTS
         ));
+    }
+    if args.seeds.is_some() || args.hours.is_some() {
+        batch(&args, cwd, minutes, agents, unix_s);
+    }
+    if args.rotate_shapes {
+        refuse("--rotate-shapes: give --seeds A..B or --hours H (it applies to the long mode)");
     }
     let recorded_daemon = replay
         .as_ref()
@@ -237,4 +282,164 @@ pub fn run(args: SimulateArgs, cwd: &Path) -> ! {
         println!("run directory kept: {}", outcome.dir.display());
     }
     std::process::exit(verdict.exit_code());
+}
+
+/// The long mode: runs back to back, one line each, the table at the end; stops at the first
+/// invalid run with its replay command. Exit: 0 every run valid, 1 an invalid run, 2 a run
+/// unknown or one that could not run.
+fn batch(args: &SimulateArgs, cwd: &Path, minutes: f64, agents: usize, unix_s: u64) -> ! {
+    use delivery_harness::simulation::batch::{self, Item, MeshShape, RunOutcome};
+    use delivery_harness::simulation::check::Verdict;
+    use delivery_harness::simulation::runner;
+    let range = args
+        .seeds
+        .as_deref()
+        .map(|raw| parse_seeds(raw).unwrap_or_else(|e| refuse(&e)));
+    let hours = args.hours;
+    if let Some(h) = hours {
+        if !(h.is_finite() && h > 0.0 && h <= 48.0) {
+            refuse(&format!(
+                "--hours {h}: give a number of hours above 0 and at most 48"
+            ));
+        }
+    }
+    let first = range.map(|(a, _)| a).unwrap_or_else(|| {
+        args.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        })
+    });
+    let daemon_args = DaemonArgs {
+        daemon: args.daemon.clone(),
+        daemon_cmd: None,
+        nats_server: args.nats_server.clone(),
+        scaled: false,
+    };
+    let (daemon, daemon_label, version) = daemon_under_test(&daemon_args, cwd);
+    let root = match &args.keep {
+        Some(k) => from_caller(k.clone(), cwd),
+        None => cwd.join("sim-runs").join(format!("batch-{unix_s}")),
+    };
+    if let Err(e) = std::fs::create_dir_all(&root) {
+        refuse(&format!("create {}: {e}", root.display()));
+    }
+    eprintln!(
+        "harness simulate (long mode): seeds from {first}{}, {minutes:.1} minutes each, {agents} agents, {}, daemon {daemon_label} ({version}); runs in {}",
+        match (range, hours) {
+            (Some((_, b)), _) => format!(" to {b}"),
+            (None, Some(h)) => format!(" for {h} hours"),
+            (None, None) => String::new(),
+        },
+        if args.rotate_shapes {
+            "shapes rotated (one broker, cluster, standby)".to_string()
+        } else {
+            MeshShape { cluster: args.cluster, standby: args.standby }.name().to_string()
+        },
+        root.display()
+    );
+    let started = std::time::Instant::now();
+    let mut items: Vec<Item> = Vec::new();
+    let mut seed = first;
+    let mut invalid_dir: Option<PathBuf> = None;
+    loop {
+        let more = match (range, hours) {
+            (Some((_, b)), _) => seed <= b,
+            (None, Some(h)) => started.elapsed().as_secs_f64() < h * 3600.0,
+            (None, None) => false,
+        };
+        if !more {
+            break;
+        }
+        let shape = if args.rotate_shapes {
+            MeshShape::ROTATION[items.len() % MeshShape::ROTATION.len()]
+        } else {
+            MeshShape {
+                cluster: args.cluster,
+                standby: args.standby,
+            }
+        };
+        let dir = root.join(format!(
+            "seed-{seed}-{}",
+            shape.name().replace([' ', '+'], "-")
+        ));
+        let load_before = batch::load_average();
+        let t = std::time::Instant::now();
+        let opts = runner::Options {
+            daemon: daemon.clone(),
+            daemon_label: daemon_label.clone(),
+            seed,
+            minutes,
+            cluster: shape.cluster,
+            standby: shape.standby,
+            agents,
+            dir: dir.clone(),
+            replay: None,
+            progress: false,
+        };
+        let outcome = match runtime().block_on(runner::run(opts)) {
+            Ok(f) => {
+                let _ = std::fs::write(dir.join("table.txt"), {
+                    let row = delivery_harness::simulation::summary::Row {
+                        seed,
+                        minutes,
+                        cluster: shape.cluster,
+                        standby: shape.standby,
+                        report: &f.report,
+                        tally: &f.tally,
+                        wall: f.wall,
+                        drained: f.drained,
+                    };
+                    row.table()
+                });
+                RunOutcome::of(&f.report, &f.dir)
+            }
+            Err(e) => RunOutcome::CouldNotRun(e.to_string()),
+        };
+        let item = Item {
+            seed,
+            shape,
+            minutes,
+            wall: t.elapsed(),
+            load: (load_before, batch::load_average()),
+            outcome,
+        };
+        println!("{}", item.line(items.len() + 1));
+        let verdict = item.outcome.verdict();
+        if verdict == Some(Verdict::Valid) && args.keep.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        items.push(item);
+        let _ = std::fs::write(root.join("batch.md"), batch::table(&items));
+        if verdict == Some(Verdict::Invalid) {
+            invalid_dir = Some(dir);
+            break;
+        }
+        seed += 1;
+    }
+    println!();
+    println!("{}", batch::table(&items));
+    println!("the table is in {}", root.join("batch.md").display());
+    if let Some(dir) = invalid_dir {
+        if let Some(Item {
+            outcome: RunOutcome::Ran { why, .. },
+            ..
+        }) = items.last()
+        {
+            for w in why {
+                println!("  - {w}");
+            }
+        }
+        println!(
+            "stopped at the first invalid run; replay it with: harness simulate --replay {}",
+            dir.display()
+        );
+        std::process::exit(1);
+    }
+    let all_valid = !items.is_empty()
+        && items
+            .iter()
+            .all(|i| i.outcome.verdict() == Some(Verdict::Valid));
+    std::process::exit(if all_valid { 0 } else { 2 });
 }

@@ -15,7 +15,7 @@
 //! | the mesh | `mesh.rs` |
 //! | views of brokers | `cluster.rs`, `connz.rs` |
 //! | processes and links | `broker.rs`, `proxy.rs`, `daemon.rs`, `events.rs` |
-//! | parts | `http.rs`, `process.rs`, `server_bin.rs`, `tls.rs`, `wait.rs`, `proxy/delay.rs` |
+//! | parts | `http.rs`, `process.rs`, `server_bin.rs`, `tls.rs`, `wait.rs`, `proxy/delay.rs`, `proxy/latency.rs`, `proxy/route.rs` |
 //! | ground | `error.rs`, `frames.rs` |
 
 pub mod agent;

@@ -24,12 +24,22 @@
 //! and was answered at once, so a read the client made (a stream's last sequence, say) is fixed
 //! at the broker while the client, and every task sharing its connection, carries on. A delayed
 //! publish reaches the broker late, or never if its connection dies first.
+//!
+//! A *latency* (`proxy/latency.rs`) delays every chunk of every connection, both ways, by a
+//! drawn time (a base plus up to a jitter), in order, while the proxy keeps reading: a slow or
+//! jittery path, which heals when it is cleared (the chunks already waiting still wait out
+//! their draw).
+//!
+//! A *route proxy* (`proxy/route.rs`, [`TcpProxy::start_route`]) carries one cluster node's
+//! route connections to another, and rewrites the `INFO` lines the nodes exchange so that no
+//! node learns another's own cluster port and dials it around the proxies: cutting a node's
+//! route proxies cuts it off from the cluster (a partition).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -39,7 +49,13 @@ use crate::rig::error::HarnessError;
 use crate::rig::frames::Direction;
 
 mod delay;
+mod latency;
+mod route;
 use delay::{Delay, Framing};
+use latency::Line;
+pub use latency::{Latency, LATENCY_MAX_BYTES};
+use route::Rewrite;
+pub use route::RouteMap;
 
 /// Largest chunk held per direction per connection.
 pub const CHUNK_BYTES: usize = 16 * 1024;
@@ -122,6 +138,8 @@ struct FaultState {
     blackhole_below: u64,
     /// Connections numbered below this are closed (0 = none). Never lowered.
     cut_below: u64,
+    /// Every chunk delayed by a draw of this (`None`: handed on at once).
+    latency: Option<Latency>,
 }
 
 impl FaultState {
@@ -154,6 +172,24 @@ pub struct TcpProxy {
 impl TcpProxy {
     /// Listens on a random loopback port and forwards to `127.0.0.1:<upstream_port>`.
     pub async fn start(upstream_port: u16) -> Result<TcpProxy, HarnessError> {
+        TcpProxy::start_with(upstream_port, None).await
+    }
+
+    /// A route proxy: node `dialer`'s route connections to node `node`'s cluster port
+    /// `upstream_port`, each `INFO` rewritten by `map` once it is set (see the module doc).
+    pub async fn start_route(
+        upstream_port: u16,
+        map: Arc<std::sync::OnceLock<RouteMap>>,
+        dialer: usize,
+        node: usize,
+    ) -> Result<TcpProxy, HarnessError> {
+        TcpProxy::start_with(upstream_port, Some((map, dialer, node))).await
+    }
+
+    async fn start_with(
+        upstream_port: u16,
+        route: Option<RouteSides>,
+    ) -> Result<TcpProxy, HarnessError> {
         let listener = TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(|e| HarnessError::io("bind the proxy listener", e))?;
@@ -179,6 +215,7 @@ impl TcpProxy {
                 swallow: Arc::clone(&swallow),
                 delay: Arc::clone(&delay),
                 delay_released: delay_released_rx,
+                route,
             },
             Arc::clone(&next_id),
             Arc::clone(&active),
@@ -341,6 +378,20 @@ impl TcpProxy {
         self.delay_released.send_modify(|n| *n += 1);
     }
 
+    /// From now on every chunk of every connection, both ways, waits `base` plus a draw of up
+    /// to `jitter` before it is handed on (in order), until [`TcpProxy::clear_latency`].
+    pub fn add_latency(&self, base: Duration, jitter: Duration) {
+        let latency = Latency {
+            base_ms: base.as_millis() as u64,
+            jitter_ms: jitter.as_millis() as u64,
+        };
+        self.state.send_modify(|s| s.latency = Some(latency));
+    }
+    /// Chunks read from now on are handed on at once (those already waiting still wait).
+    pub fn clear_latency(&self) {
+        self.state.send_modify(|s| s.latency = None);
+    }
+
     /// Lift both blackholes; held bytes and held connections proceed. Cut connections stay cut.
     pub fn heal(&self) {
         self.state.send_modify(|s| {
@@ -366,7 +417,12 @@ struct Shared {
     swallow: Arc<Mutex<Swallow>>,
     delay: Arc<Mutex<Delay>>,
     delay_released: watch::Receiver<u64>,
+    route: Option<RouteSides>,
 }
+
+/// A route proxy's map and its two nodes: the dialer (receiving what the broker side sends)
+/// and the node dialled (receiving what the dialer sends).
+type RouteSides = (Arc<std::sync::OnceLock<RouteMap>>, usize, usize);
 
 async fn accept_loop(
     listener: TcpListener,
@@ -450,7 +506,7 @@ async fn serve(
 }
 
 /// Writes the bytes a released hold kept for connection `id`, if it is the held one.
-async fn flush_hold(hold: &Mutex<Hold>, id: u64, to: &mut OwnedWriteHalf) -> bool {
+async fn flush_hold(hold: &Mutex<Hold>, id: u64, to: &mut Line, latency: Option<Latency>) -> bool {
     let kept = {
         let mut h = hold.lock().unwrap_or_else(|p| p.into_inner());
         if h.pattern.is_some() || h.held_id != Some(id) {
@@ -459,7 +515,7 @@ async fn flush_hold(hold: &Mutex<Hold>, id: u64, to: &mut OwnedWriteHalf) -> boo
         h.held_id = None;
         std::mem::take(&mut h.held)
     };
-    kept.is_empty() || to.write_all(&kept).await.is_ok()
+    to.send(&kept, latency).await
 }
 
 /// Writes the bytes a released delay kept for connection `id` going `direction`.
@@ -467,13 +523,14 @@ async fn flush_delay(
     delay: &Mutex<Delay>,
     id: u64,
     direction: Direction,
-    to: &mut OwnedWriteHalf,
+    to: &mut Line,
+    latency: Option<Latency>,
 ) -> bool {
     let kept = delay
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take_released(id, direction);
-    kept.is_empty() || to.write_all(&kept).await.is_ok()
+    to.send(&kept, latency).await
 }
 
 /// Copies `from` to `to` one chunk at a time, holding the chunk while the connection is
@@ -481,36 +538,55 @@ async fn flush_delay(
 /// honours a hold and a swallow. Ends on EOF, on an error, or when the proxy is gone.
 async fn pump(
     mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    to: OwnedWriteHalf,
     id: u64,
     mut state: watch::Receiver<FaultState>,
     shared: &Shared,
     direction: Direction,
 ) {
     let to_broker = direction == Direction::ToBroker;
+    let mut to = Line::new(to, id.wrapping_mul(2).wrapping_add(u64::from(to_broker)));
     let mut buf = vec![0u8; CHUNK_BYTES];
     let mut released = shared.released.clone();
     let mut released_open = to_broker;
     let mut delay_released = shared.delay_released.clone();
     let mut delay_released_open = true;
     let mut framing = Framing::new(direction);
+    let mut rewrite = shared.route.as_ref().map(|(map, dialer, node)| {
+        let receiver = if to_broker { *node } else { *dialer };
+        (Arc::clone(map), Rewrite::new(receiver))
+    });
     loop {
-        let full = to_broker
-            && shared
-                .hold
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .full(id);
+        let full = to.full()
+            || to_broker
+                && shared
+                    .hold
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .full(id);
+        let latency = state.borrow().latency;
+        let due = to.next_due();
         let n = tokio::select! {
+            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                if !to.flush_due().await {
+                    return;
+                }
+                continue;
+            }
             read = from.read(&mut buf), if !full => match read {
-                Ok(0) | Err(_) => return,
+                // The chunks still waiting out a latency go on before the close.
+                Ok(0) => {
+                    to.drain().await;
+                    return;
+                }
+                Err(_) => return,
                 Ok(n) => n,
             },
             changed = released.changed(), if released_open => {
                 if changed.is_err() {
                     released_open = false;
                 }
-                if !flush_hold(&shared.hold, id, &mut to).await {
+                if !flush_hold(&shared.hold, id, &mut to, latency).await {
                     return;
                 }
                 continue;
@@ -519,7 +595,7 @@ async fn pump(
                 if changed.is_err() {
                     delay_released_open = false;
                 }
-                if !flush_delay(&shared.delay, id, direction, &mut to).await {
+                if !flush_delay(&shared.delay, id, direction, &mut to, latency).await {
                     return;
                 }
                 continue;
@@ -529,10 +605,18 @@ async fn pump(
         if state.wait_for(|s| !s.blackholed(id)).await.is_err() {
             return;
         }
+        let latency = state.borrow().latency;
         let (kept_before, out) = framing.split(&shared.delay, id, &buf[..n]);
-        if !kept_before.is_empty() && to.write_all(&kept_before).await.is_err() {
+        if !to.send(&kept_before, latency).await {
             return;
         }
+        let out = match rewrite.as_mut() {
+            Some((map, rw)) => match map.get() {
+                Some(map) => rw.feed(map, &out),
+                None => out,
+            },
+            None => out,
+        };
         if out.is_empty() {
             continue;
         }
@@ -545,7 +629,7 @@ async fn pump(
             {
                 continue;
             }
-            if !flush_hold(&shared.hold, id, &mut to).await {
+            if !flush_hold(&shared.hold, id, &mut to, latency).await {
                 return;
             }
             if shared
@@ -557,8 +641,71 @@ async fn pump(
                 continue;
             }
         }
-        if to.write_all(&out).await.is_err() {
+        if !to.send(&out, latency).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// An upstream that echoes every byte back.
+    async fn echo() -> u16 {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        port
+    }
+
+    /// How long one byte takes through the proxy and back.
+    async fn round_trip(client: &mut TcpStream) -> Duration {
+        let t = tokio::time::Instant::now();
+        client.write_all(b"x").await.unwrap();
+        let mut b = [0u8; 1];
+        client.read_exact(&mut b).await.unwrap();
+        t.elapsed()
+    }
+
+    /// A latency delays every chunk both ways by its draw, keeps the bytes in order, and is
+    /// gone once cleared.
+    /// Mutation seen failing: `pump` handing chunks on at once whatever the state
+    /// (`to.send(&out, None)`): the round trip under a 150 ms latency fast.
+    #[tokio::test]
+    async fn a_latency_delays_each_chunk_both_ways_in_order_until_cleared() {
+        let proxy = TcpProxy::start(echo().await).await.unwrap();
+        let mut client = TcpStream::connect(("127.0.0.1", proxy.listen_port()))
+            .await
+            .unwrap();
+        assert!(round_trip(&mut client).await < Duration::from_millis(100));
+        proxy.add_latency(Duration::from_millis(150), Duration::from_millis(50));
+        let rt = round_trip(&mut client).await;
+        assert!(
+            rt >= Duration::from_millis(300) && rt < Duration::from_millis(2_000),
+            "{rt:?}"
+        );
+        // Many chunks in a row come back whole and in order.
+        let sent: Vec<u8> = (0..200u32).map(|i| (i % 251) as u8).collect();
+        for c in sent.chunks(7) {
+            client.write_all(c).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let mut got = vec![0u8; sent.len()];
+        tokio::time::timeout(Duration::from_secs(10), client.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, sent);
+        proxy.clear_latency();
+        assert!(round_trip(&mut client).await < Duration::from_millis(100));
     }
 }

@@ -134,6 +134,9 @@ pub enum WorkKind {
     Narrow,
     Widen,
     Retire,
+    /// A post raced on purpose against a join, a leave or a leave and rejoin of another
+    /// member of the channel: the posts at a join's frontier and at a leave's cursor.
+    Race,
 }
 
 /// The workload's mix: relative weights. Narrowings leave the member in the channel (a post
@@ -149,7 +152,21 @@ pub const WORK_MIX: &[(WorkKind, u64)] = &[
     (WorkKind::Narrow, 30),
     (WorkKind::Widen, 25),
     (WorkKind::Retire, 8),
+    (WorkKind::Race, 60),
 ];
+
+/// Fewest fault kinds a swarm draw leaves in a run (`nemesis::swarm`).
+pub const SWARM_MIN_FAULT_KINDS: usize = 3;
+
+/// A proxy latency's base and jitter, drawn in these ranges (ms): one way below half the
+/// ping interval, so a ping's round trip stays under it (a slow link, never a silent one).
+pub const LATENCY_BASE_MS: (u64, u64) = (20, 250);
+pub const LATENCY_JITTER_MS: (u64, u64) = (0, 200);
+/// A slow broker's stops and the gaps between them (ms): each stop below the ping interval.
+pub const STUTTER_STOP_MS: (u64, u64) = (150, 700);
+pub const STUTTER_GAP_MS: (u64, u64) = (300, 1_500);
+/// Posts a race sends (the first at the frontier or the cursor, the next just past it).
+pub const RACE_POSTS: usize = 2;
 /// Per mille of posts that carry no id (no duplicate suppression).
 pub const IDLESS_PER_MILLE: u64 = 100;
 /// The workload's pace: one operation every this many ms, drawn uniformly.
@@ -210,9 +227,14 @@ pub fn faults(cluster: bool, standby: bool) -> Vec<FaultSpec> {
         // Short: the reader gives an entry up after ten failed hand-offs (ten nak delays).
         f(StoreFull, Aim::Store, 10, (500, 1_500)),
         f(LeaseDelete, Aim::Lease, 6, (0, 0)),
+        f(ProxyLatency, Aim::HolderProxy, 8, (3_000, 2 * w)),
+        f(BrokerSlow, Aim::Broker, 6, (3_000, 2 * w)),
     ];
     if cluster {
         out.push(f(NodeKill, Aim::Broker, 16, (2_000, 2 * w)));
+        // A node drawn: node 0 is the one the daemons dial (the daemon on the minority side),
+        // another leaves it on the majority side.
+        out.push(f(Partition, Aim::Broker, 12, (2_000, 2 * w)));
     } else {
         out.push(f(BrokerKill, Aim::Broker, 8, (1_000, w + w / 2)));
         out.push(f(BrokerPause, Aim::Broker, 6, (1_000, w + w / 2)));
@@ -264,5 +286,8 @@ mod tests {
         assert!(faults(true, false)
             .iter()
             .any(|f| f.kind == FaultKind::NodeKill));
+        // A latency's round trip and a slow broker's stop stay below the ping interval.
+        assert!(2 * (LATENCY_BASE_MS.1 + LATENCY_JITTER_MS.1) < PING_INTERVAL_MS);
+        assert!(STUTTER_STOP_MS.1 < PING_INTERVAL_MS);
     }
 }

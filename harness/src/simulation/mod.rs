@@ -21,15 +21,16 @@
 //! | surface | `mod.rs` |
 //! | broken builds | `mutants.rs` |
 //! | the run | `runner.rs` |
-//! | replay, final state, summary | `replay.rs`, `capture.rs`, `summary.rs` |
+//! | replay, final state, summary, the long mode's record | `replay.rs`, `capture.rs`, `summary.rs`, `batch.rs` |
 //! | faults and workload | `nemesis.rs`, `workload.rs` |
 //! | the stage | `stage.rs` |
-//! | what the runner watches | `observe.rs`, `population.rs` |
+//! | what the runner watches | `observe.rs`, `population.rs`, `rowwatch.rs` |
 //! | ground of the runner | `record.rs`, `config.rs`, `prng.rs` |
 //! | the check's surface | `check/mod.rs` |
 //! | the rules | `check/checker.rs` |
 //! | single flight and exits | `check/daemons.rs` |
 //! | the model of the run | `check/model.rs` |
+//! | the row log, replayed | `check/rows.rs` |
 //! | what the check reads and says | `check/report.rs`, `check/snapshot.rs`, `check/bounds.rs` |
 //! | the history's surface | `check/history/mod.rs` |
 //! | writing and reading a history | `check/history/io.rs` |
@@ -39,6 +40,7 @@
 //! and TigerBeetle's Vortex (real processes, faults drawn by weight from a seed, liveness once
 //! the faults heal; the schedule as it really happened is what a replay follows).
 
+pub mod batch;
 pub mod capture;
 pub mod check;
 pub mod config;
@@ -49,6 +51,7 @@ pub mod population;
 pub mod prng;
 pub mod record;
 pub mod replay;
+pub mod rowwatch;
 pub mod runner;
 pub mod stage;
 pub mod summary;

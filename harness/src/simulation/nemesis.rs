@@ -21,7 +21,7 @@ use crate::kit::steps::lease::LeaseStep;
 use crate::kit::steps::process::ProcessStep;
 use crate::kit::steps::verb::Ctx;
 use crate::kit::steps::Step;
-use crate::simulation::check::{Call, Done, FaultKind, Ms, Process};
+use crate::simulation::check::{Call, Done, FaultKind, FaultShape, Ms, Process};
 
 /// Bound on one fault step (a broker restart waits for readiness).
 const STEP_BOUND: Duration = Duration::from_secs(30);
@@ -33,11 +33,55 @@ const END_RETRY_GAP: Duration = Duration::from_secs(2);
 const STOP_EXIT_BOUND: Duration = Duration::from_secs(20);
 
 /// A fault in place, to be ended.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Active {
     pub id: u64,
     pub kind: FaultKind,
     pub target: String,
+    /// A slow broker's stutter, running until the end.
+    stutter: Option<Stutter>,
+}
+
+/// A slow broker's loop of short stops: told to stop at the fault's end, it answers how many
+/// stops it made and how long the broker was stopped in all (each measured around its
+/// SIGSTOP and SIGCONT).
+#[derive(Debug)]
+struct Stutter {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<(u64, Duration)>,
+}
+
+/// Bound on a stutter's loop ending once told to.
+const STUTTER_END_BOUND: Duration = Duration::from_secs(10);
+
+/// SIGSTOP of `node` for `stop`, SIGCONT, `gap`, again until told to stop.
+fn stutter(stage: Arc<Mutex<Stage>>, node: usize, stop_ms: u64, gap_ms: u64) -> Stutter {
+    let (stop, mut rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        let (mut stops, mut stopped) = (0u64, Duration::ZERO);
+        while !*rx.borrow() {
+            let t = Instant::now();
+            if run_step(&mut *stage.lock().await, broker(BrokerFault::Stop, node))
+                .await
+                .is_err()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(stop_ms)).await;
+            let _ = run_step(&mut *stage.lock().await, broker(BrokerFault::Cont, node)).await;
+            stops += 1;
+            stopped += t.elapsed();
+            let _ = tokio::time::timeout(Duration::from_millis(gap_ms), rx.changed()).await;
+        }
+        (stops, stopped)
+    });
+    Stutter { stop, task }
+}
+
+/// The proxy a `proxy:<name>` target names.
+fn proxy_of<'w>(stage: &'w Stage, target: &str) -> Result<&'w crate::rig::proxy::TcpProxy, String> {
+    let name = target.strip_prefix("proxy:").unwrap_or(target);
+    stage.world.proxy(name).map_err(|f| f.to_string())
 }
 
 fn ctx() -> Ctx {
@@ -157,6 +201,50 @@ async fn store_full(stage: &mut Stage, target: &str, full: bool) -> Result<(), S
         .map_err(|e| format!("update stream {name}: {e}"))
 }
 
+/// Cuts node `node` off from the other cluster nodes (`on`), or heals it: its route
+/// connections go through the route proxies (`rig::cluster`'s routed cluster).
+async fn partition(stage: &mut Stage, node: usize, on: bool) -> Result<(), String> {
+    let routes = stage
+        .routes
+        .as_ref()
+        .ok_or("this mesh's routes do not go through proxies (one broker)")?;
+    if !on {
+        routes.heal(node);
+        return Ok(());
+    }
+    routes.partition(node);
+    // In place once the node itself lists no route (its `/routez`): the broker's own word.
+    let port = stage
+        .world
+        .mesh
+        .node(node)
+        .map(|b| b.monitoring_port())
+        .ok_or_else(|| format!("no node {node}"))?;
+    let deadline = Instant::now() + PARTITION_BOUND;
+    loop {
+        let routes_left = match crate::rig::http::get(port, "/routez", PARTITION_POLL).await {
+            Ok(r) => r.json().ok().and_then(|v| v["num_routes"].as_u64()),
+            Err(_) => None,
+        };
+        if routes_left == Some(0) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            routes.heal(node);
+            return Err(format!(
+                "node {node} still lists {routes_left:?} route(s) {} ms after its proxies were cut",
+                PARTITION_BOUND.as_millis()
+            ));
+        }
+        tokio::time::sleep(PARTITION_POLL).await;
+    }
+}
+
+/// Bound on a partitioned node listing no route.
+const PARTITION_BOUND: Duration = Duration::from_secs(5);
+/// How often a partitioned node's routes are read.
+const PARTITION_POLL: Duration = Duration::from_millis(100);
+
 /// `node:<k>` -> k; `broker` -> 0.
 fn node_of(target: &str) -> usize {
     target
@@ -165,19 +253,32 @@ fn node_of(target: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// Starts fault `id` of `kind` on `target`; records it. `None` when the start failed (no
-/// fault: the checker ignores a start that failed).
-#[allow(clippy::too_many_arguments)]
+/// What to start: a fault's id, kind, target, planned duration and drawn shape.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub id: u64,
+    pub kind: FaultKind,
+    pub target: String,
+    pub planned_ms: Option<u64>,
+    pub shape: Option<FaultShape>,
+}
+
+/// Starts fault `p`; records it. `None` when the start failed (no fault: the checker ignores a
+/// start that failed).
 pub async fn start(
-    stage: &Mutex<Stage>,
+    stage: &Arc<Mutex<Stage>>,
     recorder: &Recorder,
     lease: &LeaseWrites,
-    id: u64,
-    kind: FaultKind,
-    target: String,
-    planned_ms: Option<u64>,
+    p: Planned,
     after_line: Option<u64>,
 ) -> Option<Active> {
+    let Planned {
+        id,
+        kind,
+        target,
+        planned_ms,
+        shape,
+    } = p;
     let mut s = stage.lock().await;
     let op = recorder.invoke(
         &Process::Nemesis,
@@ -186,9 +287,11 @@ pub async fn start(
             kind,
             target: target.clone(),
             planned_ms,
+            shape,
         },
         after_line,
     );
+    let mut stuttering = None;
     let daemon = target.strip_prefix("daemon:").unwrap_or("").to_string();
     let result = match kind {
         FaultKind::DaemonKill => {
@@ -244,14 +347,39 @@ pub async fn start(
         FaultKind::LeaseDelete => run_step(&mut s, Step::Lease(LeaseStep::DeleteLease {})).await,
         FaultKind::ProxySwallow => swallow(&mut s, &target, true),
         FaultKind::StoreFull => store_full(&mut s, &target, true).await,
+        FaultKind::ProxyLatency => match shape {
+            Some(FaultShape::Latency { base_ms, jitter_ms }) => proxy_of(&s, &target).map(|p| {
+                p.add_latency(
+                    Duration::from_millis(base_ms),
+                    Duration::from_millis(jitter_ms),
+                )
+            }),
+            _ => Err("a proxy latency needs its shape (base and jitter)".into()),
+        },
+        FaultKind::BrokerSlow => match shape {
+            Some(FaultShape::Stutter { stop_ms, gap_ms }) => {
+                stuttering = Some(stutter(stage.clone(), node_of(&target), stop_ms, gap_ms));
+                Ok(())
+            }
+            _ => Err("a slow broker needs its shape (stop and gap)".into()),
+        },
+        FaultKind::Partition => match shape {
+            Some(FaultShape::Partition { node, .. }) => partition(&mut s, node, true).await,
+            _ => Err("a partition needs its shape (the node cut off)".into()),
+        },
     };
     // What the fault did at once (a kill's exit) is observed before the next step.
-    let Stage { world, daemons } = &mut *s;
+    let Stage { world, daemons, .. } = &mut *s;
     observe::poll(world, daemons, recorder, lease).await;
     match result {
         Ok(()) => {
             recorder.ok(&op, Done::FaultStart);
-            Some(Active { id, kind, target })
+            Some(Active {
+                id,
+                kind,
+                target,
+                stutter: stuttering,
+            })
         }
         Err(e) => {
             s.daemons.held.remove(&daemon);
@@ -263,8 +391,24 @@ pub async fn start(
 
 /// Ends `fault`: the process continued or started again, the broker restarted, the proxy
 /// healed, the credential renewed.
-pub async fn end(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWrites, fault: &Active) {
+pub async fn end(
+    stage: &Mutex<Stage>,
+    recorder: &Recorder,
+    lease: &LeaseWrites,
+    mut fault: Active,
+) {
     let op = recorder.invoke(&Process::Nemesis, Call::FaultEnd { fault: fault.id }, None);
+    // A slow broker's loop ends first (its last SIGCONT sent); what it did is the evidence.
+    let mut evidence = None;
+    if let Some(st) = fault.stutter.take() {
+        let _ = st.stop.send(true);
+        if let Ok(Ok((stops, stopped))) = tokio::time::timeout(STUTTER_END_BOUND, st.task).await {
+            evidence = Some(format!(
+                "{stops} stops, {} ms stopped in all",
+                stopped.as_millis()
+            ));
+        }
+    }
     let daemon = fault
         .target
         .strip_prefix("daemon:")
@@ -302,13 +446,24 @@ pub async fn end(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWrites,
             FaultKind::LeaseDelete => Ok(()),
             FaultKind::ProxySwallow => swallow(&mut s, &fault.target, false),
             FaultKind::StoreFull => store_full(&mut s, &fault.target, false).await,
+            FaultKind::ProxyLatency => proxy_of(&s, &fault.target).map(|p| p.clear_latency()),
+            // Thawed whatever the loop's last step was.
+            FaultKind::BrokerSlow => {
+                run_step(&mut s, broker(BrokerFault::Cont, node_of(&fault.target))).await
+            }
+            FaultKind::Partition => partition(&mut s, node_of(&fault.target), false).await,
         };
         // A daemon the fault held is started again now, by the supervisor.
-        let Stage { world, daemons } = &mut *s;
+        let Stage { world, daemons, .. } = &mut *s;
         observe::poll(world, daemons, recorder, lease).await;
         match result {
             Ok(()) => {
-                recorder.ok(&op, Done::FaultEnd);
+                recorder.ok(
+                    &op,
+                    Done::FaultEnd {
+                        evidence: evidence.clone(),
+                    },
+                );
                 return;
             }
             Err(e) => last = e,
@@ -329,6 +484,26 @@ pub fn duration_of(spec: &FaultSpec, rng: &mut Prng) -> u64 {
         FaultKind::CredentialExpiryRenewed => config::SHORT_CREDENTIAL_MS + drawn,
         _ => drawn,
     }
+}
+
+/// The faults of a run, their weights scaled by the seed's swarm draw (see `workload::work_mix`).
+pub fn swarm(specs: Vec<FaultSpec>, rng: &mut Prng) -> Vec<FaultSpec> {
+    let scaled: Vec<FaultSpec> = specs
+        .iter()
+        .map(|f| FaultSpec {
+            weight: f.weight * [0, 1, 2, 3][rng.below(4) as usize],
+            ..*f
+        })
+        .collect();
+    let kinds: std::collections::BTreeSet<FaultKind> = scaled
+        .iter()
+        .filter(|f| f.weight > 0)
+        .map(|f| f.kind)
+        .collect();
+    if kinds.len() < config::SWARM_MIN_FAULT_KINDS {
+        return specs;
+    }
+    scaled
 }
 
 /// What the live nemesis needs.
@@ -388,6 +563,13 @@ async fn aim(live: &mut Live, spec: &FaultSpec) -> String {
     }
 }
 
+/// The cluster node the serving daemon's connection is on now, by the nodes' own connection
+/// lists; `None` when it cannot be told.
+async fn daemon_node(live: &Live) -> Option<usize> {
+    let probe = crate::simulation::observe::node_probe(&live.stage.lock().await.world);
+    crate::simulation::observe::daemon_node(probe).await
+}
+
 /// Waits, bounded, until a daemon serves; the line of that serving observation.
 async fn serving_line(live: &Live) -> Option<u64> {
     let deadline = Instant::now() + Duration::from_millis(config::SERVING_WAIT_MS);
@@ -439,25 +621,83 @@ pub async fn live(mut live: Live) {
         }
         id += 1;
         let target = aim(&mut live, &spec).await;
+        let shape = match spec.kind {
+            FaultKind::ProxyLatency => Some(FaultShape::Latency {
+                base_ms: live
+                    .rng
+                    .range(config::LATENCY_BASE_MS.0, config::LATENCY_BASE_MS.1),
+                jitter_ms: live
+                    .rng
+                    .range(config::LATENCY_JITTER_MS.0, config::LATENCY_JITTER_MS.1),
+            }),
+            FaultKind::BrokerSlow => Some(FaultShape::Stutter {
+                stop_ms: live
+                    .rng
+                    .range(config::STUTTER_STOP_MS.0, config::STUTTER_STOP_MS.1),
+                gap_ms: live
+                    .rng
+                    .range(config::STUTTER_GAP_MS.0, config::STUTTER_GAP_MS.1),
+            }),
+            FaultKind::Partition => Some(FaultShape::Partition {
+                node: node_of(&target),
+                daemon_node: daemon_node(&live).await,
+            }),
+            _ => None,
+        };
+        let planned_fault = Planned {
+            id,
+            kind: spec.kind,
+            target,
+            planned_ms: Some(planned),
+            shape,
+        };
         let active = start(
             &live.stage,
             &live.recorder,
             &live.lease,
-            id,
-            spec.kind,
-            target,
-            Some(planned),
+            planned_fault,
             after_line,
         )
         .await;
         if let Some(active) = active {
             live.recorder.sleep_until_ms(now + planned).await;
-            end(&live.stage, &live.recorder, &live.lease, &active).await;
+            end(&live.stage, &live.recorder, &live.lease, active).await;
         }
         let next = live.recorder.now_ms() + gap;
         if next >= live.until_ms {
             return;
         }
         live.recorder.sleep_until_ms(next).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two seeds draw different swarms, one seed always the same, and a draw keeps at least
+    /// the floor of fault kinds.
+    /// Mutation seen failing: `swarm` returning its input unscaled (every seed's weights alike).
+    #[test]
+    fn each_seed_draws_its_own_swarm_of_weights() {
+        let draw = |seed| {
+            let mut rng = Prng::stream(seed, "swarm");
+            let f: Vec<u64> = swarm(config::faults(true, false), &mut rng)
+                .iter()
+                .map(|f| f.weight)
+                .collect();
+            let w: Vec<u64> = crate::simulation::workload::work_mix(&mut rng)
+                .iter()
+                .map(|(_, w)| *w)
+                .collect();
+            (f, w)
+        };
+        assert_eq!(draw(7), draw(7));
+        let distinct: std::collections::BTreeSet<_> = (0..20).map(draw).collect();
+        assert!(distinct.len() > 10, "{}", distinct.len());
+        for seed in 0..50 {
+            let kinds = draw(seed).0.iter().filter(|w| **w > 0).count();
+            assert!(kinds >= config::SWARM_MIN_FAULT_KINDS);
+        }
     }
 }

@@ -445,3 +445,44 @@ pub async fn watch_lease(
         }
     }
 }
+
+/// What [`daemon_node`] asks: the daemons' user nkey and each node's monitoring port, read
+/// from the world under its lock.
+pub fn node_probe(w: &World) -> Option<(String, Vec<u16>)> {
+    let creds = w.daemon_creds.values().next()?;
+    let nkey = cotal_delivery::base::read_creds_file(creds)
+        .ok()?
+        .public_key()
+        .ok()?;
+    let ports = (0..w.mesh.node_count())
+        .filter_map(|i| w.mesh.node(i).map(|b| b.monitoring_port()))
+        .collect();
+    Some((nkey, ports))
+}
+
+/// Bound on one node's connection list read.
+const CONNZ_BOUND: Duration = Duration::from_secs(2);
+
+/// The cluster node a daemon's connection is on now: the node whose connection list (its
+/// `/connz`) holds a connection of the daemons' credential (its user nkey); `None` when no
+/// node shows one.
+pub async fn daemon_node(probe: Option<(String, Vec<u16>)>) -> Option<usize> {
+    let (nkey, ports) = probe?;
+    for (i, port) in ports.into_iter().enumerate() {
+        let Ok(r) = crate::rig::http::get(port, "/connz?auth=1&limit=1024", CONNZ_BOUND).await
+        else {
+            continue;
+        };
+        let Ok(connz) = r.json() else { continue };
+        let found = connz["connections"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c["authorized_user"].as_str() == Some(nkey.as_str())
+                    || c["nkey"].as_str() == Some(nkey.as_str())
+            })
+        });
+        if found {
+            return Some(i);
+        }
+    }
+    None
+}

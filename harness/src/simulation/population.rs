@@ -70,6 +70,44 @@ pub enum Command {
     Online,
     /// The lifecycle ends (retired): offline, and the actor stops.
     Stop,
+    /// A race on purpose: this agent joins, leaves, or leaves and rejoins `channel`, and
+    /// `posts` go to the queue of slot `partner` (another agent) at the moment that makes them
+    /// race the membership change (see [`RaceKind`]).
+    Race {
+        channel: String,
+        kind: RaceKind,
+        partner: usize,
+        posts: Vec<Command>,
+    },
+}
+
+/// Which membership change a race's posts race against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaceKind {
+    /// The posts are sent the moment the join is answered: the first lands just past the join
+    /// cursor (the join's frontier).
+    JoinThenPost,
+    /// The posts are sent, then the leave asked at once: one lands at or around the leave
+    /// cursor, some past it while the writer may not have seen the leave yet.
+    PostThenLeave,
+    /// The leave is asked, the posts sent the moment it is answered, then the rejoin asked at
+    /// once: posts between the two intervals and at the new frontier.
+    LeaveRejoin,
+}
+
+/// Queues `posts` for slot `partner`'s current lifecycle (a full queue drops the rest: the
+/// race still ran).
+fn forward(ctx: &AgentCtx, partner: usize, posts: Vec<Command>) {
+    let tx = lock(&ctx.population)
+        .get(partner)
+        .and_then(|s| s.tx.clone());
+    if let Some(tx) = tx {
+        for p in posts {
+            if tx.try_send(p).is_err() {
+                break;
+            }
+        }
+    }
 }
 
 /// What the runner knows of one slot of the population (a principal and its current
@@ -197,41 +235,91 @@ async fn run(
             }
             Command::Join { channel } => {
                 let Some(s) = &session else { continue };
-                let answer = asking(&ctx, &s.agent, || {
-                    join(&ctx, &process, &member, &s.agent, &channel)
-                })
-                .await;
-                if let Answer::Joined(g) = answer {
-                    update(&ctx, slot, &member, |s| {
-                        s.joined.insert(channel, g);
-                    });
-                }
+                do_join(&ctx, slot, &process, &member, &s.agent, &channel).await;
             }
             Command::Leave { channel } => {
                 let Some(s) = &session else { continue };
-                let generation = {
-                    let pop = lock(&ctx.population);
-                    pop.get(slot)
-                        .filter(|s| s.member.as_ref() == Some(&member))
-                        .and_then(|s| s.joined.get(&channel).copied())
-                };
-                let Some(generation) = generation else {
-                    continue;
-                };
-                asking(&ctx, &s.agent, || {
-                    leave(&ctx, &process, &member, &s.agent, &channel, generation)
-                })
-                .await;
-                // Answered or not, the workload does not leave this generation again.
-                update(&ctx, slot, &member, |s| {
-                    s.joined.remove(&channel);
-                });
+                do_leave(&ctx, slot, &process, &member, &s.agent, &channel).await;
+            }
+            Command::Race {
+                channel,
+                kind,
+                partner,
+                posts,
+            } => {
+                let Some(s) = &session else { continue };
+                match kind {
+                    RaceKind::JoinThenPost => {
+                        if do_join(&ctx, slot, &process, &member, &s.agent, &channel).await {
+                            forward(&ctx, partner, posts);
+                        }
+                    }
+                    RaceKind::PostThenLeave => {
+                        forward(&ctx, partner, posts);
+                        do_leave(&ctx, slot, &process, &member, &s.agent, &channel).await;
+                    }
+                    RaceKind::LeaveRejoin => {
+                        if do_leave(&ctx, slot, &process, &member, &s.agent, &channel).await {
+                            forward(&ctx, partner, posts);
+                            do_join(&ctx, slot, &process, &member, &s.agent, &channel).await;
+                        }
+                    }
+                }
             }
         }
     }
     if let Some(s) = session.take() {
         go_offline(s).await;
     }
+}
+
+/// Joins `channel` (asked again while unanswered); whether it was answered joined.
+async fn do_join(
+    ctx: &AgentCtx,
+    slot: usize,
+    process: &Process,
+    member: &Member,
+    agent: &Agent,
+    channel: &str,
+) -> bool {
+    let answer = asking(ctx, agent, || join(ctx, process, member, agent, channel)).await;
+    if let Answer::Joined(g) = answer {
+        update(ctx, slot, member, |s| {
+            s.joined.insert(channel.to_string(), g);
+        });
+        return true;
+    }
+    false
+}
+
+/// Leaves the generation of `channel` the agent joined (asked again while unanswered);
+/// whether it was answered left. Answered or not, the workload does not leave that
+/// generation again.
+async fn do_leave(
+    ctx: &AgentCtx,
+    slot: usize,
+    process: &Process,
+    member: &Member,
+    agent: &Agent,
+    channel: &str,
+) -> bool {
+    let generation = {
+        let pop = lock(&ctx.population);
+        pop.get(slot)
+            .filter(|s| s.member.as_ref() == Some(member))
+            .and_then(|s| s.joined.get(channel).copied())
+    };
+    let Some(generation) = generation else {
+        return false;
+    };
+    let answer = asking(ctx, agent, || {
+        leave(ctx, process, member, agent, channel, generation)
+    })
+    .await;
+    update(ctx, slot, member, |s| {
+        s.joined.remove(channel);
+    });
+    answer == Answer::Left
 }
 
 async fn go_online(

@@ -9,8 +9,8 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::simulation::check::{
-    Body, Call, Done, Event, HistoryWriter, Member, Ms, Observation, Phase, Process, RunHeader,
-    Surfaced,
+    Body, Call, Done, Event, HistoryWriter, Member, Ms, Observation, Phase, Process, RowWrite,
+    RunHeader, Surfaced,
 };
 
 /// An operation invoked and not yet completed.
@@ -201,6 +201,11 @@ impl Recorder {
                 }
             },
         )
+    }
+
+    /// Records a write to a watched bucket (the row watch's).
+    pub fn row(&self, write: RowWrite) {
+        self.append(Process::Runner, Body::Row(write), |_| {});
     }
 
     /// A workload operation not issued (its agent still busy with the last one).

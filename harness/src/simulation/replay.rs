@@ -38,6 +38,8 @@ pub struct ReplayFault {
     pub kind: FaultKind,
     pub target: String,
     pub planned_ms: Option<u64>,
+    /// The drawn parameters (a latency's, a slow broker's, a partition's).
+    pub shape: Option<crate::simulation::check::FaultShape>,
     pub after: Option<After>,
     /// When it ended in the original run (`None`: it never did).
     pub end_at: Option<Ms>,
@@ -72,6 +74,7 @@ impl Plan {
                     kind,
                     target,
                     planned_ms,
+                    shape,
                 } => {
                     if matches!(op.outcome, Completion::Fail { .. }) {
                         continue;
@@ -96,6 +99,7 @@ impl Plan {
                         kind: *kind,
                         target: target.clone(),
                         planned_ms: *planned_ms,
+                        shape: *shape,
                         after,
                         end_at,
                     });
@@ -242,21 +246,18 @@ pub async fn nemesis(
                 tokio::time::sleep(OBSERVE_TICK).await;
             }
         }
-        let active = nemesis::start(
-            &stage,
-            &recorder,
-            &lease,
-            f.id,
-            f.kind,
-            f.target.clone(),
-            f.planned_ms,
-            after_line,
-        )
-        .await;
+        let planned = nemesis::Planned {
+            id: f.id,
+            kind: f.kind,
+            target: f.target.clone(),
+            planned_ms: f.planned_ms,
+            shape: f.shape,
+        };
+        let active = nemesis::start(&stage, &recorder, &lease, planned, after_line).await;
         if let Some(active) = active {
             let end_at = f.end_at.unwrap_or_else(|| f.at + f.planned_ms.unwrap_or(0));
             recorder.sleep_until_ms(end_at).await;
-            nemesis::end(&stage, &recorder, &lease, &active).await;
+            nemesis::end(&stage, &recorder, &lease, active).await;
         }
     }
 }

@@ -20,13 +20,15 @@ use super::prng::Prng;
 use super::record::{Recorder, Tally};
 use super::stage::{SimError, SimErrorKind, Stage};
 use super::workload::{self, Workload};
-use super::{capture, nemesis, replay, summary};
+use super::{capture, nemesis, replay, rowwatch, summary};
 use crate::kit::shape::{MeshSpec, Shape};
 use crate::kit::steps::verb::Ctx;
 use crate::kit::steps::{broker, hosts, rows, Step};
 use crate::kit::under_test::{DaemonUnderTest, RunOptions};
 use crate::kit::world::World;
-use crate::simulation::check::{check, History, HistoryWriter, Phase, Report, RunHeader};
+use crate::simulation::check::{
+    check, History, HistoryWriter, Phase, Report, RowBucket, RunHeader,
+};
 
 /// Bound on the first daemon serving, before the workload starts.
 const SERVING_START_BOUND: Duration = Duration::from_secs(90);
@@ -170,18 +172,26 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
         "operator"
     })
     .map_err(|e| SimError::new(SimErrorKind::Usage, e))?;
-    let mut world = World::start(
+    // On the cluster, its routes go through proxies (what a partition cuts).
+    let route_slot: crate::rig::cluster::RouteSlot = Arc::default();
+    let run_options = RunOptions {
+        daemon: opts.daemon.clone(),
+        scaled: false,
+    };
+    let start = World::start(
         &spec,
         &shape,
         config::daemon_env(opts.standby),
         Default::default(),
-        &RunOptions {
-            daemon: opts.daemon.clone(),
-            scaled: false,
-        },
-    )
-    .await
-    .map_err(mesh_err("start the mesh"))?;
+        &run_options,
+    );
+    let started = if opts.cluster {
+        crate::rig::cluster::routed(route_slot.clone(), start).await
+    } else {
+        start.await
+    };
+    let mut world = started.map_err(mesh_err("start the mesh"))?;
+    let routes = route_slot.lock().unwrap_or_else(|p| p.into_inner()).take();
     for c in config::DURABLE_CHANNELS {
         let step = Step::Rows(rows::RowStep::Channel {
             name: c.to_string(),
@@ -230,6 +240,7 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
         }
     };
     let lease_view = view("sim-lease-watch").await?;
+    let rows_view = Arc::new(view("sim-row-watch").await?);
     let manager = view("sim-manager").await?;
     // The kit's steps read and write through the world's view (the lease row, the drain).
     let steps_view = view("sim-steps").await?;
@@ -247,6 +258,7 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
     let stage = Arc::new(Mutex::new(Stage {
         world,
         daemons: Daemons::new(plans),
+        routes,
     }));
     let lease: LeaseWrites = Arc::default();
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -256,6 +268,20 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
         lease.clone(),
         stop_rx.clone(),
     ));
+    // Every write to the members and ACL buckets, from before the first operation.
+    let rows_seen: rowwatch::RowsSeen = Arc::default();
+    let row_tasks: Vec<_> = [RowBucket::Members, RowBucket::Acl]
+        .into_iter()
+        .map(|bucket| {
+            tokio::spawn(rowwatch::watch(
+                rows_view.clone(),
+                bucket,
+                recorder.clone(),
+                rows_seen.clone(),
+                stop_rx.clone(),
+            ))
+        })
+        .collect();
     let observer = tokio::spawn(observe_loop(
         stage.clone(),
         recorder.clone(),
@@ -316,9 +342,17 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
             for slot in 0..slots {
                 work.bring_up(slot, &mut rng).await;
             }
+            // The seed's swarm: its own weights for the workload and the faults.
+            let mut swarm = Prng::stream(opts.seed, "swarm");
+            let specs = nemesis::swarm(config::faults(opts.cluster, opts.standby), &mut swarm);
+            let mix = workload::work_mix(&mut swarm);
+            if opts.progress {
+                eprintln!("{}", summary::swarm_line(&specs, &mix));
+            }
             let w = tokio::spawn(workload::live(
                 work.clone(),
                 Prng::stream(opts.seed, "workload"),
+                mix,
                 t0,
                 drain_at,
             ));
@@ -326,7 +360,7 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
                 stage: stage.clone(),
                 recorder: recorder.clone(),
                 lease: lease.clone(),
-                specs: config::faults(opts.cluster, opts.standby),
+                specs,
                 rng: Prng::stream(opts.seed, "nemesis"),
                 nodes,
                 from_ms: faults_at,
@@ -359,18 +393,23 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
     stop_daemons(&stage, &recorder, &lease).await;
     work.close();
     lease_caught_up(&manager, &lease).await;
+    let row_logs = rowwatch::caught_up(&rows_view, &rows_seen).await;
     let _ = stop_tx.send(true);
     let _ = observer.await;
     let _ = lease_task.await;
+    for t in row_tasks {
+        let _ = t.await;
+    }
     if let Some(p) = progress {
         p.abort();
     }
     keep_logs(&stage, &opts.dir).await;
 
     // The broker's final state, the history read back, the verdict.
-    let snap = capture::read(&manager.js, &manager.names, &work.members(), &lease)
+    let mut snap = capture::read(&manager.js, &manager.names, &work.members(), &lease)
         .await
         .map_err(|e| SimError::new(SimErrorKind::Mesh, format!("read the final state: {e}")))?;
+    snap.row_logs = row_logs;
     snap.write_dir(&opts.dir)
         .map_err(|e| SimError::new(SimErrorKind::Files, e.to_string()).with_source(e))?;
     if let Some(e) = recorder.error() {
@@ -409,7 +448,7 @@ async fn observe_loop(
     loop {
         {
             let mut s = stage.lock().await;
-            let Stage { world, daemons } = &mut *s;
+            let Stage { world, daemons, .. } = &mut *s;
             observe::poll(world, daemons, &recorder, &lease).await;
         }
         if *stop.borrow() {
@@ -524,7 +563,7 @@ async fn stop_daemons(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWr
                 }
             }
         }
-        let Stage { world, daemons } = &mut *s;
+        let Stage { world, daemons, .. } = &mut *s;
         observe::poll(world, daemons, recorder, lease).await;
         recorder.ok(&op, crate::simulation::check::Done::DaemonStop);
     }

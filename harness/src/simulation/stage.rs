@@ -11,6 +11,8 @@ use crate::kit::world::World;
 pub struct Stage {
     pub world: World,
     pub daemons: super::observe::Daemons,
+    /// The cluster's route proxies (`--cluster`), what a partition cuts.
+    pub routes: Option<crate::rig::cluster::RouteProxies>,
 }
 
 /// Why a simulation could not run to a verdict.

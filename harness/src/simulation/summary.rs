@@ -82,6 +82,25 @@ pub async fn progress(
     }
 }
 
+/// The seed's swarm, as the run starts: each fault kind's weight (0: not drawn in this run) and
+/// the workload's.
+pub fn swarm_line(
+    specs: &[super::config::FaultSpec],
+    mix: &[(super::config::WorkKind, u64)],
+) -> String {
+    let mut faults: std::collections::BTreeMap<&str, u64> = Default::default();
+    for f in specs {
+        *faults.entry(f.kind.name()).or_default() += f.weight;
+    }
+    let faults: Vec<String> = faults.iter().map(|(k, w)| format!("{k} {w}")).collect();
+    let work: Vec<String> = mix.iter().map(|(k, w)| format!("{k:?} {w}")).collect();
+    format!(
+        "swarm: faults {}; workload {}",
+        faults.join(", "),
+        work.join(", ")
+    )
+}
+
 /// The run's row: what the issue asks of each measured run.
 pub struct Row<'a> {
     pub seed: u64,

@@ -17,7 +17,7 @@ use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames};
 use tokio::sync::Mutex;
 
 use super::config::{self, WorkKind};
-use super::population::{self, AgentCtx, Command, Population, Slot};
+use super::population::{self, AgentCtx, Command, Population, RaceKind, Slot};
 use super::prng::Prng;
 use super::record::Recorder;
 use super::stage::Stage;
@@ -304,8 +304,29 @@ const RETIRE_AGAIN_AFTER: [Duration; 3] = [
     Duration::from_secs(8),
 ];
 
-/// Draws and issues operations from `from_ms` until `until_ms`.
-pub async fn live(w: Arc<Workload>, mut rng: Prng, from_ms: Ms, until_ms: Ms) {
+/// Swarm testing (as the VOPR does): each seed scales the workload's weights and the faults'
+/// by its own draw, so runs differ in what they stress, not only in when. A workload weight
+/// other than the durable posts' is halved, kept or doubled; a fault's weight is dropped (a
+/// quarter of the time), kept, doubled or tripled, with at least [`SWARM_MIN_FAULT_KINDS`]
+/// kinds left.
+pub fn work_mix(rng: &mut Prng) -> Vec<(WorkKind, u64)> {
+    config::WORK_MIX
+        .iter()
+        .map(|&(k, w)| match k {
+            WorkKind::DurablePost => (k, w),
+            _ => (k, (w * [1, 2, 4][rng.below(3) as usize] / 2).max(1)),
+        })
+        .collect()
+}
+
+/// Draws and issues operations from `from_ms` until `until_ms`, by the run's `mix`.
+pub async fn live(
+    w: Arc<Workload>,
+    mut rng: Prng,
+    mix: Vec<(WorkKind, u64)>,
+    from_ms: Ms,
+    until_ms: Ms,
+) {
     loop {
         let gap = rng.range(config::WORK_GAP_MS.0, config::WORK_GAP_MS.1);
         tokio::time::sleep(Duration::from_millis(gap)).await;
@@ -316,7 +337,7 @@ pub async fn live(w: Arc<Workload>, mut rng: Prng, from_ms: Ms, until_ms: Ms) {
         if now < from_ms {
             continue;
         }
-        let Some(kind) = rng.weighted(config::WORK_MIX) else {
+        let Some(kind) = rng.weighted(&mix) else {
             return;
         };
         if !issue(&w, &mut rng, kind).await {
@@ -495,6 +516,56 @@ async fn issue(w: &Arc<Workload>, rng: &mut Prng, kind: WorkKind) -> bool {
                 return false;
             };
             spawn_manager(w, who, s.member.clone(), Some(w.read.clone()))
+        }
+        WorkKind::Race => {
+            // Another online agent posts on the channel, timed against this one's join, leave,
+            // or leave and rejoin.
+            let Some((who, s)) = rng
+                .pick(&v.online)
+                .and_then(|&who| slots.get(who).map(|s| (who, s)))
+            else {
+                return false;
+            };
+            let partners: Vec<usize> = v.online.iter().copied().filter(|p| *p != who).collect();
+            let Some(&partner) = rng.pick(&partners) else {
+                return false;
+            };
+            let readable: Vec<&str> = config::DURABLE_CHANNELS
+                .iter()
+                .copied()
+                .filter(|c| s.allow.iter().any(|a| a == c))
+                .collect();
+            let Some(&channel) = rng.pick(&readable) else {
+                return false;
+            };
+            let kind = if !s.joined.contains_key(channel) {
+                RaceKind::JoinThenPost
+            } else if rng.chance(500) {
+                RaceKind::PostThenLeave
+            } else {
+                RaceKind::LeaveRejoin
+            };
+            let posts = (0..config::RACE_POSTS)
+                .map(|_| {
+                    let tag = w.next_tag();
+                    Command::Post {
+                        channel: channel.to_string(),
+                        class: Class::Durable,
+                        id: Some(format!("m-{tag}")),
+                        tag,
+                        mentions: Vec::new(),
+                    }
+                })
+                .collect();
+            w.send(
+                who,
+                Command::Race {
+                    channel: channel.to_string(),
+                    kind,
+                    partner,
+                    posts,
+                },
+            )
         }
         WorkKind::Retire => {
             // Each slot goes through at most three lifecycles.

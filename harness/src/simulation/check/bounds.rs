@@ -34,6 +34,9 @@ pub struct CheckConfig {
     pub liveness_bound_ms: Ms,
     /// The DLV stream's duplicate window: a hand-off repeated later than this is not deduped.
     pub dedup_window_ms: Ms,
+    /// Slack between the broker's stamps (wall clock) and the runner's times (its monotonic
+    /// clock from the run's start) when a row state is placed against an operation.
+    pub stamp_skew_ms: Ms,
 }
 
 impl Default for CheckConfig {
@@ -49,6 +52,7 @@ impl Default for CheckConfig {
             handoff_bound_ms: 10_000,
             liveness_bound_ms: 30_000,
             dedup_window_ms: 120_000,
+            stamp_skew_ms: 50,
         }
     }
 }

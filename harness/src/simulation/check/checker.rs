@@ -19,6 +19,7 @@ use super::report::{
     Counts, Duplicate, DuplicateWhy, FaultRef, Leak, LeakKind, Liveness, Lost, PostRef, Report,
     SingleFlight, Stuck, Uncertain, Undecided, Unexpected, UnexpectedKind, Verdict,
 };
+use super::rows::AclJudged;
 use super::snapshot::Snapshot;
 
 /// Checks a run: the history, the broker's final state and the bounds to judge time by.
@@ -38,6 +39,7 @@ pub fn check(history: &History, snapshot: &Snapshot, cfg: &CheckConfig) -> Repor
         liveness: Liveness::NotChecked {
             why: "not run".into(),
         },
+        missing_facts: Vec::new(),
     };
     let matched = match_frames(&model, &mut report);
     let owed = delivery(&model, &matched, &mut report);
@@ -47,6 +49,7 @@ pub fn check(history: &History, snapshot: &Snapshot, cfg: &CheckConfig) -> Repor
     report.single_flight = daemons::single_flight(&model);
     report.exits = daemons::exits(&model);
     count(&model, &matched, &mut report);
+    report.missing_facts = model.rows.missing.clone();
     report.decide();
     report
 }
@@ -166,6 +169,26 @@ pub(crate) fn authorized(
     if lc.name.is_none() {
         return Due::NotOwed("never provisioned".into());
     }
+    // The row log decides: the reader's check read the row as the broker held it at some
+    // moment from the post (its fence proves the cache at least that current) to the hand-off.
+    if let Some(acl) = &model.rows.acl {
+        let Some(k) = acl.get(member) else {
+            return Due::NotOwed("no ACL row was ever written".into());
+        };
+        if k.ever_retired() {
+            return Due::NotOwed("retired lifecycle".into());
+        }
+        let to = until.min(model.history.end_ms);
+        return match k.judge(channel, from, to, model.cfg.stamp_skew_ms) {
+            AclJudged::Covered => Due::Owed,
+            AclJudged::Excluded {
+                revision, stamp_ms, ..
+            }
+            | AclJudged::Either { revision, stamp_ms } => Due::NotOwed(format!(
+                "ACL revision {revision} (stored at {stamp_ms} ms) excludes {channel} while it may have been handed off"
+            )),
+        };
+    }
     if lc.retired {
         return Due::NotOwed("retired lifecycle".into());
     }
@@ -212,11 +235,12 @@ fn owed_to<'h>(model: &Model<'h>, p: &Posted<'h>) -> Vec<(&'h Member, Due)> {
     let mut out = Vec::new();
     match p.class {
         Class::Durable => {
-            for (member, lc) in &model.lifecycles {
-                if *member == p.sender || !lc.channels.contains_key(p.channel) {
+            for member in model.lifecycles.keys() {
+                if *member == p.sender || !model.knows_channel(member, p.channel) {
                     continue;
                 }
-                let standing = model.standing(member, p.channel, seq);
+                let to = until.min(model.history.end_ms);
+                let standing = model.standing_within(member, p.channel, seq, p.op.invoke_ms, to);
                 if standing == Standing::Outside {
                     continue;
                 }
@@ -225,6 +249,9 @@ fn owed_to<'h>(model: &Model<'h>, p: &Posted<'h>) -> Vec<(&'h Member, Due)> {
                     authorized(model, member, p.channel, p.op.invoke_ms, until),
                 ) {
                     (_, Due::NotOwed(why)) => Due::NotOwed(why),
+                    (Standing::Either, _) => Due::NotOwed(
+                        "a membership write taken back may have dropped it (row log)".into(),
+                    ),
                     (Standing::Inside, o) => o,
                     (_, _) => Due::Uncertain(format!(
                         "whether seq {seq} is inside its membership of {} is undecided",
@@ -394,8 +421,14 @@ fn leaks<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report) {
                 why,
             };
             match (p.class, p.seq) {
-                (Class::Durable, Some(seq)) => match model.standing(member, p.channel, seq) {
-                    Standing::Inside | Standing::InGap => {}
+                (Class::Durable, Some(seq)) => match model.standing_within(
+                    member,
+                    p.channel,
+                    seq,
+                    p.op.invoke_ms,
+                    f.frame.handed_off_ms.unwrap_or(f.ms),
+                ) {
+                    Standing::Inside | Standing::InGap | Standing::Either => {}
                     Standing::Outside => {
                         report.leaked.push(leak(LeakKind::OutsideInterval));
                         continue;
@@ -450,6 +483,23 @@ fn after_exclusion(
 ) -> Option<Result<LeakKind, String>> {
     let lc = model.lifecycles.get(member)?;
     let latest = f.frame.handed_off_ms.unwrap_or(f.ms);
+    // The row log decides: the check read the row as the broker held it at some moment from
+    // the post to the hand-off; a leak only if every state of that span excluded the channel.
+    if let Some(acl) = &model.rows.acl {
+        let k = acl.get(member)?;
+        return match k.judge(p.channel, p.op.invoke_ms, latest, model.cfg.stamp_skew_ms) {
+            AclJudged::Excluded {
+                revision,
+                stamp_ms,
+                retired,
+            } => Some(Ok(LeakKind::AclExcluded {
+                revision,
+                stored_ms: stamp_ms,
+                retired,
+            })),
+            AclJudged::Covered | AclJudged::Either { .. } => None,
+        };
+    }
     let mut earliest = p.op.invoke_ms;
     if let Some(stamp) = f.frame.handed_off_ms {
         let from = stamp.saturating_sub(model.cfg.handoff_slack_ms);

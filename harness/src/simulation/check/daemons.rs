@@ -319,10 +319,15 @@ fn judge(model: &Model<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             if let Some(other) = other_holder_before(model, daemon, at) {
                 return expected(format!("the lease was held by {other}"));
             }
+            // A partition leaves the minority side's lease renewals unanswered (the lease
+            // bucket's replicas are out of reach), up to a TTL past its heal.
+            let after_partition = model.cfg.lease_ttl_ms + model.cfg.exit_margin_ms;
             match model.faults.iter().find(|f| {
                 f.from_ms <= at
                     && (f.kind == FaultKind::LeaseDelete
-                        || (f.kind.freezes() && Model::daemon_of_target(&f.target) == Some(daemon)))
+                        || (f.kind.freezes() && Model::daemon_of_target(&f.target) == Some(daemon))
+                        || (f.kind == FaultKind::Partition
+                            && at <= f.to_ms.saturating_add(after_partition)))
             }) {
                 Some(f) => expected(format!("{} of fault {}", f.kind.name(), f.id)),
                 None => ExitJudgement::Unexplained,

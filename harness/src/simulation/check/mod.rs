@@ -14,6 +14,7 @@ mod daemons;
 pub mod history;
 mod model;
 pub mod report;
+mod rows;
 pub mod snapshot;
 
 #[cfg(test)]
@@ -23,9 +24,10 @@ pub use bounds::CheckConfig;
 pub use checker::check;
 pub use daemons::classify_exit;
 pub use history::{
-    Body, Call, Class, Completion, Done, Event, FaultKind, History, HistoryError, HistoryErrorKind,
-    HistoryWriter, Member, MemberError, MemberErrorKind, Ms, Observation, Op, Phase, Process,
-    RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION,
+    Body, Call, Class, Completion, Done, Event, FaultKind, FaultShape, History, HistoryError,
+    HistoryErrorKind, HistoryWriter, Member, MemberError, MemberErrorKind, Ms, Observation, Op,
+    Phase, Process, RowBucket, RowChange, RowWrite, RunHeader, Surfaced, HISTORY_FILE,
+    HISTORY_VERSION,
 };
 pub use report::{Liveness, Report, Verdict};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotErrorKind, SNAPSHOT_FILE};

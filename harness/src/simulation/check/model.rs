@@ -16,6 +16,7 @@ use super::bounds::CheckConfig;
 use super::history::{
     Call, Class, Completion, Done, FaultKind, History, Member, Ms, Observation, Op,
 };
+use super::rows::{LoggedStanding, RowModel};
 use super::snapshot::Snapshot;
 
 /// A cursor known to lie in `[lo, hi]` (`lo == hi`: known exactly).
@@ -65,6 +66,10 @@ pub(crate) enum Standing {
     InGap,
     Outside,
     Uncertain,
+    /// Decided by the row log: a membership state that stood only for a while (a write taken
+    /// back) may have judged it either way while its checks ran, so it surfacing and it missing
+    /// are both explained.
+    Either,
 }
 
 /// A post, as posted.
@@ -149,6 +154,8 @@ pub(crate) struct Model<'h> {
     pub faults: Vec<FaultSpan>,
     /// Per daemon: spans `[from, to)` it said it served.
     pub serving: BTreeMap<String, Vec<(Ms, Ms)>>,
+    /// The members and ACL buckets' writes as the broker stored them, where complete.
+    pub rows: RowModel,
     /// `(ok ms, seq)` of every post acknowledged, by ok time, with the running max of seq.
     acked: Vec<(Ms, u64)>,
     /// `(invoke ms, seq)` of every post acknowledged, by invoke time, with the min of seq from
@@ -166,6 +173,7 @@ impl<'h> Model<'h> {
             lifecycles: BTreeMap::new(),
             faults: Vec::new(),
             serving: BTreeMap::new(),
+            rows: RowModel::build(history, snapshot),
             acked: Vec::new(),
             invoked: Vec::new(),
         };
@@ -736,6 +744,41 @@ impl<'h> Model<'h> {
             Standing::Outside
         } else {
             Standing::Uncertain
+        }
+    }
+
+    /// Where `member` stands on `channel` at `seq` for checks that ran within `[from, to]`: by
+    /// the row log when the members bucket's is complete (decided, every cursor exact), else
+    /// by the operations ([`Model::standing`]).
+    pub fn standing_within(
+        &self,
+        member: &Member,
+        channel: &str,
+        seq: u64,
+        from: Ms,
+        to: Ms,
+    ) -> Standing {
+        let Some(log) = &self.rows.members else {
+            return self.standing(member, channel, seq);
+        };
+        match log.get(&(member.clone(), channel.to_string())) {
+            None => Standing::Outside,
+            Some(k) => match k.standing(seq, from, to, self.cfg.stamp_skew_ms) {
+                LoggedStanding::Inside => Standing::Inside,
+                LoggedStanding::Outside => Standing::Outside,
+                LoggedStanding::Either => Standing::Either,
+            },
+        }
+    }
+
+    /// Whether `member` ever had a row on `channel` (by the log) or asked to join it.
+    pub fn knows_channel(&self, member: &Member, channel: &str) -> bool {
+        match &self.rows.members {
+            Some(log) => log.contains_key(&(member.clone(), channel.to_string())),
+            None => self
+                .lifecycles
+                .get(member)
+                .is_some_and(|lc| lc.channels.contains_key(channel)),
         }
     }
 

@@ -104,6 +104,14 @@ pub enum LeakKind {
     AfterNarrowing { op: u64, acked_ms: Ms },
     /// The same, after the lifecycle's retirement was acknowledged.
     AfterRetirement { op: u64, acked_ms: Ms },
+    /// By the row log: every state of the member's ACL row the broker held from the post to the
+    /// hand-off excluded the channel (the first of them: `revision`, stored at `stored_ms`;
+    /// `retired`: the tombstone).
+    AclExcluded {
+        revision: u64,
+        stored_ms: Ms,
+        retired: bool,
+    },
 }
 
 /// A frame surfaced to a member who must not have had it.
@@ -339,6 +347,8 @@ pub struct Report {
     pub single_flight: SingleFlight,
     pub exits: Vec<ExitReport>,
     pub liveness: Liveness,
+    /// Facts the history lacks (a bucket's log incomplete): what an undecided finding waits on.
+    pub missing_facts: Vec<String>,
 }
 
 impl Report {
@@ -377,7 +387,12 @@ impl Report {
         }
         let invalid = !why.is_empty();
         if !self.uncertain.is_empty() {
-            why.push(format!("{} undecided", self.uncertain.len()));
+            let lacking = if self.missing_facts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", self.missing_facts.join("; "))
+            };
+            why.push(format!("{} undecided{lacking}", self.uncertain.len()));
         }
         if let Liveness::NotChecked { why: w } = &self.liveness {
             why.push(format!("liveness not checked: {w}"));

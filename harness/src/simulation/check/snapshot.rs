@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::history::{Member, Ms};
+use super::history::{Member, Ms, RowBucket};
 
 /// The file a run directory keeps its snapshot in.
 pub const SNAPSHOT_FILE: &str = "snapshot.json";
@@ -32,6 +32,19 @@ pub struct Snapshot {
     /// Every write to the lease key during the run, in revision order.
     #[serde(default)]
     pub lease_writes: Vec<LeaseRecord>,
+    /// Per watched bucket, its last revision once the run ended: the row watch's `row` lines
+    /// are complete when they hold every revision up to it (a missing one is a write the watch
+    /// did not see). Absent: the history's row lines are not used for that bucket.
+    #[serde(default)]
+    pub row_logs: Vec<RowLogEnd>,
+}
+
+/// A watched bucket's last revision at the end of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RowLogEnd {
+    pub bucket: RowBucket,
+    pub last_revision: u64,
 }
 
 /// What a member still has waiting: frames handed off but not surfaced, entries not handed off.
@@ -145,6 +158,13 @@ impl Snapshot {
         self.member_rows
             .iter()
             .find(|r| &r.member == member && r.channel == channel)
+    }
+    /// The last revision of `bucket` at the end, if the runner read it.
+    pub fn row_log_end(&self, bucket: RowBucket) -> Option<u64> {
+        self.row_logs
+            .iter()
+            .find(|e| e.bucket == bucket)
+            .map(|e| e.last_revision)
     }
     /// What is pending for `member`.
     pub fn pending_of(&self, member: &Member) -> Option<&Pending> {

@@ -158,10 +158,12 @@ impl Script {
             kind,
             target: target.into(),
             planned_ms: None,
+            shape: None,
         };
         self.ok((at.0, at.0 + 1), &Process::Nemesis, start, Done::FaultStart);
         let end = Call::FaultEnd { fault: id };
-        self.ok((at.1, at.1 + 1), &Process::Nemesis, end, Done::FaultEnd);
+        let done = Done::FaultEnd { evidence: None };
+        self.ok((at.1, at.1 + 1), &Process::Nemesis, end, done);
     }
     fn serving(&mut self, ms: Ms, name: &str, incarnation: &str) {
         let what = Observation::DaemonServing {
@@ -1043,7 +1045,7 @@ fn the_reader_refuses_a_malformed_line_or_another_version_naming_its_line() {
     assert!(std::error::Error::source(&e).is_some());
 
     let mut future = lines.clone();
-    future[2] = future[2].replacen("\"v\":1", "\"v\":2", 1);
+    future[2] = future[2].replacen("\"v\":2", "\"v\":3", 1);
     let e = parse(&future).unwrap_err();
     assert_eq!((e.kind(), e.line()), (HistoryErrorKind::Version, Some(3)));
 
@@ -1255,4 +1257,211 @@ fn a_post_of_unknown_outcome_is_owed_to_no_one_and_a_frame_of_a_failed_post_is_u
             ..
         }]
     ));
+}
+
+/// The bucket key of `m` (`<o>.<a>.<uid>`).
+fn key_of(m: &Member) -> String {
+    format!("{}.{}", m.principal().dot_form(), m.uid())
+}
+
+impl Script {
+    /// A write to a watched bucket, recorded by the row watch at `stamp`.
+    fn row(
+        &mut self,
+        bucket: RowBucket,
+        key: &str,
+        revision: u64,
+        stamp: Ms,
+        value: serde_json::Value,
+    ) {
+        let write = RowWrite {
+            bucket,
+            key: key.into(),
+            revision,
+            change: RowChange::Put,
+            stamp_ms: stamp,
+            value: Some(value),
+        };
+        self.push(stamp, Process::Runner, Body::Row(write));
+    }
+    fn acl_row(&mut self, m: &Member, revision: u64, stamp: Ms, allow: &[&str]) {
+        let v = serde_json::json!({"allowSubscribe": allow});
+        self.row(RowBucket::Acl, &key_of(m), revision, stamp, v);
+    }
+    fn member_row(
+        &mut self,
+        m: &Member,
+        channel: &str,
+        revision: u64,
+        stamp: Ms,
+        row: (u64, u64, Option<u64>),
+    ) {
+        let (generation, join, leave) = row;
+        let mut v = serde_json::json!({"generation": generation, "joinCursor": join});
+        if let Some(l) = leave {
+            v["leaveCursor"] = serde_json::json!(l);
+        }
+        self.row(
+            RowBucket::Members,
+            &format!("{channel}/{}", key_of(m)),
+            revision,
+            stamp,
+            v,
+        );
+    }
+    /// The buckets' last revisions at the end: the log complete up to them.
+    fn rows_end(&mut self, members: u64, acl: u64) {
+        self.snapshot.row_logs = vec![
+            RowLogEnd {
+                bucket: RowBucket::Members,
+                last_revision: members,
+            },
+            RowLogEnd {
+                bucket: RowBucket::Acl,
+                last_revision: acl,
+            },
+        ];
+    }
+}
+
+/// [`clean`] with its row log: the three ACL rows at provisioning (revisions 1-3), bob's and
+/// carol's member rows on `eng` (revisions 1-2), and the log complete.
+fn logged() -> Script {
+    let mut s = clean();
+    for (i, m) in [alice(), bob(), carol()].iter().enumerate() {
+        s.acl_row(m, 1 + i as u64, 1 + i as u64, &["eng", "ops"]);
+    }
+    s.member_row(&bob(), "eng", 1, 102, (1, 0, None));
+    s.member_row(&carol(), "eng", 2, 102, (1, 0, None));
+    s.rows_end(2, 3);
+    s
+}
+
+/// Valid only through the search over orders: carol's ACL is narrowed (stored at 3300,
+/// acknowledged at 3310) while the daemon is frozen (3150-3600); her frame of t5, posted
+/// before, is handed off at 3605. Its check may have read the row before the narrowing (some
+/// order explains the frame), so the run is valid; without the row log the checker could not
+/// place the check against the narrowing (unknown). An unanswered narrowing is settled by the
+/// log the same way: it landed, at its stamp.
+/// Mutations seen failing: `KeyAcl::judge` answering `Excluded` as soon as one state of the
+/// window excludes the channel (the frame then leaked); `authorized` ignoring the log (the
+/// missing t6 then owed, lost).
+#[test]
+fn a_frame_whose_check_may_have_preceded_a_narrowing_is_explained_by_the_row_log() {
+    let mut s = logged();
+    s.fault((3150, 3600), 2, FaultKind::DaemonPause, "daemon:a");
+    s.post(3100, &alice(), "eng", "t5", true, 5);
+    s.frame(3610, &bob(), "eng", "t5", true, 9);
+    s.frame(3610, &carol(), "eng", "t5", true, 10);
+    s.narrow((3290, 3310), &carol(), &["ops"]);
+    s.acl_row(&carol(), 4, 3300, &["ops"]);
+    // t6, posted after the narrowing was stored, never reaches carol: not owed.
+    s.post(3400, &alice(), "eng", "t6", true, 6);
+    s.frame(3620, &bob(), "eng", "t6", true, 11);
+    s.rows_end(2, 4);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert!(r.leaked.is_empty() && r.lost.is_empty());
+    // Without the log (its end unknown), the frame is undecided.
+    s.snapshot.row_logs.clear();
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Unknown, "{}", r.summary());
+    assert!(!r.uncertain.is_empty());
+}
+
+/// No order explains it: carol's narrowing was stored at 3200 but acknowledged only at 3500
+/// (a slow answer); t5, posted at 3250, reached her: every state of the row the broker held
+/// from the post to the hand-off excluded `eng`, so the frame is a leak, named with the
+/// revision. And bob's unanswered leave: the log holds the cursor its row carried (2) although
+/// a rejoin replaced the row, so his frame of a post past it is a leak, not undecided.
+/// Mutations seen failing: `KeyAcl::judge` answering `Excluded` whenever one state of the
+/// window excludes (the first test's frame then a leak too); `KeyMembership` closing a
+/// generation at the next join cursor even when its row carried a leave cursor (t4 inside).
+#[test]
+fn a_frame_no_order_explains_is_a_leak_named_by_its_revision() {
+    let mut s = logged();
+    s.narrow((3190, 3500), &carol(), &["ops"]);
+    s.acl_row(&carol(), 4, 3200, &["ops"]);
+    s.post(3250, &alice(), "eng", "t5", true, 5);
+    s.frame(3300, &bob(), "eng", "t5", true, 9);
+    s.frame(3300, &carol(), "eng", "t5", true, 10);
+    s.rows_end(2, 4);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+    assert_eq!(r.leaked.len(), 1, "{:?}", r.leaked);
+    assert_eq!(
+        r.leaked[0].kind,
+        LeakKind::AclExcluded {
+            revision: 4,
+            stored_ms: 3200,
+            retired: false
+        }
+    );
+    assert_eq!(r.leaked[0].member, carol());
+
+    let mut s = logged();
+    let leave = Call::Leave {
+        channel: "eng".into(),
+        generation: 1,
+    };
+    s.unknown((600, 30_600), &agent(&bob()), leave);
+    s.member_row(&bob(), "eng", 3, 605, (1, 0, Some(2)));
+    // The rejoin replaced the row; the snapshot's final row keeps no closed interval.
+    s.join(2500, &bob(), "eng", 2, 4);
+    s.member_row(&bob(), "eng", 4, 2502, (2, 4, None));
+    s.post(700, &alice(), "eng", "t4", true, 3);
+    s.frame(800, &bob(), "eng", "t4", true, 7);
+    s.frame(810, &carol(), "eng", "t4", true, 8);
+    s.snapshot.member_rows.push(MemberRow {
+        member: bob(),
+        channel: "eng".into(),
+        generation: 2,
+        join_cursor: 4,
+        leave_cursor: None,
+        prior: Vec::new(),
+    });
+    s.rows_end(4, 3);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+    let leaked: Vec<&str> = r.leaked.iter().map(|l| l.post.tag.as_str()).collect();
+    assert!(leaked.contains(&"t4"), "{leaked:?}");
+    assert!(r.leaked.iter().all(|l| l.kind == LeakKind::OutsideInterval));
+    assert!(r.uncertain.is_empty(), "{:?}", r.uncertain);
+}
+
+/// Truly undecidable: the ACL row watch missed revision 4 (bound again after a broker fault
+/// while the bucket replaced the row), so the checker falls back on the operations, which
+/// cannot place the frame's check against the narrowing acknowledged during the pause: the
+/// verdict is unknown, and the report names the fact the history lacks.
+/// Mutation seen failing: `BucketLog::build` never finding a revision missing (the log used as
+/// if complete: the run valid).
+#[test]
+fn a_row_the_watch_missed_leaves_the_frame_undecided_and_is_named() {
+    let mut s = logged();
+    s.fault((3150, 3600), 2, FaultKind::DaemonPause, "daemon:a");
+    s.post(3100, &alice(), "eng", "t5", true, 5);
+    s.frame(3610, &bob(), "eng", "t5", true, 9);
+    s.frame(3610, &carol(), "eng", "t5", true, 10);
+    s.narrow((3290, 3310), &carol(), &["ops"]);
+    s.acl_row(&carol(), 5, 3400, &["ops"]);
+    s.rows_end(2, 5);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Unknown, "{}", r.summary());
+    assert_eq!(
+        r.missing_facts,
+        vec!["the acl row watch missed revision(s) 4".to_string()]
+    );
+    assert!(
+        r.why.iter().any(|w| w.contains("missed revision(s) 4")),
+        "{:?}",
+        r.why
+    );
+}
+
+/// The revisions a log lacks, as ranges.
+#[test]
+fn a_logs_gaps_are_the_revisions_it_lacks() {
+    let seen: std::collections::BTreeSet<u64> = [1, 2, 5, 7].into_iter().collect();
+    assert_eq!(super::rows::gaps(&seen, 9), vec![(3, 4), (6, 6), (8, 9)]);
+    assert!(super::rows::gaps(&seen, 2).is_empty());
 }

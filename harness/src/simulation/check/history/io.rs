@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 use super::line::{
     Body, Call, Done, Event, HistoryError, HistoryErrorKind, Member, Ms, Observation, Phase,
-    Process, RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION, MAX_EVENTS, MAX_LINE_BYTES,
+    Process, RowWrite, RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION, HISTORY_VERSION_OLDEST,
+    MAX_EVENTS, MAX_LINE_BYTES,
 };
 
 /// Appends events to `<dir>/history.jsonl`, one line each, flushed per line so a run that dies
@@ -144,6 +145,14 @@ pub struct Observed {
     pub what: Observation,
 }
 
+/// A write to a watched bucket, with the line it was recorded on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowEvent {
+    pub ms: Ms,
+    pub line: u64,
+    pub write: RowWrite,
+}
+
 /// A history read back and checked for structure: operations paired, frames and observations
 /// in line order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +162,8 @@ pub struct History {
     pub ops: Vec<Op>,
     pub frames: Vec<FrameEvent>,
     pub observed: Vec<Observed>,
+    /// Every bucket write the row watch recorded, in line order (version 2 on).
+    pub rows: Vec<RowEvent>,
     pub phases: Vec<(Phase, Ms)>,
     /// The last time any line carries.
     pub end_ms: Ms,
@@ -239,12 +250,14 @@ fn parse_line(text: &[u8], line: u64) -> Result<Event, HistoryError> {
         HistoryError::new(HistoryErrorKind::Malformed, Some(line), e.to_string()).with_source(e)
     })?;
     match version.v {
-        Some(HISTORY_VERSION) => {}
+        Some(v) if (HISTORY_VERSION_OLDEST..=HISTORY_VERSION).contains(&v) => {}
         Some(v) => {
             return Err(HistoryError::new(
                 HistoryErrorKind::Version,
                 Some(line),
-                format!("version {v}; this reader reads version {HISTORY_VERSION}"),
+                format!(
+                    "version {v}; this reader reads versions {HISTORY_VERSION_OLDEST} to {HISTORY_VERSION}"
+                ),
             ))
         }
         None => {
@@ -269,6 +282,7 @@ struct Builder {
     by_id: HashMap<u64, usize>,
     frames: Vec<FrameEvent>,
     observed: Vec<Observed>,
+    rows: Vec<RowEvent>,
     phases: Vec<(Phase, Ms)>,
     end_ms: Ms,
     lines: u64,
@@ -377,6 +391,19 @@ impl Builder {
                 line,
                 what,
             }),
+            Body::Row(write) => {
+                if event.v < 2 {
+                    return Err(structure(format!(
+                        "a row line in a version-{} history (rows came with version 2)",
+                        event.v
+                    )));
+                }
+                self.rows.push(RowEvent {
+                    ms: event.ms,
+                    line,
+                    write,
+                })
+            }
         }
         Ok(())
     }
@@ -425,6 +452,7 @@ impl Builder {
             ops: self.ops,
             frames: self.frames,
             observed: self.observed,
+            rows: self.rows,
             phases: self.phases,
             end_ms: self.end_ms,
         })

@@ -1,4 +1,4 @@
-//! The history format: the line types (one JSON object per line, `"v": 1`) and the error a
+//! The history format: the line types (one JSON object per line, `"v": 2`) and the error a
 //! reader gives for a line it refuses.
 
 use std::fmt;
@@ -6,8 +6,12 @@ use std::fmt;
 use cotal_delivery::wire::{LifecycleUid, Principal, WireError};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The history format's version, on every line.
-pub const HISTORY_VERSION: u32 = 1;
+/// The history format's version, on every line. Version 2 added the `row` line (every write to
+/// the members and ACL buckets as the broker stored it); a reader reads versions 1 and 2.
+pub const HISTORY_VERSION: u32 = 2;
+/// The oldest version a reader still reads (a version-1 history has no `row` lines: the checker
+/// then infers cursors and ACL states from the operations, as it did).
+pub const HISTORY_VERSION_OLDEST: u32 = 1;
 /// The file a run directory keeps its history in.
 pub const HISTORY_FILE: &str = "history.jsonl";
 /// Longest line a reader accepts: a frame or an operation is a few hundred bytes; a line past
@@ -226,6 +230,17 @@ pub enum FaultKind {
     CredentialExpiryRenewed,
     /// The lease row deleted under its holder.
     LeaseDelete,
+    /// The daemon's proxy delays every chunk, both ways, by a drawn time (its shape: a base and
+    /// a jitter), below the ping interval's round trip: a slow, jittery link.
+    ProxyLatency,
+    /// The broker (a cluster node with `target` naming it) SIGSTOPped for less than the ping
+    /// interval, again and again (its shape: each stop and the gap between), SIGCONT at the
+    /// end: a slow broker, never silent long enough to count as gone.
+    BrokerSlow,
+    /// One cluster node cut off from the other two (its route connections through proxies cut
+    /// and new ones held), healed at the end; the daemon's own connection lands on either side
+    /// (its shape names the node cut off and the daemon's node).
+    Partition,
 }
 
 impl FaultKind {
@@ -239,6 +254,7 @@ impl FaultKind {
                 | FaultKind::ProxyCut
                 | FaultKind::ProxySwallow
                 | FaultKind::NodeKill
+                | FaultKind::Partition
         )
     }
     /// Whether the broker stops answering without closing the socket: the daemon counts it as
@@ -268,8 +284,28 @@ impl FaultKind {
             FaultKind::CredentialExpiry => "credential-expiry",
             FaultKind::CredentialExpiryRenewed => "credential-expiry-renewed",
             FaultKind::LeaseDelete => "lease-delete",
+            FaultKind::ProxyLatency => "proxy-latency",
+            FaultKind::BrokerSlow => "broker-slow",
+            FaultKind::Partition => "partition",
         }
     }
+}
+
+/// The drawn parameters of a fault whose kind alone does not say what it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "shape", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FaultShape {
+    /// A proxy latency: each chunk waits `base_ms` plus up to `jitter_ms`.
+    Latency { base_ms: u64, jitter_ms: u64 },
+    /// A slow broker: SIGSTOP for `stop_ms`, SIGCONT, `gap_ms`, again until the end.
+    Stutter { stop_ms: u64, gap_ms: u64 },
+    /// A partition: node `node` cut off from the others; `daemon_node` is the node the
+    /// serving daemon's connection was on when it began (`None`: not found).
+    Partition {
+        node: usize,
+        #[serde(default)]
+        daemon_node: Option<usize>,
+    },
 }
 
 /// An operation as invoked: what was asked, with its arguments.
@@ -316,6 +352,8 @@ pub enum Call {
         target: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         planned_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shape: Option<FaultShape>,
     },
     /// The nemesis ends fault `fault` (SIGCONT, restart, heal the proxy, renew).
     FaultEnd { fault: u64 },
@@ -396,8 +434,13 @@ pub enum Done {
     Online,
     /// The fault is in place (the signal delivered, the proxy switched, the row deleted).
     FaultStart,
-    /// The fault is over (the process continued or restarted, the proxy healed).
-    FaultEnd,
+    /// The fault is over (the process continued or restarted, the proxy healed); `evidence`
+    /// is what the fault really did, as the process or the broker showed it (a slow broker's
+    /// stops and their total).
+    FaultEnd {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        evidence: Option<String>,
+    },
     /// The daemon process runs, with this pid.
     DaemonStart {
         pid: u32,
@@ -418,7 +461,7 @@ impl Done {
             Done::Offline => "offline",
             Done::Online => "online",
             Done::FaultStart => "fault_start",
-            Done::FaultEnd => "fault_end",
+            Done::FaultEnd { .. } => "fault_end",
             Done::DaemonStart { .. } => "daemon_start",
             Done::DaemonStop => "daemon_stop",
         }
@@ -508,6 +551,55 @@ pub struct RunHeader {
     pub replay_of: Option<String>,
 }
 
+/// A bucket whose writes the runner's row watch records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowBucket {
+    /// `cotal_members_<s>`: one row per (channel, lifecycle), written by the daemon.
+    Members,
+    /// `cotal_acl_<s>`: one read-ACL row per lifecycle, written by the manager.
+    Acl,
+}
+
+impl RowBucket {
+    pub fn name(self) -> &'static str {
+        match self {
+            RowBucket::Members => "members",
+            RowBucket::Acl => "acl",
+        }
+    }
+}
+
+/// What a write to a bucket key did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowChange {
+    /// A value written.
+    Put,
+    /// A delete marker.
+    Delete,
+    /// A purge marker (every earlier revision of the key removed).
+    Purge,
+}
+
+/// One write to the members or ACL bucket, as the broker stored it: what decides a cursor or an
+/// ACL state even when a later revision replaced the row (the buckets keep one per key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RowWrite {
+    pub bucket: RowBucket,
+    /// The bucket key (`<channel>/<o>.<a>.<uid>` or `<o>.<a>.<uid>`).
+    pub key: String,
+    /// The KV revision (the bucket stream's sequence).
+    pub revision: u64,
+    pub change: RowChange,
+    /// The broker's stamp of the write, in run ms.
+    pub stamp_ms: Ms,
+    /// The row's JSON, for a put that parses (`None` for a marker).
+    #[serde(default)]
+    pub value: Option<serde_json::Value>,
+}
+
 /// What one line says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -539,6 +631,8 @@ pub enum Body {
     },
     Frame(Surfaced),
     Observed(Observation),
+    /// A write to the members or ACL bucket (version 2 on).
+    Row(RowWrite),
 }
 
 /// One line of the history.

@@ -6,7 +6,9 @@
 //! can be run again on a stored history. Why invoke *and* completion: an operation whose reply
 //! never came (`unknown`) may or may not have happened, and the checker must know which
 //! operations were in flight when, to tell a loss from a legitimate drop. Every line carries
-//! `"v": 1`; a reader refuses any other version, and any malformed line, naming its number.
+//! `"v": 2` (version 2 added the `row` line: every write to the members and ACL buckets as the
+//! broker stored it); a reader reads versions 1 and 2, refuses any other, and any malformed
+//! line, naming its number.
 //!
 //! [`line`] holds the format (the event types and their error); [`io`] writes a history and
 //! reads one back, pairing each invoke with its completion.
@@ -14,9 +16,10 @@
 mod io;
 mod line;
 
-pub use io::{Completion, FrameEvent, History, HistoryWriter, Observed, Op};
+pub use io::{Completion, FrameEvent, History, HistoryWriter, Observed, Op, RowEvent};
 pub use line::{
-    Body, Call, Class, Done, Event, FaultKind, HistoryError, HistoryErrorKind, Member, MemberError,
-    MemberErrorKind, Ms, Observation, Phase, Process, RunHeader, Surfaced, HISTORY_FILE,
-    HISTORY_VERSION, MAX_EVENTS, MAX_LINE_BYTES,
+    Body, Call, Class, Done, Event, FaultKind, FaultShape, HistoryError, HistoryErrorKind, Member,
+    MemberError, MemberErrorKind, Ms, Observation, Phase, Process, RowBucket, RowChange, RowWrite,
+    RunHeader, Surfaced, HISTORY_FILE, HISTORY_VERSION, HISTORY_VERSION_OLDEST, MAX_EVENTS,
+    MAX_LINE_BYTES,
 };
