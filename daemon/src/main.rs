@@ -5,7 +5,7 @@ use std::os::raw::{c_int, c_long};
 
 /// The daemon allocates and frees small buffers per message (headers, subjects, parsed
 /// entries) on two worker threads; glibc's malloc spent a fifth of the daemon's CPU doing so
-/// (docs/performance.md, "The allocator").
+/// (docs/performance.md, "The allocator"; the profiles in docs/performance-history.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -14,7 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// 1,000 ms a restarted daemon draining a backlog while it loads 100,000 rows held 104-114 MB
 /// at most against 91-100 MB at 10 ms (ten runs each, alternating), at the same CPU per entry,
 /// and its settled size came out at either 85 or 104 MB depending on what it freed in the last
-/// second before it was measured (docs/performance.md, "The drain, fifth look"). An
+/// second before it was measured (docs/performance-history.md, "The drain, fifth look"). An
 /// operator's `MIMALLOC_PURGE_DELAY` wins.
 const PURGE_DELAY_MS: c_long = 10;
 
@@ -63,8 +63,8 @@ mod tests {
     /// The option tuned is mimalloc's purge delay (its 1,000 ms default read at the index), and
     /// `tune_allocator` sets it to 10 ms. Mutation, seen failing: `tune_allocator`'s setter
     /// commented out (`left: 1000, right: 10`); an index naming another option fails at the
-    /// default. The bench's drain figures are the effect (docs/performance.md, "The drain, fifth
-    /// look").
+    /// default. The bench's drain figures are the effect (docs/performance-history.md, "The
+    /// drain, fifth look").
     #[test]
     fn the_allocator_gives_freed_memory_back_after_ten_milliseconds() {
         assert!(

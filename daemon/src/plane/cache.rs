@@ -759,7 +759,7 @@ impl std::error::Error for FeedEnd {
 /// The lowest held revision is found by a walk of every row only when the stream's first
 /// sequence passed [`State::held_floor`]: at 100,000 members rows the walk every
 /// [`AUDIT_PERIOD`] was the daemon's largest cost of its own while it served a workload with
-/// nothing else changing (`smoke bench-scale`, docs/performance.md).
+/// nothing else changing (`smoke bench-scale`, docs/performance-history.md).
 fn audit_verdict(st: &mut State, stream: &StreamFacts, ages: bool) -> Option<String> {
     if stream.last_sequence < st.applied {
         return Some(format!(

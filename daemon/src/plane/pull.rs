@@ -10,10 +10,10 @@
 //! messages counted against nothing, and the count stays that much too high for the stream's
 //! life. Caught with an instrumented copy of the client (38 messages counted against nothing in
 //! one drain of `smoke bench-scale`); each such slip lasts, so a few of them stalled the trusted
-//! reader's backlog drain for the request's expiry plus 5 s (docs/performance.md, "The drain,
-//! fourth look"). Here the batch is counted in the same step that publishes the request, by the
-//! only task that reads what the requests bring, so nothing a request brings can be read before
-//! it is counted.
+//! reader's backlog drain for the request's expiry plus 5 s (docs/performance-history.md, "The
+//! drain, fourth look"). Here the batch is counted in the same step that publishes the request,
+//! by the only task that reads what the requests bring, so nothing a request brings can be read
+//! before it is counted.
 //!
 //! The count is set back to nothing, and the loop asks again, when the broker cannot hold what
 //! it was asked: after a reconnect (requests die with the broker process that held them), when

@@ -19,10 +19,11 @@
 //! loop looks every sixth, so none goes half an `ack_wait` without one) while the gate holds its
 //! epoch, so only a message whose owner died (or stopped serving) redelivers, and it does so one
 //! `ack_wait` after its last keep-alive instead of after a minute. Owning a message costs a
-//! registry entry, not a task and a timer of its own (docs/performance.md). A loop pulls only while the gate is open, and a message it pulled after
-//! the gate closed (never admitted, nothing done with it) is handed back with an immediate nak
-//! once the loop's own pull stream is dropped: a new holder's first posts are not held one
-//! `ack_wait` by pulls made before its `arm` opened the gate (docs/performance.md).
+//! registry entry, not a task and a timer of its own (docs/performance-history.md). A loop pulls
+//! only while the gate is open, and a message it pulled after the gate closed (never admitted,
+//! nothing done with it) is handed back with an immediate nak once the loop's own pull stream is
+//! dropped: a new holder's first posts are not held one `ack_wait` by pulls made before its
+//! `arm` opened the gate (docs/performance-history.md).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -66,8 +67,8 @@ pub const PULL_EXPIRES: Duration = Duration::from_secs(5);
 /// Until a cache is loaded every decision reads its rows one key at a time from the leader,
 /// beside the load: a daemon restarted in front of a 100,000-entry backlog at 100,000 members
 /// rows drained its first 0.45 s at a tenth of its pace, for 16 % more CPU per entry than
-/// when it waited (docs/performance.md, "Fifth pass"). Past the bound the loop pulls anyway,
-/// with per-key reads, so a cache that cannot load holds delivery back by at most this.
+/// when it waited (docs/performance-history.md, "Fifth pass"). Past the bound the loop pulls
+/// anyway, with per-key reads, so a cache that cannot load holds delivery back by at most this.
 pub const CACHE_LOAD_WAIT: Duration = Duration::from_secs(10);
 
 /// Applies `settle` to `msg` if the gate still shows `epoch`.

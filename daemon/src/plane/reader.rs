@@ -51,7 +51,7 @@ use crate::wire::{LifecycleUid, Principal, SpaceNames, DELIVERY_FRAME_HEADER, RE
 /// Lanes of the reader (by INBOX subject: one member lifecycle's entries stay in order). Each
 /// lane batch costs two fenced cache proofs and a settling task whatever its
 /// size, so fewer lanes with larger batches cost less CPU per frame than one lane per few
-/// members (64 lanes gave a lane one or two of 100 members' subjects; docs/performance.md),
+/// members (64 lanes gave a lane one or two of 100 members' subjects; docs/performance-history.md),
 /// and handoffs stay pipelined within a lane.
 pub const READER_LANES: usize = 16;
 /// Handoffs published and not yet acknowledged by JetStream, over all lanes.
@@ -61,7 +61,7 @@ const HANDOFF_BOUND: Duration = crate::base::BROKER_BOUND;
 /// Member lifecycles whose names the reader keeps built (by INBOX subject), entries; the memo
 /// starts over when it is full. About 500 bytes each (8 MB full). At 4,096 a channel of 10,000
 /// members cycled through it and missed on every copy: 18.1-18.9 µs of daemon CPU per frame
-/// against 17.0-17.9 at this size (docs/performance.md, "Fifth pass").
+/// against 17.0-17.9 at this size (docs/performance-history.md, "Fifth pass").
 pub const READER_NAMES_MAX: usize = 16_384;
 /// Member lifecycles one lane batch keeps its rows for ([`BatchRows`]), entries; the list
 /// starts over when it is full (a lookup compares at most this many subjects).

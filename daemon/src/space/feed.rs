@@ -503,7 +503,7 @@ impl Sweeper {
         // The same inputs as the last complete sweep: every row it would derive carries the
         // digest it wrote, and it pruned every row it no longer derives. Only the heartbeat
         // is due (at 10,000 principals the pass cost the idle daemon about as much as the
-        // rest of its idle work: docs/performance.md).
+        // rest of its idle work: docs/performance-history.md).
         let unchanged = !relist
             && self
                 .swept

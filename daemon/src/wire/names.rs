@@ -296,7 +296,7 @@ impl SpaceNames {
 /// The names of one member lifecycle on the data path, built once (per member row revision in
 /// the fan-out writer, per INBOX subject in the trusted reader) rather than per copy and per
 /// frame: they are a function of the space, the member and the lifecycle only, so building
-/// them once changes no decision (docs/performance.md).
+/// them once changes no decision (docs/performance-history.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LifecycleNames {
     pub member: Principal,

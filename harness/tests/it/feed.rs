@@ -194,7 +194,7 @@ async fn a_restarted_feed_does_not_rewrite_rows_that_have_not_changed() {
 /// in CONNZ, the members cache not moved) compares no principal and writes only the heartbeat;
 /// a change (alice's live subscription gone) is compared and pruned by the next sweep. Read
 /// from the feed's `membership sweep` debug line (the pass it skips writes nothing either way,
-/// so the broker cannot tell; its cost is CPU, docs/performance.md). Mutation seen failing:
+/// so the broker cannot tell; its cost is CPU, docs/performance-history.md). Mutation seen failing:
 /// `unchanged` always false in `Sweeper::sweep` (every sweep compared bob and alice).
 #[tokio::test]
 async fn a_sweep_with_nothing_changed_compares_no_principal() {

@@ -42,8 +42,8 @@
 //! came after 18.5 s, against 8 s allowed. Since the marker is sent once the holder left the
 //! broker, that mutation passed this test in 2 runs of 2: the new holder's pre-gate window (its
 //! `arm` binding the reader) is too short to catch the marker reliably at TTL 3 s; the default
-//! run of docs/performance.md (kill case: post one `ack_wait` after the answer before the fix,
-//! with it after) and `data_path::posts_waiting_when_a_daemon_starts_serving_are_fanned_out_at_once_and_once`
+//! run of docs/performance-history.md (kill case: post one `ack_wait` after the answer before the
+//! fix, with it after) and `data_path::posts_waiting_when_a_daemon_starts_serving_are_fanned_out_at_once_and_once`
 //! (deterministic) are the evidence for that fix, not this test.
 
 use std::process::Command;

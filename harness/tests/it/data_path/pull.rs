@@ -1,7 +1,7 @@
 //! The fan-out writer's and the trusted reader's pull requests live [`PULL_EXPIRES`], an idle
 //! loop asks again when one expires, and a loop whose requests the broker lost (a restart)
 //! asks again as soon as its connection is back, not when its last request would have expired
-//! (`plane/pull.rs`; docs/performance.md, "The drain, fourth look").
+//! (`plane/pull.rs`; docs/performance-history.md, "The drain, fourth look").
 //!
 //! Judged from the requests themselves: the test subscribes to the two durables'
 //! `$JS.API.CONSUMER.MSG.NEXT` subjects in the space's account, so it sees each request the
