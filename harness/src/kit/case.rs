@@ -13,19 +13,6 @@ use super::expr::{self, Duration, Vars};
 use super::shape::{MeshSpec, Shape};
 use super::steps::{self, Step};
 
-/// The families of the catalogue, fixed (issue 30): each a directory of `cases/`.
-pub const FAMILIES: &[&str] = &[
-    "lifecycle",
-    "data-path",
-    "retired",
-    "oversized",
-    "broker-gone",
-    "credentials",
-    "standby",
-    "admin",
-    "bad-input",
-];
-
 /// The seed documents a sentence may be quoted from.
 pub const SEEDS: &[&str] = &[
     "delivery-daemon-concept.txt",
@@ -142,6 +129,31 @@ pub struct Case {
 /// Keys of a `[[step]]` table that are modifiers, not verbs.
 const MODIFIERS: &[&str] = &["mark", "since", "within", "at_least", "figure"];
 
+/// The 1-based line of the first line of `text` starting with `key` (0 when none does).
+fn field_line(text: &str, key: &str) -> usize {
+    text.lines()
+        .position(|l| l.trim_start().starts_with(key))
+        .map(|i| i + 1)
+        .unwrap_or(0)
+}
+
+/// The name of the folder `path` is in (empty when it has none).
+pub fn folder_of(path: &Path) -> String {
+    path.parent()
+        .and_then(|d| d.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Whether `name` can be a family: a folder of `cases/` and the first half of a case id.
+pub fn is_family_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())]
         .bytes()
@@ -151,14 +163,27 @@ fn line_of(text: &str, offset: usize) -> usize {
 }
 
 impl Case {
-    /// Reads and checks `path`.
+    /// Reads and checks `path`: a family is a folder, so the case's `family` must be the name
+    /// of the folder it is in (`cases/<family>/<name>.toml`).
     pub fn load(path: &Path) -> Result<Case, LoadError> {
         let text = std::fs::read_to_string(path).map_err(|e| LoadError {
             file: path.to_path_buf(),
             line: 0,
             message: format!("cannot read it: {e}"),
         })?;
-        Case::parse(&text, path)
+        let case = Case::parse(&text, path)?;
+        let folder = folder_of(path);
+        if case.family != folder {
+            return Err(LoadError {
+                file: path.to_path_buf(),
+                line: field_line(&text, "family"),
+                message: format!(
+                    "family {:?} is not its folder {folder:?} (a family is a folder: cases/<family>/<name>.toml)",
+                    case.family
+                ),
+            });
+        }
+        Ok(case)
     }
 
     /// Parses `text` as the case file at `path`.
@@ -172,19 +197,13 @@ impl Case {
             let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
             err(line, e.message().trim().to_string())
         })?;
-        let field_line = |key: &str| {
-            text.lines()
-                .position(|l| l.trim_start().starts_with(key))
-                .map(|i| i + 1)
-                .unwrap_or(0)
-        };
-        if !FAMILIES.contains(&raw.family.as_str()) {
+        let field_line = |key: &str| field_line(text, key);
+        if !is_family_name(&raw.family) {
             return Err(err(
                 field_line("family"),
                 format!(
-                    "family {:?} is not one of {}",
-                    raw.family,
-                    FAMILIES.join(", ")
+                    "family {:?} is not a folder name (lower-case letters, digits and '-')",
+                    raw.family
                 ),
             ));
         }

@@ -40,7 +40,7 @@ pub mod under_test;
 pub mod watch;
 pub mod world;
 
-pub use case::{Case, LoadError, FAMILIES};
+pub use case::{Case, LoadError};
 pub use catalogue::Catalogue;
 pub use failure::{Failure, StepResult};
 pub use run::{run_case, CaseRun, StepFailure};

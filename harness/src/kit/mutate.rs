@@ -66,7 +66,7 @@ pub struct MutationResult {
 pub fn load(cat: &Catalogue, workspace: &Path) -> Result<Vec<Mutation>, Vec<String>> {
     let mut all = Vec::new();
     let mut errors = Vec::new();
-    for family in super::case::FAMILIES {
+    for family in &cat.families {
         let path = cat.root.join(family).join("mutations.toml");
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;

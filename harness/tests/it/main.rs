@@ -1,7 +1,8 @@
 //! The harness's integration tests: one binary, a module per area, each test against real
 //! `nats-server` brokers and the real daemon binary. Shared fixtures are in [`support`] and in
-//! the harness library; snapshots are in `harness/tests/snapshots/` (the cases' transcripts are
-//! in `cases/<family>/snapshots/`).
+//! the harness library; snapshots are in `harness/tests/snapshots/`. The catalogue's cases are
+//! the other test binary, `harness/tests/cases/` (their transcripts in
+//! `cases/<family>/snapshots/`).
 
 #[macro_use]
 mod support;
@@ -9,7 +10,6 @@ mod support;
 mod admin;
 mod anycast;
 mod brokers;
-mod cases;
 mod credentials;
 mod data_path;
 mod feed;

@@ -1,119 +1,38 @@
-//! The qualification kit's catalogue (`cases/<family>/*.toml`), every case run once per
-//! shape against this checkout's daemon in its scaled form, each transcript compared with its
-//! insta snapshot in `cases/<family>/snapshots/`. A changed transcript fails the test; read
-//! the diff before accepting it. A module per family lists its cases; a case file without a
-//! test fails `every_case_file_has_a_test`.
-
-mod admin;
-mod bad_input;
-mod broker_gone;
-mod credentials;
-mod data_path;
-mod lifecycle;
-mod oversized;
-mod retired;
-mod standby;
+//! The checks that hold the catalogue together, beside its cases: `harness run` finds the
+//! daemon as an integrator names it, docs/conformance.md names every case and only those, every
+//! case quotes its seed word for word and has a mutation that still applies.
 
 use std::path::PathBuf;
 
 use delivery_harness::kit::catalogue::{shipped_root, Catalogue};
-use delivery_harness::kit::{run_case, RunOptions};
+use libtest_mimic::Trial;
 
-/// Runs case `id` of the shipped catalogue on each of its shapes, scaled.
-pub async fn check(id: &str) {
-    let cat = Catalogue::load(&shipped_root()).unwrap_or_else(|errors| {
-        panic!(
-            "the catalogue loads: {}",
-            errors
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
-    });
-    let case = cat
-        .cases
-        .iter()
-        .find(|c| c.id == id)
-        .unwrap_or_else(|| panic!("no case {id}"));
-    let opts = RunOptions {
-        scaled: true,
-        ..RunOptions::default()
-    };
-    for shape in &case.shapes {
-        let run = run_case(case, shape, &opts, None).await;
-        for (figure, ms) in &run.figures {
-            eprintln!("MEASURED {id} [{shape}] {figure}: {ms} ms");
-        }
-        if let Err(f) = &run.outcome {
-            panic!(
-                "{id} [{shape}]: {f}\n--- transcript so far ---\n{}",
-                run.transcript
-            );
-        }
-        let dir = cat.snapshot_path(case);
-        insta::with_settings!({
-            snapshot_path => dir.parent().expect("snapshots dir"),
-            prepend_module_to_snapshot => false,
-            omit_expression => true,
-        }, {
-            insta::assert_snapshot!(case.name().to_string(), run.transcript);
-        });
+/// The checks, as tests named `catalogue::<check>`.
+pub fn all() -> Vec<Trial> {
+    fn trial(name: &str, check: fn()) -> Trial {
+        Trial::test(format!("catalogue::{name}"), move || {
+            check();
+            Ok(())
+        })
     }
-}
-
-macro_rules! cases {
-    ($family:literal: $($(#[$doc:meta])* $test:ident => $name:literal),* $(,)?) => {
-        $(
-            $(#[$doc])*
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() {
-                super::check(concat!($family, "/", $name)).await;
-            }
-        )*
-
-        /// The case files of this family that have a test above.
-        pub const LISTED: &[&str] = &[$(concat!($family, "/", $name)),*];
-    };
-}
-pub(crate) use cases;
-
-/// Every case of the catalogue is run by one of the tests of its family's module, and the
-/// catalogue loads (ids match places, families known, every step parses).
-/// Mutation seen failing: a case file added without its line in the family's module.
-#[test]
-fn every_case_file_has_a_test() {
-    let cat = Catalogue::load(&shipped_root()).unwrap_or_else(|errors| {
-        panic!(
-            "the catalogue loads: {}",
-            errors
-                .iter()
-                .map(|e| e.to_string())
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
-    });
-    let listed: Vec<&str> = [
-        admin::LISTED,
-        bad_input::LISTED,
-        broker_gone::LISTED,
-        data_path::LISTED,
-        lifecycle::LISTED,
-        oversized::LISTED,
-        credentials::LISTED,
-        retired::LISTED,
-        standby::LISTED,
+    vec![
+        trial(
+            "harness_run_resolves_a_relative_daemon_path_against_the_callers_directory",
+            harness_run_resolves_a_relative_daemon_path_against_the_callers_directory,
+        ),
+        trial(
+            "the_conformance_matrix_names_every_case_and_only_cases_that_exist",
+            the_conformance_matrix_names_every_case_and_only_cases_that_exist,
+        ),
+        trial(
+            "every_case_quotes_its_seed_word_for_word",
+            every_case_quotes_its_seed_word_for_word,
+        ),
+        trial(
+            "every_case_has_a_mutation_that_still_applies",
+            every_case_has_a_mutation_that_still_applies,
+        ),
     ]
-    .concat();
-    for c in &cat.cases {
-        assert!(listed.contains(&c.id.as_str()), "case {} has no test", c.id);
-    }
-    for id in &listed {
-        assert!(
-            cat.cases.iter().any(|c| c.id == *id),
-            "test of a missing case {id}"
-        );
-    }
 }
 
 /// `harness run` with `--daemon` given as an integrator types it from the README, relative to
@@ -121,7 +40,6 @@ fn every_case_file_has_a_test() {
 /// target dir): the case runs the daemon in its own root, and passes.
 /// Mutation seen failing: `from_caller` returning the path unchanged (`--daemon
 /// target/debug/cotal-delivery: no such file`, exit 2).
-#[test]
 fn harness_run_resolves_a_relative_daemon_path_against_the_callers_directory() {
     let bin = delivery_harness::rig::daemon::daemon_bin().expect("the workspace's daemon binary");
     let profile = bin.parent().expect("profile dir");
@@ -155,7 +73,6 @@ fn harness_run_resolves_a_relative_daemon_path_against_the_callers_directory() {
 /// matrix and the kit cannot drift apart.
 /// Mutation seen failing: a case id removed from the matrix (and, the other way, a row naming
 /// `case lifecycle/no-such-case`).
-#[test]
 fn the_conformance_matrix_names_every_case_and_only_cases_that_exist() {
     let cat = Catalogue::load(&shipped_root()).expect("the catalogue loads");
     let matrix = std::fs::read_to_string(shipped_root().join("../docs/conformance.md"))
@@ -196,7 +113,6 @@ fn named_cases(matrix: &str) -> std::collections::BTreeSet<String> {
 /// documents): whitespace may be re-flowed and typographic quotes typed plainly, nothing else.
 /// Mutation seen failing: a word of a case's sentence changed (`a second binding` for `a second
 /// binding the same durables`).
-#[test]
 fn every_case_quotes_its_seed_word_for_word() {
     fn plain(text: &str) -> String {
         text.replace(['\u{2019}', '\u{2018}'], "'")
@@ -224,7 +140,6 @@ fn every_case_quotes_its_seed_word_for_word() {
 /// text occurs exactly once in its file, its case exists. A daemon change that moves a mutated
 /// line makes the mutation stale here, in CI, not silently at the next `harness mutate`.
 /// Mutation seen failing: a case's only mutation removed from its family's mutations.toml.
-#[test]
 fn every_case_has_a_mutation_that_still_applies() {
     let cat = Catalogue::load(&shipped_root()).expect("the catalogue loads");
     let workspace = shipped_root().join("..");
