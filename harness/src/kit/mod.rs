@@ -23,10 +23,11 @@
 //! | what the world holds | `steps/verb.rs`, `watch.rs`, `shape.rs` |
 //! | the daemon under test | `under_test.rs` |
 //! | command templates | `template.rs` |
-//! | ground | `failure.rs`, `expr.rs`, `transcript.rs`, `results.rs` |
+//! | ground | `failure.rs`, `expr.rs`, `transcript.rs`, `results.rs`, `conformance.rs` |
 
 pub mod case;
 pub mod catalogue;
+pub mod conformance;
 pub mod expr;
 pub mod failure;
 pub mod mutate;
