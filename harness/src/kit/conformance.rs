@@ -218,7 +218,7 @@ impl Proof {
 /// One item of the map: the sentence as quoted, the seed section it is listed under, its
 /// proof (and the text of its proof line, for the names it gives), and its line in the map.
 #[derive(Debug, Clone)]
-pub struct Item {
+pub struct MapItem {
     pub seed: String,
     pub sentence: String,
     pub proof: Proof,
@@ -229,7 +229,7 @@ pub struct Item {
 /// The map as docs/conformance.md writes it.
 #[derive(Debug, Default)]
 pub struct Map {
-    pub items: Vec<Item>,
+    pub items: Vec<MapItem>,
     /// The out-of-scope reasons by key.
     pub reasons: BTreeMap<String, String>,
     /// The counts line: `Counts: …`.
@@ -345,7 +345,7 @@ pub fn parse_map(md: &str) -> Result<Map, Vec<String>> {
             ));
             continue;
         };
-        map.items.push(Item {
+        map.items.push(MapItem {
             seed,
             sentence: sentence.to_string(),
             proof,
@@ -361,7 +361,7 @@ pub fn parse_map(md: &str) -> Result<Map, Vec<String>> {
 }
 
 /// The counts line the map must carry: how many items of each kind.
-pub fn counts_line(items: &[Item]) -> String {
+pub fn counts_line(items: &[MapItem]) -> String {
     let n = |k: &str| items.iter().filter(|i| i.proof.kind() == k).count();
     format!(
         "Counts: {} sentences; {} proved by cases, {} by Rust tests, {} restated, {} out of scope, {} owed.",
@@ -460,7 +460,7 @@ mod tests {
         let fns = functions();
         let case_id = regex::Regex::new(r"^[a-z-]+/[a-z0-9-]+$").expect("pattern");
         let mut errors = Vec::new();
-        let mut by_plain: BTreeMap<String, &Item> = BTreeMap::new();
+        let mut by_plain: BTreeMap<String, &MapItem> = BTreeMap::new();
         for item in &map.items {
             let p = plain(&item.sentence);
             let at = format!("docs/conformance.md:{}", item.line);
@@ -518,7 +518,7 @@ mod tests {
         for item in &map.items {
             if let Proof::Same(start) = &item.proof {
                 let start = plain(start);
-                let targets: Vec<&&Item> = by_plain
+                let targets: Vec<&&MapItem> = by_plain
                     .iter()
                     .filter(|(p, i)| p.starts_with(&start) && i.line != item.line)
                     .map(|(_, i)| i)
