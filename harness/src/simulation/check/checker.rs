@@ -429,6 +429,14 @@ fn leaks<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report) {
                     f.frame.handed_off_ms.unwrap_or(f.ms),
                 ) {
                     Standing::Inside | Standing::InGap | Standing::Either => {}
+                    Standing::Outside
+                        if model.handed_off_before_leave(
+                            member,
+                            p.channel,
+                            seq,
+                            p.op.invoke_ms,
+                            f.frame.handed_off_ms.unwrap_or(f.ms),
+                        ) == Some(true) => {}
                     Standing::Outside => {
                         report.leaked.push(leak(LeakKind::OutsideInterval));
                         continue;

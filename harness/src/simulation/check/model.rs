@@ -771,6 +771,40 @@ impl<'h> Model<'h> {
         }
     }
 
+    /// By the row log: whether a frame of `seq`, past the leave cursor of `member`'s generation
+    /// on `channel`, may have been handed off by a decision taken before the leave was written
+    /// (the daemon's strict boundary: "reader decisions taken before the write … finish before
+    /// the answer"). Its post was invoked before the row carried the cursor, and its hand-off
+    /// was stamped no later than the leave's answer (when the leave was answered). `None` when
+    /// the sequence is past no leave the log knows.
+    pub fn handed_off_before_leave(
+        &self,
+        member: &Member,
+        channel: &str,
+        seq: u64,
+        invoked: Ms,
+        stamped: Ms,
+    ) -> Option<bool> {
+        let log = self.rows.members.as_ref()?;
+        let (generation, left_ms) = log
+            .get(&(member.clone(), channel.to_string()))?
+            .past_leave(seq)?;
+        let skew = self.cfg.stamp_skew_ms;
+        if invoked > left_ms.saturating_add(skew) {
+            return Some(false);
+        }
+        let answered = self
+            .ops_of(member)
+            .iter()
+            .filter(|o| {
+                matches!(&o.call, Call::Leave { channel: c, generation: g } if c == channel && *g == generation)
+            })
+            .filter_map(|o| o.outcome.ok_ms())
+            .filter(|ok| *ok + skew >= left_ms)
+            .min();
+        Some(answered.is_none_or(|a| stamped <= a.saturating_add(skew)))
+    }
+
     /// Whether `member` ever had a row on `channel` (by the log) or asked to join it.
     pub fn knows_channel(&self, member: &Member, channel: &str) -> bool {
         match &self.rows.members {

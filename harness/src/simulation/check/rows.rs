@@ -124,6 +124,9 @@ pub(crate) struct Settled {
     pub generation: u64,
     pub join: u64,
     pub end: Option<u64>,
+    /// When the row first carried the leave cursor that ends it (the broker's stamp), if a
+    /// leave ended it.
+    pub left_ms: Option<Ms>,
 }
 
 impl Settled {
@@ -206,6 +209,7 @@ impl KeyMembership {
                         generation: s.generation,
                         join: s.join,
                         end: s.leave,
+                        left_ms: None,
                     }),
                     differs_above: s.join,
                 });
@@ -234,6 +238,7 @@ impl KeyMembership {
                         generation: s.generation,
                         join: s.join,
                         end: s.leave,
+                        left_ms: None,
                     }),
                     differs_above: s.join,
                 });
@@ -273,17 +278,44 @@ impl KeyMembership {
                             generation: *g,
                             join,
                             end: Some(l),
+                            left_ms: None,
                         }),
                         differs_above: l,
                     });
                 }
             }
+            // The first state of this generation carrying the leave cursor it ends with.
+            let left_ms = match last.1.leave {
+                Some(l) => of_g
+                    .iter()
+                    .rev()
+                    .take_while(|(_, x)| x.leave == Some(l))
+                    .last()
+                    .map(|(i, _)| states[*i].0),
+                None => None,
+            };
             self.settled.push(Settled {
                 generation: *g,
                 join,
                 end,
+                left_ms,
             });
         }
+    }
+
+    /// For a sequence outside every settled interval: the generation whose leave cursor it is
+    /// past (the latest such), and when the row first carried that cursor. A hand-off decided
+    /// before that write read the row without it (the daemon's strict boundary lets such a
+    /// decision finish, before the leave is answered).
+    pub fn past_leave(&self, seq: u64) -> Option<(u64, Ms)> {
+        if self.settled.iter().any(|s| s.admits(seq)) {
+            return None;
+        }
+        self.settled
+            .iter()
+            .filter(|s| s.end.is_some_and(|e| seq > e) && seq > s.join)
+            .filter_map(|s| s.left_ms.map(|t| (s.generation, t)))
+            .next_back()
     }
 
     /// Where `seq` stands for checks that ran within `[from, to]` (with `skew` either side).
