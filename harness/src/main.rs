@@ -10,7 +10,7 @@
 
 mod cli;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,12 +36,23 @@ enum Action {
     /// Run case files and print each normalised transcript and its figures.
     Run(cli::run::RunArgs),
     /// Apply each mutation kept beside the cases to a scratch copy of this checkout, build the
-    /// daemon there and run the case that must fail: KILLED or SURVIVED.
+    /// daemon there and run the case that must fail: KILLED or SURVIVED (from a checkout only:
+    /// an unpacked kit has no sources to edit).
     Mutate(cli::mutate::MutateArgs),
     /// Run a seeded workload and nemesis against a live mesh, record the history, check it:
     /// valid (exit 0), invalid (1) or unknown (2). docs/simulation.md explains the run.
     #[command(long_about = cli::simulate::SIMULATE_ABOUT)]
     Simulate(cli::simulate::SimulateArgs),
+}
+
+/// `harness --version`: the version and the catalogue the binary carries.
+fn version() -> &'static str {
+    let text = format!(
+        "{} (carries a catalogue of {})",
+        env!("CARGO_PKG_VERSION"),
+        delivery_harness::kit::carried::named()
+    );
+    Box::leak(text.into_boxed_str())
 }
 
 fn main() {
@@ -54,7 +65,8 @@ fn main() {
             nix::sys::signal::SigHandler::SigDfl,
         );
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().version(version()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let cwd = std::env::current_dir().unwrap_or_default();
     match cli.command {
         Action::Qualify(args) => cli::qualify::run(args, &cwd),

@@ -1,16 +1,19 @@
 //! What every subcommand shares: the daemon under test from its flags, paths as the caller typed
-//! them, the refusal line (exit 2), the runtime, atomic report writes and the catalogue.
+//! them, the refusal line (exit 2), the exit that cleans up, the runtime, atomic report writes
+//! and the catalogue (found where `kit::catalogue::locate` says; a carried one is unpacked into
+//! a temporary directory that [`exit`] removes).
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use clap::Args;
-use delivery_harness::kit::catalogue::{self, Catalogue};
+use delivery_harness::kit::catalogue::{self, Catalogue, Origin};
 use delivery_harness::kit::{DaemonCmd, DaemonUnderTest};
 
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
-    /// The daemon binary to qualify (a `cotal-delivery` of this distribution; default: this
-    /// checkout's own build). A relative path is taken from the directory you type it in; a
+    /// The daemon binary to qualify (a `cotal-delivery` of this distribution; default: the
+    /// build of the checkout this harness runs from; an unpacked kit has none). A relative path is taken from the directory you type it in; a
     /// bare name that is no file there is looked up on PATH.
     #[arg(long, value_name = "PATH", conflicts_with = "daemon_cmd")]
     pub daemon: Option<PathBuf>,
@@ -21,7 +24,9 @@ pub struct DaemonArgs {
     /// --root {root} [ --tls-ca {tls_ca} ]'.
     #[arg(long, value_name = "TEMPLATE")]
     pub daemon_cmd: Option<String>,
-    /// The nats-server binary (default: NATS_SERVER_BIN, then .tools/, then PATH).
+    /// The nats-server binary (default: NATS_SERVER_BIN, then .tools/ beside the harness or
+    /// above it or the current directory, then PATH); 2.15.1 or newer, checked before the
+    /// first case.
     #[arg(long, value_name = "PATH")]
     pub nats_server: Option<PathBuf>,
     /// Run the scaled form of the cases that run at the shipped defaults (their [scaled]
@@ -31,10 +36,21 @@ pub struct DaemonArgs {
     pub scaled: bool,
 }
 
+/// The temporary directory a carried catalogue was unpacked into, for [`exit`] to remove.
+static UNPACKED: Mutex<Option<tempfile::TempDir>> = Mutex::new(None);
+
+/// Ends the process with `code`, removing what the run unpacked.
+pub fn exit(code: i32) -> ! {
+    if let Ok(mut held) = UNPACKED.lock() {
+        drop(held.take());
+    }
+    std::process::exit(code);
+}
+
 /// A run that could not start: the line naming why, and exit 2.
 pub fn refuse(line: &str) -> ! {
     eprintln!("harness: {line}");
-    std::process::exit(2);
+    exit(2);
 }
 
 /// `path` as the caller meant it: relative to the directory the command is typed in; a bare
@@ -94,7 +110,7 @@ pub fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, Str
         std::env::set_var(delivery_harness::rig::server_bin::NATS_SERVER_BIN_ENV, &bin);
     }
     if let Err(e) = delivery_harness::nats_server_bin() {
-        refuse(&format!("no usable nats-server: {e} (ci/install-nats-server installs one; or pass --nats-server)"));
+        refuse(&format!("no usable {e}; or pass --nats-server PATH"));
     }
     match (&args.daemon, &args.daemon_cmd) {
         (_, Some(t)) => {
@@ -134,7 +150,7 @@ pub fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, Str
         }
         (None, None) => {
             let bin = delivery_harness::rig::daemon::daemon_bin()
-                .unwrap_or_else(|e| refuse(&format!("the checkout's daemon: {e}")));
+                .unwrap_or_else(|e| refuse(&format!("no --daemon or --daemon-cmd: {e}")));
             let v = version_of(&bin);
             (DaemonUnderTest::Workspace, bin.display().to_string(), v)
         }
@@ -154,14 +170,46 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap_or_else(|e| refuse(&format!("could not start the runtime: {e}")))
 }
 
-pub fn load_catalogue(dir: Option<PathBuf>, cwd: &Path) -> Catalogue {
-    let root = dir
-        .map(|d| from_caller(d, cwd))
-        .unwrap_or_else(catalogue::shipped_root);
-    Catalogue::load(&root).unwrap_or_else(|errors| {
+/// A run's catalogue, where it was found, and its digest.
+pub struct Loaded {
+    pub cat: Catalogue,
+    pub origin: Origin,
+    pub digest: String,
+}
+
+impl Loaded {
+    /// `<origin> (<path>), <n> cases, <digest>` (the path only when it outlives the run).
+    pub fn describe(&self) -> String {
+        let place = match self.origin {
+            Origin::Carried => String::new(),
+            _ => format!(" ({})", self.cat.root.display()),
+        };
+        format!(
+            "{}{place}, {} cases, {}",
+            self.origin,
+            self.cat.cases.len(),
+            self.digest
+        )
+    }
+}
+
+pub fn load_catalogue(dir: Option<PathBuf>, cwd: &Path) -> Loaded {
+    let mut found =
+        catalogue::locate(dir.map(|d| from_caller(d, cwd))).unwrap_or_else(|e| refuse(&e));
+    if let Some(tmp) = found.unpacked.take() {
+        if let Ok(mut held) = UNPACKED.lock() {
+            *held = Some(tmp);
+        }
+    }
+    let cat = Catalogue::load(&found.root).unwrap_or_else(|errors| {
         for e in &errors {
             eprintln!("harness: {e}");
         }
         refuse(&format!("{} case file(s) refused", errors.len()));
-    })
+    });
+    Loaded {
+        cat,
+        origin: found.origin,
+        digest: found.digest,
+    }
 }

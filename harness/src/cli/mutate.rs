@@ -5,10 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use delivery_harness::kit::{catalogue, mutate};
+use delivery_harness::kit::mutate;
 
 use super::common::{
-    daemon_under_test, from_caller, load_catalogue, refuse, runtime, write_atomic, DaemonArgs,
+    daemon_under_test, exit, from_caller, load_catalogue, refuse, runtime, write_atomic, DaemonArgs,
 };
 
 #[derive(Debug, Args)]
@@ -39,6 +39,16 @@ pub struct MutateArgs {
     pub control: bool,
 }
 
+/// The checkout whose sources every mutation edits: the one this harness was built in, when it
+/// runs from inside it. An unpacked kit has no sources, so it is told plainly.
+fn sources() -> PathBuf {
+    delivery_harness::rig::checkout::root().unwrap_or_else(|| {
+        refuse(
+            "harness mutate edits and builds this repository's sources (daemon/, cases/), and this harness runs outside the checkout it was built in (an unpacked kit, a copied binary): run it from a cotal-delivery checkout, `cargo run -p delivery-harness -- mutate`",
+        )
+    })
+}
+
 pub fn run(args: MutateArgs, cwd: &Path) -> ! {
     let MutateArgs {
         only,
@@ -52,11 +62,9 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
     if simulation {
         simulation_mutants(only, list, scratch, json, nats_server, control, cwd)
     }
-    let workspace = catalogue::shipped_root()
-        .parent()
-        .and_then(|p| p.canonicalize().ok())
-        .unwrap_or_default();
-    let cat = load_catalogue(None, cwd);
+    let workspace = sources();
+    let loaded = load_catalogue(Some(workspace.join("cases")), cwd);
+    let cat = loaded.cat;
     let all = mutate::load(&cat, &workspace).unwrap_or_else(|errors| {
         for e in &errors {
             eprintln!("harness: {e}");
@@ -79,7 +87,7 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
         for m in &selected {
             println!("{}\t{}\t{}\t{}", m.id, m.case, m.file, m.why);
         }
-        std::process::exit(0);
+        exit(0);
     }
     let _ = daemon_under_test(
         &DaemonArgs {
@@ -128,7 +136,7 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
             refuse(&format!("write the JSON: {e}"));
         }
     }
-    std::process::exit(if bad == 0 { 0 } else { 1 });
+    exit(if bad == 0 { 0 } else { 1 });
 }
 
 /// `harness mutate --simulation`: each broken daemon build of cases/simulation-mutations.toml
@@ -143,10 +151,7 @@ fn simulation_mutants(
     cwd: &Path,
 ) -> ! {
     use delivery_harness::simulation::mutants;
-    let workspace = catalogue::shipped_root()
-        .parent()
-        .and_then(|p| p.canonicalize().ok())
-        .unwrap_or_default();
+    let workspace = sources();
     let all = mutants::load(&workspace).unwrap_or_else(|errors| {
         for e in &errors {
             eprintln!("harness: {e}");
@@ -164,7 +169,7 @@ fn simulation_mutants(
         for m in &selected {
             println!("{}\tseed {}\t{}\t{}", m.id, m.seed, m.file, m.why);
         }
-        std::process::exit(0);
+        exit(0);
     }
     let _ = daemon_under_test(
         &DaemonArgs {
@@ -223,5 +228,5 @@ fn simulation_mutants(
     let killed = results
         .iter()
         .all(|r| r.fate == mutants::MutantFate::Killed);
-    std::process::exit(if killed { 0 } else { 1 });
+    exit(if killed { 0 } else { 1 });
 }

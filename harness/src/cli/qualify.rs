@@ -8,8 +8,8 @@ use delivery_harness::kit::results::Subject;
 use delivery_harness::kit::RunOptions;
 
 use super::common::{
-    daemon_under_test, from_caller, load_catalogue, refuse, runtime, version_of, write_atomic,
-    DaemonArgs,
+    daemon_under_test, exit, from_caller, load_catalogue, refuse, runtime, version_of,
+    write_atomic, DaemonArgs,
 };
 
 #[derive(Debug, Args)]
@@ -40,15 +40,23 @@ pub struct QualifyArgs {
     pub junit: Option<PathBuf>,
     /// Keep every case's broker and daemon logs under DIR (failed cases' logs are kept
     /// under ./qualify-logs/ without it).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "results")]
     pub keep: Option<PathBuf>,
-    /// The catalogue (default: this checkout's cases/).
+    /// Write the bundle to attach to a release into DIR (created; it must be empty):
+    /// report.json, junit.xml, summary.txt (the table), versions.json (harness, daemon,
+    /// nats-server, the catalogue's digest, the command line) and logs/ with the broker and
+    /// daemon logs of every case that did not pass.
+    #[arg(long, value_name = "DIR")]
+    pub results: Option<PathBuf>,
+    /// The catalogue (default: cases/ beside the harness binary, else the checkout's when the
+    /// harness runs from inside the checkout it was built in, else the one the binary carries:
+    /// `harness --version` names it).
     #[arg(long, value_name = "DIR")]
     #[arg(alias = "scenarios")]
     pub cases: Option<PathBuf>,
 }
 
-pub fn run(args: QualifyArgs, cwd: &Path) {
+pub fn run(args: QualifyArgs, cwd: &Path) -> ! {
     let QualifyArgs {
         daemon,
         only,
@@ -59,9 +67,11 @@ pub fn run(args: QualifyArgs, cwd: &Path) {
         json,
         junit,
         keep,
+        results,
         cases,
     } = args;
-    let cat = load_catalogue(cases, cwd);
+    let loaded = load_catalogue(cases, cwd);
+    let cat = &loaded.cat;
     let cases = cat.select(&only).unwrap_or_else(|e| refuse(&e));
     if list {
         for c in &cases {
@@ -78,15 +88,18 @@ pub fn run(args: QualifyArgs, cwd: &Path) {
                     .unwrap_or_default()
             );
         }
-        return;
+        exit(0);
     }
     let (daemon_ut, daemon_name, daemon_version) = daemon_under_test(&daemon, cwd);
     let nats = delivery_harness::nats_server_bin().unwrap_or_else(|e| refuse(&e.to_string()));
+    let results = results.map(|d| bundle_dir(cwd.join(d)));
     let subject = Subject {
         daemon: daemon_name,
         daemon_version,
         nats_server: nats.display().to_string(),
         nats_server_version: version_of(&nats),
+        catalogue: loaded.digest.clone(),
+        catalogue_origin: loaded.origin.to_string(),
     };
     println!(
         "nats-server: {} ({})",
@@ -96,6 +109,7 @@ pub fn run(args: QualifyArgs, cwd: &Path) {
         "daemon:      {} ({})",
         subject.daemon_version, subject.daemon
     );
+    println!("catalogue:   {}", loaded.describe());
     let units: usize = cases.iter().map(|c| c.shapes.len()).sum();
     println!(
         "cases:       {} ({} runs){}{}\n",
@@ -121,12 +135,43 @@ pub fn run(args: QualifyArgs, cwd: &Path) {
         repeat: usize::from(repeat),
         behaviour_only,
         keep: keep.map(|k| from_caller(k, cwd)),
-        failed_logs: cwd.join("qualify-logs"),
+        failed_logs: match &results {
+            Some(dir) => dir.join("logs"),
+            None => cwd.join("qualify-logs"),
+        },
     };
-    let report = runtime().block_on(catalogue::qualify(&cat, &cases, subject, &opts, |line| {
+    let report = runtime().block_on(catalogue::qualify(cat, &cases, subject, &opts, |line| {
         eprintln!("{line}");
     }));
     println!("{}", report.table());
+    if let Some(dir) = &results {
+        let versions = serde_json::json!({
+            "harness": env!("CARGO_PKG_VERSION"),
+            "daemon": {"under_test": report.subject.daemon, "version": report.subject.daemon_version},
+            "nats_server": {"path": report.subject.nats_server, "version": report.subject.nats_server_version},
+            "catalogue": {
+                "digest": loaded.digest,
+                "origin": loaded.origin.to_string(),
+                "cases": cat.cases.len(),
+            },
+            "command": std::env::args().collect::<Vec<_>>(),
+        });
+        for (name, text) in [
+            ("report.json", report.json()),
+            ("junit.xml", report.junit()),
+            ("summary.txt", report.table()),
+            (
+                "versions.json",
+                serde_json::to_string_pretty(&versions).unwrap_or_default(),
+            ),
+        ] {
+            let p = dir.join(name);
+            if let Err(e) = write_atomic(&p, &text) {
+                refuse(&format!("write {}: {e}", p.display()));
+            }
+        }
+        println!("results:     {}", dir.display());
+    }
     if let Some(p) = json {
         let p = from_caller(p, cwd);
         if let Err(e) = write_atomic(&p, &report.json()) {
@@ -139,5 +184,21 @@ pub fn run(args: QualifyArgs, cwd: &Path) {
             refuse(&format!("write {}: {e}", p.display()));
         }
     }
-    std::process::exit(report.exit_code());
+    exit(report.exit_code());
+}
+
+/// The `--results` directory: created, or an empty one; a bundle never mixes two runs.
+fn bundle_dir(dir: PathBuf) -> PathBuf {
+    if let Ok(mut entries) = std::fs::read_dir(&dir) {
+        if entries.next().is_some() {
+            refuse(&format!(
+                "--results {}: the directory is not empty (a bundle holds one run)",
+                dir.display()
+            ));
+        }
+    }
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        refuse(&format!("--results {}: {e}", dir.display()));
+    }
+    dir
 }

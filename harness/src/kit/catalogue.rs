@@ -28,9 +28,81 @@ pub struct Catalogue {
     pub cases: Vec<Case>,
 }
 
-/// The catalogue this checkout ships.
+/// The checkout's own `cases/` (tests read it; the `harness` binary finds its catalogue with
+/// [`locate`]). Empty when this binary runs outside its checkout.
 pub fn shipped_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../cases")
+    crate::rig::checkout::root()
+        .map(|r| r.join("cases"))
+        .unwrap_or_default()
+}
+
+/// Where a run's catalogue was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// `--cases DIR`.
+    Given,
+    /// `cases/` beside the harness binary (an unpacked kit).
+    BesideBinary,
+    /// The checkout's `cases/`, the harness running from inside the checkout it was built in.
+    Checkout,
+    /// Carried in the harness binary, unpacked into a temporary directory for the run.
+    Carried,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Origin::Given => "given with --cases",
+            Origin::BesideBinary => "beside the harness binary",
+            Origin::Checkout => "the checkout's cases/",
+            Origin::Carried => "carried in the harness binary",
+        })
+    }
+}
+
+/// A catalogue directory found for a run: where, how, its digest (`kit::carried`'s), and the
+/// temporary directory the carried one was unpacked into (removed when this is dropped).
+#[derive(Debug)]
+pub struct Located {
+    pub root: PathBuf,
+    pub origin: Origin,
+    pub digest: String,
+    pub unpacked: Option<tempfile::TempDir>,
+}
+
+/// The catalogue of a run: `given` (`--cases`), else `cases/` beside the running binary, else
+/// the checkout's when the binary runs from inside the checkout it was built in, else the one
+/// the binary carries.
+pub fn locate(given: Option<PathBuf>) -> Result<Located, String> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|d| d.join("cases")))
+        .filter(|d| d.is_dir());
+    let checkout = crate::rig::checkout::root()
+        .map(|r| r.join("cases"))
+        .filter(|d| d.is_dir());
+    let (root, origin, unpacked) = match (given, beside, checkout) {
+        (Some(dir), _, _) => (dir, Origin::Given, None),
+        (None, Some(dir), _) => (dir, Origin::BesideBinary, None),
+        (None, None, Some(dir)) => (dir, Origin::Checkout, None),
+        (None, None, None) => {
+            let tmp = tempfile::Builder::new()
+                .prefix("harness-catalogue-")
+                .tempdir()
+                .map_err(|e| format!("unpack the carried catalogue: {e}"))?;
+            super::carried::unpack(tmp.path())
+                .map_err(|e| format!("unpack the carried catalogue: {e}"))?;
+            (tmp.path().to_path_buf(), Origin::Carried, Some(tmp))
+        }
+    };
+    let digest = super::carried::digest_of_dir(&root)
+        .map_err(|e| format!("read the catalogue {}: {e}", root.display()))?;
+    Ok(Located {
+        root,
+        origin,
+        digest,
+        unpacked,
+    })
 }
 
 impl Catalogue {

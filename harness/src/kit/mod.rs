@@ -23,8 +23,9 @@
 //! | what the world holds | `steps/verb.rs`, `watch.rs`, `shape.rs` |
 //! | the daemon under test | `under_test.rs` |
 //! | command templates | `template.rs` |
-//! | ground | `failure.rs`, `expr.rs`, `transcript.rs`, `results.rs`, `conformance.rs` |
+//! | ground | `carried.rs`, `failure.rs`, `expr.rs`, `transcript.rs`, `results.rs`, `conformance.rs` |
 
+pub mod carried;
 pub mod case;
 pub mod catalogue;
 pub mod conformance;

@@ -105,6 +105,9 @@ pub struct Subject {
     pub daemon_version: String,
     pub nats_server: String,
     pub nats_server_version: String,
+    /// The catalogue's digest (`sha256:…`, `kit::carried`) and where it was found.
+    pub catalogue: String,
+    pub catalogue_origin: String,
 }
 
 /// The whole run.
@@ -415,6 +418,8 @@ mod tests {
             daemon_version: "1".into(),
             nats_server: "n".into(),
             nats_server_version: "2.15.1".into(),
+            catalogue: "sha256:0".into(),
+            catalogue_origin: "given with --cases".into(),
         }
     }
 

@@ -58,10 +58,11 @@ fn workspace_daemon_bin() -> Result<PathBuf, HarnessError> {
     if candidate.is_file() && same_build(&candidate, cotal_delivery::BUILD_ID).is_ok() {
         return Ok(candidate);
     }
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let workspace = crate::rig::checkout::root().ok_or_else(|| {
+        HarnessError::Usage(
+            "this harness runs outside the checkout it was built in (an unpacked kit, a copied binary), so it has no daemon build of its own: name the daemon to qualify with --daemon PATH or --daemon-cmd TEMPLATE (or COTAL_DELIVERY_BIN)".into(),
+        )
+    })?;
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .args([

@@ -16,10 +16,11 @@
 //! | views of brokers | `cluster.rs`, `connz.rs` |
 //! | processes and links | `broker.rs`, `proxy.rs`, `daemon.rs`, `events.rs` |
 //! | parts | `http.rs`, `process.rs`, `server_bin.rs`, `tls.rs`, `wait.rs`, `proxy/delay.rs`, `proxy/latency.rs`, `proxy/route.rs` |
-//! | ground | `error.rs`, `frames.rs` |
+//! | ground | `checkout.rs`, `error.rs`, `frames.rs` |
 
 pub mod agent;
 pub mod broker;
+pub mod checkout;
 pub mod cluster;
 pub mod connz;
 pub mod daemon;

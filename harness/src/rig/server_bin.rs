@@ -14,7 +14,9 @@ pub const MIN_VERSION: (u64, u64, u64) = (2, 15, 1);
 /// Where `ci/install-nats-server` puts the binary, relative to the workspace root.
 pub const PROJECT_LOCAL_BIN: &str = ".tools/nats-server-2.15.1/nats-server";
 
-const FIX: &str = "run ci/install-nats-server, or set NATS_SERVER_BIN";
+/// How to get a good one (the script is `ci/install-nats-server` in a checkout and in the kit).
+const FIX: &str =
+    "ci/install-nats-server installs v2.15.1 and prints its path (for NATS_SERVER_BIN)";
 
 /// The nats-server to run: `$NATS_SERVER_BIN`, else the project-local install, else `nats-server`
 /// on `PATH`. The chosen binary must answer `--version` with at least v2.15.1.
@@ -58,20 +60,21 @@ fn locate() -> Result<PathBuf, HarnessError> {
         return Ok(p);
     }
     Err(HarnessError::ServerBinary(format!(
-        "no nats-server found ({NATS_SERVER_BIN_ENV} unset, no {PROJECT_LOCAL_BIN} in the workspace, none on PATH); {FIX}"
+        "no nats-server found ({NATS_SERVER_BIN_ENV} unset, no {PROJECT_LOCAL_BIN} beside the harness or above the current directory, none on PATH); {FIX}"
     )))
 }
 
-/// The project-local binary: from the workspace root known at compile time, else by walking up
-/// from the current directory (a test binary copied elsewhere, a moved checkout).
+/// The project-local binary (where `ci/install-nats-server` puts it): beside the running
+/// executable or above it (a checkout's `target/<profile>/harness`, an unpacked kit's
+/// `harness`), else above the current directory. Never the compile-time checkout: a harness
+/// copied elsewhere uses the broker beside it (`rig::checkout`).
 fn project_local() -> Option<PathBuf> {
-    let compiled = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let from_manifest = compiled.parent().map(|root| root.join(PROJECT_LOCAL_BIN));
-    if let Some(p) = from_manifest.filter(|p| p.is_file()) {
-        return Some(p);
-    }
-    let cwd = std::env::current_dir().ok()?;
-    cwd.ancestors()
+    let exe = std::env::current_exe().ok();
+    let cwd = std::env::current_dir().ok();
+    let from_exe = exe.as_deref().and_then(Path::parent).into_iter();
+    from_exe
+        .chain(cwd.as_deref())
+        .flat_map(Path::ancestors)
         .map(|dir| dir.join(PROJECT_LOCAL_BIN))
         .find(|p| p.is_file())
 }

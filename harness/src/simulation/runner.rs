@@ -82,11 +82,13 @@ pub struct Finished {
 
 /// The commit of this checkout (`-dirty` when it has changes), or `unknown`.
 pub fn commit() -> String {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Some(dir) = crate::rig::checkout::root() else {
+        return "unknown".to_string();
+    };
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)
-            .current_dir(dir)
+            .current_dir(&dir)
             .output()
             .ok()
             .filter(|o| o.status.success())

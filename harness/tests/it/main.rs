@@ -17,6 +17,7 @@ mod host;
 mod inspect;
 mod lease;
 mod metrics;
+mod package;
 mod provisioning;
 mod qualify;
 mod simulation;
