@@ -236,7 +236,11 @@ fn owed_to<'h>(model: &Model<'h>, p: &Posted<'h>) -> Vec<(&'h Member, Due)> {
     match p.class {
         Class::Durable => {
             for member in model.lifecycles.keys() {
-                if *member == p.sender || !model.knows_channel(member, p.channel) {
+                // "Every live member row … not the sender": the sender is a principal, so none of
+                // its lifecycles (a retired one's successor included) is owed its post.
+                if member.principal() == p.sender.principal()
+                    || !model.knows_channel(member, p.channel)
+                {
                     continue;
                 }
                 let to = until.min(model.history.end_ms);
@@ -597,6 +601,16 @@ fn duplicates<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report)
                 }
             } else if p.id.is_none() {
                 DuplicateWhy::IdLess
+            } else if p.seq.is_some_and(|seq| {
+                model.rejoined_between(
+                    member,
+                    p.channel,
+                    seq,
+                    first.frame.handed_off_ms.unwrap_or(first.ms),
+                    again.frame.handed_off_ms.unwrap_or(again.ms),
+                )
+            }) {
+                DuplicateWhy::RejoinRace
             } else {
                 let t0 = first.frame.handed_off_ms.unwrap_or(first.ms);
                 let t1 = again.frame.handed_off_ms.unwrap_or(again.ms);

@@ -805,6 +805,26 @@ impl<'h> Model<'h> {
         Some(answered.is_none_or(|a| stamped <= a.saturating_add(skew)))
     }
 
+    /// By the row log: whether `member` rejoined `channel` between two hand-offs of `seq`
+    /// stamped at `first` and `again`, its new generation admitting `seq`.
+    pub fn rejoined_between(
+        &self,
+        member: &Member,
+        channel: &str,
+        seq: u64,
+        first: Ms,
+        again: Ms,
+    ) -> bool {
+        let skew = self.cfg.stamp_skew_ms;
+        self.rows
+            .members
+            .as_ref()
+            .and_then(|log| log.get(&(member.clone(), channel.to_string())))
+            .is_some_and(|k| {
+                k.rejoined_over(seq, first.saturating_sub(skew), again.saturating_add(skew))
+            })
+    }
+
     /// Whether `member` ever had a row on `channel` (by the log) or asked to join it.
     pub fn knows_channel(&self, member: &Member, channel: &str) -> bool {
         match &self.rows.members {

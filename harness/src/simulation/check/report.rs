@@ -171,6 +171,13 @@ pub enum DuplicateWhy {
     /// node) SIGKILLed within `BROKER_ACK_LOSS_MS` after that ack: it restarted from the
     /// consumer state it had stored before the ack. The broker's doing, not the daemon's.
     BrokerLostAck,
+    /// Allowed: a rejoin raced the post. Handed off under the generation the rejoin closed (a
+    /// decision taken before the rejoin's row was written, with the interval still open), and
+    /// again under the new generation, whose interval admits it, once the rejoin was written
+    /// (its activation catch-up); each copy carries its generation in its duplicate-suppression
+    /// id, so the broker keeps both. By the row log: the new generation was first written
+    /// between the two hand-offs.
+    RejoinRace,
     /// Not allowed: the same frame again after its ack was confirmed.
     AfterConfirmedAck,
     /// Not allowed: a second hand-off of a post with an id, with no crash to explain it.
@@ -185,6 +192,7 @@ impl DuplicateWhy {
                 | DuplicateWhy::AckUnconfirmed
                 | DuplicateWhy::CrashRedelivery
                 | DuplicateWhy::BrokerLostAck
+                | DuplicateWhy::RejoinRace
         )
     }
 }

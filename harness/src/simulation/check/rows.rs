@@ -127,6 +127,8 @@ pub(crate) struct Settled {
     /// When the row first carried the leave cursor that ends it (the broker's stamp), if a
     /// leave ended it.
     pub left_ms: Option<Ms>,
+    /// When the row first carried this generation (its join's write).
+    pub joined_ms: Ms,
 }
 
 impl Settled {
@@ -210,6 +212,7 @@ impl KeyMembership {
                         join: s.join,
                         end: s.leave,
                         left_ms: None,
+                        joined_ms: *t,
                     }),
                     differs_above: s.join,
                 });
@@ -239,6 +242,7 @@ impl KeyMembership {
                         join: s.join,
                         end: s.leave,
                         left_ms: None,
+                        joined_ms: *t,
                     }),
                     differs_above: s.join,
                 });
@@ -279,6 +283,7 @@ impl KeyMembership {
                             join,
                             end: Some(l),
                             left_ms: None,
+                            joined_ms: states[*i].0,
                         }),
                         differs_above: l,
                     });
@@ -299,6 +304,7 @@ impl KeyMembership {
                 join,
                 end,
                 left_ms,
+                joined_ms: states[first.0].0,
             });
         }
     }
@@ -316,6 +322,16 @@ impl KeyMembership {
             .filter(|s| s.end.is_some_and(|e| seq > e) && seq > s.join)
             .filter_map(|s| s.left_ms.map(|t| (s.generation, t)))
             .next_back()
+    }
+
+    /// Whether a later generation whose interval admits `seq` was first written within
+    /// `[from, to]`: a rejoin that took `seq` into its interval after a hand-off under the
+    /// generation it closed.
+    pub fn rejoined_over(&self, seq: u64, from: Ms, to: Ms) -> bool {
+        self.settled
+            .iter()
+            .skip(1)
+            .any(|s| s.admits(seq) && s.joined_ms >= from && s.joined_ms <= to)
     }
 
     /// Where `seq` stands for checks that ran within `[from, to]` (with `skew` either side).

@@ -1522,3 +1522,59 @@ fn a_frame_past_a_leave_cursor_handed_off_before_the_leave_was_written_is_no_lea
     let r = s.check();
     assert_eq!(r.leaked.len(), 1, "{}", r.summary());
 }
+
+/// A post is owed to no lifecycle of its sender's principal: "every live member row … not the
+/// sender", and the sender is the principal of the CHAT subject, so a retired lifecycle's
+/// successor is not owed its predecessor's posts. Found by seed 4402 (one broker): a successor
+/// that joined the channel before the post "lost" it.
+/// Mutation seen failing: `owed_to` comparing lifecycles (`*member == p.sender`) instead of
+/// principals (the successor's missing frame then lost).
+#[test]
+fn a_post_is_owed_to_no_lifecycle_of_its_senders_principal() {
+    let mut s = clean();
+    let successor = who("alice", "2");
+    s.provision(5, &successor, &["eng", "ops"], 9);
+    s.ok((10, 20), &agent(&successor), Call::Online, Done::Online);
+    s.join(100, &successor, "eng", 1, 0);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert!(r.lost.is_empty());
+}
+
+/// A rejoin that raced a post: the post handed off under the generation the rejoin closed
+/// (decided before the rejoin was written) and again under the new generation (its catch-up),
+/// each copy with its own duplicate-suppression id; the row log shows the new generation
+/// written between the two hand-offs, so the second is an allowed duplicate. Without a rejoin
+/// in between it is a second hand-off the seeds do not allow. Found by seed 4402 (one broker):
+/// ag18 rejoined ops at 253.2 s with cursor 530, post 531 handed off at 252.9 s under the
+/// generation before and at 254.2 s under the new one.
+/// Mutation seen failing: `duplicates` without the `RejoinRace` branch (the second frame a
+/// `second_hand_off`).
+#[test]
+fn a_post_handed_off_again_across_a_rejoin_that_raced_it_is_an_allowed_duplicate() {
+    let base = |rejoin_at: Option<Ms>| {
+        let mut s = logged();
+        if let Some(t) = rejoin_at {
+            s.member_row(&carol(), "eng", 3, t, (2, 1, None));
+            s.rows_end(3, 3);
+        }
+        let again = Surfaced {
+            channel: "eng".into(),
+            id: Some("id-t2".into()),
+            tag: Some("t2".into()),
+            chat_seq: None,
+            dlv_seq: 40,
+            handed_off_ms: Some(2400),
+            acked: true,
+        };
+        s.push(2405, agent(&carol()), Body::Frame(again));
+        s
+    };
+    let r = base(Some(2300)).check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert_eq!(r.duplicates.len(), 1);
+    assert_eq!(r.duplicates[0].why, DuplicateWhy::RejoinRace);
+    let r = base(None).check();
+    assert_eq!(r.duplicates[0].why, DuplicateWhy::SecondHandOff);
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+}
