@@ -586,10 +586,18 @@ fn duplicates<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report)
                     // A broker killed just after it confirmed the ack may restart from consumer
                     // state it stored before the ack, and deliver the frame again.
                     let lost_by_broker = model.faults.iter().any(|f| {
-                        matches!(f.kind, FaultKind::BrokerKill | FaultKind::NodeKill)
-                            && f.from_ms >= same.ms
-                            && f.from_ms <= same.ms.saturating_add(BROKER_ACK_LOSS_MS)
-                            && f.from_ms <= again.ms
+                        let killed_after =
+                            matches!(f.kind, FaultKind::BrokerKill | FaultKind::NodeKill)
+                                && f.from_ms >= same.ms
+                                && f.from_ms <= same.ms.saturating_add(BROKER_ACK_LOSS_MS);
+                        // On the cluster, a consumer leader that confirmed the ack while a node
+                        // was cut off or killed (or was about to be) may be replaced by a
+                        // follower that never got it: the new leader delivers the frame again.
+                        let leader_changed =
+                            matches!(f.kind, FaultKind::Partition | FaultKind::NodeKill)
+                                && f.from_ms <= same.ms.saturating_add(BROKER_ACK_LOSS_MS)
+                                && f.to_ms.saturating_add(BROKER_ACK_LOSS_MS) >= same.ms;
+                        (killed_after || leader_changed) && f.from_ms <= again.ms
                     });
                     if lost_by_broker {
                         DuplicateWhy::BrokerLostAck

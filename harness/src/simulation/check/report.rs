@@ -169,7 +169,10 @@ pub enum DuplicateWhy {
     CrashRedelivery,
     /// Allowed: the same frame again after its ack was confirmed, the broker (or a cluster
     /// node) SIGKILLed within `BROKER_ACK_LOSS_MS` after that ack: it restarted from the
-    /// consumer state it had stored before the ack. The broker's doing, not the daemon's.
+    /// consumer state it had stored before the ack; or, on the cluster, a node cut off or
+    /// killed around the ack (running then, or begun within that bound after it): the consumer
+    /// leader that confirmed it was replaced by a follower that never got it. The broker's
+    /// doing, not the daemon's.
     BrokerLostAck,
     /// Allowed: a rejoin raced the post. Handed off under the generation the rejoin closed (a
     /// decision taken before the rejoin's row was written, with the interval still open), and

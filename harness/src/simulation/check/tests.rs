@@ -1578,3 +1578,37 @@ fn a_post_handed_off_again_across_a_rejoin_that_raced_it_is_an_allowed_duplicate
     assert_eq!(r.duplicates[0].why, DuplicateWhy::SecondHandOff);
     assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
 }
+
+/// On the cluster, a frame delivered again after its confirmed ack is the broker's doing when a
+/// node was cut off around the ack (the consumer leader that confirmed it replaced by one that
+/// never got it); without a partition or node kill around the ack it is a duplicate the seeds
+/// do not allow. Found by seeds 4304 and 4404 (cluster, host load 24): acks confirmed while a
+/// partition or a node kill ran, the same DLV sequences delivered again 54 s later.
+/// Mutation seen failing: the `leader_changed` clause left out (the redelivery after a
+/// partition `after_confirmed_ack`).
+#[test]
+fn a_confirmed_ack_lost_to_a_partition_around_it_is_the_brokers_doing() {
+    let redelivered = |fault: Option<(Ms, Ms)>| {
+        let mut s = clean();
+        if let Some(at) = fault {
+            s.fault(at, 9, FaultKind::Partition, "node:2");
+        }
+        // Bob's t3 again, its first ack confirmed: the same DLV sequence 40 s later.
+        let again = Surfaced {
+            channel: "eng".into(),
+            id: Some("id-t3".into()),
+            tag: Some("t3".into()),
+            chat_seq: None,
+            dlv_seq: 5,
+            handed_off_ms: Some(3145),
+            acked: true,
+        };
+        s.push(3900, agent(&bob()), Body::Frame(again));
+        s.check()
+    };
+    let r = redelivered(Some((3100, 3400)));
+    assert_eq!(r.duplicates[0].why, DuplicateWhy::BrokerLostAck);
+    let r = redelivered(None);
+    assert_eq!(r.duplicates[0].why, DuplicateWhy::AfterConfirmedAck);
+    assert_eq!(r.verdict, Verdict::Invalid);
+}
