@@ -6,7 +6,9 @@
 //!
 //! Why a suite and not only tests: integrators run it before a release to watch takeover happen
 //! on their machine. The times are observations on one machine and one broker: not an SLA, and
-//! not a test of two physical hosts or of a partition.
+//! not a test of two physical hosts or of a partition. The proofs of the same takeovers are the
+//! cases of `cases/standby/` (`ci/test` runs them, and this suite only on the cluster:
+//! `smoke/tests/it/standby_cluster.rs`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -50,7 +52,7 @@ pub struct Args {
     /// `ack_wait` of the hosts' fan-out and reader durables, in milliseconds, passed to both
     /// hosts as `COTAL_DELIVERY_ACK_WAIT_MS` (unset: the daemon's 5 s). A longer one makes a
     /// post held behind a daemon's closed gate (redelivered only after `ack_wait`) stand out
-    /// from the takeover bound; `smoke/tests/it/standby.rs` uses it so.
+    /// from the takeover bound; `smoke/tests/it/standby_cluster.rs` uses it so.
     #[arg(long)]
     pub ack_wait_ms: Option<u64>,
     /// Interval of the durable sender, in milliseconds. The sender stops at the offline

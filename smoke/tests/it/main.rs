@@ -1,10 +1,10 @@
-//! The smoke suites as tests: `smoke delivery-standby` at test timings, on one broker and on
-//! the 3-node cluster; `smoke soak` at its 2-minute setting; `smoke bench-scale` at its smallest
-//! sizes.
+//! The smoke suites as tests: `smoke delivery-standby` at test timings on the 3-node cluster
+//! (on one broker its kill, return and stop are the cases of `cases/standby/`, which are their
+//! proofs; the cluster run keeps the command and its output proved, and adds the node's loss);
+//! `smoke soak` at its 2-minute setting; `smoke bench-scale` at its smallest sizes.
 
 mod scale;
 mod soak;
-mod standby;
 mod standby_cluster;
 
 /// One suite at a time: each times takeovers against its own brokers, and two at once on a

@@ -7,18 +7,29 @@
 //! the two outcomes happened, and which one the suite proved from the lease row (same holder
 //! and incarnation: the lane rode the failover; another holder: the standby took over); the
 //! process-level cases answered, and delivered the first post sent after the kill or stop,
-//! within TTL + retry + 1 s plus a 3 s margin (the hosts' `ack_wait` lengthened to 15 s, as in
-//! `standby.rs`, so a post held behind a closed gate cannot pass for a takeover). The node case's
+//! within TTL + retry + 1 s plus a 3 s margin (the hosts' `ack_wait` lengthened to 15 s, so a
+//! post held behind a closed gate, redelivered only after `ack_wait`, cannot pass for a
+//! takeover; nothing legitimate waits on it: the marker post is sent once the holder left the
+//! broker). The node case's
 //! answer includes the client's detection of the dead node (pings, 2.5 s) and R3 leader
 //! elections, so it is bounded at 20 s here and reported, not held to the lease bound; its post at
 //! 20 s plus one `ack_wait` (a first delivery lost with the node, or caught by a quiesce). The
-//! suite's 1 s answer target is held for the process-level cases, as in `standby.rs`
-//! (`assert_lease_facts`), not for the node's loss.
+//! suite's 1 s answer target is held for the process-level cases (`assert_lease_facts`), not
+//! for the node's loss.
+//!
+//! This is the one run of `smoke delivery-standby` in `ci/test`: the same takeovers on one
+//! broker are proved by the cases `standby/holder-killed-takeover`,
+//! `standby/returning-host-leaves-row` and `standby/graceful-stop-takeover` (the lease's writes
+//! from a broker watch, one create after each end, nothing lost), and the watch's wake by
+//! `host::standby` in `harness/tests/it` (retry 60 s).
 //!
 //! Mutations seen failing: `ProvisionOptions::replicas` ignoring its argument (every stream
 //! R1): the suite's R3 check on the broker refuses, exit 1. The standby lane's claim after its
 //! watch's wake delayed by one standby retry (`host/lane.rs`): the kill case's first answer 1172
-//! and 1201 ms after the row's end, beyond the 1 s target (2 runs of 2).
+//! and 1201 ms after the row's end, beyond the 1 s target (2 runs of 2). The lease bucket
+//! provisioned without expiry markers (`provision/streams.rs`): the kill and return rows end
+//! with no write, "the holder's row never ended", exit 1 (seen on the one-broker run this test
+//! replaced).
 
 use std::process::Command;
 
