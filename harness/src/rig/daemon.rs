@@ -152,6 +152,13 @@ impl DaemonSpec {
         self.env.push((key.to_string(), value.into()));
         self
     }
+    /// Each `(key, value)` of `vars`, in order, as [`DaemonSpec::env`] would.
+    pub fn envs(mut self, vars: &[(&str, &str)]) -> Self {
+        for (k, v) in vars {
+            self = self.env(k, *v);
+        }
+        self
+    }
 
     /// Spawns the daemon with a scrubbed `COTAL_*` environment plus this spec's variables.
     pub fn spawn(&self) -> Result<Daemon, HarnessError> {

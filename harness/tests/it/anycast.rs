@@ -18,7 +18,6 @@ use cotal_delivery::base::{Read, Rows, ENV_FAULT_HOLD_AFTER_ANYCAST_ROW};
 use cotal_delivery::plane::{row_key, FAULT_HOLD_LINE};
 use cotal_delivery::wire::{CtlService, Principal, SpaceNames};
 use delivery_harness::rig::agent;
-use delivery_harness::rig::daemon::Daemon;
 use delivery_harness::rig::events::ClientEvents;
 use delivery_harness::rig::mesh::{Inspector, Mesh};
 use futures::StreamExt;
@@ -27,7 +26,7 @@ use serde_json::Value;
 pub(crate) const ROLE: &str = "review";
 
 /// The lease TTL of these tests' mesh (2 s): short, so a killed predecessor's lease expires
-/// within a respawn or two of the next daemon ([`daemon_with`]).
+/// within a respawn or two of the next daemon ([`crate::support::start_when_free`]).
 const LEASE_TTL: Duration = Duration::from_secs(2);
 
 /// Publishes one `@review` request as `sender` (its own agent credential) and returns its seq.
@@ -152,26 +151,6 @@ async fn three(mesh: &Mesh, insp: &Inspector) -> (Agent, Agent, Agent) {
     (alice, bob, carol)
 }
 
-async fn daemon_with(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
-    let mut spec = s::daemon_spec(mesh);
-    for (k, v) in env {
-        spec = spec.env(k, *v);
-    }
-    for _ in 0..20 {
-        let mut d = spec.spawn().expect("spawn daemon");
-        if d.wait_for_line("delivery daemon up", Duration::from_secs(6))
-            .await
-            .is_ok()
-        {
-            return d;
-        }
-        // A killed predecessor's lease has not expired yet.
-        let _ = d.kill();
-        let _ = d.wait_exit(Duration::from_secs(5)).await;
-    }
-    panic!("no daemon came up within 20 attempts");
-}
-
 /// A take and a cancel of one request, sent at once, 200 times: exactly one wins every trial,
 /// as the broker's row says (`taken` by bob, the request still queued; or `cancelled`, the
 /// request deleted), and the loser's refusal names the winner.
@@ -182,7 +161,7 @@ async fn daemon_with(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
 async fn take_and_cancel_race_with_exactly_one_winner_over_200_trials() {
     let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.expect("creation time");
     let (mut takes, mut cancels) = (0, 0);
@@ -262,7 +241,7 @@ async fn a_take_from_a_recreated_task_stream_is_refused_and_the_copy_naked() {
         .unwrap();
     let new = bob.task_created().await.unwrap();
     assert_ne!(old, new);
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     let seq = send(&alice).await;
     assert_eq!(seq, 1, "the new stream reuses seqs");
     let refused = bob.anycast_take(seq, &old, 1).await.expect_err("refused");
@@ -305,7 +284,7 @@ async fn a_take_from_a_recreated_task_stream_is_refused_and_the_copy_naked() {
 async fn both_dms_reach_the_sender_from_the_daemon_principal() {
     let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     role_consumer(&insp, Duration::from_secs(1)).await;
     let (alice, bob, carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
@@ -394,7 +373,10 @@ async fn both_dms_reach_the_sender_from_the_daemon_principal() {
 async fn a_notice_a_sigkill_left_unsent_is_resent_at_start() {
     let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(&mesh, &[(ENV_FAULT_HOLD_AFTER_ANYCAST_ROW, "1")]).await;
+    let mut d = crate::support::start_when_free(
+        s::daemon_spec(&mesh).envs(&[(ENV_FAULT_HOLD_AFTER_ANYCAST_ROW, "1")]),
+    )
+    .await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
     let seq = send(&alice).await;
@@ -422,7 +404,7 @@ async fn a_notice_a_sigkill_left_unsent_is_resent_at_start() {
         dms_to(&insp, "local.alice").await.is_empty(),
         "no DM before the restart"
     );
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     s::eventually("the notice is resent", BOUND, || async {
         row(&insp, &created, seq).await.unwrap()["noticeSent"] == true
     })
@@ -448,13 +430,10 @@ async fn rows_are_removed_the_row_age_after_their_request_left_the_queue() {
     const AGE_MS: u64 = 3000;
     let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(
-        &mesh,
-        &[
-            ("COTAL_DELIVERY_ANYCAST_ROW_AGE_MS", "3000"),
-            ("COTAL_DELIVERY_ANYCAST_SWEEP_MS", "300"),
-        ],
-    )
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh).envs(&[
+        ("COTAL_DELIVERY_ANYCAST_ROW_AGE_MS", "3000"),
+        ("COTAL_DELIVERY_ANYCAST_SWEEP_MS", "300"),
+    ]))
     .await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
@@ -540,7 +519,7 @@ async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
         queued(&insp, seq).await,
         "the crash left the request queued"
     );
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     s::eventually("the start sweep deletes the request", BOUND, || async {
         !queued(&insp, seq).await
     })
@@ -575,7 +554,7 @@ async fn a_cancel_a_crash_cut_short_is_finished_by_the_start_sweep() {
 async fn a_row_of_a_recreated_task_stream_is_marked_as_left() {
     let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let old = bob.task_created().await.unwrap();
     let seq = send(&alice).await;
@@ -602,7 +581,7 @@ async fn a_row_of_a_recreated_task_stream_is_marked_as_left() {
     insp.js.create_stream(config).await.unwrap();
     let reused = send(&alice).await;
     assert_eq!(reused, seq, "the new stream reuses the seq");
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     s::eventually("the old row is marked as left", BOUND, || async {
         row(&insp, &old, seq).await.unwrap()["leftQueueAt"]
             .as_u64()
@@ -622,7 +601,7 @@ async fn a_row_of_a_recreated_task_stream_is_marked_as_left() {
 async fn status_and_cancel_are_the_senders_and_a_cancelled_copy_is_forgotten() {
     let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     let (alice, bob, carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
     let taken = send(&alice).await;
@@ -809,7 +788,7 @@ async fn every_new_anycast_grant_is_confined() {
 async fn only_a_holder_of_the_role_takes_its_request() {
     let mesh = s::mesh_with_lease_ttl(LEASE_TTL).await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let (mallory, _) = agent::spawn_holder(&mesh, &insp, "mallory", &["general"], &["deploy"])
         .await
@@ -1005,7 +984,7 @@ async fn a_holder_says_to_restart_the_daemon_or_respawn_the_seat_when_either_pre
         )
         .unwrap();
     cotal_delivery::base::write_creds_file_atomic(&creds_path, &old_daemon).unwrap();
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     let (alice, bob, _carol) = three(&mesh, &insp).await;
     let created = bob.task_created().await.unwrap();
     let seq = send(&alice).await;
@@ -1025,7 +1004,7 @@ async fn a_holder_says_to_restart_the_daemon_or_respawn_the_seat_when_either_pre
 
     // A seat minted before takes, against a daemon that records them.
     cotal_delivery::base::write_creds_file_atomic(&creds_path, &current).unwrap();
-    let mut d = daemon_with(&mesh, &[]).await;
+    let mut d = crate::support::start_when_free(s::daemon_spec(&mesh)).await;
     let mut seat =
         agent::provision_holder(&mesh, &insp, mesh.space(), "dave", &["general"], &[ROLE])
             .await

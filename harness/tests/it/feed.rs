@@ -17,7 +17,7 @@ use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
 use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::space::TIMER_CONNECTION_NAME as TIMER_WRITER;
 use cotal_delivery::space::{FeedParts, FeedRow, MembershipFeed, DEBOUNCE, OBSERVER_NAME, RW_NAME};
-use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
 use delivery_harness::rig::mesh::{Inspector, Mesh};
 use delivery_harness::ConnState;
 use delivery_harness::TcpProxy;
@@ -28,20 +28,10 @@ use crate::support::health::Supervisor;
 
 const FEED_UP: &str = "✓ membership feed up (broker-sourced channel membership) — space demo";
 
-async fn start(mesh: &Mesh) -> Daemon {
-    start_sweeping_every(mesh, "300").await
-}
-
-/// The daemon with its feed's sweep interval at `interval_ms`, once it is up.
-async fn start_sweeping_every(mesh: &Mesh, interval_ms: &str) -> Daemon {
-    let mut d = crate::support::data_path::daemon_spec(mesh)
+/// The data-path tests' daemon with its feed's sweep interval at `interval_ms`.
+fn sweeping_every(mesh: &Mesh, interval_ms: &str) -> DaemonSpec {
+    crate::support::data_path::daemon_spec(mesh)
         .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", interval_ms)
-        .spawn()
-        .expect("spawn");
-    d.wait_for_line("delivery daemon up", BOUND)
-        .await
-        .expect("daemon up");
-    d
 }
 
 async fn feed_row(insp: &Inspector, key: &str) -> Option<FeedRow> {
@@ -162,7 +152,7 @@ async fn a_restarted_feed_does_not_rewrite_rows_that_have_not_changed() {
     d.wait_exit(BOUND).await.unwrap();
     let beat = feed_revision(&insp, "=feed").await.expect("heartbeat");
 
-    let mut d = start(&mesh).await;
+    let mut d = crate::support::start(sweeping_every(&mesh, "300")).await;
     d.wait_for_line(FEED_UP, BOUND)
         .await
         .expect("feed up again");
@@ -297,7 +287,7 @@ async fn burst(mesh: &Mesh, n: usize) -> usize {
 async fn feed_up(interval_ms: &str) -> (Mesh, Inspector, Daemon) {
     let mesh = crate::support::data_path::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = start_sweeping_every(&mesh, interval_ms).await;
+    let mut d = crate::support::start(sweeping_every(&mesh, interval_ms)).await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     (mesh, insp, d)
 }
@@ -385,7 +375,7 @@ async fn a_feed_fault_does_not_disturb_delivery() {
     let rw_path = mesh.workspace().membership_rw_creds_path(&space);
     let saved = std::fs::read(&rw_path).unwrap();
     std::fs::remove_file(&rw_path).unwrap();
-    let mut d = start(&mesh).await;
+    let mut d = crate::support::start(sweeping_every(&mesh, "300")).await;
     d.wait_for_line("• membership: no membership-rw credential at ", BOUND)
         .await
         .expect("down line");
@@ -406,7 +396,7 @@ async fn a_feed_fault_does_not_disturb_delivery() {
 
     // A runtime fault: the feed's bucket is deleted under a running feed.
     std::fs::write(&rw_path, saved).unwrap();
-    let mut d = start(&mesh).await;
+    let mut d = crate::support::start(sweeping_every(&mesh, "300")).await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     insp.js
         .delete_stream(cotal_delivery::wire::SpaceNames::kv_stream(
@@ -445,7 +435,7 @@ async fn a_feed_fault_does_not_disturb_delivery() {
 #[tokio::test]
 async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
     let mesh = crate::support::data_path::mesh_with_signer().await;
-    let mut d = start(&mesh).await;
+    let mut d = crate::support::start(sweeping_every(&mesh, "300")).await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
     let before = read_creds_file(&rw_path).unwrap();
@@ -498,7 +488,7 @@ async fn reload_creds_moves_the_feed_onto_the_renewed_credential() {
 async fn close_with_the_broker_gone_closes_both_feed_connections_within_a_bound() {
     const CLOSE_WITHIN: Duration = Duration::from_secs(8);
     let mut mesh = crate::support::data_path::mesh().await;
-    let mut d = start(&mesh).await;
+    let mut d = crate::support::start(sweeping_every(&mesh, "300")).await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     let rw_jwt = jwt_of(&mesh, RW_NAME).await;
     assert!(rw_jwt.is_some(), "the rw connection is up before the kill");
@@ -836,7 +826,7 @@ async fn a_sweep_reads_the_registry_from_the_proved_cache_not_row_by_row() {
             put_member_row(&insp, &format!("local.p{i}"), &uid(i), &format!("c{c}")).await;
         }
     }
-    let mut d = start_sweeping_every(&mesh, "300").await;
+    let mut d = crate::support::start(sweeping_every(&mesh, "300")).await;
     d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
     let every: Vec<String> = (0..CHANNELS).map(|c| format!("c{c}")).collect();
     eventually("every principal's row", BOUND, || async {

@@ -113,14 +113,8 @@ async fn pending_and_members_report_what_the_broker_holds() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     // Entries whose owner has no ACL row stay owed in INBOX for the whole test.
-    let mut daemon = daemon_spec(&mesh)
-        .env("COTAL_DELIVERY_NAK_DELAY_MS", "60000")
-        .spawn()
-        .expect("spawn");
-    daemon
-        .wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
+    let mut daemon =
+        crate::support::start(daemon_spec(&mesh).env("COTAL_DELIVERY_NAK_DELAY_MS", "60000")).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();

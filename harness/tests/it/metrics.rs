@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use cotal_delivery::provision::Manifest;
 use delivery_harness::rig::agent;
-use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
+use delivery_harness::rig::daemon::DaemonSpec;
 
 use crate::support::data_path::*;
 
@@ -88,23 +88,11 @@ fn listening_sockets_of(pid: u32) -> usize {
         .count()
 }
 
-async fn start_with_metrics(mesh: &delivery_harness::rig::mesh::Mesh, port: u16) -> Daemon {
-    start_served(daemon_spec(mesh), port).await
-}
-
-/// Spawns `spec` with its metrics endpoint on `port` (sampled every 100 ms) and waits until it
-/// serves.
-async fn start_served(spec: DaemonSpec, port: u16) -> Daemon {
-    let mut d = spec
-        .arg("--metrics-addr")
+/// `spec` with its metrics endpoint on `port`, sampled every 100 ms.
+fn served(spec: DaemonSpec, port: u16) -> DaemonSpec {
+    spec.arg("--metrics-addr")
         .arg(format!("127.0.0.1:{port}"))
         .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
-        .spawn()
-        .expect("spawn");
-    d.wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
-    d
 }
 
 /// Without the flag the daemon opens no listening socket (the port is refused); with it the
@@ -122,7 +110,7 @@ async fn the_endpoint_is_absent_without_the_flag() {
         .await
         .unwrap();
     let port = free_port();
-    let mut plain = start_daemon(&mesh).await;
+    let mut plain = crate::support::start(daemon_spec(&mesh)).await;
     assert_eq!(listening_sockets_of(plain.pid()), 0);
     let refused = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
     assert_eq!(
@@ -131,7 +119,7 @@ async fn the_endpoint_is_absent_without_the_flag() {
     );
     stop_daemon(&mut plain).await;
 
-    let mut served = start_with_metrics(&mesh, port).await;
+    let mut served = crate::support::start(served(daemon_spec(&mesh), port)).await;
     assert_eq!(listening_sockets_of(served.pid()), 1);
     let text = scrape_until(port, "the lease gauge sampled", |t| {
         sample(t, "cotal_delivery_lease_held{space=\"demo\"}") == Some(1.0)
@@ -187,11 +175,7 @@ async fn without_the_flag_nothing_is_sampled_from_the_broker() {
             .server(&proxy.url())
             .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
     };
-    let mut unserved = spec().spawn().expect("spawn");
-    unserved
-        .wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
+    let mut unserved = crate::support::start(spec()).await;
     // An observation window of thirty sample periods.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
@@ -201,15 +185,12 @@ async fn without_the_flag_nothing_is_sampled_from_the_broker() {
     );
     stop_daemon(&mut unserved).await;
     let port = free_port();
-    let mut served = spec()
-        .arg("--metrics-addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .spawn()
-        .expect("spawn");
-    served
-        .wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
+    let mut served = crate::support::start(
+        spec()
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{port}")),
+    )
+    .await;
     proxy
         .wait_delayed(1, Duration::from_secs(5))
         .await
@@ -243,7 +224,7 @@ async fn fan_out_lag_rises_and_falls_and_the_counters_match_the_posts() {
         .server(&proxy.url())
         .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
         .env("COTAL_DELIVERY_ACK_WAIT_MS", "30000");
-    let mut daemon = start_served(spec, port).await;
+    let mut daemon = crate::support::start(served(spec, port)).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();
@@ -416,7 +397,7 @@ async fn dlv_retention_discards_are_exported() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let port = free_port();
-    let mut daemon = start_with_metrics(&mesh, port).await;
+    let mut daemon = crate::support::start(served(daemon_spec(&mesh), port)).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();

@@ -502,11 +502,7 @@ async fn an_open_broker_is_refused_at_start_saying_open_mode_has_no_daemon() {
     crate::support::snapshot_base().bind(|| {
         insta::assert_snapshot!("provisioning_open_broker_refused", transcript);
     });
-    let mut served = mesh.deliver(mesh.space()).spawn().expect("spawn");
-    served
-        .wait_for_line("delivery daemon up", BOUND)
-        .await
-        .expect("the auth mesh is served");
+    let mut served = crate::support::start(mesh.deliver(mesh.space())).await;
     served.terminate().expect("SIGTERM");
     assert_eq!(served.wait_exit(BOUND).await.expect("exit").code(), Some(0));
 }

@@ -25,7 +25,6 @@ use delivery_harness::ConnState;
 
 use crate::support::data_path::{alice_and_bob, consumer, count_on, dlv_count, eventually, row};
 
-const DAEMON_UP: &str = "delivery daemon up";
 const WRITER_UP: &str = "✓ timer writer up (space demo) — workflow pauses on this space expire";
 const WRITER_DOWN: &str = "! timer writer: down (";
 
@@ -109,17 +108,10 @@ async fn request(
     ack.await.map(|a| a.sequence).map_err(|e| e.to_string())
 }
 
-async fn start(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
-    start_spec(crate::support::data_path::daemon_spec(mesh), env).await
-}
-
-async fn start_spec(spec: DaemonSpec, env: &[(&str, &str)]) -> Daemon {
-    let mut spec = spec.env("COTAL_DELIVERY_TIMER_POLL_MS", "200");
-    for (k, v) in env {
-        spec = spec.env(k, *v);
-    }
-    let mut d = spec.spawn().expect("spawn");
-    d.wait_for_line(DAEMON_UP, BOUND).await.expect("daemon up");
+/// `spec` with the timer tests' 200 ms poll and `env`, started, once its writer is up too.
+async fn start_writing(spec: DaemonSpec, env: &[(&str, &str)]) -> Daemon {
+    let spec = spec.env("COTAL_DELIVERY_TIMER_POLL_MS", "200").envs(env);
+    let mut d = crate::support::start(spec).await;
     d.wait_for_line(WRITER_UP, BOUND).await.expect("writer up");
     d
 }
@@ -185,7 +177,7 @@ async fn expire_one(
 async fn a_workflow_pause_expires_through_a_real_broker_schedule() {
     let mesh = crate::support::data_path::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = start(&mesh, &[]).await;
+    let mut d = start_writing(crate::support::data_path::daemon_spec(&mesh), &[]).await;
 
     let (deadline, fired_at, fire) = expire_one(&insp, "t1", Duration::from_millis(1500))
         .await
@@ -340,7 +332,7 @@ async fn arm_held(
     let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
         .await
         .expect("proxy");
-    let d = start_spec(
+    let d = start_writing(
         DaemonSpec::deliver(mesh.space().as_str(), mesh.root()).server(&proxy.url()),
         &[],
     )
@@ -481,7 +473,7 @@ async fn a_pull_lost_with_its_connection_is_retried_not_a_fault() {
     let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
         .await
         .expect("proxy");
-    let mut d = start_spec(
+    let mut d = start_writing(
         DaemonSpec::deliver(mesh.space().as_str(), mesh.root()).server(&proxy.url()),
         &[("COTAL_DELIVERY_TIMER_RETRY_MS", "60000")],
     )
@@ -691,7 +683,11 @@ async fn a_writer_fault_keeps_delivery_serving_and_the_writer_comes_back() {
     let mesh = crate::support::data_path::mesh().await;
     let space = mesh.space().clone();
     let insp = mesh.inspector(&space).await.unwrap();
-    let mut d = start(&mesh, &[("COTAL_DELIVERY_TIMER_RETRY_MS", "200")]).await;
+    let mut d = start_writing(
+        crate::support::data_path::daemon_spec(&mesh),
+        &[("COTAL_DELIVERY_TIMER_RETRY_MS", "200")],
+    )
+    .await;
     let (resident_cid, _) = conn_named(&mesh, "cotal:delivery").await.expect("resident");
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let _joined = bob.durable_join("general").await.unwrap();
@@ -932,8 +928,8 @@ async fn the_writer_moves_onto_a_renewed_credential_before_the_old_one_expires()
     let short = renewal_expiring_in(&mesh, &current, Duration::from_secs(6));
     write_creds_file_atomic(&path, &short).unwrap();
     let exp_ms = short.claims().unwrap().exp.unwrap() * 1000;
-    let mut d = start(
-        &mesh,
+    let mut d = start_writing(
+        crate::support::data_path::daemon_spec(&mesh),
         &[
             ("COTAL_DELIVERY_BROKER_GONE_MS", "1000"),
             ("COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS", "3000"),
@@ -1014,8 +1010,8 @@ async fn the_writer_never_dials_with_an_expired_credential() {
     let current = read_creds_file(&path).unwrap();
     let short = renewal_expiring_in(&mesh, &current, Duration::from_secs(4));
     write_creds_file_atomic(&path, &short).unwrap();
-    let mut d = start(
-        &mesh,
+    let mut d = start_writing(
+        crate::support::data_path::daemon_spec(&mesh),
         &[
             ("COTAL_DELIVERY_BROKER_GONE_MS", "20000"),
             ("COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS", "60000"),

@@ -85,7 +85,7 @@ fn normalized(reply: &str, replace: &[(&str, &str)]) -> String {
 async fn every_delivery_take_and_liveness_reply_is_written_in_the_reference_key_order() {
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.expect("inspector");
-    let mut d = s::start_daemon(&mesh).await;
+    let mut d = crate::support::start(s::daemon_spec(&mesh)).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .expect("alice");
@@ -179,7 +179,7 @@ async fn every_delivery_take_and_liveness_reply_is_written_in_the_reference_key_
 async fn every_admin_reply_is_written_in_the_reference_key_order() {
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.expect("inspector");
-    let mut d = crate::support::admin::start_daemon(&mesh).await;
+    let mut d = crate::support::start(crate::support::admin::admin_spec(&mesh)).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .expect("alice");

@@ -27,7 +27,7 @@ async fn live_on_broker(mesh: &Mesh, principal: &str) -> usize {
 async fn a_live_victim_is_kicked_and_gone_from_connz() {
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = a::start_daemon(&mesh).await;
+    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
     let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
         .await
@@ -67,7 +67,7 @@ async fn a_live_victim_is_kicked_and_gone_from_connz() {
 async fn a_kicked_one_shot_client_stays_gone() {
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = a::start_daemon(&mesh).await;
+    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
     let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
         .await
@@ -125,7 +125,7 @@ async fn a_ghost_is_verified_gone_without_an_evictor_and_a_live_one_is_refused()
         .await
         .unwrap();
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = a::start_daemon(&mesh).await;
+    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
     let ghost = a::answered(
         m.request_once(

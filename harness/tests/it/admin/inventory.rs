@@ -21,7 +21,7 @@ async fn the_join_inventory_race_never_leaves_a_row_outside_the_inventory() {
     const TRIALS: usize = 24;
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = a::start_daemon(&mesh).await;
+    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
     let (mut listed, mut refused) = (0, 0);
     for trial in 0..TRIALS {
@@ -112,7 +112,7 @@ async fn inventories_arriving_together_share_one_read() {
     const MAX_READS: usize = SEATS / 4;
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = a::start_daemon(&mesh).await;
+    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
     let mut seats = Vec::new();
     for i in 0..SEATS {
@@ -168,7 +168,7 @@ async fn an_inventory_is_read_from_the_proved_cache_without_a_listing() {
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, _bob) = s::alice_and_bob(&mesh, &insp).await;
-    let mut d = s::start_traced(&mesh).await;
+    let mut d = crate::support::start(s::traced_spec(&mesh)).await;
     let members = insp.names.members_bucket();
     s::loaded(&d, &members, 1).await;
     let gen = match alice.durable_join("general").await.unwrap().backstop {

@@ -35,7 +35,7 @@ async fn conn_of(mesh: &Mesh, principal: &str) -> Option<Value> {
 async fn principal_and_plane_liveness_judge_from_one_complete_sweep() {
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = a::start_daemon(&mesh).await;
+    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
     let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
         .await
@@ -115,7 +115,7 @@ async fn serving_and_bound(
     delivery_harness::rig::daemon::Daemon,
     cotal_delivery::agent::Probe,
 ) {
-    let d = a::start_daemon(mesh).await;
+    let d = crate::support::start(a::admin_spec(mesh)).await;
     let bound = agent.probe_delivery(Duration::from_secs(5)).await;
     assert_eq!(
         (bound.responder.as_str(), &bound.why),
@@ -277,19 +277,6 @@ async fn the_live_delivery_grants_are_confined() {
     expect_denied(&mut agent_events, "Subscription", &others_replies).await;
 }
 
-/// A daemon started with `env` (besides the admin tests' short page settle), waited up.
-async fn daemon_with(mesh: &Mesh, env: &[(&str, &str)]) -> delivery_harness::rig::daemon::Daemon {
-    let mut spec = s::daemon_spec(mesh).env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS);
-    for (k, v) in env {
-        spec = spec.env(k, *v);
-    }
-    let mut d = spec.spawn().expect("spawn daemon");
-    d.wait_for_line("delivery daemon up", s::UP_BOUND)
-        .await
-        .expect("daemon up");
-    d
-}
-
 /// Paging and an incomplete sweep on a real broker. With one connection per CONNZ page the
 /// account (daemon, manager, alice: at least 4 connections, counted on the broker) is swept over
 /// several pages and still proves alice `live` and a ghost `gone`. With at most 2 pages of one
@@ -307,7 +294,10 @@ async fn a_paged_sweep_proves_gone_and_a_truncated_one_is_unknown() {
         .unwrap();
     let _conn = a::victim(&mesh, &alice).await;
     let m = a::manager(&mesh).await;
-    let mut d = daemon_with(&mesh, &[("COTAL_DELIVERY_SWEEP_PAGE_LIMIT", "1")]).await;
+    let mut d = crate::support::start(
+        a::admin_spec(&mesh).envs(&[("COTAL_DELIVERY_SWEEP_PAGE_LIMIT", "1")]),
+    )
+    .await;
     let account = mesh.authority.account_public_key(mesh.space()).unwrap();
     let open = mesh.broker.connz(ConnState::Open).await.expect("/connz");
     let in_account = open.iter().filter(|c| c.account == account).count();
@@ -331,13 +321,10 @@ async fn a_paged_sweep_proves_gone_and_a_truncated_one_is_unknown() {
     );
     s::stop_daemon(&mut d).await;
 
-    let mut d = daemon_with(
-        &mesh,
-        &[
-            ("COTAL_DELIVERY_SWEEP_PAGE_LIMIT", "1"),
-            ("COTAL_DELIVERY_SWEEP_MAX_PAGES", "2"),
-        ],
-    )
+    let mut d = crate::support::start(a::admin_spec(&mesh).envs(&[
+        ("COTAL_DELIVERY_SWEEP_PAGE_LIMIT", "1"),
+        ("COTAL_DELIVERY_SWEEP_MAX_PAGES", "2"),
+    ]))
     .await;
     let ghost = ask("local.ghost").await;
     let server_id = mesh.broker.varz().await.unwrap()["server_id"]

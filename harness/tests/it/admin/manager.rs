@@ -50,7 +50,7 @@ async fn a_manager_is_answered_when_the_daemon_binds_in_the_last_seconds() {
     let started = Instant::now();
     let late_start = async {
         tokio::time::sleep_until(started + wait - Duration::from_millis(2500)).await;
-        a::start_daemon(&mesh).await
+        crate::support::start(a::admin_spec(&mesh)).await
     };
     let (answer, mut d) = tokio::join!(m.start(), late_start);
     let took = started.elapsed();
@@ -170,7 +170,7 @@ async fn a_refusal_or_an_unreadable_reply_fails_the_start_at_once() {
 async fn a_restart_resumes_after_the_last_recorded_batch() {
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = a::start_daemon(&mesh).await;
+    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
     let mut holders: Vec<_> = (0..298)
         .map(|i| cotal_delivery::wire::Principal::new("local", &format!("h{i}")).unwrap())
@@ -221,7 +221,7 @@ async fn fifty_seat_inventories_do_not_queue_behind_evictions() {
     const SEATS: usize = 50;
     let mesh = s::mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = a::start_daemon(&mesh).await;
+    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
     let mut seats = Vec::new();
     let mut conns = Vec::new();
@@ -355,7 +355,7 @@ async fn a_responder_gap_inside_the_eviction_wait_does_not_abandon_it() {
     let started = Instant::now();
     let late = async {
         tokio::time::sleep_until(started + Duration::from_secs(3)).await;
-        a::start_daemon(&mesh).await
+        crate::support::start(a::admin_spec(&mesh)).await
     };
     let gone = [cotal_delivery::wire::Principal::parse("local.gone").unwrap()];
     let (answer, mut d) = tokio::join!(m.evict_batch(&gone), late);

@@ -19,7 +19,6 @@ use serde_json::{json, Value};
 use crate::support::data_path::mesh_with_signer;
 use crate::support::health::{own_lines, wait_started, Supervisor};
 
-const UP: &str = "delivery daemon up";
 const MISSED: &str = "still holds the previous cred — the renewal owner has not re-signed it";
 
 /// Re-signs the daemon's delivery credential (same nkey) to live `lifetime` from now.
@@ -59,13 +58,9 @@ async fn broker_jwt_of_daemon(mesh: &Mesh) -> Option<String> {
     open.await.ok()?.into_iter().next()?.jwt
 }
 
-async fn start(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
-    let mut spec = mesh.deliver(mesh.space());
-    for (k, v) in env {
-        spec = spec.env(k, *v);
-    }
-    let mut d = spec.spawn().expect("spawn");
-    d.wait_for_line(UP, BOUND).await.expect("up");
+/// The mesh's daemon with `env`, started and its start-up complete (lease watch bound).
+async fn started(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
+    let d = crate::support::start(mesh.deliver(mesh.space()).envs(env)).await;
     wait_started(mesh, mesh.space(), BOUND).await;
     d
 }
@@ -80,7 +75,7 @@ async fn start(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
 async fn reload_creds_refuses_a_rogue_resign_in_the_reference_shape() {
     let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
-    let mut d = start(&mesh, &[]).await;
+    let mut d = started(&mesh, &[]).await;
     let boss = Supervisor::connect(&mesh, &space).await;
     let path = mesh.workspace().delivery_creds_path(&space);
     let live = read_creds_file(&path).unwrap();
@@ -268,7 +263,7 @@ async fn the_daemon_never_opens_the_signer_in_its_root() {
     delivery_harness::rig::daemon::daemon_bin().expect("daemon binary");
     let live = shorten(&mesh, Duration::from_secs(8));
     let opens = Opens::watch(&auth);
-    let mut d = start(&mesh, &[("COTAL_DELIVERY_REMINT_RETRY_MS", "1000")]).await;
+    let mut d = started(&mesh, &[("COTAL_DELIVERY_REMINT_RETRY_MS", "1000")]).await;
     d.wait_for_line(MISSED, BOUND)
         .await
         .expect("the 75 % re-read");
@@ -302,13 +297,13 @@ async fn an_admin_request_read_during_a_reconnect_that_never_completes_is_answer
     let insp = mesh.inspector(&space).await.expect("inspector");
     let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
     let port = crate::metrics::free_port();
-    let mut d = DaemonSpec::deliver(space.as_str(), mesh.root())
-        .server(&proxy.url())
-        .arg("--metrics-addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .spawn()
-        .expect("spawn");
-    d.wait_for_line(UP, BOUND).await.expect("up");
+    let mut d = crate::support::start(
+        DaemonSpec::deliver(space.as_str(), mesh.root())
+            .server(&proxy.url())
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{port}")),
+    )
+    .await;
     crate::support::data_path::wait_lease_watch_bound(&insp).await;
     let boss = std::sync::Arc::new(Supervisor::connect(&mesh, &space).await);
     let live = read_creds_file(&mesh.workspace().delivery_creds_path(&space)).unwrap();
@@ -378,7 +373,7 @@ async fn an_admin_request_read_during_a_reconnect_that_never_completes_is_answer
 async fn store_identity_is_the_workspace_store_and_a_divergent_challenge_is_refused() {
     let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
-    let mut d = start(&mesh, &[]).await;
+    let mut d = started(&mesh, &[]).await;
     let boss = Supervisor::connect(&mesh, &space).await;
     let reply = boss
         .request("reloadStoreIdentity", json!({}), Duration::from_secs(5))

@@ -20,8 +20,6 @@ use cotal_delivery::provision::{MeshAuthority, MintOptions, Profile};
 use cotal_delivery::provision::{OperatorAuth, Workspace, SIGNER_BUNDLE_KEY};
 use cotal_delivery::wire::{Space, SpaceNames};
 use delivery_harness::rig::broker::Broker;
-use delivery_harness::rig::daemon::Daemon;
-use delivery_harness::rig::mesh::Mesh;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preflight_keeps_the_last_good_credential_from_a_broker_dead_signer() {
@@ -112,15 +110,6 @@ fn creds_at(root: &Path, key: &str) -> Credential {
     Credential::parse(&raw).expect("a credential")
 }
 
-async fn serving_daemon(mesh: &Mesh) -> Daemon {
-    let mut d = mesh.deliver(mesh.space()).spawn().expect("spawn");
-    d.wait_for_line("delivery daemon up", BOUND)
-        .await
-        .expect("up");
-    crate::support::health::wait_started(mesh, mesh.space(), BOUND).await;
-    d
-}
-
 /// `remint` re-signs both standing credentials of a serving daemon's workspace (same nkeys,
 /// new JWTs the broker accepts), the daemon adopts them on `reloadCreds`, and the report says
 /// so per file; exit 0. `--json` carries the same per file. Mutations seen failing: the pass
@@ -129,7 +118,8 @@ async fn serving_daemon(mesh: &Mesh) -> Daemon {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remint_renews_both_files_and_the_daemon_adopts_them() {
     let mesh = mesh_with_signer().await;
-    let mut d = serving_daemon(&mesh).await;
+    let mut d = crate::support::start(mesh.deliver(mesh.space())).await;
+    crate::support::health::wait_started(&mesh, mesh.space(), BOUND).await;
     let root = mesh.root();
     let space = mesh.space().clone();
     let before = [

@@ -35,10 +35,7 @@ fn hup(pid: u32) {
 async fn sighup_rereads_the_credential_proved_against_the_broker_and_does_not_stop_the_daemon() {
     let mesh = Mesh::demo().await.expect("mesh");
     let space = mesh.space().clone();
-    let mut d = mesh.deliver(&space).spawn().expect("spawn");
-    d.wait_for_line("delivery daemon up", BOUND)
-        .await
-        .expect("up");
+    let mut d = crate::support::start(mesh.deliver(&space)).await;
     wait_started(&mesh, &space, BOUND).await;
     let path = mesh.workspace().delivery_creds_path(&space);
     let live = read_creds_file(&path).expect("creds");

@@ -48,7 +48,7 @@ async fn a_channel_at_the_length_limit_is_delivered_and_one_longer_is_refused() 
     let over = format!("{at_limit}c");
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &[at_limit.as_str()])
         .await
         .unwrap();
@@ -89,7 +89,7 @@ const HUGE_ACL_PATTERNS: usize = 20_000;
 async fn a_huge_read_acl_row_is_rechecked_and_delivered_through() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     bob.durable_join("general").await.unwrap();
     let mut patterns: Vec<String> = (0..HUGE_ACL_PATTERNS)
@@ -218,7 +218,7 @@ async fn a_post_to_a_channel_wider_than_the_ack_window_reaches_every_member_once
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let members = write_bulk(&insp, "wide", WIDE_MEMBERS, true).await;
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["wide"])
         .await
         .unwrap();
@@ -280,7 +280,7 @@ const HUGE_ROW_GROWTH_ROWS: u64 = 32;
 async fn a_huge_member_row_is_judged_and_written_back_at_its_normal_size() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     bob.durable_join("general").await.unwrap();
     let mut delivery = bob.bind_delivery().await.unwrap();
@@ -384,7 +384,7 @@ async fn a_burst_of_ten_thousand_joins_is_answered_and_each_is_in_the_registry_o
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let joiners = write_bulk(&insp, "burst", BURST_JOINS, false).await;
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let pid = daemon.pid();
     let prefix = insp.names.space().prefix().to_string();
     let mut replies = insp

@@ -23,7 +23,7 @@ async fn an_acl_narrowed_while_a_post_is_in_flight_is_not_surfaced() {
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
-    let mut daemon = start_traced(&mesh).await;
+    let mut daemon = crate::support::start(traced_spec(&mesh)).await;
     let acl = insp.names.acl_bucket();
     loaded(&daemon, &acl, 1).await;
     loaded(&daemon, &insp.names.members_bucket(), 1).await;
@@ -89,7 +89,7 @@ async fn a_channel_write_the_cache_has_not_applied_is_seen_through_the_fence() {
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
-    let mut daemon = start_traced(&mesh).await;
+    let mut daemon = crate::support::start(traced_spec(&mesh)).await;
     let channels = insp.names.channels_bucket();
     loaded(&daemon, &channels, 1).await;
     loaded(&daemon, &insp.names.members_bucket(), 1).await;
@@ -129,7 +129,7 @@ async fn after_a_leave_is_answered_no_later_post_surfaces_even_with_the_cache_be
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
-    let mut daemon = start_traced(&mesh).await;
+    let mut daemon = crate::support::start(traced_spec(&mesh)).await;
     let members = insp.names.members_bucket();
     loaded(&daemon, &members, 1).await;
     loaded(&daemon, &insp.names.acl_bucket(), 1).await;
@@ -190,7 +190,7 @@ async fn a_purged_bucket_resets_the_cache_and_decisions_stay_correct() {
         serde_json::json!({"deliveryClass": "live"}),
     )
     .await;
-    let mut daemon = start_traced(&mesh).await;
+    let mut daemon = crate::support::start(traced_spec(&mesh)).await;
     let channels = insp.names.channels_bucket();
     loaded(&daemon, &channels, 1).await;
     bob.durable_join("general").await.unwrap();
@@ -252,7 +252,7 @@ async fn cache_consumers(
 async fn a_stopped_daemon_leaves_no_cache_consumer_behind() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_traced(&mesh).await;
+    let mut daemon = crate::support::start(traced_spec(&mesh)).await;
     let n = &insp.names;
     let buckets = [
         n.acl_bucket(),
@@ -292,7 +292,7 @@ async fn a_restarted_daemon_judges_its_first_work_from_its_loaded_member_cache()
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
     let members = insp.names.members_bucket();
-    let mut daemon = start_traced(&mesh).await;
+    let mut daemon = crate::support::start(traced_spec(&mesh)).await;
     bob.durable_join("general").await.unwrap();
     // A copy the reader has not handed off when the daemon stops: its durable paused.
     pause_reader(&insp, true).await;
@@ -335,7 +335,7 @@ async fn a_restarted_daemon_judges_its_first_work_from_its_loaded_member_cache()
     let second = alice.message("general", "posted while the daemon was down", None);
     alice.post("general", &second).await.unwrap();
 
-    let mut daemon = start_traced(&mesh).await;
+    let mut daemon = crate::support::start(traced_spec(&mesh)).await;
     eventually("both copies are handed off", SURFACE_BOUND, || async {
         inbox_count(&insp, &p, &u).await == 2 && dlv_count(&insp, &p, &u).await == 2
     })

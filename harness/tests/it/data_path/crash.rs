@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use delivery_harness::rig::agent::{self, surface_until};
-use delivery_harness::rig::daemon::Daemon;
 use delivery_harness::rig::mesh::Mesh;
 
 use crate::support::data_path::*;
@@ -45,23 +44,6 @@ fn crash_spec(mesh: &Mesh) -> delivery_harness::rig::daemon::DaemonSpec {
         .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
 }
 
-/// Starts a daemon, retrying while a killed predecessor's lease has not expired yet.
-async fn start_after_crash(mesh: &Mesh) -> Daemon {
-    for _ in 0..20 {
-        let mut d = crash_spec(mesh).spawn().expect("spawn");
-        if d.wait_for_line("delivery daemon up", Duration::from_secs(6))
-            .await
-            .is_ok()
-        {
-            return d;
-        }
-        let _ = d.kill();
-        let _ = d.wait_exit(Duration::from_secs(5)).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    panic!("no daemon came up within 20 attempts");
-}
-
 /// Mutations seen failing this test: the default `ack_wait` back at 60 s (recovery over the
 /// bound); the old retention check (every delivery's sequence, the whole gap counted without
 /// asking the broker): "the trusted reader found 1 message(s) gone" in a run that lost nothing.
@@ -74,7 +56,7 @@ async fn no_post_is_lost_while_the_daemon_is_killed_and_restarted() {
         .await
         .unwrap();
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_after_crash(&mesh).await;
+    let mut daemon = crate::support::start_when_free(crash_spec(&mesh)).await;
     let mut transcripts = Vec::new();
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
@@ -111,7 +93,7 @@ async fn no_post_is_lost_while_the_daemon_is_killed_and_restarted() {
             if f.num_ack_pending + r.num_ack_pending > 0 {
                 in_flight_kills += 1;
             }
-            daemon = start_after_crash(&mesh).await;
+            daemon = crate::support::start_when_free(crash_spec(&mesh)).await;
             let restarted = tokio::time::Instant::now();
             for m in &members {
                 let (p, u) = (m.principal.clone(), m.lifecycle_uid.clone());

@@ -13,7 +13,7 @@ use crate::support::data_path::*;
 async fn a_refused_live_subscription_leaves_no_durable_membership() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     // bob's credential may subscribe to `general` only; his ACL row also lists `secret`.
     let (bob, bob_m) = agent::spawn(&mesh, &insp, "bob", &["general"])
         .await

@@ -42,7 +42,7 @@ const MAX_LAG: u64 = 300;
 async fn every_post_above_the_join_cursor_reaches_a_member_who_joined_during_a_burst() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
 
     let cycling = std::sync::atomic::AtomicBool::new(true);

@@ -48,7 +48,7 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
 {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     let (p, u) = (bob_m.principal.clone(), bob_m.lifecycle_uid.clone());
     bob.durable_join("general").await.unwrap();
@@ -61,7 +61,7 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
     remove_acl(&insp.js, &insp.names, &p, &u).await.unwrap();
 
     // Run 1: stopped as soon as the first give-up was written (the rest still owed).
-    let mut first = start_daemon(&mesh).await;
+    let mut first = crate::support::start(daemon_spec(&mesh)).await;
     first
         .wait_for_line(GIVE_UP, Duration::from_secs(30))
         .await
@@ -73,15 +73,12 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut second = daemon_spec(&mesh)
-        .arg("--metrics-addr")
-        .arg(format!("127.0.0.1:{port}"))
-        .spawn()
-        .expect("spawn");
-    second
-        .wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
+    let mut second = crate::support::start(
+        daemon_spec(&mesh)
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{port}")),
+    )
+    .await;
     eventually(
         "every entry copied and given up",
         Duration::from_secs(90),
@@ -111,7 +108,7 @@ async fn five_hundred_entries_of_a_gone_principal_log_a_bounded_number_of_lines_
         .unwrap_or(0);
     stop_daemon(&mut second).await;
     // Run 3: nothing left to give up, so nothing is re-swept.
-    let mut third = start_daemon(&mesh).await;
+    let mut third = crate::support::start(daemon_spec(&mesh)).await;
     eventually("the reader is idle", SURFACE_BOUND, || async {
         let r = reader(&insp).await;
         r.num_pending == 0 && r.num_ack_pending == 0

@@ -142,7 +142,7 @@ async fn posts_waiting_when_a_daemon_starts_serving_are_fanned_out_at_once_and_o
     const POSTS: u64 = 50;
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut first = start_daemon(&mesh).await;
+    let mut first = crate::support::start(daemon_spec(&mesh)).await;
     let (alice, (bob, bob_m)) = alice_and_bob(&mesh, &insp).await;
     bob.durable_join("general").await.unwrap();
     drop(bob); // offline

@@ -51,7 +51,7 @@ async fn an_idle_pull_loop_asks_again_when_its_short_request_expires() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let subs = watch_requests(&insp).await;
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
 
     // Both loops watched at once: each request is stamped when it arrives.
     let watched = subs.into_iter().map(|(subject, mut sub)| async move {
@@ -110,7 +110,7 @@ async fn a_pull_loop_asks_again_as_soon_as_a_restarted_broker_is_back() {
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let loops = loops(&insp);
     let mut subs = watch_requests(&insp).await;
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     // Each loop's request the moment it is sent: the broker dies with both just asked.
     for (_, sub) in &mut subs {
         tokio::time::timeout(NEXT_REQUEST_BOUND, sub.next())

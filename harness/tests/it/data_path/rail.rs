@@ -19,7 +19,7 @@ use crate::support::data_path::*;
 async fn a_second_live_lifecycle_makes_the_implicit_one_ambiguous() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (eve, _) = agent::spawn(&mesh, &insp, "eve", &["general", "eng.>"])
         .await
         .unwrap();
@@ -49,7 +49,7 @@ async fn a_second_live_lifecycle_makes_the_implicit_one_ambiguous() {
 async fn a_pending_request_whose_connection_closes_is_rejected_not_replayed() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let proxy = TcpProxy::start(mesh.broker.port()).await.unwrap();
     let material = agent::provision(&mesh, &insp, mesh.space(), "eve", &["general"])
         .await

@@ -29,7 +29,7 @@ const ATTEMPTS: usize = 40;
 async fn a_join_refused_by_a_quiesce_leaves_no_member_row_and_no_copies() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (bob, _) = agent::spawn(&mesh, &insp, "bob", &["general"])
         .await
         .unwrap();

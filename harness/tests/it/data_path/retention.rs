@@ -18,7 +18,7 @@ const POSTS: u64 = 3000;
 async fn posts_discarded_by_retention_before_fan_out_are_reported_and_counted() {
     let mesh = mesh().await;
     let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut daemon = start_daemon(&mesh).await;
+    let mut daemon = crate::support::start(daemon_spec(&mesh)).await;
     let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();

@@ -78,10 +78,7 @@ async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor
     });
 
     // A successor starts cleanly: no "a live lease already exists".
-    let mut b = mesh.deliver(&space).spawn().expect("spawn successor");
-    b.wait_for_line("delivery daemon up", BOUND)
-        .await
-        .expect("successor serves");
+    let mut b = crate::support::start(mesh.deliver(&space)).await;
     assert!(!b.has_line("a live lease already exists"));
     b.terminate().expect("SIGTERM");
     assert_eq!(b.wait_exit(BOUND).await.expect("exit").code(), Some(0));

@@ -41,10 +41,7 @@ fn unix_us() -> i64 {
 async fn serving() -> (Mesh, Inspector, Daemon) {
     let mesh = Mesh::demo().await.expect("mesh");
     let insp = mesh.inspector(mesh.space()).await.expect("inspector");
-    let mut d = mesh.deliver(mesh.space()).spawn().expect("spawn");
-    d.wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
+    let d = crate::support::start(mesh.deliver(mesh.space())).await;
     wait_lease_watch_bound(&insp).await;
     (mesh, insp, d)
 }

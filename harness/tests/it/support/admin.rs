@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames};
-use delivery_harness::rig::daemon::Daemon;
+use delivery_harness::rig::daemon::DaemonSpec;
 use delivery_harness::rig::manager::{AdminAnswer, Manager};
 use delivery_harness::rig::mesh::{Inspector, Mesh};
 use serde_json::Value;
@@ -15,15 +15,10 @@ use crate::support::data_path as s;
 /// `COTAL_DELIVERY_SWEEP_SETTLE_MS` the tests run the daemon with.
 pub const SWEEP_SETTLE_MS: &str = "50";
 
-pub async fn start_daemon(mesh: &Mesh) -> Daemon {
-    let mut d = s::daemon_spec(mesh)
-        .env("COTAL_DELIVERY_SWEEP_SETTLE_MS", SWEEP_SETTLE_MS)
-        .spawn()
-        .expect("spawn daemon");
-    d.wait_for_line("delivery daemon up", s::UP_BOUND)
-        .await
-        .expect("daemon up");
-    d
+/// The data-path tests' daemon with the short `$SYS` page settle; started by
+/// [`crate::support::start`].
+pub fn admin_spec(mesh: &Mesh) -> DaemonSpec {
+    s::daemon_spec(mesh).env("COTAL_DELIVERY_SWEEP_SETTLE_MS", SWEEP_SETTLE_MS)
 }
 
 pub async fn manager(mesh: &Mesh) -> Manager {

@@ -20,18 +20,12 @@ pub const SURFACE_BOUND: Duration = Duration::from_secs(10);
 /// How long "nothing arrives" is watched.
 pub const QUIET: Duration = Duration::from_millis(1500);
 
+/// The mesh's daemon with the data-path tests' short windows; started by
+/// [`crate::support::start`].
 pub fn daemon_spec(mesh: &Mesh) -> DaemonSpec {
     mesh.deliver(mesh.space())
         .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
         .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
-}
-
-pub async fn start_daemon(mesh: &Mesh) -> Daemon {
-    let mut d = daemon_spec(mesh).spawn().expect("spawn daemon");
-    d.wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("daemon up");
-    d
 }
 
 /// A proxy in front of the mesh's broker and the daemon (test windows) dialing through it, up.
@@ -39,16 +33,13 @@ pub async fn start_daemon_via_proxy(mesh: &Mesh) -> (delivery_harness::TcpProxy,
     let proxy = delivery_harness::TcpProxy::start(mesh.broker.port())
         .await
         .expect("proxy");
-    let mut daemon = DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
-        .server(&proxy.url())
-        .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
-        .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS)
-        .spawn()
-        .expect("spawn daemon");
-    daemon
-        .wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("daemon up");
+    let daemon = crate::support::start(
+        DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
+            .server(&proxy.url())
+            .env("COTAL_DELIVERY_NAK_DELAY_MS", NAK_DELAY_MS)
+            .env("COTAL_DELIVERY_ACK_WAIT_MS", ACK_WAIT_MS),
+    )
+    .await;
     // A test that holds the proxy must not hold the lease watch's own subscription with it.
     wait_lease_watch_bound(&mesh.inspector(mesh.space()).await.expect("inspector")).await;
     (proxy, daemon)
@@ -353,15 +344,8 @@ pub async fn pause_durable(
 // reaches a cache only through its fence (data_path::cache, admin::inventory).
 
 /// The daemon with the cache's info lines on stderr.
-pub async fn start_traced(mesh: &Mesh) -> Daemon {
-    let mut d = daemon_spec(mesh)
-        .env("RUST_LOG", "cotal_delivery::plane::cache=info")
-        .spawn()
-        .expect("spawn daemon");
-    d.wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("daemon up");
-    d
+pub fn traced_spec(mesh: &Mesh) -> DaemonSpec {
+    daemon_spec(mesh).env("RUST_LOG", "cotal_delivery::plane::cache=info")
 }
 
 /// How many `row cache <what>` lines name `bucket`.
