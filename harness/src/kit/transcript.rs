@@ -98,6 +98,115 @@ pub fn normalise_status(text: &str, root: &Path) -> String {
     replace_all(normalise(text, root, root), rules)
 }
 
+/// One normalisation rule: a pattern and what replaces each match (`$1` names a group).
+pub type Rule = (&'static str, &'static str);
+
+// The rule tables of the snapshots the harness's own tests (`harness/tests/it`) keep from
+// before the kit: each names the volatile parts of its family of lines with the tokens those
+// snapshots were written with, so they are defined here, once, beside the cases' rules, and the
+// tests hold no pattern of their own. Apply one with [`replace_all`] (in order).
+
+/// The broker-gone and credential tests' daemon lines (after [`number_nkeys`]): times, the
+/// credited stall (a daemon never stopped still credits scheduling jitter, 100 ms seen on two
+/// busy cores: under 500 ms reads `[NOT STALLED]`, 500 ms or more `[STALLED]`, the stalled
+/// tests freeze the daemon for 1.5 s and more), digests, uuids, paths, ports, revisions,
+/// durations, JWT expiries.
+pub const HEALTH_RULES: &[Rule] = &[
+    (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
+    (
+        r"\b([0-9]{1,2}|[0-4][0-9]{2}) ms of it credited",
+        "[NOT STALLED] of it credited",
+    ),
+    (
+        r"\b([5-9][0-9]{2}|[1-9][0-9]{3,}) ms of it credited",
+        "[STALLED] of it credited",
+    ),
+    (r"\b[0-9a-f]{64}\b", "[DIGEST]"),
+    (
+        r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b",
+        "[UUID]",
+    ),
+    (r"(/[A-Za-z0-9._-]+)+", "[PATH]"),
+    (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
+    (r"revision \d+", "revision [REV]"),
+    (r"\d+(\.\d+)? ?(ms|s)\b", "[DURATION]"),
+    (r"\bexp \d+", "exp [EXP]"),
+];
+
+/// A loopback broker's URL, `nats://[HOST]:[PORT]` (or `tls://`).
+pub const URL_RULE: Rule = (r"(nats|tls)://127\.0\.0\.1:\d+", "$1://[HOST]:[PORT]");
+
+/// The supervisor's lines (`up`, `down`, `remint`, the daemon log) and `status`.
+pub const SUPERVISOR_RULES: &[Rule] = &[
+    (r"\b[A-Z0-9]{56}\b", "[NKEY]"),
+    (r"\b[0-9a-f]{32}\b", "[INCARNATION]"),
+    (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
+    (r"\(build [0-9a-f]+\)", "(build [BUILD])"),
+    (r"cotal-delivery \d+\.\d+\.\d+", "cotal-delivery [VERSION]"),
+    (r"\bexp \d+", "exp [EXP]"),
+    URL_RULE,
+    (r"(/[A-Za-z0-9._-]+)+", "[PATH]"),
+    (r"pid \d+", "pid [PID]"),
+    (r"\d+ (ms|s)\b", "[N] $1"),
+];
+
+/// The data-path and admin tests' lines and answers: nkeys, 32-character ids, ports, paths,
+/// revisions; and `inspect`'s ages.
+pub const DATA_PATH_RULES: &[Rule] = &[
+    (r"oldest \d+( min \d+| h \d+)? (s|min)", "oldest [AGE]"),
+    (r"[A-Z0-9]{56}", "[NKEY]"),
+    (r"\b[a-z0-9]{32}\b", "[UID]"),
+    (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
+    (r"/tmp/[^\s]+", "[PATH]"),
+    (r"revision \d+", "revision [REV]"),
+];
+
+/// A keeper's closing line (the lease tests): nkeys and the broker's last sequence.
+pub const LEASE_RULES: &[Rule] = &[
+    (r"[A-Z0-9]{56}", "[NKEY]"),
+    (r"sequence: \d+", "sequence: [SEQ]"),
+];
+
+/// A manager's line (the admin tests): how many requests it made.
+pub const MANAGER_RULES: &[Rule] = &[(r"\(\d+ requests\)", "([N] requests)")];
+
+/// A rail's reply as its subscriber reads it (the wire tests): user nkeys, the numbers and ids
+/// that differ per run, by their JSON keys.
+pub const REPLY_RULES: &[Rule] = &[
+    (r"U[A-Z2-7]{55}", "[NKEY]"),
+    (
+        r#""(seq|exp|joinCursor|revision|takenAt|cid)":\d+"#,
+        r#""$1":[N]"#,
+    ),
+    (r#""instance":"[0-9a-f]{32}""#, r#""instance":"[TOKEN]""#),
+    (r#""storeId":"[0-9a-f-]{36}""#, r#""storeId":"[ID]""#),
+    (r#""serverId":"[A-Z0-9]+""#, r#""serverId":"[SERVER]""#),
+];
+
+/// `status --json` with its volatile values replaced (the host's pid, each lease's age,
+/// incarnation and expiry, each credential's expiry), pretty, then [`normalise`]d.
+pub fn normalise_status_json(mut v: serde_json::Value, root: &Path) -> String {
+    if v["hostRecord"]["pid"].is_number() {
+        v["hostRecord"]["pid"] = "[PID]".into();
+    }
+    if let Some(spaces) = v["spaces"].as_array_mut() {
+        for s in spaces {
+            if s["lease"].is_object() {
+                s["lease"]["ageMs"] = "[N]".into();
+                s["lease"]["incarnation"] = "[INCARNATION]".into();
+                if s["lease"]["expiresInS"].is_number() {
+                    s["lease"]["expiresInS"] = "[N]".into();
+                }
+            }
+            if s["credential"]["expires"].is_number() {
+                s["credential"]["expires"] = "[EXP]".into();
+            }
+        }
+    }
+    let text = serde_json::to_string_pretty(&v).unwrap_or_default();
+    normalise(&text, root, root)
+}
+
 /// The body of an insta snapshot file (after its `---` header), or `None` without a header.
 pub fn snapshot_body(file_text: &str) -> Option<&str> {
     let rest = file_text.strip_prefix("---\n")?;

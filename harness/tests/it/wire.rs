@@ -54,29 +54,17 @@ async fn request(
     .await
 }
 
-/// The reply with the values that differ per run replaced.
+/// The reply with the values that differ per run replaced: `replace`'s exact strings, then the
+/// kit's [`delivery_harness::kit::transcript::REPLY_RULES`].
 fn normalized(reply: &str, replace: &[(&str, &str)]) -> String {
     let mut out = reply.to_string();
     for (from, to) in replace {
         out = out.replace(from, to);
     }
-    let rules = [
-        (r"U[A-Z2-7]{55}", "[NKEY]"),
-        (
-            r#""(seq|exp|joinCursor|revision|takenAt|cid)":\d+"#,
-            r#""$1":[N]"#,
-        ),
-        (r#""instance":"[0-9a-f]{32}""#, r#""instance":"[TOKEN]""#),
-        (r#""storeId":"[0-9a-f-]{36}""#, r#""storeId":"[ID]""#),
-        (r#""serverId":"[A-Z0-9]+""#, r#""serverId":"[SERVER]""#),
-    ];
-    for (pattern, to) in rules {
-        out = regex::Regex::new(pattern)
-            .expect("pattern")
-            .replace_all(&out, to)
-            .into_owned();
-    }
-    out
+    delivery_harness::kit::transcript::replace_all(
+        out,
+        delivery_harness::kit::transcript::REPLY_RULES,
+    )
 }
 
 /// `ctl.delivery` (durable join, list, leave, the anycast sender verbs and a refusal), the

@@ -363,43 +363,27 @@ async fn a_paged_sweep_proves_gone_and_a_truncated_one_is_unknown() {
 /// `rails/liveness.rs` (one server answers the ghost's sweep: it turns `gone`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_liveness_is_unknown_never_gone() {
-    use cotal_delivery::provision::{
-        self, MeshAuthority, MintOptions, Profile, ProvisionOptions, SpaceMaterial,
-    };
-    use cotal_delivery::wire::{Principal, Space};
-    use delivery_harness::rig::broker::Broker;
-    use delivery_harness::rig::cluster::Cluster;
+    use cotal_delivery::provision::{MintOptions, Profile};
+    use cotal_delivery::wire::Principal;
     use delivery_harness::rig::manager::Manager;
 
-    let space = Space::parse("demo").unwrap();
-    let mut authority = MeshAuthority::new();
-    authority.add_space(&space);
-    let template = Broker::builder()
-        .name("lv")
-        .operator(authority.operator_auth().unwrap());
-    let mut cluster = Cluster::start(3, template).await.unwrap();
-    let urls = cluster.client_urls();
-    provision::provision_space(
-        &authority,
-        &urls[0],
-        None,
-        &space,
-        &ProvisionOptions::new().replicas(1),
-    )
-    .await
-    .unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let ws = provision::Workspace::new(root.path());
-    ws.write_space_material(&space, &SpaceMaterial::mint(&authority, &space).unwrap())
-        .unwrap();
-    let mut d = delivery_harness::rig::daemon::DaemonSpec::deliver(space.as_str(), root.path())
-        .server(&urls[0])
-        .env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS)
-        .spawn()
-        .unwrap();
-    d.wait_for_line("delivery daemon up", s::UP_BOUND)
+    // The rig's mesh on a 3-node cluster (every stream and bucket R3), the daemon on node 0.
+    let mut mesh = Mesh::demo_builder()
+        .unwrap()
+        .cluster(3)
+        .start()
         .await
-        .expect("daemon up on the cluster");
+        .unwrap();
+    let space = mesh.space().clone();
+    let urls: Vec<String> = (0..mesh.node_count())
+        .map(|i| mesh.node(i).expect("node").client_url())
+        .collect();
+    let mut d = crate::support::start(
+        mesh.deliver(&space)
+            .env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS),
+    )
+    .await;
+    let authority = &mesh.authority;
     let mint = |p: &str| {
         authority
             .mint(
@@ -450,7 +434,9 @@ async fn on_a_cluster_liveness_is_unknown_never_gone() {
         )
         .await,
     );
-    cluster.kill_node(2).await.unwrap();
+    let node = mesh.node_mut(2).expect("node 2");
+    node.kill().unwrap();
+    node.wait_exit(BOUND).await.unwrap();
     let partitioned = ask("local.alice").await;
     s::snapshot_settings().bind(|| {
         insta::assert_snapshot!(

@@ -117,11 +117,11 @@ async fn sighup_rereads_the_credential_proved_against_the_broker_and_does_not_st
         "{}",
         d.transcript()
     );
-    let port = regex::Regex::new(r"nats://127\.0\.0\.1:\d+").expect("regex");
+    use delivery_harness::kit::transcript::{replace_all, URL_RULE};
     let lines = own_lines(&d.transcript())
         .lines()
         .filter(|l| !l.contains("broker connection"))
-        .map(|l| port.replace_all(l, "nats://[HOST]:[PORT]").into_owned())
+        .map(|l| replace_all(l.to_string(), &[URL_RULE]))
         .collect::<Vec<_>>()
         .join("\n");
     snapshot!("renewal_sighup", lines);

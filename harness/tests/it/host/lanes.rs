@@ -132,18 +132,10 @@ fn cluster_gaps_ms(times: &[u64]) -> Vec<u64> {
     starts.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
-/// `normalise` plus the credential's expiry time.
+/// `lines` normalised as the cases' transcripts are (the credential's expiry and a killed
+/// lane's incarnation among them).
 fn normalised(lines: &[String], mesh: &Mesh) -> String {
-    let text = normalise(&lines.join("\n"), mesh.root(), mesh.root());
-    let text = regex::Regex::new(r"exp \d+")
-        .expect("regex")
-        .replace_all(&text, "exp [EXP]")
-        .into_owned();
-    // A killed lane's incarnation, named by the next daemon's refusal.
-    regex::Regex::new(r"incarnation [0-9a-f]{32}\b")
-        .expect("regex")
-        .replace_all(&text, "incarnation [INCARNATION]")
-        .into_owned()
+    normalise(&lines.join("\n"), mesh.root(), mesh.root())
 }
 
 /// Lane isolation under credential expiry (snapshot `expired_lane_beta`). Beta's

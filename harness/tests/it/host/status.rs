@@ -13,7 +13,7 @@ use cotal_delivery::base::ENV_STANDBY_RETRY_MS;
 use cotal_delivery::host::HOST_PID_FILE;
 use cotal_delivery::provision::{manifest_path, Manifest};
 use cotal_delivery::wire::LeaseInfo;
-use delivery_harness::kit::transcript::{normalise, normalise_status};
+use delivery_harness::kit::transcript::{normalise, normalise_status, normalise_status_json};
 use delivery_harness::rig::mesh::Mesh;
 use serde_json::Value;
 
@@ -36,29 +36,6 @@ fn status_json(root: &Path) -> (Option<i32>, Value) {
     let v = serde_json::from_str(text.trim())
         .unwrap_or_else(|e| panic!("not one JSON object ({e}): {text}"));
     (out.status.code(), v)
-}
-
-/// The JSON with its volatile values replaced, pretty, then normalised like every snapshot.
-fn scrub(mut v: Value, root: &Path) -> String {
-    if v["hostRecord"]["pid"].is_number() {
-        v["hostRecord"]["pid"] = "[PID]".into();
-    }
-    if let Some(spaces) = v["spaces"].as_array_mut() {
-        for s in spaces {
-            if s["lease"].is_object() {
-                s["lease"]["ageMs"] = "[N]".into();
-                s["lease"]["incarnation"] = "[INCARNATION]".into();
-                if s["lease"]["expiresInS"].is_number() {
-                    s["lease"]["expiresInS"] = "[N]".into();
-                }
-            }
-            if s["credential"]["expires"].is_number() {
-                s["credential"]["expires"] = "[EXP]".into();
-            }
-        }
-    }
-    let text = serde_json::to_string_pretty(&v).expect("json");
-    normalise(&text, root, root)
 }
 
 /// A live host serving alpha and standing by for beta (a foreign holder's row): `--json` says
@@ -196,8 +173,8 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
             "status_spaces__status_spaces_json",
             format!(
                 "[running]\n{}\n[stopped]\n{}",
-                scrub(running, root),
-                scrub(stopped, root)
+                normalise_status_json(running, root),
+                normalise_status_json(stopped, root)
             )
         )
     });

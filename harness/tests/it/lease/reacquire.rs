@@ -38,10 +38,10 @@ fn closing_line(d: &Daemon) -> String {
         .into_iter()
         .find(|l| l.starts_with("✗ delivery:"))
         .unwrap_or_else(|| panic!("no closing line: {}", d.transcript()));
-    let nkeys = regex::Regex::new(r"[A-Z0-9]{56}").expect("regex");
-    let numbers = regex::Regex::new(r"sequence: \d+").expect("regex");
-    let line = nkeys.replace_all(&line, "[NKEY]");
-    numbers.replace_all(&line, "sequence: [SEQ]").to_string()
+    delivery_harness::kit::transcript::replace_all(
+        line,
+        delivery_harness::kit::transcript::LEASE_RULES,
+    )
 }
 
 /// The row found gone is re-created, but another daemon took the key first (the test writes a

@@ -206,14 +206,14 @@ pub async fn set_max_msg_size(insp: &Inspector, stream: &str, bytes: i32) {
         .expect("update max_msg_size");
 }
 
-/// Snapshot settings normalising nkeys, lifecycle uids, ports, paths and revisions.
+/// Snapshot settings normalising by the kit's
+/// [`delivery_harness::kit::transcript::DATA_PATH_RULES`] (nkeys, lifecycle uids, ports, paths,
+/// revisions, `inspect`'s ages).
 pub fn snapshot_settings() -> insta::Settings {
     let mut settings = crate::support::snapshot_base();
-    settings.add_filter(r"[A-Z0-9]{56}", "[NKEY]");
-    settings.add_filter(r"\b[a-z0-9]{32}\b", "[UID]");
-    settings.add_filter(r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]");
-    settings.add_filter(r"/tmp/[^\s]+", "[PATH]");
-    settings.add_filter(r"revision \d+", "revision [REV]");
+    for (pattern, with) in delivery_harness::kit::transcript::DATA_PATH_RULES {
+        settings.add_filter(pattern, *with);
+    }
     settings
 }
 

@@ -1,5 +1,5 @@
-//! Shared pieces of the `health_*` and `renewal_*` tests: transcript normalisation for the
-//! insta snapshots, an admin-rail caller, and measured-time printing.
+//! Shared pieces of the `health_*` and `renewal_*` tests: their snapshots (normalised by the
+//! kit's rules), an admin-rail caller, and measured-time printing.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
@@ -10,47 +10,14 @@ use cotal_delivery::wire::{CtlService, Principal, Space, SpaceNames};
 use delivery_harness::rig::mesh::Mesh;
 use futures::StreamExt;
 
-/// insta filters: log timestamps, ports, paths, revisions, durations, uuids, timestamps (nkeys
-/// are numbered by [`delivery_harness::kit::transcript::number_nkeys`] before these apply). The
-/// credited stall keeps whether the daemon was stalled: the meter charges every late 250 ms
-/// tick, so a daemon that
-/// was never stopped still credits scheduling jitter (100 ms seen on two busy cores); under
-/// 500 ms reads `[NOT STALLED]`, 500 ms or more `[STALLED]` (the stalled tests freeze the daemon
-/// for 1.5 s and more), and the snapshot tells them apart.
-pub fn filters() -> Vec<(&'static str, &'static str)> {
-    vec![
-        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
-        (
-            r"\b([0-9]{1,2}|[0-4][0-9]{2}) ms of it credited",
-            "[NOT STALLED] of it credited",
-        ),
-        (
-            r"\b([5-9][0-9]{2}|[1-9][0-9]{3,}) ms of it credited",
-            "[STALLED] of it credited",
-        ),
-        (r"\b[0-9a-f]{64}\b", "[DIGEST]"),
-        (
-            r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b",
-            "[UUID]",
-        ),
-        (r"(/[A-Za-z0-9._-]+)+", "[PATH]"),
-        (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
-        (r"revision \d+", "revision [REV]"),
-        (r"\d+(\.\d+)? ?(ms|s)\b", "[DURATION]"),
-        (r"\bexp \d+", "exp [EXP]"),
-    ]
-}
-
-/// Asserts a snapshot of `transcript` with the shared filters.
+/// Asserts a snapshot of `transcript`, its nkeys numbered and normalised by the kit's
+/// [`delivery_harness::kit::transcript::HEALTH_RULES`].
 #[macro_export]
 macro_rules! snapshot {
     ($name:expr, $transcript:expr) => {{
-        let mut settings = $crate::support::snapshot_base();
-        for (re, with) in $crate::support::health::filters() {
-            settings.add_filter(re, with);
-        }
-        let numbered = delivery_harness::kit::transcript::number_nkeys(&$transcript);
-        settings.bind(|| insta::assert_snapshot!($name, numbered));
+        use delivery_harness::kit::transcript as t;
+        let normalised = t::replace_all(t::number_nkeys(&$transcript), t::HEALTH_RULES);
+        $crate::support::snapshot_base().bind(|| insta::assert_snapshot!($name, normalised));
     }};
 }
 

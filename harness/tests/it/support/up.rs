@@ -1,6 +1,6 @@
 //! Shared pieces of the `up*`/`down*` tests: `cotal-delivery` command lines run as an
 //! operator types them (each test with its own `COTAL_HOME`), bounded waits on observable
-//! conditions, and the snapshot filters for the supervisor's lines.
+//! conditions, and the snapshots of the supervisor's lines.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -221,30 +221,14 @@ pub fn count(transcript: &str, needle: &str) -> usize {
     transcript.lines().filter(|l| l.contains(needle)).count()
 }
 
-/// insta filters for the supervisor's lines and `status`.
-pub fn filters() -> Vec<(&'static str, &'static str)> {
-    vec![
-        (r"\b[A-Z0-9]{56}\b", "[NKEY]"),
-        (r"\b[0-9a-f]{32}\b", "[INCARNATION]"),
-        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
-        (r"\(build [0-9a-f]+\)", "(build [BUILD])"),
-        (r"cotal-delivery \d+\.\d+\.\d+", "cotal-delivery [VERSION]"),
-        (r"\bexp \d+", "exp [EXP]"),
-        (r"(nats|tls)://127\.0\.0\.1:\d+", "$1://[HOST]:[PORT]"),
-        (r"(/[A-Za-z0-9._-]+)+", "[PATH]"),
-        (r"pid \d+", "pid [PID]"),
-        (r"\d+ (ms|s)\b", "[N] $1"),
-    ]
-}
-
+/// Asserts a snapshot of the supervisor's lines, normalised by the kit's
+/// [`delivery_harness::kit::transcript::SUPERVISOR_RULES`].
 #[macro_export]
 macro_rules! up_snapshot {
     ($name:expr, $transcript:expr) => {{
-        let mut settings = $crate::support::snapshot_base();
-        for (re, with) in $crate::support::up::filters() {
-            settings.add_filter(re, with);
-        }
-        settings.bind(|| insta::assert_snapshot!($name, $transcript));
+        use delivery_harness::kit::transcript as t;
+        let normalised = t::replace_all($transcript.to_string(), t::SUPERVISOR_RULES);
+        $crate::support::snapshot_base().bind(|| insta::assert_snapshot!($name, normalised));
     }};
 }
 
