@@ -5,7 +5,8 @@
 //! mutation that still applies).
 //!
 //! The cases are read from the folders when this binary runs, never listed: a new case needs
-//! only its file and its snapshot (no rebuild, no line to add), a new family only its folder.
+//! only its file and its snapshot (no test to write, no line to add), a new family only its
+//! folder.
 //! Each (case, shape) is one test named `<family>/<name>@<shape>`, so libtest's filters apply:
 //! `cargo test -p delivery-harness --test cases data-path/` runs a family, `... --test cases
 //! -- --exact lifecycle/clean-start-sigterm@operator` one case on one shape.
