@@ -12,7 +12,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 
 use super::read::{consumer_refs, resolve};
-use super::verb::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs, DEFAULT_WITHIN};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -48,6 +48,8 @@ pub enum EntryStep {
 
 /// Most entries one `delete_entries` deletes.
 const DELETE_MAX: u64 = 10_000;
+
+impl Profiled for EntryStep {}
 
 impl EntryStep {
     pub fn default_within(&self) -> Option<Duration> {
