@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use clap::Args;
 use delivery_harness::kit::catalogue::{self, Catalogue, Origin};
-use delivery_harness::kit::{DaemonCmd, DaemonUnderTest};
+use delivery_harness::kit::{DaemonCmd, DaemonUnderTest, KitProfile};
 
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
@@ -19,8 +19,8 @@ pub struct DaemonArgs {
     pub daemon: Option<PathBuf>,
     /// Another implementation, started through a command template with the placeholders
     /// {space} {server} {root} {creds} {tls_ca}; words inside `[ … ]` are dropped when one of
-    /// their placeholders has no value. Cases that need this distribution's own commands are
-    /// skipped, with the reason. Example: 'node daemon.js --space {space} --server {server}
+    /// their placeholders has no value. Runs the contract profile; cases a template cannot
+    /// express are skipped, with the reason. Example: 'node daemon.js --space {space} --server {server}
     /// --root {root} [ --tls-ca {tls_ca} ]'.
     #[arg(long, value_name = "TEMPLATE")]
     pub daemon_cmd: Option<String>,
@@ -29,6 +29,13 @@ pub struct DaemonArgs {
     /// first case.
     #[arg(long, value_name = "PATH")]
     pub nats_server: Option<PathBuf>,
+    /// The profile the cases are judged under: `contract` (what the seeds require of any
+    /// Cotal delivery daemon: the broker, the process, the lines the seeds quote) or
+    /// `distribution` (the contract and this distribution's own exit codes, lines, transcripts
+    /// and commands). Default: `distribution` for --daemon and this checkout's build,
+    /// `contract` for --daemon-cmd (which refuses `distribution`).
+    #[arg(long, value_name = "PROFILE", value_parser = ["contract", "distribution"])]
+    pub profile: Option<String>,
     /// Run the scaled form of the cases that run at the shipped defaults (their [scaled]
     /// windows): what `ci/test` does. Without it they run at the shipped 15 s window, 30 s
     /// lease TTL, 5 s standby retry.
@@ -154,6 +161,23 @@ pub fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, Str
             let v = version_of(&bin);
             (DaemonUnderTest::Workspace, bin.display().to_string(), v)
         }
+    }
+}
+
+/// The profile of a run: `--profile`, else the daemon's default (`contract` for a command
+/// template, which refuses `distribution`: its lines and exit codes are not this distribution's).
+pub fn profile_of(args: &DaemonArgs, daemon: &DaemonUnderTest) -> KitProfile {
+    let asked = args
+        .profile
+        .as_deref()
+        .map(|p| KitProfile::parse(p).unwrap_or_else(|e| refuse(&e)));
+    match (daemon, asked) {
+        (DaemonUnderTest::Cmd(_), Some(KitProfile::Distribution)) => refuse(
+            "--daemon-cmd runs the contract profile: the distribution profile judges this distribution's own exit codes, lines and commands, which another implementation does not promise",
+        ),
+        (DaemonUnderTest::Cmd(_), _) => KitProfile::Contract,
+        (_, Some(p)) => p,
+        (_, None) => KitProfile::Distribution,
     }
 }
 

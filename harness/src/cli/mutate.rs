@@ -1,11 +1,12 @@
 //! `harness mutate`: each mutation kept beside the cases applied to a scratch copy of this
-//! checkout, the daemon built there and its case run (KILLED or SURVIVED); with `--simulation`,
+//! checkout, the daemon built there and its case run on every shape, twice, under the profile of
+//! the step it names (KILLED at that step, WRONG-STEP, FLAKY, SURVIVED); with `--simulation`,
 //! each broken build of the simulation against its seed.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use delivery_harness::kit::mutate;
+use delivery_harness::kit::{mutate, KitProfile};
 
 use super::common::{
     daemon_under_test, exit, from_caller, load_catalogue, refuse, runtime, write_atomic, DaemonArgs,
@@ -85,7 +86,16 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
     }
     if list {
         for m in &selected {
-            println!("{}\t{}\t{}\t{}", m.id, m.case, m.file, m.why);
+            let profile = cat
+                .cases
+                .iter()
+                .find(|c| c.id == m.case)
+                .map(|c| mutate::profile_of(m, c).to_string())
+                .unwrap_or_default();
+            println!(
+                "{}\t{}\tstep {:?}\t{profile}\t{}\t{}",
+                m.id, m.case, m.step, m.file, m.why
+            );
         }
         exit(0);
     }
@@ -95,6 +105,7 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
             daemon_cmd: None,
             nats_server,
             scaled: true,
+            profile: None,
         },
         cwd,
     );
@@ -107,29 +118,59 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
         }))
         .unwrap_or_else(|e| refuse(&e));
     let mut bad = 0;
-    println!("{:<50} {:<45} fate", "mutation", "case");
+    let shapes_of = |r: &mutate::MutationResult| {
+        cat.cases
+            .iter()
+            .find(|c| c.id == r.mutation.case)
+            .map(|c| {
+                c.shapes
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default()
+    };
+    println!(
+        "{:<52} {:<48} {:<22} {:<30} fate",
+        "mutation", "case", "shape(s)", "step"
+    );
     for r in &results {
-        let fate = match r.fate {
-            mutate::Fate::Killed => "KILLED",
-            mutate::Fate::Survived => "SURVIVED",
-            mutate::Fate::Unbuildable => "UNBUILDABLE",
-            mutate::Fate::ControlFailed => "CONTROL FAILED",
-        };
         if r.fate != mutate::Fate::Killed {
             bad += 1;
         }
-        println!("{:<50} {:<45} {fate}", r.mutation.id, r.mutation.case);
+        println!(
+            "{:<52} {:<48} {:<22} {:<30} {}{}",
+            r.mutation.id,
+            r.mutation.case,
+            shapes_of(r),
+            format!("{:?}", r.mutation.step),
+            r.fate.as_str(),
+            if r.fate == mutate::Fate::Killed && r.proves == KitProfile::Distribution {
+                " (distribution profile only)"
+            } else {
+                ""
+            }
+        );
     }
     for r in results.iter().filter(|r| r.fate != mutate::Fate::Killed) {
         println!(
-            "\n{} ({:?}): {}\n  {}",
+            "\n{} ({}): {}\n  {}",
             r.mutation.id,
-            r.fate,
+            r.fate.as_str(),
             r.mutation.why,
             r.detail.replace('\n', "\n  ")
         );
     }
-    println!("\n{} killed, {bad} not", results.len() - bad);
+    let killed = results.len() - bad;
+    let distribution_only = results
+        .iter()
+        .filter(|r| r.fate == mutate::Fate::Killed && r.proves == KitProfile::Distribution)
+        .count();
+    println!(
+        "\n{killed} killed at their named step ({} proving the contract profile, {distribution_only} the distribution profile only), {bad} not",
+        killed - distribution_only
+    );
     if let Some(p) = json {
         let text = serde_json::to_string_pretty(&results).unwrap_or_default();
         if let Err(e) = write_atomic(&from_caller(p, cwd), &text) {
@@ -177,6 +218,7 @@ fn simulation_mutants(
             daemon_cmd: None,
             nats_server,
             scaled: false,
+            profile: None,
         },
         cwd,
     );

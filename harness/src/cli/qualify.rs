@@ -8,7 +8,7 @@ use delivery_harness::kit::results::Subject;
 use delivery_harness::kit::RunOptions;
 
 use super::common::{
-    daemon_under_test, exit, from_caller, load_catalogue, refuse, runtime, version_of,
+    daemon_under_test, exit, from_caller, load_catalogue, profile_of, refuse, runtime, version_of,
     write_atomic, DaemonArgs,
 };
 
@@ -19,7 +19,8 @@ pub struct QualifyArgs {
     /// Run only this family or case id (repeatable).
     #[arg(long, value_name = "FAMILY_OR_ID")]
     pub only: Vec<String>,
-    /// List the selected cases (id, family, shapes, sentence) and run nothing.
+    /// List the selected cases (id, family, shapes, profile, the cases each stands on, sentence)
+    /// and run nothing.
     #[arg(long)]
     pub list: bool,
     /// Cases run at once (each starts its own brokers).
@@ -28,8 +29,8 @@ pub struct QualifyArgs {
     /// Rounds per case; figures are reported as p50 and max over them.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub repeat: u16,
-    /// Judge behaviour only: transcripts are not compared (an older release, another
-    /// implementation).
+    /// Judge behaviour only: transcripts are not compared (an older release). The contract
+    /// profile never compares them.
     #[arg(long)]
     pub behaviour_only: bool,
     /// Write the report as JSON.
@@ -76,21 +77,29 @@ pub fn run(args: QualifyArgs, cwd: &Path) -> ! {
     if list {
         for c in &cases {
             let shapes: Vec<&str> = c.shapes.iter().map(|s| s.as_str()).collect();
+            let stands_on: Vec<&str> = c.preconditions().into_iter().collect();
             println!(
-                "{}\t{}\t{}\t{}{}",
+                "{}\t{}\t{}\t{}\t{}\t{}{}",
                 c.id,
                 c.family,
                 shapes.join(","),
+                c.profile,
+                if stands_on.is_empty() {
+                    "stands on nothing".to_string()
+                } else {
+                    format!("stands on {}", stands_on.join(", "))
+                },
                 c.sentence.split_whitespace().collect::<Vec<_>>().join(" "),
-                c.distribution
+                c.why
                     .as_ref()
-                    .map(|d| format!("\t(this distribution only: {d})"))
+                    .map(|d| format!("\t(a distribution case: {d})"))
                     .unwrap_or_default()
             );
         }
         exit(0);
     }
     let (daemon_ut, daemon_name, daemon_version) = daemon_under_test(&daemon, cwd);
+    let profile = profile_of(&daemon, &daemon_ut);
     let nats = delivery_harness::nats_server_bin().unwrap_or_else(|e| refuse(&e.to_string()));
     let results = results.map(|d| bundle_dir(cwd.join(d)));
     let subject = Subject {
@@ -110,6 +119,7 @@ pub fn run(args: QualifyArgs, cwd: &Path) -> ! {
         subject.daemon_version, subject.daemon
     );
     println!("catalogue:   {}", loaded.describe());
+    println!("profile:     {profile}");
     let units: usize = cases.iter().map(|c| c.shapes.len()).sum();
     println!(
         "cases:       {} ({} runs){}{}\n",
@@ -130,6 +140,7 @@ pub fn run(args: QualifyArgs, cwd: &Path) -> ! {
         run: RunOptions {
             daemon: daemon_ut,
             scaled: daemon.scaled,
+            profile,
         },
         jobs: usize::from(jobs),
         repeat: usize::from(repeat),

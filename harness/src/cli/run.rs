@@ -1,4 +1,5 @@
-//! `harness run`: case files, each on every shape it names, with their transcripts and figures.
+//! `harness run`: case files, each on every shape it names, with their transcripts and figures,
+//! under one profile (`--profile`).
 
 use std::path::{Path, PathBuf};
 
@@ -6,7 +7,7 @@ use clap::Args;
 use delivery_harness::kit::catalogue;
 use delivery_harness::kit::{run_case, Case, RunOptions};
 
-use super::common::{daemon_under_test, from_caller, refuse, runtime, DaemonArgs};
+use super::common::{daemon_under_test, from_caller, profile_of, refuse, runtime, DaemonArgs};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -20,9 +21,11 @@ pub struct RunArgs {
 pub fn run(args: RunArgs, cwd: &Path) -> ! {
     let RunArgs { files, daemon } = args;
     let (daemon_ut, _, _) = daemon_under_test(&daemon, cwd);
+    let profile = profile_of(&daemon, &daemon_ut);
     let opts = RunOptions {
         daemon: daemon_ut,
         scaled: daemon.scaled,
+        profile,
     };
     let rt = runtime();
     let (mut passed, mut failed) = (0usize, 0usize);
@@ -46,7 +49,10 @@ pub fn run(args: RunArgs, cwd: &Path) -> ! {
                 Ok(()) => passed += 1,
                 Err(f) => {
                     failed += 1;
-                    eprintln!("FAILED {} [{shape}]: {f}", case.id);
+                    match &f.stands_on {
+                        Some(by) => eprintln!("BLOCKED {} [{shape}] by {by}: {f}", case.id),
+                        None => eprintln!("FAILED {} [{shape}]: {f}", case.id),
+                    }
                 }
             }
         }

@@ -174,6 +174,7 @@ pub fn run(args: SimulateArgs, cwd: &Path) -> ! {
         daemon_cmd: None,
         nats_server: args.nats_server.clone(),
         scaled: false,
+        profile: None,
     };
     let (daemon, daemon_label, version) = daemon_under_test(&daemon_args, cwd);
     let (seed, cluster, standby, minutes) = match &replay {
@@ -316,6 +317,7 @@ fn batch(args: &SimulateArgs, cwd: &Path, minutes: f64, agents: usize, unix_s: u
         daemon_cmd: None,
         nats_server: args.nats_server.clone(),
         scaled: false,
+        profile: None,
     };
     let (daemon, daemon_label, version) = daemon_under_test(&daemon_args, cwd);
     let root = match &args.keep {

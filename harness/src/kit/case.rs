@@ -10,15 +10,60 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::expr::{self, Duration, Vars};
+use super::profile::KitProfile;
+use super::seeds;
 use super::shape::{MeshSpec, Shape};
 use super::steps::{self, Step};
 
-/// The seed documents a sentence may be quoted from.
-pub const SEEDS: &[&str] = &[
-    "delivery-daemon-concept.txt",
-    "delivery-service-contracts.txt",
-    "embedded-daemon-lifecycle.txt",
+/// Verbs that act and judge nothing: a contract case needs at least one contract step that is
+/// none of these (else every judging step is a distribution step, and the case is one).
+const ACTING: &[&str] = &[
+    "start",
+    "signal",
+    "agent",
+    "offline",
+    "online",
+    "announce",
+    "post",
+    "plant_entry",
+    "proxy",
+    "proxy_fault",
+    "broker",
+    "observe",
+    "remember_connections",
+    "remember_lease",
+    "watch_lease",
+    "watch_advisory",
+    "watch_sweeps",
+    "delete_lease",
+    "rewrite_lease_identical",
+    "rewrite_lease_foreign_incarnation",
+    "plant_reused_pid",
+    "fill_store",
+    "sys_material",
+    "host",
+    "host_material",
+    "channel",
+    "acl",
+    "retire",
+    "delete_acl",
+    "delete_member",
+    "delete_entries",
+    "delete_consumer",
+    "credential_time",
+    "delay_frames",
+    "release_delayed",
+    "send",
+    "remint",
+    "pause_consumer",
+    "resume_consumer",
+    "stream_config",
+    "connect_once",
 ];
+
+/// The keys a step's `distribution = { … }` may add to its verb's arguments: expectations only,
+/// so the step acts the same under both profiles and judges more under `distribution`.
+const SHARPER: &[&str] = &["error", "code", "answer", "includes"];
 
 /// Why a case file was refused: the file, the line (0 when the whole file is at fault) and
 /// what was wrong.
@@ -72,7 +117,12 @@ struct RawCase {
     shapes: Vec<String>,
     description: String,
     #[serde(default)]
-    distribution: Option<String>,
+    profile: Option<String>,
+    #[serde(default)]
+    why: Option<String>,
+    /// Earlier releases' reason text, refused with the way to write it now.
+    #[serde(default)]
+    distribution: Option<toml::Value>,
     #[serde(default)]
     mesh: MeshSpec,
     #[serde(default)]
@@ -103,8 +153,40 @@ pub struct StepAt {
     /// 1-based line of its `[[step]]` table.
     pub line: usize,
     pub verb: String,
+    /// The step as the contract profile runs it (and the distribution profile, unless
+    /// `sharper` is given).
     pub step: Step,
+    /// The step with its `distribution = { … }` expectations added: what the distribution
+    /// profile runs.
+    pub sharper: Option<Step>,
     pub timing: Timing,
+    /// The profile the step belongs to (`profile = "distribution"`; unmarked: contract).
+    pub profile: KitProfile,
+    /// The case whose sentence this step stands on: its failure blocks the case.
+    pub stands_on: Option<String>,
+    /// The name a mutation gives this step as its evidence.
+    pub label: Option<String>,
+}
+
+impl StepAt {
+    /// The step a run of `profile` runs here, or `None` when that run skips it.
+    pub fn for_profile(&self, profile: KitProfile) -> Option<&Step> {
+        if !profile.runs(self.profile) {
+            return None;
+        }
+        match (&self.sharper, profile) {
+            (Some(s), KitProfile::Distribution) => Some(s),
+            _ => Some(&self.step),
+        }
+    }
+
+    /// How a report names the step: its label, else its number and verb.
+    pub fn name(&self, number: usize) -> String {
+        match &self.label {
+            Some(l) => format!("{l:?}"),
+            None => format!("step {number} (`{}`)", self.verb),
+        }
+    }
 }
 
 /// A loaded case.
@@ -117,7 +199,10 @@ pub struct Case {
     pub sentence: String,
     pub shapes: Vec<Shape>,
     pub description: String,
-    pub distribution: Option<String>,
+    /// `contract` unless every judging step is this distribution's (header `profile`).
+    pub profile: KitProfile,
+    /// Why a distribution case is one.
+    pub why: Option<String>,
     pub mesh: MeshSpec,
     pub env: BTreeMap<String, String>,
     pub vars: Vars,
@@ -127,7 +212,17 @@ pub struct Case {
 }
 
 /// Keys of a `[[step]]` table that are modifiers, not verbs.
-const MODIFIERS: &[&str] = &["mark", "since", "within", "at_least", "figure"];
+const MODIFIERS: &[&str] = &[
+    "mark",
+    "since",
+    "within",
+    "at_least",
+    "figure",
+    "profile",
+    "stands_on",
+    "label",
+    "distribution",
+];
 
 /// The 1-based line of the first line of `text` starting with `key` (0 when none does).
 fn field_line(text: &str, key: &str) -> usize {
@@ -207,11 +302,43 @@ impl Case {
                 ),
             ));
         }
-        if !SEEDS.contains(&raw.seed.as_str()) {
+        if !seeds::SEEDS.iter().any(|(name, _)| *name == raw.seed) {
+            let names: Vec<&str> = seeds::SEEDS.iter().map(|(n, _)| *n).collect();
             return Err(err(
                 field_line("seed"),
-                format!("seed {:?} is not one of {}", raw.seed, SEEDS.join(", ")),
+                format!("seed {:?} is not one of {}", raw.seed, names.join(", ")),
             ));
+        }
+        if raw.distribution.is_some() {
+            return Err(err(
+                field_line("distribution"),
+                "`distribution = \"<reason>\"` is now `profile = \"distribution\"` with the reason as `why = \"<reason>\"` (docs/cases.md)".into(),
+            ));
+        }
+        let case_profile = match raw.profile.as_deref() {
+            None => KitProfile::Contract,
+            Some("distribution") => KitProfile::Distribution,
+            Some(other) => {
+                return Err(err(
+                    field_line("profile"),
+                    format!("profile {other:?}: a case is a contract case unless marked `profile = \"distribution\"`"),
+                ))
+            }
+        };
+        match (case_profile, &raw.why) {
+            (KitProfile::Distribution, None) => {
+                return Err(err(
+                    field_line("profile"),
+                    "a distribution case says `why` (what only this distribution promises)".into(),
+                ))
+            }
+            (KitProfile::Contract, Some(_)) => {
+                return Err(err(
+                    field_line("why"),
+                    "`why` goes with `profile = \"distribution\"`".into(),
+                ))
+            }
+            _ => {}
         }
         let want_prefix = format!("{}/", raw.family);
         if !raw.id.starts_with(&want_prefix) || raw.id.len() == want_prefix.len() {
@@ -259,26 +386,67 @@ impl Case {
                 .map_err(|m| err(field_line("lease_ttl_ms"), format!("`lease_ttl_ms`: {m}")))?;
         }
 
-        let mut steps = Vec::with_capacity(raw.steps.len());
+        let mut steps: Vec<StepAt> = Vec::with_capacity(raw.steps.len());
         let mut names = steps::Names::default();
+        let mut labels = std::collections::BTreeSet::new();
         for (i, spanned) in raw.steps.iter().enumerate() {
             let line = line_of(text, spanned.span().start);
             let at = |m: String| err(line, format!("step {}: {m}", i + 1));
             let table = spanned.get_ref();
             let mut timing = Timing::default();
             let mut verb: Option<(&String, &toml::Value)> = None;
+            let mut profile = case_profile;
+            let mut stands_on = None;
+            let mut label = None;
+            let mut sharper_args: Option<&toml::Table> = None;
             for (key, value) in table {
+                let string = || {
+                    value
+                        .as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| at(format!("`{key}` must be a string")))
+                };
                 match key.as_str() {
-                    "mark" | "since" | "figure" => {
-                        let s = value
-                            .as_str()
-                            .ok_or_else(|| at(format!("`{key}` must be a string")))?
-                            .to_string();
-                        match key.as_str() {
-                            "mark" => timing.mark = Some(s),
-                            "since" => timing.since = Some(s),
-                            _ => timing.figure = Some(s),
+                    "mark" => timing.mark = Some(string()?),
+                    "since" => timing.since = Some(string()?),
+                    "figure" => timing.figure = Some(string()?),
+                    "profile" => {
+                        if case_profile == KitProfile::Distribution {
+                            return Err(at("the case is a distribution case: every step of it is a distribution step, none is marked".into()));
                         }
+                        if string()? != "distribution" {
+                            return Err(at(
+                                "`profile` marks a distribution step (`profile = \"distribution\"`); an unmarked step is a contract step".into(),
+                            ));
+                        }
+                        profile = KitProfile::Distribution;
+                    }
+                    "stands_on" => {
+                        let id = string()?;
+                        if id == raw.id {
+                            return Err(at("a case cannot stand on itself".into()));
+                        }
+                        if !id.contains('/') {
+                            return Err(at(format!(
+                                "`stands_on = {id:?}` names a case id (\"<family>/<name>\")"
+                            )));
+                        }
+                        stands_on = Some(id);
+                    }
+                    "label" => {
+                        let l = string()?;
+                        if !labels.insert(l.clone()) {
+                            return Err(at(format!("the label {l:?} is given twice")));
+                        }
+                        label = Some(l);
+                    }
+                    "distribution" => {
+                        if case_profile == KitProfile::Distribution {
+                            return Err(at("the case is a distribution case: write the expectation in the step itself".into()));
+                        }
+                        sharper_args = Some(value.as_table().ok_or_else(|| {
+                            at("`distribution` is a table of the expectations only the distribution profile judges".into())
+                        })?);
                     }
                     "within" | "at_least" => {
                         let d: Duration = value.clone().try_into().map_err(|_| {
@@ -320,26 +488,88 @@ impl Case {
                 ))
             })?;
             let step = steps::parse(verb, args).map_err(at)?;
+            let distribution = profile == KitProfile::Distribution;
+            let sharper = match sharper_args {
+                None => None,
+                Some(extra) => {
+                    if distribution {
+                        return Err(at("a distribution step judges everything it says: `distribution = { … }` goes on a contract step".into()));
+                    }
+                    let mut merged = args
+                        .as_table()
+                        .cloned()
+                        .ok_or_else(|| at(format!("`{verb}` takes a table of arguments")))?;
+                    for (k, v) in extra {
+                        if !SHARPER.contains(&k.as_str()) {
+                            return Err(at(format!(
+                                "`distribution = {{ {k} = … }}`: only expectations go there ({})",
+                                SHARPER.join(", ")
+                            )));
+                        }
+                        if merged.insert(k.clone(), v.clone()).is_some() {
+                            return Err(at(format!(
+                                "`{k}` is in the step and in its `distribution`: the distribution profile adds expectations, it does not replace them"
+                            )));
+                        }
+                    }
+                    Some(
+                        steps::parse(verb, &toml::Value::Table(merged))
+                            .map_err(|m| at(format!("with its `distribution`: {m}")))?,
+                    )
+                }
+            };
+            if !distribution {
+                if let Some(why) = step.distribution_only() {
+                    return Err(at(format!(
+                        "a contract step cannot judge this: {why} (mark the step `profile = \"distribution\"`, or give the contract's form and add the rest under `distribution = {{ … }}`)"
+                    )));
+                }
+                for text in step.wording() {
+                    if !seeds::quoted(text) {
+                        return Err(at(format!(
+                            "{text:?} is not quoted by a seed document, and a contract step judges only the wording the seeds quote (mark the step `profile = \"distribution\"`, or judge the text under `distribution = {{ … }}`)"
+                        )));
+                    }
+                }
+            }
             if timing.within.is_some() && step.default_within().is_none() {
                 return Err(at(format!(
                     "`within` has no meaning for `{verb}`, which does not wait"
                 )));
             }
             if let Some(s) = &timing.since {
-                if !names.marks.contains(s) {
-                    return Err(at(format!("`since = {s:?}` names no earlier `mark`")));
-                }
+                names
+                    .uses(steps::verb::Kind::Event, s, distribution)
+                    .map_err(|m| at(format!("`since = {s:?}`: {m} (a `mark`)")))?;
             }
-            names.check(&step).map_err(at)?;
+            names.check(&step, distribution).map_err(at)?;
+            if let Some(s) = &sharper {
+                // The sharper form names nothing the step does not: checked as a distribution step.
+                steps::Names::default().check(s, true).ok();
+            }
             if let Some(m) = &timing.mark {
-                names.marks.insert(m.clone());
+                names.create(steps::verb::Kind::Event, m, distribution);
             }
             steps.push(StepAt {
                 line,
                 verb: verb.clone(),
                 step,
+                sharper,
                 timing,
+                profile,
+                stands_on,
+                label,
             });
+        }
+        if case_profile == KitProfile::Contract
+            && !steps
+                .iter()
+                .any(|s| s.profile == KitProfile::Contract && !ACTING.contains(&s.verb.as_str()))
+        {
+            return Err(err(
+                field_line("id"),
+                "every step that judges is a distribution step: the case is a distribution case (`profile = \"distribution\"` with its `why`)".into(),
+            ));
         }
         if steps.is_empty() {
             return Err(err(0, "a case has at least one [[step]]".into()));
@@ -352,7 +582,8 @@ impl Case {
             sentence: raw.sentence,
             shapes,
             description: raw.description,
-            distribution: raw.distribution,
+            profile: case_profile,
+            why: raw.why,
             mesh: raw.mesh,
             env: raw.env,
             vars: raw.vars,
@@ -360,6 +591,23 @@ impl Case {
             transcript: raw.transcript,
             steps,
         })
+    }
+
+    /// The cases this case stands on: the union of its steps' `stands_on`.
+    pub fn preconditions(&self) -> std::collections::BTreeSet<&str> {
+        self.steps
+            .iter()
+            .filter_map(|s| s.stands_on.as_deref())
+            .collect()
+    }
+
+    /// The step a mutation names by its label, with its number.
+    pub fn labelled(&self, label: &str) -> Option<(usize, &StepAt)> {
+        self.steps
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.label.as_deref() == Some(label))
+            .map(|(i, s)| (i + 1, s))
     }
 
     /// The name part of the id (`data-path/x` → `x`).
@@ -398,12 +646,154 @@ mod tests {
     use super::*;
 
     const HEAD: &str = "id = \"standby/x\"\nfamily = \"standby\"\nseed = \"delivery-service-contracts.txt\"\nsentence = \"s\"\ndescription = \"d\"\n";
-    const STEP: &str = "\n[[step]]\nobserve = { ms = 1 }\n";
+    const STEP: &str = "\n[[step]]\nexpect_lease = { absent = true }\n";
 
     /// A lease TTL written as a variable takes each form's value; one naming no variable is
     /// refused with its line.
     /// Mutation seen failing: the `lease_ttl_ms` evaluation at load removed (the unknown name
     /// loads, and fails only when the mesh starts).
+    fn refused(steps: &str) -> LoadError {
+        let text = format!("{HEAD}{steps}");
+        Case::parse(&text, Path::new("x.toml")).expect_err("refused")
+    }
+
+    fn loads(steps: &str) -> Case {
+        let text = format!("{HEAD}{steps}");
+        Case::parse(&text, Path::new("x.toml")).unwrap_or_else(|e| panic!("loads: {e}"))
+    }
+
+    const STARTED: &str = "\n[[step]]\nstart = { daemon = \"a\" }\n";
+
+    /// A contract step judges a daemon's line only by what a seed document quotes: this
+    /// distribution's own wording is refused there, with the way out, and accepted in a
+    /// distribution step.
+    /// Mutation seen failing: the wording check of `Case::parse` removed (the unquoted
+    /// `delivery daemon up` loads as a contract step).
+    #[test]
+    fn a_contract_line_step_quotes_a_seed() {
+        let quoted =
+            "[[step]]\nwait_line = { daemon = \"a\", contains = \"received SIGTERM, exiting\" }\n";
+        loads(&format!("{STARTED}{quoted}"));
+        let own = "[[step]]\nwait_line = { daemon = \"a\", contains = \"delivery daemon up\" }\n";
+        let e = refused(&format!("{STARTED}{own}"));
+        assert_eq!(e.line, 9, "{e}");
+        assert!(e.message.contains("not quoted by a seed document"), "{e}");
+        loads(&format!(
+            "{STARTED}{own}profile = \"distribution\"\n[[step]]\nexpect_exit = {{ daemon = \"a\" }}\n"
+        ));
+        // A reply's error text is held to the same rule, and may go under `distribution`.
+        let agent = "[[step]]\nagent = { name = \"eve\", read = [\"g\"] }\n";
+        let req = "[[step]]\nrequest = { rail = \"delivery\", as = \"eve\", op = \"x\", error = \"stale leave\" }\n";
+        assert!(refused(&format!("{STARTED}{agent}{req}"))
+            .message
+            .contains("\"stale leave\""));
+        let req = "[[step]]\nrequest = { rail = \"delivery\", as = \"eve\", op = \"x\", ok = false }\ndistribution = { error = \"stale leave\" }\n";
+        let case = loads(&format!("{STARTED}{agent}{req}"));
+        assert!(case.steps[2].sharper.is_some());
+    }
+
+    /// An exact exit code and this distribution's commands are distribution steps; a contract
+    /// step says `nonzero`, and the code goes under `distribution`.
+    /// Mutation seen failing: the `distribution_only` check of `Case::parse` removed.
+    #[test]
+    fn exact_exit_codes_and_commands_are_the_distributions() {
+        let e = refused(&format!(
+            "{STARTED}[[step]]\nexpect_exit = {{ daemon = \"a\", code = 6 }}\n"
+        ));
+        assert!(e.message.contains("an exact exit code"), "{e}");
+        let e = refused(&format!(
+            "{STARTED}[[step]]\nstatus = {{ contains = \"running\", code = 0 }}\n[[step]]\nexpect_exit = {{ daemon = \"a\" }}\n"
+        ));
+        assert!(e.message.contains("cotal-delivery status"), "{e}");
+        let case = loads(&format!(
+            "{STARTED}[[step]]\nexpect_exit = {{ daemon = \"a\", nonzero = true }}\ndistribution = {{ code = 6 }}\n"
+        ));
+        let at = &case.steps[1];
+        assert!(at.for_profile(KitProfile::Contract).is_some());
+        assert!(std::ptr::eq(
+            at.for_profile(KitProfile::Distribution).expect("runs"),
+            at.sharper.as_ref().expect("sharper")
+        ));
+        // Only expectations go under `distribution`, and only new ones.
+        let e = refused(&format!(
+            "{STARTED}[[step]]\nexpect_exit = {{ daemon = \"a\", nonzero = true }}\ndistribution = {{ daemon = \"b\" }}\n"
+        ));
+        assert!(e.message.contains("only expectations"), "{e}");
+        let e = refused(&format!(
+            "{STARTED}[[step]]\nexpect_exit = {{ daemon = \"a\", code = 1 }}\nprofile = \"distribution\"\ndistribution = {{ code = 1 }}\n[[step]]\nexpect_lease = {{ absent = true }}\n"
+        ));
+        assert!(e.message.contains("goes on a contract step"), "{e}");
+    }
+
+    /// The contract profile skips distribution steps, so a contract step may not use a name
+    /// (an actor, a `mark`) that only a distribution step created.
+    /// Mutation seen failing: `Names::uses` ignoring who created the name.
+    #[test]
+    fn a_contract_step_uses_no_name_a_distribution_step_made() {
+        let e = refused(&format!(
+            "{STARTED}[[step]]\nwait_line = {{ daemon = \"a\", contains = \"delivery daemon up\" }}\nprofile = \"distribution\"\nmark = \"up\"\n[[step]]\nexpect_exit = {{ daemon = \"a\" }}\nsince = \"up\"\n"
+        ));
+        assert!(
+            e.message.contains("created only by a distribution step"),
+            "{e}"
+        );
+        let e = refused(
+            "\n[[step]]\nstart = { daemon = \"a\" }\nprofile = \"distribution\"\n[[step]]\nexpect_exit = { daemon = \"a\" }\n",
+        );
+        assert!(e.message.contains("daemon \"a\""), "{e}");
+    }
+
+    /// A contract case has a contract step that judges; one whose every judging step is the
+    /// distribution's is a distribution case, which says why.
+    /// Mutation seen failing: the closing check of `Case::parse` removed.
+    #[test]
+    fn a_case_with_only_distribution_judgements_is_a_distribution_case() {
+        let steps = format!(
+            "{STARTED}[[step]]\nexpect_exit = {{ daemon = \"a\", code = 3 }}\nprofile = \"distribution\"\n"
+        );
+        assert!(refused(&steps).message.contains("is a distribution case"));
+        let text = HEAD.replace(
+            "description",
+            "profile = \"distribution\"\nwhy = \"its own knob\"\ndescription",
+        );
+        let case = Case::parse(
+            &format!("{text}{STARTED}[[step]]\nexpect_exit = {{ daemon = \"a\", code = 3 }}\n"),
+            Path::new("x.toml"),
+        )
+        .expect("a distribution case loads");
+        assert_eq!(case.profile, KitProfile::Distribution);
+        assert_eq!(case.steps[1].profile, KitProfile::Distribution);
+        let old = HEAD.replace(
+            "description",
+            "distribution = \"its own knob\"\ndescription",
+        );
+        let e = Case::parse(&format!("{old}{STEP}"), Path::new("x.toml")).expect_err("refused");
+        assert!(e.message.contains("`why"), "{e}");
+    }
+
+    /// Preconditions and labels: a case stands on other cases, never on itself; a label names
+    /// one step.
+    /// Mutation seen failing: the duplicate check of `label` removed.
+    #[test]
+    fn preconditions_and_labels() {
+        let case = loads(&format!(
+            "{STARTED}[[step]]\nexpect_serving = {{ daemon = \"a\" }}\nstands_on = \"lifecycle/x\"\n[[step]]\nexpect_exit = {{ daemon = \"a\" }}\nlabel = \"exits\"\n"
+        ));
+        assert_eq!(
+            case.preconditions().into_iter().collect::<Vec<_>>(),
+            vec!["lifecycle/x"]
+        );
+        assert_eq!(case.labelled("exits").map(|(n, _)| n), Some(3));
+        let e = refused(&format!(
+            "{STARTED}[[step]]\nexpect_serving = {{ daemon = \"a\" }}\nstands_on = \"standby/x\"\n"
+        ));
+        assert!(e.message.contains("stand on itself"), "{e}");
+        let e = refused(&format!(
+            "{STARTED}[[step]]\nexpect_serving = {{ daemon = \"a\" }}\nlabel = \"l\"\n[[step]]\nexpect_exit = {{ daemon = \"a\" }}\nlabel = \"l\"\n"
+        ));
+        assert!(e.message.contains("given twice"), "{e}");
+    }
+
     #[test]
     fn a_lease_ttl_names_a_variable_of_each_form() {
         let text = format!(

@@ -1,16 +1,18 @@
 //! The catalogue: every case under `cases/<family>/`, loaded and checked together (a file
 //! whose id is not its place, a family that is not its folder, a folder whose name cannot be a
-//! family are refused). The families are the folders of the catalogue, read, never listed: a
-//! new family is a new folder, a new case its file and its snapshot.
-//! selected by family or id, and run as `harness qualify` runs it: each (case, shape) in
-//! parallel up to `-j`, `--repeat` rounds each, transcripts compared with their snapshots, logs
-//! kept for the failures.
+//! family, a `stands_on` naming no case are refused). The families are
+//! the folders of the catalogue, read, never listed: a new family is a new folder, a new case its
+//! file and its snapshot. Selected by family or id, and run as `harness qualify` runs it under
+//! one profile: each (case, shape) in parallel up to `-j`, `--repeat` rounds each, a failure at a
+//! step that stands on another case reported as blocked by it, transcripts compared with their
+//! snapshots (distribution profile), logs kept for the failures.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::case::{is_family_name, Case, LoadError};
+use super::profile::KitProfile;
 use super::results::{
     figure, CaseReport, CaseVerdict, FailureReport, QualifyReport, Subject, TranscriptVerdict,
 };
@@ -108,7 +110,7 @@ pub fn locate(given: Option<PathBuf>) -> Result<Located, String> {
 impl Catalogue {
     /// Loads every case under `root`; every refusal at once.
     pub fn load(root: &Path) -> Result<Catalogue, Vec<LoadError>> {
-        let mut cases = Vec::new();
+        let mut cases: Vec<Case> = Vec::new();
         let mut families = Vec::new();
         let mut errors = Vec::new();
         let entries = match std::fs::read_dir(root) {
@@ -174,6 +176,19 @@ impl Catalogue {
                         }
                     }
                     Err(e) => errors.push(e),
+                }
+            }
+        }
+        for case in &cases {
+            for at in &case.steps {
+                if let Some(id) = &at.stands_on {
+                    if !cases.iter().any(|c| &c.id == id) {
+                        errors.push(LoadError {
+                            file: case.path.clone(),
+                            line: at.line,
+                            message: format!("`stands_on = {id:?}` names no case of the catalogue"),
+                        });
+                    }
                 }
             }
         }
@@ -271,6 +286,10 @@ pub async fn qualify(
                     "skipped ({})",
                     report.skip_reason.as_deref().unwrap_or_default()
                 ),
+                (CaseVerdict::Blocked, _) => format!(
+                    "BLOCKED by {}",
+                    report.blocked_by.as_deref().unwrap_or_default()
+                ),
                 (_, true) if report.verdict == CaseVerdict::Pass => "DRIFT".to_string(),
                 (_, true) => "FAIL".to_string(),
                 _ => "pass".to_string(),
@@ -293,8 +312,9 @@ pub async fn qualify(
     }
     QualifyReport::new(
         subject,
+        opts.run.profile,
         opts.run.scaled,
-        opts.behaviour_only,
+        opts.behaviour_only || opts.run.profile == KitProfile::Contract,
         reports.into_iter().flatten().collect(),
         started.elapsed().as_millis(),
     )
@@ -313,7 +333,14 @@ async fn qualify_one(
         seed: case.seed.clone(),
         sentence: case.sentence.trim().to_string(),
         shape: shape.to_string(),
+        case_profile: case.profile,
+        preconditions: case
+            .preconditions()
+            .into_iter()
+            .map(str::to_string)
+            .collect(),
         verdict: CaseVerdict::Pass,
+        blocked_by: None,
         transcript: TranscriptVerdict::NotCompared,
         skip_reason: None,
         transcript_difference: None,
@@ -355,7 +382,11 @@ async fn qualify_one(
             let _ = std::fs::remove_dir_all(&dir);
         }
         if let Err(f) = run.outcome {
-            report.verdict = CaseVerdict::Fail;
+            report.verdict = match &f.stands_on {
+                Some(_) => CaseVerdict::Blocked,
+                None => CaseVerdict::Fail,
+            };
+            report.blocked_by = f.stands_on.clone();
             report.failure = Some(FailureReport {
                 step: f.step,
                 line: f.line,
@@ -363,13 +394,19 @@ async fn qualify_one(
                 expected: f.failure.expected,
                 actual: f.failure.actual,
                 round,
+                label: f.label,
+                profile: f.profile,
             });
             report.logs = Some(dir.display().to_string());
             break;
         }
     }
     report.figures = values.into_iter().map(|(n, v)| figure(&n, v)).collect();
-    if report.verdict == CaseVerdict::Pass && !opts.behaviour_only {
+    // Transcripts are this distribution's: compared in its profile only.
+    if report.verdict == CaseVerdict::Pass
+        && !opts.behaviour_only
+        && opts.run.profile == KitProfile::Distribution
+    {
         let path = cat.snapshot_path(case);
         match std::fs::read_to_string(&path) {
             Ok(text) if matches_snapshot(&text, &transcript) => {
@@ -396,16 +433,20 @@ async fn qualify_one(
     report
 }
 
-/// Why a case cannot run against the daemon under test.
+/// Why a case cannot run against the daemon under test in the run's profile: a distribution
+/// case under the contract profile, or (under `--daemon-cmd`) a step the template cannot express.
 pub fn skip_reason(case: &Case, opts: &RunOptions) -> Option<String> {
+    if case.profile == KitProfile::Distribution && opts.profile == KitProfile::Contract {
+        return Some(format!(
+            "a distribution case, judged by the distribution profile only: {}",
+            case.why.as_deref().unwrap_or_default()
+        ));
+    }
     if !matches!(opts.daemon, crate::kit::under_test::DaemonUnderTest::Cmd(_)) {
         return None;
     }
-    if let Some(why) = &case.distribution {
-        return Some(format!("this distribution only: {why}"));
-    }
     case.steps.iter().find_map(|s| {
-        s.step
+        s.for_profile(opts.profile)?
             .unsupported(&opts.daemon)
             .map(|why| format!("line {}: {why}", s.line))
     })
@@ -417,7 +458,7 @@ mod tests {
 
     fn case_file(id: &str, family: &str) -> String {
         format!(
-            "id = \"{id}\"\nfamily = \"{family}\"\nseed = \"delivery-service-contracts.txt\"\nsentence = \"s\"\ndescription = \"d\"\n\n[[step]]\nobserve = {{ ms = 1 }}\n"
+            "id = \"{id}\"\nfamily = \"{family}\"\nseed = \"delivery-service-contracts.txt\"\nsentence = \"s\"\ndescription = \"d\"\n\n[[step]]\nexpect_lease = {{ absent = true }}\n"
         )
     }
 

@@ -1,10 +1,16 @@
 //! Mutations kept as data: each names a daemon source file, a text to find in it (exactly
-//! once), its replacement, the case expected to fail with it and why. `harness mutate` applies
-//! each to a scratch copy of the workspace, builds the daemon there, runs the case against that
-//! build (behaviour only: a mutation is killed by what the broker holds, not by a reworded line)
-//! and reports KILLED or SURVIVED. A control run of each case against the unmutated scratch
-//! build comes first, so a case that fails anyway kills nothing.
+//! once), its replacement, the case expected to fail with it, the step of that case that is the
+//! evidence (its `label`) and why. `harness mutate` applies each to a scratch copy of the
+//! workspace, builds the daemon there and runs the case against that build on every shape the
+//! case runs on, twice each (behaviour only, scaled), under the profile of the named step: the
+//! contract profile when it is a contract step, so a kill there proves the contract; the
+//! distribution profile when the step (or the mutation) says so, and that kill proves the
+//! distribution profile only. The fate: KILLED only when the named step failed in every run;
+//! FLAKY when the two runs of a shape disagree; WRONG-STEP when the case failed at another step;
+//! SURVIVED when it passed. A control run of the case against the unmutated scratch build, on
+//! each shape, comes first, so a case that fails anyway kills nothing.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -12,7 +18,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::catalogue::Catalogue;
-use super::run::run_case;
+use super::profile::KitProfile;
+use super::run::{run_case, StepFailure};
+use crate::kit::shape::Shape;
 use crate::kit::under_test::{DaemonUnderTest, RunOptions};
 
 /// `cases/<family>/mutations.toml`.
@@ -36,14 +44,27 @@ pub struct Mutation {
     pub replace: String,
     /// What the mutation breaks, in the seed's words.
     pub why: String,
+    /// The label of the case's step that must fail: the evidence.
+    pub step: String,
+    /// `distribution`: judged under the distribution profile although the named step is a
+    /// contract step (what kills it is the step's `distribution = { … }` expectation).
+    #[serde(default)]
+    pub profile: Option<KitProfile>,
 }
+
+/// Runs of each mutated build on each shape.
+pub const RUNS_PER_SHAPE: usize = 2;
 
 /// How a mutation fared.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fate {
-    /// The case failed against the mutated build.
+    /// The named step failed in every run on every shape.
     Killed,
+    /// The case failed at another step than the named one (in both runs of a shape).
+    WrongStep,
+    /// The two runs of a shape disagreed: no verdict.
+    Flaky,
     /// The case passed against it: the case does not prove its behaviour.
     Survived,
     /// The mutated daemon did not build.
@@ -52,12 +73,97 @@ pub enum Fate {
     ControlFailed,
 }
 
+impl Fate {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Fate::Killed => "KILLED",
+            Fate::WrongStep => "WRONG-STEP",
+            Fate::Flaky => "FLAKY",
+            Fate::Survived => "SURVIVED",
+            Fate::Unbuildable => "UNBUILDABLE",
+            Fate::ControlFailed => "CONTROL FAILED",
+        }
+    }
+}
+
+/// What one run of a mutated build saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "outcome")]
+pub enum MutantRun {
+    Passed,
+    Failed {
+        step: usize,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        label: Option<String>,
+        detail: String,
+    },
+}
+
+impl MutantRun {
+    fn of(outcome: &Result<(), StepFailure>) -> MutantRun {
+        match outcome {
+            Ok(()) => MutantRun::Passed,
+            Err(f) => MutantRun::Failed {
+                step: f.step,
+                label: f.label.clone(),
+                detail: f.to_string(),
+            },
+        }
+    }
+
+    /// Whether this run failed at the step labelled `label`.
+    fn at(&self, label: &str) -> bool {
+        matches!(self, MutantRun::Failed { label: Some(l), .. } if l == label)
+    }
+
+    /// Whether two runs saw the same: both passed, or both failed at one step.
+    fn agrees(&self, other: &MutantRun) -> bool {
+        match (self, other) {
+            (MutantRun::Passed, MutantRun::Passed) => true,
+            (MutantRun::Failed { step: a, .. }, MutantRun::Failed { step: b, .. }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// The runs on one shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShapeRuns {
+    pub shape: String,
+    pub runs: Vec<MutantRun>,
+}
+
+/// The fate of runs on every shape, judged against the step labelled `label`.
+pub fn fate_of(shapes: &[ShapeRuns], label: &str) -> Fate {
+    let all: Vec<&MutantRun> = shapes.iter().flat_map(|s| &s.runs).collect();
+    if !all.is_empty() && all.iter().all(|r| r.at(label)) {
+        return Fate::Killed;
+    }
+    if shapes
+        .iter()
+        .any(|s| s.runs.windows(2).any(|w| !w[0].agrees(&w[1])))
+    {
+        return Fate::Flaky;
+    }
+    if all
+        .iter()
+        .any(|r| matches!(r, MutantRun::Failed { .. }) && !r.at(label))
+    {
+        return Fate::WrongStep;
+    }
+    Fate::Survived
+}
+
 /// One mutation's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct MutationResult {
     pub mutation: Mutation,
     pub fate: Fate,
-    /// What the case saw (the failing step), or why nothing was run.
+    /// The profile it was judged under: a kill under `distribution` proves that profile only.
+    pub proves: KitProfile,
+    /// The runs on each shape (none when it did not build or its control failed).
+    pub shapes: Vec<ShapeRuns>,
+    /// Why nothing was run, or what set the fate apart.
     pub detail: String,
     pub seconds: u64,
 }
@@ -81,8 +187,24 @@ pub fn load(cat: &Catalogue, workspace: &Path) -> Result<Vec<Mutation>, Vec<Stri
         if !ids.insert(m.id.clone()) {
             errors.push(format!("mutation {:?}: the id is used twice", m.id));
         }
-        if !cat.cases.iter().any(|c| c.id == m.case) {
-            errors.push(format!("mutation {:?}: no case {:?}", m.id, m.case));
+        match cat.cases.iter().find(|c| c.id == m.case) {
+            None => errors.push(format!("mutation {:?}: no case {:?}", m.id, m.case)),
+            Some(case) => match case.labelled(&m.step) {
+                None => errors.push(format!(
+                    "mutation {:?}: case {} has no step labelled {:?} (its evidence: `label = {:?}` on the step that must fail)",
+                    m.id, m.case, m.step, m.step
+                )),
+                Some((_, at))
+                    if at.profile == KitProfile::Distribution
+                        && m.profile == Some(KitProfile::Contract) =>
+                {
+                    errors.push(format!(
+                        "mutation {:?}: step {:?} is a distribution step, judged by the distribution profile only",
+                        m.id, m.step
+                    ))
+                }
+                Some(_) => {}
+            },
         }
         errors.extend(stale(workspace, &m.id, &m.file, &m.find));
         if m.find == m.replace {
@@ -204,7 +326,18 @@ pub(crate) fn build_mutated(
     Ok(built)
 }
 
-/// Applies, builds and runs each of `mutations`; `progress` gets a line per mutation.
+/// The profile mutation `m` is judged under on `case`: the named step's, or the mutation's own
+/// `profile = "distribution"`.
+pub fn profile_of(m: &Mutation, case: &super::case::Case) -> KitProfile {
+    match (m.profile, case.labelled(&m.step)) {
+        (Some(KitProfile::Distribution), _) => KitProfile::Distribution,
+        (_, Some((_, at))) => at.profile,
+        (_, None) => KitProfile::Distribution,
+    }
+}
+
+/// Applies, builds and runs each of `mutations`; `progress` gets a line per run and per
+/// mutation.
 pub async fn run(
     cat: &Catalogue,
     workspace: &Path,
@@ -213,7 +346,7 @@ pub async fn run(
     progress: impl Fn(&str),
 ) -> Result<Vec<MutationResult>, String> {
     let control_bin = unmutated(workspace, scratch, &progress)?;
-    let mut controls: std::collections::BTreeMap<String, Result<(), String>> = Default::default();
+    let mut controls: BTreeMap<(String, String, KitProfile), Result<(), String>> = BTreeMap::new();
     let mut results = Vec::new();
     for (i, m) in mutations.iter().enumerate() {
         let started = Instant::now();
@@ -222,55 +355,110 @@ pub async fn run(
             .iter()
             .find(|c| c.id == m.case)
             .ok_or_else(|| format!("no case {:?}", m.case))?;
-        let shape = case.shapes[0].clone();
-        if !controls.contains_key(&case.id) {
-            let opts = RunOptions {
-                daemon: DaemonUnderTest::Bin(control_bin.clone()),
-                scaled: true,
-            };
-            let r = run_case(case, &shape, &opts, None).await;
-            controls.insert(case.id.clone(), r.outcome.map_err(|f| f.to_string()));
+        let profile = profile_of(m, case);
+        let opts_of = |bin: PathBuf| RunOptions {
+            daemon: DaemonUnderTest::Bin(bin),
+            scaled: true,
+            profile,
+        };
+        let mut control_failed = None;
+        for shape in &case.shapes {
+            let key = (case.id.clone(), shape.to_string(), profile);
+            if !controls.contains_key(&key) {
+                let r = run_case(case, shape, &opts_of(control_bin.clone()), None).await;
+                controls.insert(key.clone(), r.outcome.map_err(|f| f.to_string()));
+            }
+            if let Some(Err(why)) = controls.get(&key) {
+                control_failed = Some(format!("[{shape}] {why}"));
+                break;
+            }
         }
-        let (fate, detail) = if let Some(Err(why)) = controls.get(&case.id) {
-            (Fate::ControlFailed, why.clone())
+        let (fate, shapes, detail) = if let Some(why) = control_failed {
+            (Fate::ControlFailed, Vec::new(), why)
         } else {
             match build_mutated(workspace, scratch, &m.file, &m.find, &m.replace)? {
-                Err(e) => (Fate::Unbuildable, e),
+                Err(e) => (Fate::Unbuildable, Vec::new(), e),
                 Ok(bin) => {
-                    let opts = RunOptions {
-                        daemon: DaemonUnderTest::Bin(bin),
-                        scaled: true,
+                    let shapes =
+                        runs_on_shapes(case, &case.shapes, &opts_of(bin), &m.id, &progress).await;
+                    let fate = fate_of(&shapes, &m.step);
+                    let detail = match fate {
+                        Fate::Killed => format!("step {:?} failed in every run", m.step),
+                        _ => shapes
+                            .iter()
+                            .flat_map(|s| {
+                                s.runs.iter().enumerate().map(move |(n, r)| match r {
+                                    MutantRun::Passed => {
+                                        format!("[{}] run {}: passed", s.shape, n + 1)
+                                    }
+                                    MutantRun::Failed { detail, .. } => {
+                                        format!("[{}] run {}: {detail}", s.shape, n + 1)
+                                    }
+                                })
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n"),
                     };
-                    let r = run_case(case, &shape, &opts, None).await;
-                    match r.outcome {
-                        Err(f) => (Fate::Killed, f.to_string()),
-                        Ok(()) => (Fate::Survived, "the case passed".to_string()),
-                    }
+                    (fate, shapes, detail)
                 }
             }
         };
         let seconds = started.elapsed().as_secs();
         progress(&format!(
-            "[{:>3}/{}] {} → {}: {} ({seconds} s)",
+            "[{:>3}/{}] {} -> {} step {:?}: {}{} ({seconds} s)",
             i + 1,
             mutations.len(),
             m.id,
             m.case,
-            match fate {
-                Fate::Killed => "KILLED",
-                Fate::Survived => "SURVIVED",
-                Fate::Unbuildable => "UNBUILDABLE",
-                Fate::ControlFailed => "CONTROL FAILED",
+            m.step,
+            fate.as_str(),
+            if fate == Fate::Killed && profile == KitProfile::Distribution {
+                " (distribution profile only)"
+            } else {
+                ""
             }
         ));
         results.push(MutationResult {
             mutation: m.clone(),
             fate,
+            proves: profile,
+            shapes,
             detail,
             seconds,
         });
     }
     Ok(results)
+}
+
+/// Runs `case` against the mutated build in `opts` on each of `shapes`, [`RUNS_PER_SHAPE`] times.
+async fn runs_on_shapes(
+    case: &super::case::Case,
+    shapes: &[Shape],
+    opts: &RunOptions,
+    id: &str,
+    progress: &impl Fn(&str),
+) -> Vec<ShapeRuns> {
+    let mut out = Vec::new();
+    for shape in shapes {
+        let mut runs = Vec::new();
+        for n in 1..=RUNS_PER_SHAPE {
+            let r = run_case(case, shape, opts, None).await;
+            let outcome = MutantRun::of(&r.outcome);
+            progress(&format!(
+                "      {id} [{shape}] run {n}: {}",
+                match &outcome {
+                    MutantRun::Passed => "passed".to_string(),
+                    MutantRun::Failed { detail, .. } => detail.clone(),
+                }
+            ));
+            runs.push(outcome);
+        }
+        out.push(ShapeRuns {
+            shape: shape.to_string(),
+            runs,
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -284,6 +472,9 @@ sentence = "s"
 description = "d"
 [[step]]
 start = { daemon = "a" }
+[[step]]
+expect_exit = { daemon = "a", nonzero = true }
+label = "refused"
 "#;
 
     fn setup(mutations: &str) -> (tempfile::TempDir, Catalogue) {
@@ -304,7 +495,7 @@ start = { daemon = "a" }
 
     fn mutation(case: &str, find: &str) -> String {
         format!(
-            "[[mutation]]\nid = \"m\"\ncase = \"{case}\"\nfile = \"daemon/src/a.rs\"\nfind = \"{find}\"\nreplace = \"x\"\nwhy = \"w\"\n"
+            "[[mutation]]\nid = \"m\"\nstep = \"refused\"\ncase = \"{case}\"\nfile = \"daemon/src/a.rs\"\nfind = \"{find}\"\nreplace = \"x\"\nwhy = \"w\"\n"
         )
     }
 
@@ -330,5 +521,81 @@ start = { daemon = "a" }
                 "{says}: {errors:?}"
             );
         }
+    }
+
+    /// A mutation names its evidence: a step of its case by label. One naming no such step is
+    /// refused before anything is built.
+    /// Mutation seen failing: `load` not looking the label up (the missing step loads).
+    #[test]
+    fn a_mutation_names_a_labelled_step_of_its_case() {
+        let m =
+            mutation("lifecycle/x", "refuse();").replace("step = \"refused\"", "step = \"gone\"");
+        let (dir, cat) = setup(&m);
+        let errors = load(&cat, dir.path()).unwrap_err();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("no step labelled \"gone\"")),
+            "{errors:?}"
+        );
+    }
+
+    fn failed(step: usize, label: Option<&str>) -> MutantRun {
+        MutantRun::Failed {
+            step,
+            label: label.map(str::to_string),
+            detail: String::new(),
+        }
+    }
+
+    fn shapes(runs: &[&[MutantRun]]) -> Vec<ShapeRuns> {
+        runs.iter()
+            .enumerate()
+            .map(|(i, r)| ShapeRuns {
+                shape: format!("s{i}"),
+                runs: r.to_vec(),
+            })
+            .collect()
+    }
+
+    /// KILLED only when the named step failed in every run on every shape; runs of one shape
+    /// that disagree are FLAKY; a failure elsewhere is WRONG-STEP; a pass is SURVIVED.
+    /// Mutation seen failing: `fate_of` answering KILLED when any run failed at the step (a
+    /// kill on one shape and a pass on the other read as a proof).
+    #[test]
+    fn a_kill_is_the_named_step_failing_every_time() {
+        let at = || failed(3, Some("refused"));
+        let elsewhere = || failed(2, None);
+        assert_eq!(
+            fate_of(&shapes(&[&[at(), at()], &[at(), at()]]), "refused"),
+            Fate::Killed
+        );
+        assert_eq!(
+            fate_of(
+                &shapes(&[&[at(), at()], &[MutantRun::Passed, MutantRun::Passed]]),
+                "refused"
+            ),
+            Fate::Survived
+        );
+        assert_eq!(
+            fate_of(&shapes(&[&[at(), MutantRun::Passed]]), "refused"),
+            Fate::Flaky
+        );
+        assert_eq!(
+            fate_of(&shapes(&[&[at(), elsewhere()]]), "refused"),
+            Fate::Flaky
+        );
+        assert_eq!(
+            fate_of(&shapes(&[&[elsewhere(), elsewhere()]]), "refused"),
+            Fate::WrongStep
+        );
+        assert_eq!(
+            fate_of(
+                &shapes(&[&[MutantRun::Passed, MutantRun::Passed]]),
+                "refused"
+            ),
+            Fate::Survived
+        );
+        assert_eq!(fate_of(&[], "refused"), Fate::Survived);
     }
 }

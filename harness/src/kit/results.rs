@@ -1,10 +1,13 @@
-//! What `harness qualify` reports: per (case, shape) a behaviour verdict (pass, fail, skipped
-//! with its reason) and, beside it, a transcript verdict (the case's normalised lines against
-//! its snapshot), its duration and figures (p50 and max over `--repeat` rounds), and for a
-//! failure the step with what it expected and what happened. Rendered as a table for people,
-//! JSON and JUnit XML for a CI that gates on it.
+//! What `harness qualify` reports: per (case, shape) a behaviour verdict (pass, fail, blocked
+//! by a precondition the case stands on, skipped with its reason) and, beside it, a transcript
+//! verdict (the case's normalised lines against its snapshot, in the distribution profile only),
+//! its duration and figures (p50 and max over `--repeat` rounds), and for a failure the step with
+//! what it expected and what happened. Rendered as a table for people, JSON and JUnit XML for a
+//! CI that gates on it; each names the profile it judged.
 
 use serde::Serialize;
+
+use super::profile::KitProfile;
 
 /// The behaviour's verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -12,6 +15,9 @@ use serde::Serialize;
 pub enum CaseVerdict {
     Pass,
     Fail,
+    /// A step the case stands on another case's sentence for failed: that sentence, not this
+    /// case's, is what did not hold (`blocked_by` names the case).
+    Blocked,
     Skipped,
 }
 
@@ -48,6 +54,11 @@ pub struct FailureReport {
     pub expected: String,
     pub actual: String,
     pub round: usize,
+    /// The failed step's label, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// The failed step's profile.
+    pub profile: KitProfile,
 }
 
 /// One (case, shape).
@@ -58,7 +69,14 @@ pub struct CaseReport {
     pub seed: String,
     pub sentence: String,
     pub shape: String,
+    /// The case's own profile: a distribution case is skipped by a contract run.
+    pub case_profile: KitProfile,
+    /// The cases this one stands on (its steps' `stands_on`).
+    pub preconditions: Vec<String>,
     pub verdict: CaseVerdict,
+    /// The case whose sentence blocked this one (verdict `blocked`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<String>,
     pub transcript: TranscriptVerdict,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skip_reason: Option<String>,
@@ -93,6 +111,10 @@ impl CaseReport {
             (CaseVerdict::Pass, TranscriptVerdict::Missing) => "pass, no snapshot".into(),
             (CaseVerdict::Pass, _) => "pass".into(),
             (CaseVerdict::Fail, _) => "FAIL".into(),
+            (CaseVerdict::Blocked, _) => format!(
+                "blocked by {}",
+                self.blocked_by.as_deref().unwrap_or("a precondition")
+            ),
             (CaseVerdict::Skipped, _) => "skipped".into(),
         }
     }
@@ -116,11 +138,15 @@ pub struct QualifyReport {
     pub harness_version: String,
     #[serde(flatten)]
     pub subject: Subject,
+    /// The profile every case was judged under.
+    pub profile: KitProfile,
     pub scaled: bool,
     pub behaviour_only: bool,
+    /// `pass`, or `fail` when a case failed or was blocked.
     pub verdict: CaseVerdict,
     pub passed: usize,
     pub failed: usize,
+    pub blocked: usize,
     pub skipped: usize,
     pub duration_ms: u128,
     pub cases: Vec<CaseReport>,
@@ -129,38 +155,45 @@ pub struct QualifyReport {
 impl QualifyReport {
     pub fn new(
         subject: Subject,
+        profile: KitProfile,
         scaled: bool,
         behaviour_only: bool,
         cases: Vec<CaseReport>,
         duration_ms: u128,
     ) -> QualifyReport {
         let failed = cases.iter().filter(|c| c.fails(behaviour_only)).count();
+        let blocked = cases
+            .iter()
+            .filter(|c| c.verdict == CaseVerdict::Blocked)
+            .count();
         let skipped = cases
             .iter()
             .filter(|c| c.verdict == CaseVerdict::Skipped)
             .count();
-        let passed = cases.len() - failed - skipped;
+        let passed = cases.len() - failed - blocked - skipped;
         QualifyReport {
             harness_version: env!("CARGO_PKG_VERSION").to_string(),
             subject,
+            profile,
             scaled,
             behaviour_only,
-            verdict: if failed == 0 {
+            verdict: if failed + blocked == 0 {
                 CaseVerdict::Pass
             } else {
                 CaseVerdict::Fail
             },
             passed,
             failed,
+            blocked,
             skipped,
             duration_ms,
             cases,
         }
     }
 
-    /// Exit status: 0 every selected case passed (skips included), 1 one failed.
+    /// Exit status: 0 every selected case passed (skips included), 1 one failed or was blocked.
     pub fn exit_code(&self) -> i32 {
-        if self.failed == 0 {
+        if self.failed + self.blocked == 0 {
             0
         } else {
             1
@@ -177,10 +210,18 @@ impl QualifyReport {
             .max()
             .unwrap_or(10)
             .max(10);
-        let mut out = format!(
-            "{:<id_w$}  {:<12}  {:<18}  {:>9}  figures\n",
+        let verdict_w = self
+            .cases
+            .iter()
+            .map(|c| c.cell().chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(18);
+        let mut out = format!("profile: {}\n\n", self.profile);
+        out.push_str(&format!(
+            "{:<id_w$}  {:<12}  {:<verdict_w$}  {:>9}  figures\n",
             "case [shape]", "family", "verdict", "duration"
-        );
+        ));
         for c in &self.cases {
             let figures: Vec<String> = c
                 .figures
@@ -198,7 +239,7 @@ impl QualifyReport {
                 None => c.cell(),
             };
             out.push_str(&format!(
-                "{:<id_w$}  {:<12}  {:<18}  {:>7.1} s  {}\n",
+                "{:<id_w$}  {:<12}  {:<verdict_w$}  {:>7.1} s  {}\n",
                 format!("{} [{}]", c.id, c.shape),
                 c.family,
                 verdict,
@@ -207,11 +248,13 @@ impl QualifyReport {
             ));
         }
         out.push_str(&format!(
-            "\n{} passed, {} failed, {} skipped ({:.1} s)\n",
+            "\n{} passed, {} failed, {} blocked, {} skipped ({:.1} s, {} profile)\n",
             self.passed,
             self.failed,
+            self.blocked,
             self.skipped,
-            self.duration_ms as f64 / 1000.0
+            self.duration_ms as f64 / 1000.0,
+            self.profile
         ));
         for c in self
             .cases
@@ -225,8 +268,18 @@ impl QualifyReport {
                 c.skip_reason.as_deref().unwrap_or_default()
             ));
         }
-        for c in self.cases.iter().filter(|c| c.fails(self.behaviour_only)) {
-            out.push_str(&format!("\nFAILED {} [{}]\n", c.id, c.shape));
+        for c in self
+            .cases
+            .iter()
+            .filter(|c| c.fails(self.behaviour_only) || c.verdict == CaseVerdict::Blocked)
+        {
+            match &c.blocked_by {
+                Some(by) => out.push_str(&format!(
+                    "\nBLOCKED {} [{}] by {by}: a step it stands on that case for failed\n",
+                    c.id, c.shape
+                )),
+                None => out.push_str(&format!("\nFAILED {} [{}]\n", c.id, c.shape)),
+            }
             out.push_str(&format!(
                 "  proves ({}): {}\n",
                 c.seed,
@@ -237,10 +290,18 @@ impl QualifyReport {
                     out.push_str("  the mesh did not start\n");
                 } else {
                     out.push_str(&format!(
-                        "  step {} (line {}, `{}`){}\n",
+                        "  step {} (line {}, `{}`{}{}){}\n",
                         f.step,
                         f.line,
                         f.verb,
+                        f.label
+                            .as_ref()
+                            .map(|l| format!(", label {l:?}"))
+                            .unwrap_or_default(),
+                        match f.profile {
+                            KitProfile::Distribution => ", a distribution step",
+                            KitProfile::Contract => "",
+                        },
                         if c.rounds > 1 {
                             format!(", round {}", f.round)
                         } else {
@@ -269,7 +330,9 @@ impl QualifyReport {
     }
 
     /// JUnit XML: a suite per family, a test case per (case, shape); a behaviour failure and a
-    /// transcript drift are failures of their own `type`.
+    /// transcript drift are failures of their own `type`; a blocked case is an
+    /// `<error type="blocked">` (it was not judged, and it fails the run); a skip is
+    /// `<skipped>`. The profile is the suites' `name` and a property.
     pub fn junit(&self) -> String {
         let mut families: Vec<&str> = self.cases.iter().map(|c| c.family.as_str()).collect();
         families.dedup();
@@ -277,9 +340,11 @@ impl QualifyReport {
         families.retain(|f| seen.insert(*f));
         let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
         out.push_str(&format!(
-            "<testsuites name=\"harness qualify\" tests=\"{}\" failures=\"{}\" skipped=\"{}\" time=\"{:.3}\">\n",
+            "<testsuites name=\"harness qualify ({} profile)\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{:.3}\">\n",
+            self.profile,
             self.cases.len(),
             self.failed,
+            self.blocked,
             self.skipped,
             self.duration_ms as f64 / 1000.0
         ));
@@ -293,12 +358,20 @@ impl QualifyReport {
                 .iter()
                 .filter(|c| c.verdict == CaseVerdict::Skipped)
                 .count();
+            let errors = cases
+                .iter()
+                .filter(|c| c.verdict == CaseVerdict::Blocked)
+                .count();
             let time: u128 = cases.iter().map(|c| c.duration_ms).sum();
             out.push_str(&format!(
-                "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\" skipped=\"{skipped}\" time=\"{:.3}\">\n",
+                "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{:.3}\">\n",
                 xml(fam),
                 cases.len(),
                 time as f64 / 1000.0
+            ));
+            out.push_str(&format!(
+                "    <properties><property name=\"profile\" value=\"{}\"/></properties>\n",
+                self.profile
             ));
             for c in cases {
                 out.push_str(&format!(
@@ -311,6 +384,25 @@ impl QualifyReport {
                     (CaseVerdict::Skipped, _) => out.push_str(&format!(
                         "      <skipped message=\"{}\"/>\n",
                         xml(c.skip_reason.as_deref().unwrap_or_default())
+                    )),
+                    (CaseVerdict::Blocked, f) => out.push_str(&format!(
+                        "      <error type=\"blocked\" message=\"{}\">{}</error>\n",
+                        xml(&format!(
+                            "blocked by {}",
+                            c.blocked_by.as_deref().unwrap_or("a precondition")
+                        )),
+                        xml(&f
+                            .as_ref()
+                            .map(|f| format!(
+                                "step {} (line {}, {}) stands on {}: expected {}; happened {}",
+                                f.step,
+                                f.line,
+                                f.verb,
+                                c.blocked_by.as_deref().unwrap_or("a precondition"),
+                                f.expected,
+                                f.actual
+                            ))
+                            .unwrap_or_default())
                     )),
                     (CaseVerdict::Fail, Some(f)) => out.push_str(&format!(
                         "      <failure type=\"behaviour\" message=\"{}\">step {} (line {}, {}): proves: {}\nexpected: {}\nhappened: {}</failure>\n",
@@ -393,20 +485,27 @@ mod tests {
             seed: "s.txt".into(),
             sentence: "A <sentence> & more".into(),
             shape: "operator".into(),
+            case_profile: KitProfile::Contract,
+            preconditions: vec!["lifecycle/serves".into()],
             verdict: verdict.clone(),
+            blocked_by: (verdict == CaseVerdict::Blocked).then(|| "lifecycle/serves".into()),
             transcript,
             skip_reason: (verdict == CaseVerdict::Skipped).then(|| "no {creds}".into()),
             transcript_difference: None,
             duration_ms: 1500,
             rounds: 1,
             figures: vec![figure("exit", vec![15_200])],
-            failure: (verdict == CaseVerdict::Fail).then(|| FailureReport {
-                step: 3,
-                line: 12,
-                verb: "expect_exit".into(),
-                expected: "exit 9".into(),
-                actual: "still running".into(),
-                round: 1,
+            failure: matches!(verdict, CaseVerdict::Fail | CaseVerdict::Blocked).then(|| {
+                FailureReport {
+                    step: 3,
+                    line: 12,
+                    verb: "expect_exit".into(),
+                    expected: "exit 9".into(),
+                    actual: "still running".into(),
+                    round: 1,
+                    label: None,
+                    profile: KitProfile::Contract,
+                }
             }),
             logs: None,
         }
@@ -431,10 +530,18 @@ mod tests {
             case("a/y", CaseVerdict::Pass, TranscriptVerdict::Drift),
             case("b/z", CaseVerdict::Skipped, TranscriptVerdict::NotCompared),
         ];
-        let strict = QualifyReport::new(subject(), false, false, cases.clone(), 10);
+        let strict = QualifyReport::new(
+            subject(),
+            KitProfile::Distribution,
+            false,
+            false,
+            cases.clone(),
+            10,
+        );
         assert_eq!((strict.passed, strict.failed, strict.skipped), (1, 1, 1));
         assert_eq!(strict.exit_code(), 1);
-        let lenient = QualifyReport::new(subject(), false, true, cases, 10);
+        let lenient =
+            QualifyReport::new(subject(), KitProfile::Distribution, false, true, cases, 10);
         assert_eq!(lenient.exit_code(), 0);
         assert!(strict.table().contains("pass, drift"));
     }
@@ -446,7 +553,7 @@ mod tests {
             case("a/x", CaseVerdict::Fail, TranscriptVerdict::NotCompared),
             case("b/z", CaseVerdict::Skipped, TranscriptVerdict::NotCompared),
         ];
-        let r = QualifyReport::new(subject(), false, false, cases, 10);
+        let r = QualifyReport::new(subject(), KitProfile::Distribution, false, false, cases, 10);
         let x = r.junit();
         assert_eq!(x.matches("<testsuite ").count(), 2);
         assert!(x.contains("<failure type=\"behaviour\""));
@@ -457,6 +564,51 @@ mod tests {
         assert_eq!(json["cases"][0]["verdict"], "fail");
         assert_eq!(json["cases"][0]["transcript"], "not-compared");
         assert_eq!(json["cases"][0]["failure"]["expected"], "exit 9");
+    }
+
+    /// A blocked case is counted apart from the failed and the skipped, fails the run, is never
+    /// a JUnit `<failure>` (an `<error type="blocked">` naming the case it stands on), and the
+    /// JSON says so and names the profile.
+    /// Mutation seen failing: `QualifyReport::new` leaving blocked cases out of `exit_code`
+    /// (a run whose every case was blocked exits 0).
+    #[test]
+    fn a_blocked_case_is_reported_apart_and_fails_the_run() {
+        let cases = vec![
+            case("a/x", CaseVerdict::Pass, TranscriptVerdict::NotCompared),
+            case("a/y", CaseVerdict::Blocked, TranscriptVerdict::NotCompared),
+            case("b/z", CaseVerdict::Skipped, TranscriptVerdict::NotCompared),
+        ];
+        let r = QualifyReport::new(subject(), KitProfile::Contract, false, false, cases, 10);
+        assert_eq!(
+            (r.passed, r.failed, r.blocked, r.skipped),
+            (1, 0, 1, 1),
+            "passed, failed, blocked, skipped"
+        );
+        assert_eq!(r.exit_code(), 1);
+        let table = r.table();
+        assert!(table.contains("blocked by lifecycle/serves"), "{table}");
+        assert!(
+            table.contains("1 passed, 0 failed, 1 blocked, 1 skipped"),
+            "{table}"
+        );
+        assert!(
+            table.contains("BLOCKED a/y [operator] by lifecycle/serves"),
+            "{table}"
+        );
+        let x = r.junit();
+        assert!(
+            x.contains("<error type=\"blocked\" message=\"blocked by lifecycle/serves\">"),
+            "{x}"
+        );
+        assert!(!x.contains("<failure"), "{x}");
+        assert!(x.contains("harness qualify (contract profile)"), "{x}");
+        let json: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+        assert_eq!(json["profile"], "contract");
+        assert_eq!(json["blocked"], 1);
+        assert_eq!(json["verdict"], "fail");
+        assert_eq!(json["cases"][1]["verdict"], "blocked");
+        assert_eq!(json["cases"][1]["blocked_by"], "lifecycle/serves");
+        assert_eq!(json["cases"][1]["preconditions"][0], "lifecycle/serves");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::case::Case;
+use super::profile::KitProfile;
 use super::steps::verb::{Ctx, DEFAULT_WITHIN};
 use super::transcript::normalise_paths;
 use super::world::World;
@@ -22,6 +23,12 @@ pub struct StepFailure {
     pub line: usize,
     pub verb: String,
     pub failure: Failure,
+    /// The step's label, when it has one (a mutation's evidence is named by it).
+    pub label: Option<String>,
+    /// The profile of the step that failed.
+    pub profile: KitProfile,
+    /// The case the failed step stands on: the verdict is blocked by it, not a failure.
+    pub stands_on: Option<String>,
 }
 
 impl std::fmt::Display for StepFailure {
@@ -31,8 +38,20 @@ impl std::fmt::Display for StepFailure {
         } else {
             write!(
                 f,
-                "step {} (line {}, `{}`): expected {}; got {}",
-                self.step, self.line, self.verb, self.failure.expected, self.failure.actual
+                "step {} (line {}, `{}`{}{}): expected {}; got {}",
+                self.step,
+                self.line,
+                self.verb,
+                self.label
+                    .as_ref()
+                    .map(|l| format!(", label {l:?}"))
+                    .unwrap_or_default(),
+                match self.profile {
+                    KitProfile::Distribution => ", a distribution step",
+                    KitProfile::Contract => "",
+                },
+                self.failure.expected,
+                self.failure.actual
             )
         }
     }
@@ -71,13 +90,16 @@ pub async fn run_case(
                     line: 0,
                     verb: String::new(),
                     failure,
+                    label: None,
+                    profile: KitProfile::Contract,
+                    stands_on: None,
                 }),
                 duration: started.elapsed(),
             }
         }
     };
     let mut log = Vec::new();
-    let outcome = steps(case, &mut world, &mut log).await;
+    let outcome = steps(case, opts.profile, &mut world, &mut log).await;
     let transcript = transcript(case, &world, &log);
     if let Some(dir) = keep {
         if let Err(e) = world.keep(dir, &transcript) {
@@ -94,13 +116,25 @@ pub async fn run_case(
     }
 }
 
-async fn steps(case: &Case, w: &mut World, log: &mut Vec<String>) -> Result<(), StepFailure> {
+async fn steps(
+    case: &Case,
+    profile: KitProfile,
+    w: &mut World,
+    log: &mut Vec<String>,
+) -> Result<(), StepFailure> {
     for (i, at) in case.steps.iter().enumerate() {
+        let Some(step) = at.for_profile(profile) else {
+            log.push(format!("{:>2}. (a distribution step, not run)", i + 1));
+            continue;
+        };
         let fail = |failure: Failure| StepFailure {
             step: i + 1,
             line: at.line,
             verb: at.verb.clone(),
             failure,
+            label: at.label.clone(),
+            profile: at.profile,
+            stands_on: at.stands_on.clone(),
         };
         let started = Instant::now();
         let base = match &at.timing.since {
@@ -110,7 +144,7 @@ async fn steps(case: &Case, w: &mut World, log: &mut Vec<String>) -> Result<(), 
                 .ok_or_else(|| fail(Failure::could_not(format!("no event {m:?} happened"))))?,
             None => started,
         };
-        let within = match (&at.timing.within, at.step.default_within()) {
+        let within = match (&at.timing.within, step.default_within()) {
             (Some(d), _) => {
                 Duration::from_millis(d.eval(&w.vars).map_err(|m| fail(Failure::could_not(m)))?)
             }
@@ -122,7 +156,7 @@ async fn steps(case: &Case, w: &mut World, log: &mut Vec<String>) -> Result<(), 
             deadline: base + within,
         };
         w.happened_at = None;
-        let line = at.step.run(w, ctx).await.map_err(fail)?;
+        let line = step.run(w, ctx).await.map_err(fail)?;
         // A step that knows when its event happened (a broker's stamp) is timed by that.
         let happened = w.happened_at.take();
         if let (Some(h), Some(since)) = (happened, &at.timing.since) {

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use super::profile::KitProfile;
 use super::template::DaemonCmd;
 use crate::rig::error::HarnessError;
 
@@ -24,6 +25,9 @@ pub struct RunOptions {
     pub daemon: DaemonUnderTest,
     /// Run the scaled form (the `[scaled]` table): what `ci/test` does.
     pub scaled: bool,
+    /// The profile the steps are judged under (docs/qualify.md): a contract run skips the
+    /// distribution steps (and distribution cases).
+    pub profile: KitProfile,
 }
 
 impl RunOptions {

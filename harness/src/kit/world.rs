@@ -62,6 +62,11 @@ pub struct World {
     pub daemons: BTreeMap<String, Daemon>,
     /// The delivery credential file each daemon was started with (its lease holder).
     pub daemon_creds: BTreeMap<String, PathBuf>,
+    /// The root whose `.cotal/` holds each daemon's credentials (a standby host's own root).
+    pub daemon_roots: BTreeMap<String, PathBuf>,
+    /// Connections remembered by `remember_connections`: the broker's ids of every connection
+    /// it listed then, open or closed.
+    pub connection_sets: BTreeMap<String, std::collections::BTreeSet<(usize, u64)>>,
     pub hosts: BTreeMap<String, tempfile::TempDir>,
     pub agents: BTreeMap<String, AgentActor>,
     pub posts: BTreeMap<String, Post>,
@@ -170,6 +175,8 @@ impl World {
             proxies: BTreeMap::new(),
             daemons: BTreeMap::new(),
             daemon_creds: BTreeMap::new(),
+            daemon_roots: BTreeMap::new(),
+            connection_sets: BTreeMap::new(),
             hosts: BTreeMap::new(),
             agents: BTreeMap::new(),
             posts: BTreeMap::new(),

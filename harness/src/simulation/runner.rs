@@ -179,6 +179,7 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
     let run_options = RunOptions {
         daemon: opts.daemon.clone(),
         scaled: false,
+        ..RunOptions::default()
     };
     let start = World::start(
         &spec,

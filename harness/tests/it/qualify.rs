@@ -81,11 +81,12 @@ fn a_passing_run_exits_0_with_versions_a_table_json_and_junit() {
     assert!(stdout.contains("daemon:      cotal-delivery "), "{all}");
     assert!(
         stdout.contains("lifecycle/clean-start-sigterm [operator]")
-            && stdout.contains("1 passed, 0 failed, 0 skipped"),
+            && stdout.contains("1 passed, 0 failed, 0 blocked, 0 skipped"),
         "{all}"
     );
     let json = read_json(&work.path().join("report.json"));
     assert_eq!(json["verdict"], "pass", "{json}");
+    assert_eq!(json["profile"], "distribution", "{json}");
     let case = &json["cases"][0];
     assert_eq!(case["id"], "lifecycle/clean-start-sigterm");
     assert_eq!(case["family"], "lifecycle");
@@ -104,7 +105,9 @@ fn a_passing_run_exits_0_with_versions_a_table_json_and_junit() {
     );
     let xml = std::fs::read_to_string(work.path().join("report.xml")).expect("JUnit");
     assert!(
-        xml.contains("<testsuite name=\"lifecycle\" tests=\"1\" failures=\"0\" skipped=\"0\""),
+        xml.contains(
+            "<testsuite name=\"lifecycle\" tests=\"1\" failures=\"0\" errors=\"0\" skipped=\"0\""
+        ),
         "{xml}"
     );
     assert!(
@@ -122,16 +125,25 @@ fn a_passing_run_exits_0_with_versions_a_table_json_and_junit() {
 /// `failure.step` is not the failing step).
 #[test]
 fn a_failing_case_exits_1_names_its_step_and_keeps_its_logs() {
-    let cat = catalogue_of(&[("lifecycle/clean-start-sigterm", |s| {
-        s.replace(
-            "expect_exit = { daemon = \"a\", code = 0 }",
-            "expect_exit = { daemon = \"a\", code = 3 }",
-        )
-    })]);
+    let cat = catalogue_of(&[
+        ("lifecycle/clean-start-sigterm", |s| {
+            s.replace("distribution = { code = 0 }", "distribution = { code = 3 }")
+        }),
+        ("lifecycle/ready-once-bound", unchanged),
+    ]);
     let work = tempfile::tempdir().expect("work dir");
     let cases = cat.path().display().to_string();
     let out = qualify(
-        &["--cases", &cases, "--json", "r.json", "--junit", "r.xml"],
+        &[
+            "--cases",
+            &cases,
+            "--only",
+            "lifecycle/clean-start-sigterm",
+            "--json",
+            "r.json",
+            "--junit",
+            "r.xml",
+        ],
         work.path(),
     );
     let all = text(&out);
@@ -150,7 +162,7 @@ fn a_failing_case_exits_1_names_its_step_and_keeps_its_logs() {
     assert_eq!(json["verdict"], "fail");
     let f = &json["cases"][0]["failure"];
     assert_eq!(f["verb"], "expect_exit", "{f}");
-    assert_eq!(f["step"], 7, "{f}");
+    assert_eq!(f["step"], 6, "{f}");
     assert!(f["line"].as_u64().is_some_and(|l| l > 10), "{f}");
     let logs = PathBuf::from(json["cases"][0]["logs"].as_str().expect("logs kept"));
     assert!(
@@ -237,6 +249,16 @@ fn bad_flags_a_missing_daemon_or_broker_binary_exit_2() {
             vec!["--daemon-cmd", "/no/such/daemon --space {space}"],
             "is not a file or on PATH",
         ),
+        (
+            vec![
+                "--daemon-cmd",
+                "true --space {space}",
+                "--profile",
+                "distribution",
+            ],
+            "--daemon-cmd runs the contract profile",
+        ),
+        (vec!["--profile", "strict"], "--profile"),
     ] {
         let mut with_json = args.clone();
         with_json.extend(["--json", "r.json"]);
@@ -251,14 +273,14 @@ fn bad_flags_a_missing_daemon_or_broker_binary_exit_2() {
     }
 }
 
-/// Another implementation, given as a command template: a case that needs only the `deliver`
-/// entry point runs (here against this distribution's binary behind the template), a case that
-/// uses this distribution's own commands is skipped with that reason, and skips do not fail the
-/// run.
-/// Mutation seen failing: `skip_reason` ignoring the template (the `status` case runs and fails
-/// on its missing command).
+/// Another implementation, given as a command template, runs the contract profile: a contract
+/// case runs without its distribution steps (here against this distribution's binary behind the
+/// template), a case that needs this distribution's standby host (its root and `deliver
+/// --spaces`) is skipped with that reason, a distribution case is skipped with its `why`, and skips do not fail the run.
+/// Mutation seen failing: `skip_reason` ignoring the template (the standby case runs and fails
+/// on the host start the template cannot make).
 #[test]
-fn a_command_template_runs_the_wire_cases_and_skips_the_distribution_ones() {
+fn a_command_template_runs_the_contract_profile_and_skips_what_it_cannot_express() {
     let bin = delivery_harness::rig::daemon::daemon_bin().expect("the workspace's daemon binary");
     let template = format!(
         "{} deliver --space {{space}} --server {{server}} --root {{root}} [ --tls --tls-ca {{tls_ca}} ] [ --creds {{creds}} ]",
@@ -270,10 +292,11 @@ fn a_command_template_runs_the_wire_cases_and_skips_the_distribution_ones() {
             "--daemon-cmd",
             &template,
             "--only",
-            "data-path/offline-member-surfaces",
-            "--only",
             "lifecycle/clean-start-sigterm",
-            "--behaviour-only",
+            "--only",
+            "standby/refuses-without-observer",
+            "--only",
+            "credentials/missed-remint-reported-and-retried",
             "--json",
             "t.json",
         ],
@@ -283,24 +306,32 @@ fn a_command_template_runs_the_wire_cases_and_skips_the_distribution_ones() {
     assert_eq!(out.status.code(), Some(0), "{all}");
     let json = read_json(&work.path().join("t.json"));
     assert_eq!(json["daemon_version"], "(a command template)");
+    assert_eq!(json["profile"], "contract");
     let cases = json["cases"].as_array().expect("cases");
-    let find = |id: &str, shape: &str| {
+    let find = |id: &str| {
         cases
             .iter()
-            .find(|c| c["id"] == id && c["shape"] == shape)
-            .unwrap_or_else(|| panic!("{id} [{shape}] in {json}"))
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {json}"))
     };
-    assert_eq!(
-        find("data-path/offline-member-surfaces", "operator")["verdict"],
-        "pass"
-    );
-    let skipped = find("lifecycle/clean-start-sigterm", "operator");
-    assert_eq!(skipped["verdict"], "skipped", "{skipped}");
+    let ran = find("lifecycle/clean-start-sigterm");
+    assert_eq!(ran["verdict"], "pass", "{ran}");
+    assert_eq!(ran["transcript"], "not-compared", "{ran}");
+    let host = find("standby/refuses-without-observer");
+    assert_eq!(host["verdict"], "skipped", "{host}");
     assert!(
-        skipped["skip_reason"]
+        host["skip_reason"]
             .as_str()
-            .is_some_and(|r| r.contains("cotal-delivery status")),
-        "{skipped}"
+            .is_some_and(|r| r.contains("a standby host")),
+        "{host}"
+    );
+    let distribution = find("credentials/missed-remint-reported-and-retried");
+    assert_eq!(distribution["verdict"], "skipped", "{distribution}");
+    assert!(
+        distribution["skip_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("a distribution case")),
+        "{distribution}"
     );
 }
 
@@ -328,4 +359,123 @@ fn a_listing_into_a_closed_pipe_ends_quietly() {
         out.status
     );
     assert!(stderr.is_empty(), "{stderr}");
+}
+
+/// The two profiles on one case whose distribution step fails (a `status` that expects what
+/// this distribution never prints): the contract profile does not run that step and passes,
+/// comparing no transcript; the distribution profile runs it and fails there, naming the step
+/// as a distribution step.
+/// Mutation seen failing: `StepAt::for_profile` running every step in either profile (the
+/// contract run fails at the `status` step).
+#[test]
+fn the_contract_profile_does_not_run_distribution_steps() {
+    let cat = catalogue_of(&[
+        ("lifecycle/clean-start-sigterm", |s| {
+            s.replace(
+                "status = { contains = \"running\", code = 0 }",
+                "status = { contains = \"no such report\", code = 0 }",
+            )
+        }),
+        ("lifecycle/ready-once-bound", unchanged),
+    ]);
+    let work = tempfile::tempdir().expect("work dir");
+    let cases = cat.path().display().to_string();
+    let args = |profile: &'static str, json: &'static str| {
+        vec![
+            "--cases".to_string(),
+            cases.clone(),
+            "--only".into(),
+            "lifecycle/clean-start-sigterm".into(),
+            "--profile".into(),
+            profile.into(),
+            "--json".into(),
+            json.into(),
+        ]
+    };
+    let contract: Vec<String> = args("contract", "c.json");
+    let out = qualify(
+        &contract.iter().map(String::as_str).collect::<Vec<_>>(),
+        work.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let json = read_json(&work.path().join("c.json"));
+    assert_eq!(json["profile"], "contract");
+    assert_eq!(json["cases"][0]["verdict"], "pass");
+    assert_eq!(json["cases"][0]["transcript"], "not-compared");
+    let distribution: Vec<String> = args("distribution", "d.json");
+    let out = qualify(
+        &distribution.iter().map(String::as_str).collect::<Vec<_>>(),
+        work.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let json = read_json(&work.path().join("d.json"));
+    let f = &json["cases"][0]["failure"];
+    assert_eq!(f["verb"], "status", "{f}");
+    assert_eq!(f["profile"], "distribution", "{f}");
+}
+
+/// A case whose daemon never serves, at a step that stands on the case proving a daemon serves:
+/// blocked by that case, not failed. Exit 1, the summary counts it as blocked, the table names
+/// the case it stands on, the JSON says `blocked` with `blocked_by`, and the JUnit makes it an
+/// `<error type="blocked">`, never a `<failure>`.
+/// Mutation seen failing: `qualify_one` ignoring the failed step's `stands_on` (a FAIL, a JUnit
+/// `<failure>`).
+#[test]
+fn a_failed_precondition_blocks_the_case() {
+    let cat = catalogue_of(&[
+        ("lifecycle/clean-start-sigterm", |s| {
+            s.replacen(
+                "[[step]]\nstart = { daemon = \"a\" }",
+                "[[step]]\nsys_material = { observer = \"missing\" }\n[[step]]\nstart = { daemon = \"a\" }",
+                1,
+            )
+            .replace(
+                "expect_serving = { daemon = \"a\" }\n",
+                "expect_serving = { daemon = \"a\" }\nwithin = 3000\n",
+            )
+        }),
+        ("lifecycle/ready-once-bound", unchanged),
+    ]);
+    let work = tempfile::tempdir().expect("work dir");
+    let cases = cat.path().display().to_string();
+    let out = qualify(
+        &[
+            "--cases",
+            &cases,
+            "--only",
+            "lifecycle/clean-start-sigterm",
+            "--json",
+            "b.json",
+            "--junit",
+            "b.xml",
+        ],
+        work.path(),
+    );
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("0 passed, 0 failed, 1 blocked, 0 skipped"),
+        "{all}"
+    );
+    assert!(
+        stdout.contains(
+            "BLOCKED lifecycle/clean-start-sigterm [operator] by lifecycle/ready-once-bound"
+        ),
+        "{all}"
+    );
+    let json = read_json(&work.path().join("b.json"));
+    assert_eq!(json["verdict"], "fail");
+    assert_eq!(json["blocked"], 1);
+    assert_eq!(json["failed"], 0);
+    let case = &json["cases"][0];
+    assert_eq!(case["verdict"], "blocked", "{case}");
+    assert_eq!(case["blocked_by"], "lifecycle/ready-once-bound", "{case}");
+    assert_eq!(case["failure"]["verb"], "expect_serving", "{case}");
+    let xml = std::fs::read_to_string(work.path().join("b.xml")).expect("JUnit");
+    assert!(
+        xml.contains("<error type=\"blocked\" message=\"blocked by lifecycle/ready-once-bound\">"),
+        "{xml}"
+    );
+    assert!(!xml.contains("<failure"), "{xml}");
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::call::{call, check, parse_reply, Expect, Fill, Rail};
 use super::verb::toml_to_json;
-use super::verb::{poll, Ctx, Kind, Refs};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::watch::{Collector, Sent};
@@ -95,6 +95,15 @@ pub enum AdminStep {
 const REPLY_WITHIN: Duration = Duration::from_secs(5);
 /// How long `expect_sweeps` watches for one more answer once the count is reached.
 const SWEEPS_QUIET: Duration = Duration::from_millis(500);
+
+impl Profiled for AdminStep {
+    fn wording(&self) -> Vec<&str> {
+        match self {
+            AdminStep::ExpectReply { error: Some(e), .. } => vec![e.as_str()],
+            _ => Vec::new(),
+        }
+    }
+}
 
 impl AdminStep {
     pub fn default_within(&self) -> Option<Duration> {

@@ -14,7 +14,7 @@ use cotal_delivery::wire::{Plane3Entry, Reason, SpaceNames};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::verb::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs, DEFAULT_WITHIN};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::{AgentActor, Post, World};
@@ -137,6 +137,17 @@ const SURFACE_WITHIN: Duration = Duration::from_secs(10);
 const JOIN_WAIT: Duration = Duration::from_secs(15);
 /// Most posts one `post` step makes.
 const MAX_COUNT: u64 = 10_000;
+
+impl Profiled for AgentStep {
+    fn wording(&self) -> Vec<&str> {
+        match self {
+            AgentStep::Join { error: Some(e), .. } | AgentStep::Leave { error: Some(e), .. } => {
+                vec![e.as_str()]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
 
 impl AgentStep {
     pub fn default_within(&self) -> Option<Duration> {

@@ -7,10 +7,14 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::verb::{Ctx, Kind, Refs, DEFAULT_WITHIN};
+use std::collections::BTreeSet;
+
+use super::verb::{poll, Ctx, Kind, Profiled, Refs, DEFAULT_WITHIN};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
+use crate::rig::broker::Broker;
+use crate::rig::connz::{BrokerConn, ConnState};
 use crate::rig::proxy::TcpProxy;
 
 pub const VERBS: &[&str] = &[
@@ -72,10 +76,15 @@ pub enum BrokerStep {
     },
     RememberConnections {
         name: String,
+        /// First wait until the broker lists this daemon's standing connections open.
+        #[serde(default)]
+        daemon: Option<String>,
     },
     ExpectConnections {
         /// A name `remember_connections` gave.
         after: String,
+        /// The daemon (or standby host) the connections are counted for.
+        daemon: String,
         opened: u64,
     },
     Observe {
@@ -87,6 +96,8 @@ pub enum BrokerStep {
 /// Longest observation window a case may ask for.
 const OBSERVE_MAX: Duration = Duration::from_secs(600);
 
+impl Profiled for BrokerStep {}
+
 impl BrokerStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
@@ -94,7 +105,10 @@ impl BrokerStep {
                 fault: BrokerFault::Restart | BrokerFault::Kill,
                 ..
             }
-            | BrokerStep::ExpectHeld { .. } => Some(DEFAULT_WITHIN),
+            | BrokerStep::ExpectHeld { .. }
+            | BrokerStep::RememberConnections {
+                daemon: Some(_), ..
+            } => Some(DEFAULT_WITHIN),
             _ => None,
         }
     }
@@ -109,12 +123,12 @@ impl BrokerStep {
             BrokerStep::ProxyFault { proxy, .. } | BrokerStep::ExpectHeld { proxy, .. } => {
                 Refs::default().uses(Kind::Proxy, proxy)
             }
-            BrokerStep::RememberConnections { name } => {
-                Refs::default().creates(Kind::Counter, name)
-            }
-            BrokerStep::ExpectConnections { after, .. } => {
-                Refs::default().uses(Kind::Counter, after)
-            }
+            BrokerStep::RememberConnections { name, daemon } => Refs::default()
+                .uses_opt(Kind::Daemon, daemon.as_ref())
+                .creates(Kind::Counter, name),
+            BrokerStep::ExpectConnections { after, daemon, .. } => Refs::default()
+                .uses(Kind::Counter, after)
+                .uses(Kind::Daemon, daemon),
             BrokerStep::Broker { .. } | BrokerStep::Observe { .. } => Refs::default(),
         }
     }
@@ -220,27 +234,53 @@ impl BrokerStep {
                 })?;
                 Ok(format!("proxy {proxy} holds {contains:?}"))
             }
-            BrokerStep::RememberConnections { name } => {
-                let n = total_connections(w).await?;
-                w.counters.insert(name.clone(), n);
-                Ok(format!(
-                    "remember the broker's accepted connections as {name}"
-                ))
+            BrokerStep::RememberConnections { name, daemon } => {
+                let standing_users = match daemon {
+                    Some(d) => Some(standing_users(w, d)?),
+                    None => None,
+                };
+                let nodes = running(w);
+                if let (Some(d), Some(users)) = (daemon, &standing_users) {
+                    standing(&nodes, ctx, d, users).await?;
+                }
+                let seen = connections(&nodes).await?;
+                w.connection_sets.insert(
+                    name.clone(),
+                    seen.iter().map(|(n, c)| (*n, c.cid)).collect(),
+                );
+                Ok(match daemon {
+                    Some(d) => format!(
+                        "daemon {d}'s standing connections are open; remember the broker's connections as {name}"
+                    ),
+                    None => format!("remember the broker's connections as {name}"),
+                })
             }
-            BrokerStep::ExpectConnections { after, opened } => {
-                let before = *w.counters.get(after).ok_or_else(|| {
+            BrokerStep::ExpectConnections {
+                after,
+                daemon,
+                opened,
+            } => {
+                let before = w.connection_sets.get(after).cloned().ok_or_else(|| {
                     Failure::could_not(format!("nothing remembered as {after:?}"))
                 })?;
-                let now = total_connections(w).await?;
-                let got = now.saturating_sub(before);
-                if got != *opened {
+                let users = daemon_users(w, daemon)?;
+                let nodes = running(w);
+                let got: Vec<String> = connections(&nodes)
+                    .await?
+                    .into_iter()
+                    .filter(|(n, c)| !before.contains(&(*n, c.cid)) && attributed(c, &users))
+                    .map(|(n, c)| describe(n, &c))
+                    .collect();
+                if got.len() as u64 != *opened {
                     return Err(Failure::new(
-                        format!("{opened} connections accepted by the broker since {after}"),
-                        format!("{got}"),
+                        format!(
+                            "{opened} connections of daemon {daemon} accepted by the broker since {after}"
+                        ),
+                        format!("{}: {}", got.len(), got.join("; ")),
                     ));
                 }
                 Ok(format!(
-                    "the broker accepted {opened} connections since {after}"
+                    "the broker accepted {opened} connections of daemon {daemon} since {after}"
                 ))
             }
             BrokerStep::Observe { ms } => {
@@ -261,21 +301,145 @@ impl BrokerStep {
     }
 }
 
-/// Connections every running node accepted so far (`/varz` `total_connections`). A failed read
-/// fails the step: it must never read as 0.
-async fn total_connections(w: &mut World) -> Result<u64, Failure> {
-    let mut total = 0;
-    for i in 0..w.mesh.node_count() {
-        let Some(node) = w.mesh.node_mut(i) else {
-            continue;
-        };
-        if !node.is_running() {
-            continue;
+/// The nodes running now.
+fn running(w: &mut World) -> Vec<(usize, &Broker)> {
+    let up: Vec<usize> = (0..w.mesh.node_count())
+        .filter(|i| w.mesh.node_mut(*i).is_some_and(|n| n.is_running()))
+        .collect();
+    up.into_iter()
+        .filter_map(|i| w.mesh.node(i).map(|b| (i, b)))
+        .collect()
+}
+
+/// Every connection the nodes `nodes` list, open and closed, with its node. A failed read fails
+/// the step: it must never read as none.
+async fn connections(nodes: &[(usize, &Broker)]) -> Result<Vec<(usize, BrokerConn)>, Failure> {
+    let mut out = Vec::new();
+    for (i, node) in nodes {
+        for c in node.connz(ConnState::All).await? {
+            out.push((*i, c));
         }
-        let varz = node.varz().await?;
-        total += varz["total_connections"].as_u64().ok_or_else(|| {
-            Failure::could_not(format!("/varz of node {i} has no total_connections"))
-        })?;
     }
-    Ok(total)
+    Ok(out)
+}
+
+/// The user nkeys of `daemon`'s credentials as its root holds them now: the delivery credential
+/// it was started with, and its root's membership-rw, `$SYS` observer and evictor credentials
+/// (a file that is missing or no credential names nobody).
+fn daemon_users(w: &World, daemon: &str) -> Result<BTreeSet<String>, Failure> {
+    let creds = w
+        .daemon_creds
+        .get(daemon)
+        .ok_or_else(|| Failure::could_not(format!("no daemon {daemon:?} was started")))?;
+    let root = w
+        .daemon_roots
+        .get(daemon)
+        .ok_or_else(|| Failure::could_not(format!("no daemon {daemon:?} was started")))?;
+    let ws = cotal_delivery::provision::Workspace::new(root);
+    let space = w.mesh.space();
+    Ok([
+        creds.clone(),
+        ws.membership_rw_creds_path(space),
+        ws.membership_observer_creds_path(space),
+        ws.connection_evictor_creds_path(space),
+    ]
+    .iter()
+    .filter_map(|p| cotal_delivery::base::read_creds_file(p).ok())
+    .filter_map(|c| c.public_key().ok())
+    .collect())
+}
+
+/// Whether the broker's connection `c` is the daemon's: it authenticated as one of `users`, or it
+/// never authenticated as anyone (a bare check of the port or a refused credential: the kit's
+/// own connections always authenticate, and are named `harness-…`).
+fn attributed(c: &BrokerConn, users: &BTreeSet<String>) -> bool {
+    if c.name.starts_with("harness-") {
+        return false;
+    }
+    match c.user.as_deref() {
+        Some(u) if !u.is_empty() => users.contains(u),
+        _ => true,
+    }
+}
+
+fn describe(node: usize, c: &BrokerConn) -> String {
+    format!(
+        "node {node} cid {} {}{}{}",
+        c.cid,
+        if c.name.is_empty() {
+            "(no name)".to_string()
+        } else {
+            format!("{:?}", c.name)
+        },
+        c.user
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .map(|u| format!(" as {u}"))
+            .unwrap_or_else(|| " (never authenticated)".into()),
+        c.reason
+            .as_deref()
+            .map(|r| format!(", closed: {r}"))
+            .unwrap_or_default()
+    )
+}
+
+/// The connections the seeds name as a serving daemon's own, beside its resident one: the
+/// checkpoint timer writer's ("on its own connection under the same delivery credential") and the
+/// membership feed's (its membership-rw credential). Until the broker lists them open, a count
+/// taken would race the daemon's start-up.
+async fn standing(
+    nodes: &[(usize, &Broker)],
+    ctx: Ctx,
+    daemon: &str,
+    (delivery, rw): &(String, String),
+) -> Result<(), Failure> {
+    poll(
+        ctx,
+        &format!("the broker to list daemon {daemon}'s standing connections open (two under its delivery credential, one under its membership-rw credential)"),
+        || async {
+            let open: Vec<BrokerConn> = connections(nodes)
+                .await
+                .map_err(|f| f.actual)?
+                .into_iter()
+                .map(|(_, c)| c)
+                .filter(|c| c.reason.is_none() && c.raw["stop"].is_null())
+                .collect();
+            let count = |u: &str| open.iter().filter(|c| c.user.as_deref() == Some(u)).count();
+            let (d, r) = (count(delivery), count(rw));
+            if d >= 2 && r >= 1 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{d} open under its delivery credential, {r} under its membership-rw credential"
+                ))
+            }
+        },
+    )
+    .await
+}
+
+/// The user nkeys of `daemon`'s delivery and membership-rw credentials.
+fn standing_users(w: &World, daemon: &str) -> Result<(String, String), Failure> {
+    let delivery = creds_user(w.daemon_creds.get(daemon), daemon)?;
+    let root = w
+        .daemon_roots
+        .get(daemon)
+        .ok_or_else(|| Failure::could_not(format!("no daemon {daemon:?} was started")))?;
+    let rw = creds_user(
+        Some(
+            &cotal_delivery::provision::Workspace::new(root)
+                .membership_rw_creds_path(w.mesh.space()),
+        ),
+        daemon,
+    )?;
+    Ok((delivery, rw))
+}
+
+fn creds_user(path: Option<&std::path::PathBuf>, daemon: &str) -> Result<String, Failure> {
+    let path =
+        path.ok_or_else(|| Failure::could_not(format!("no daemon {daemon:?} was started")))?;
+    cotal_delivery::base::read_creds_file(path)
+        .map_err(|e| Failure::could_not(format!("read {}: {e}", path.display())))?
+        .public_key()
+        .map_err(|e| Failure::could_not(e.to_string()))
 }

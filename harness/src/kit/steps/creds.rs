@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::call::{check_reply, exchange, supervisor, supervisor_principal};
-use super::verb::{poll, Ctx, Kind, Refs};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -64,6 +64,15 @@ pub enum CredStep {
 
 /// The name the daemon's resident connection gives the broker.
 const DAEMON_CONNECTION: &str = "cotal:delivery";
+
+impl Profiled for CredStep {
+    fn wording(&self) -> Vec<&str> {
+        match self {
+            CredStep::ReloadCreds { error: Some(e), .. } => vec![e.as_str()],
+            _ => Vec::new(),
+        }
+    }
+}
 
 impl CredStep {
     pub fn default_within(&self) -> Option<Duration> {

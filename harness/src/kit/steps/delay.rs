@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::verb::{Ctx, Kind, Refs, DEFAULT_WITHIN};
+use super::verb::{Ctx, Kind, Profiled, Refs, DEFAULT_WITHIN};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -39,6 +39,8 @@ pub enum DelayStep {
         proxy: String,
     },
 }
+
+impl Profiled for DelayStep {}
 
 impl DelayStep {
     pub fn default_within(&self) -> Option<Duration> {

@@ -9,7 +9,7 @@ use std::time::{Duration as StdDuration, Instant, SystemTime};
 use cotal_delivery::base::RowOp;
 use serde::Deserialize;
 
-use super::verb::{Ctx, Kind, Refs, DEFAULT_WITHIN};
+use super::verb::{Ctx, Kind, Profiled, Refs, DEFAULT_WITHIN};
 use crate::kit::expr::Duration;
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
@@ -87,6 +87,10 @@ pub enum HistoryStep {
         /// How many of them are still open.
         #[serde(default)]
         open: Option<usize>,
+        /// Only the dials the broker has closed again: a connection the daemon keeps open beside
+        /// them (a standby's watch of the lease row) is left out.
+        #[serde(default)]
+        closed: bool,
         /// Each dial starts at least this long after the one before it…
         #[serde(default)]
         every: Option<Duration>,
@@ -94,6 +98,17 @@ pub enum HistoryStep {
         #[serde(default)]
         slack: Option<Duration>,
     },
+}
+
+impl Profiled for HistoryStep {
+    fn distribution_only(&self) -> Option<&'static str> {
+        match self {
+            HistoryStep::ExpectDials { name: Some(_), .. } => {
+                Some("it counts the connections that gave this distribution's connection name")
+            }
+            _ => None,
+        }
+    }
 }
 
 impl HistoryStep {
@@ -152,11 +167,13 @@ impl HistoryStep {
                 min,
                 max,
                 open,
+                closed,
                 every,
                 slack,
             } => {
                 let dials = Dials {
                     name: name.as_deref(),
+                    closed: *closed,
                     min: *min,
                     max: *max,
                     open: *open,
@@ -291,6 +308,7 @@ async fn expect_write(
 /// The bounds of an `expect_dials`.
 struct Dials<'a> {
     name: Option<&'a str>,
+    closed: bool,
     min: Option<usize>,
     max: Option<usize>,
     open: Option<usize>,
@@ -371,7 +389,8 @@ async fn expect_dials(w: &mut World, ctx: Ctx, daemon: &str, want: &Dials<'_>) -
     let named = want
         .name
         .map(|n| format!(" named {n:?}"))
-        .unwrap_or_default();
+        .unwrap_or_default()
+        + if want.closed { ", closed again" } else { "" };
     let mut expected = Vec::new();
     if let Some(min) = want.min {
         expected.push(format!("at least {min}"));
@@ -389,7 +408,10 @@ async fn expect_dials(w: &mut World, ctx: Ctx, daemon: &str, want: &Dials<'_>) -
     // The counts are waited for (a dial under way is open until its attempt ends); a count
     // past `max` never comes back under it.
     let dials = loop {
-        let dials = dials_of(w, &nkey, want.name, spawned).await?;
+        let mut dials = dials_of(w, &nkey, want.name, spawned).await?;
+        if want.closed {
+            dials.retain(|d| !d.open);
+        }
         let open = dials.iter().filter(|d| d.open).count();
         if want.max.is_some_and(|m| dials.len() > m) {
             return Err(Failure::new(counts, seen(&dials)));

@@ -12,7 +12,7 @@ use cotal_delivery::provision::{
 };
 use serde::Deserialize;
 
-use super::verb::{only_here, Ctx, Kind, Refs};
+use super::verb::{only_here, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -54,6 +54,8 @@ pub enum HostStep {
         manifest: Option<String>,
     },
 }
+
+impl Profiled for HostStep {}
 
 impl HostStep {
     pub fn default_within(&self) -> Option<Duration> {

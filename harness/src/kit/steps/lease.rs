@@ -10,7 +10,7 @@ use cotal_delivery::provision::{MeshAuthority, MintOptions, SystemProfile};
 use cotal_delivery::wire::LeaseInfo;
 use serde::Deserialize;
 
-use super::verb::{poll, Ctx, Kind, Refs};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -67,6 +67,8 @@ pub enum LeaseStep {
         evictor: Option<String>,
     },
 }
+
+impl Profiled for LeaseStep {}
 
 impl LeaseStep {
     pub fn default_within(&self) -> Option<Duration> {

@@ -18,49 +18,57 @@ pub mod rails;
 pub mod read;
 pub mod registry;
 pub mod rows;
+pub mod serving;
 pub mod streams;
 pub mod timed;
 pub mod verb;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::world::World;
 use crate::kit::failure::StepResult;
 use crate::kit::under_test::DaemonUnderTest;
-use verb::{Ctx, Kind, Refs};
+use verb::{Ctx, Kind, Profiled, Refs};
 
 /// The names created so far while a case loads: a step that names one nobody created is
-/// refused with its line before anything runs.
+/// refused with its line before anything runs, and so is a contract step that names one only a
+/// distribution step created (the contract profile does not run that step).
 #[derive(Debug, Default)]
 pub struct Names {
-    pub marks: BTreeSet<String>,
-    known: BTreeSet<(Kind, String)>,
+    /// Each name, and whether only a distribution step has created it so far.
+    known: BTreeMap<(Kind, String), bool>,
 }
 
 impl Names {
-    pub fn check(&mut self, step: &Step) -> Result<(), String> {
+    /// Checks the names `step` uses and records those it creates; `distribution` says whether
+    /// `step` is a distribution step.
+    pub fn check(&mut self, step: &Step, distribution: bool) -> Result<(), String> {
         let refs = step.refs();
         for (kind, name) in &refs.uses {
-            let known = match kind {
-                Kind::Event => self.marks.contains(name),
-                _ => self.known.contains(&(*kind, name.clone())),
-            };
-            if !known {
-                return Err(format!("{kind} {name:?} is not created by an earlier step"));
-            }
+            self.uses(*kind, name, distribution)?;
         }
         for (kind, name) in refs.creates {
-            match kind {
-                Kind::Event => {
-                    self.marks.insert(name);
-                }
-                _ => {
-                    self.known.insert((kind, name));
-                }
-            }
+            self.create(kind, &name, distribution);
         }
         Ok(())
+    }
+
+    /// Whether `name` of `kind` may be used by a step (a distribution one when `distribution`).
+    pub fn uses(&self, kind: Kind, name: &str, distribution: bool) -> Result<(), String> {
+        match self.known.get(&(kind, name.to_string())) {
+            None => Err(format!("{kind} {name:?} is not created by an earlier step")),
+            Some(true) if !distribution => Err(format!(
+                "{kind} {name:?} is created only by a distribution step, which the contract profile does not run: a contract step cannot use it"
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Records `name` of `kind` as created (by a distribution step when `distribution`).
+    pub fn create(&mut self, kind: Kind, name: &str, distribution: bool) {
+        let by_distribution = self.known.entry((kind, name.to_string())).or_insert(true);
+        *by_distribution &= distribution;
     }
 }
 
@@ -108,6 +116,14 @@ macro_rules! groups {
             pub fn refs(&self) -> Refs {
                 match self { $(Step::$variant(s) => s.refs(),)* }
             }
+            /// The texts this step judges the daemon's output by ([`Profiled::wording`]).
+            pub fn wording(&self) -> Vec<&str> {
+                match self { $(Step::$variant(s) => s.wording(),)* }
+            }
+            /// Why this step can only be a distribution step ([`Profiled::distribution_only`]).
+            pub fn distribution_only(&self) -> Option<&'static str> {
+                match self { $(Step::$variant(s) => s.distribution_only(),)* }
+            }
             pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
                 match self { $(Step::$variant(s) => s.run(w, ctx).await,)* }
             }
@@ -131,6 +147,7 @@ groups! {
     Timed => timed::TimedStep,
     Delay => delay::DelayStep,
     Registry => registry::RegistryStep,
+    Serving => serving::ServingStep,
 }
 
 /// The refusal of an unknown verb, naming the closest ones.
@@ -171,6 +188,7 @@ fn distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     /// Every listed verb parses into its own group (a verb listed but not a variant would be
     /// refused as "unknown variant" at load time).

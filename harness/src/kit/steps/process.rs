@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::verb::{only_here, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use super::verb::{only_here, Ctx, Kind, Profiled, Refs, DEFAULT_WITHIN};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -100,8 +100,12 @@ pub enum ProcessStep {
     },
     ExpectExit {
         daemon: String,
+        /// The exact exit code (this distribution's: a distribution step).
         #[serde(default)]
         code: Option<i32>,
+        /// Any exit code but 0 (what the seeds say of a refusal).
+        #[serde(default)]
+        nonzero: bool,
         /// The process ended by this signal instead (`KILL`: a SIGKILL leaves no exit code).
         #[serde(default)]
         signal: Option<String>,
@@ -124,6 +128,29 @@ pub enum ProcessStep {
 
 /// Bound of a command run to completion.
 const COMMAND_BOUND: Duration = Duration::from_secs(60);
+
+impl Profiled for ProcessStep {
+    fn wording(&self) -> Vec<&str> {
+        match self {
+            ProcessStep::WaitLine { contains, .. }
+            | ProcessStep::NoLine { contains, .. }
+            | ProcessStep::CountLines { contains, .. } => vec![contains.as_str()],
+            ProcessStep::LineOrder { first, then, .. } => vec![first.as_str(), then.as_str()],
+            _ => Vec::new(),
+        }
+    }
+
+    fn distribution_only(&self) -> Option<&'static str> {
+        match self {
+            ProcessStep::ExpectExit { code: Some(_), .. } => {
+                Some("an exact exit code is this distribution's (the seeds say only non-zero)")
+            }
+            ProcessStep::Command { .. } => Some("it runs a command of this distribution"),
+            ProcessStep::Status { .. } => Some("it runs `cotal-delivery status`"),
+            _ => None,
+        }
+    }
+}
 
 impl ProcessStep {
     pub fn default_within(&self) -> Option<Duration> {
@@ -317,12 +344,18 @@ impl ProcessStep {
             ProcessStep::ExpectExit {
                 daemon,
                 code,
+                nonzero,
                 signal,
             } => {
                 use std::os::unix::process::ExitStatusExt;
                 let (want, signo) = match (code, signal) {
+                    (Some(c), None) if *nonzero && *c == 0 => {
+                        return Err(Failure::could_not("`nonzero` with `code = 0`"))
+                    }
                     (Some(c), None) => (format!("exit with code {c}"), None),
-                    (None, Some(name)) => (
+                    (None, None) if *nonzero => ("exit with a non-zero code".to_string(), None),
+                    (None, None) => ("exit".to_string(), None),
+                    (None, Some(name)) if !*nonzero => (
                         format!("end by SIG{name}"),
                         Some(signal_number(name).ok_or_else(|| {
                             Failure::could_not(format!("unknown signal {name:?}"))
@@ -330,7 +363,7 @@ impl ProcessStep {
                     ),
                     _ => {
                         return Err(Failure::could_not(
-                            "an exit has `code` or `signal`, one of them",
+                            "an exit has `code` (or `nonzero`) or `signal`, not both",
                         ))
                     }
                 };
@@ -342,9 +375,12 @@ impl ProcessStep {
                         format!("still running after {} ms", left.as_millis()),
                     )
                 })?;
-                let met = match signo {
-                    None => status.code() == *code,
-                    Some(n) => status.signal() == Some(n),
+                let met = match (signo, code) {
+                    (Some(n), _) => status.signal() == Some(n),
+                    (None, Some(c)) => status.code() == Some(*c),
+                    // A process a signal ended has no exit code: not a non-zero exit.
+                    (None, None) if *nonzero => status.code().is_some_and(|c| c != 0),
+                    (None, None) => true,
                 };
                 if !met {
                     return Err(Failure::new(
@@ -352,9 +388,13 @@ impl ProcessStep {
                         format!("{status}; {}", last_lines(d)),
                     ));
                 }
-                Ok(match signo {
-                    None => format!("daemon {daemon} exited with code {}", code.unwrap_or(0)),
-                    Some(_) => format!(
+                Ok(match (signo, code) {
+                    (None, Some(c)) => format!("daemon {daemon} exited with code {c}"),
+                    (None, None) if *nonzero => {
+                        format!("daemon {daemon} exited with a non-zero code")
+                    }
+                    (None, None) => format!("daemon {daemon} exited"),
+                    (Some(_), _) => format!(
                         "daemon {daemon} ended by SIG{}",
                         signal.as_deref().unwrap_or("")
                     ),
@@ -486,8 +526,9 @@ fn start(
             .client_url(),
     };
     let mut creds_path = w.mesh.workspace().delivery_creds_path(&space);
+    let mut root = w.mesh.root().to_path_buf();
     let mut spec = if let Some(h) = host {
-        let root = w
+        root = w
             .hosts
             .get(h)
             .ok_or_else(|| Failure::could_not(format!("no host {h:?}")))?
@@ -586,6 +627,7 @@ fn start(
     let d = spec.spawn()?;
     w.daemons.insert(daemon.to_string(), d);
     w.daemon_creds.insert(daemon.to_string(), creds_path);
+    w.daemon_roots.insert(daemon.to_string(), root);
     let mut how = Vec::new();
     if let Some(h) = host {
         how.push(format!("standby host on {h}"));

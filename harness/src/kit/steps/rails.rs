@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::verb::toml_to_json;
-use super::verb::{Ctx, Kind, Refs};
+use super::verb::{Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -67,6 +67,15 @@ pub enum RailStep {
 
 /// Default bound of a request's answer: the reference agent's request timeout.
 const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+impl Profiled for RailStep {
+    fn wording(&self) -> Vec<&str> {
+        match self {
+            RailStep::Request { error: Some(e), .. } => vec![e.as_str()],
+            _ => Vec::new(),
+        }
+    }
+}
 
 impl RailStep {
     pub fn default_within(&self) -> Option<Duration> {

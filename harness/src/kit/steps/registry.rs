@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::read::consumer_info;
 use super::read::read_row;
-use super::verb::{poll, Ctx, Kind, Refs};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -58,6 +58,8 @@ const ROUTED_WITHIN: Duration = Duration::from_secs(10);
 const REFUSAL_BOUND: Duration = Duration::from_secs(5);
 /// Bound of one row read.
 const ROW_BOUND: Duration = Duration::from_secs(5);
+
+impl Profiled for RegistryStep {}
 
 impl RegistryStep {
     pub fn default_within(&self) -> Option<Duration> {

@@ -10,7 +10,7 @@ use cotal_delivery::provision::{remove_acl, retire, set_read_acl};
 use cotal_delivery::wire::SpaceNames;
 use serde::Deserialize;
 
-use super::verb::{poll, Ctx, Kind, Refs};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -63,6 +63,8 @@ pub enum RowStep {
         channel: String,
     },
 }
+
+impl Profiled for RowStep {}
 
 impl RowStep {
     pub fn default_within(&self) -> Option<Duration> {

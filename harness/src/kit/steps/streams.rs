@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::read::consumer_info;
-use super::verb::{poll, Ctx, Kind, Refs};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::watch::AdvisoryWatch;
@@ -83,6 +83,8 @@ pub enum StreamStep {
         fields: toml::Table,
     },
 }
+
+impl Profiled for StreamStep {}
 
 impl StreamStep {
     pub fn default_within(&self) -> Option<Duration> {

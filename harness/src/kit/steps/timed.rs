@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::verb::Which;
-use super::verb::{poll, Ctx, Kind, Refs, DEFAULT_WITHIN};
+use super::verb::{poll, Ctx, Kind, Profiled, Refs, DEFAULT_WITHIN};
 use crate::kit::expr;
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
@@ -61,6 +61,17 @@ pub enum TimedStep {
 /// The connection this distribution's checkpoint timer writer dials once start-up is complete
 /// (after the lease watch is bound and the membership feed's two connections are up).
 const TIMER_WRITER_CONNECTION: &str = "cotal-delivery-timer-writer";
+
+impl Profiled for TimedStep {
+    fn wording(&self) -> Vec<&str> {
+        match self {
+            TimedStep::NoLineAfter {
+                after, contains, ..
+            } => vec![after.as_str(), contains.as_str()],
+            _ => Vec::new(),
+        }
+    }
+}
 
 impl TimedStep {
     pub fn default_within(&self) -> Option<Duration> {

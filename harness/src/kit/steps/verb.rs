@@ -90,6 +90,24 @@ impl Ctx {
 /// The default bound of a waiting step.
 pub const DEFAULT_WITHIN: Duration = Duration::from_secs(20);
 
+/// What a step says about the profile it can belong to (docs/cases.md, "Profiles"): every
+/// verb group implements it; a verb that judges only what the contract requires keeps both
+/// defaults.
+pub trait Profiled {
+    /// The texts this step judges the daemon's output by (a line it waits for or rules out, a
+    /// reply's error text): in a contract step each must be quoted by a seed document.
+    fn wording(&self) -> Vec<&str> {
+        Vec::new()
+    }
+
+    /// Why this step judges something only this distribution promises whatever its texts (an
+    /// exact exit code, one of its commands, a connection name), if it does: such a step is a
+    /// distribution step.
+    fn distribution_only(&self) -> Option<&'static str> {
+        None
+    }
+}
+
 /// The reason every distribution-only step gives under `--daemon-cmd`.
 pub fn only_here(daemon: &DaemonUnderTest, why: &str) -> Option<String> {
     matches!(daemon, DaemonUnderTest::Cmd(_)).then(|| why.to_string())

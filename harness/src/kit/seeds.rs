@@ -1,0 +1,128 @@
+//! The seed documents (the contract, copied in `docs/seeds/`), embedded in the harness, and the
+//! one question the contract profile asks of them: does a seed quote this text? A contract step
+//! may judge a daemon's line or a reply's error text only when a seed document quotes it (the
+//! rest of a daemon's wording is its own promise: a distribution step), so the loader asks this
+//! of every such text before anything runs.
+//!
+//! Quoting is read loosely only where a reader would: whitespace re-flowed, typographic quotes
+//! typed plainly, and a seed's placeholder (`received <signal>, exiting`) standing for one word
+//! (`received SIGTERM, exiting`).
+
+/// The three seed documents, by the file name a case's `seed` gives.
+pub const SEEDS: &[(&str, &str)] = &[
+    (
+        "delivery-daemon-concept.txt",
+        include_str!("../../../docs/seeds/delivery-daemon-concept.txt"),
+    ),
+    (
+        "delivery-service-contracts.txt",
+        include_str!("../../../docs/seeds/delivery-service-contracts.txt"),
+    ),
+    (
+        "embedded-daemon-lifecycle.txt",
+        include_str!("../../../docs/seeds/embedded-daemon-lifecycle.txt"),
+    ),
+];
+
+/// Fewest words a quotation has: a word or two of a seed (`release`, `credential expired`) is
+/// not a line it quotes.
+pub const QUOTE_MIN_WORDS: usize = 3;
+
+/// Longest placeholder name a seed writes between `<` and `>` (`<spaceSegment(space)>`).
+const PLACEHOLDER_MAX: usize = 40;
+
+/// `text` with whitespace collapsed to single spaces and typographic quotes typed plainly.
+pub fn plain(text: &str) -> String {
+    text.replace(['\u{2019}', '\u{2018}'], "'")
+        .replace(['\u{201c}', '\u{201d}'], "\"")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether a seed document quotes `text`, a phrase of at least [`QUOTE_MIN_WORDS`] words (see
+/// the module's doc for how loosely).
+pub fn quoted(text: &str) -> bool {
+    let want: Vec<char> = plain(text).chars().collect();
+    if plain(text).split(' ').count() < QUOTE_MIN_WORDS {
+        return false;
+    }
+    SEEDS.iter().any(|(_, doc)| {
+        let doc: Vec<char> = plain(doc).chars().collect();
+        (0..doc.len()).any(|i| matches_at(&doc, i, &want, 0))
+    })
+}
+
+/// The placeholder opening at `doc[i]` (`<name>`): the index just past its `>`.
+fn placeholder_end(doc: &[char], i: usize) -> Option<usize> {
+    if doc.get(i) != Some(&'<') {
+        return None;
+    }
+    let name_char = |c: &char| c.is_alphanumeric() || matches!(c, '_' | '(' | ')' | '-' | '.');
+    let len = doc[i + 1..]
+        .iter()
+        .take(PLACEHOLDER_MAX + 1)
+        .take_while(|c| name_char(c))
+        .count();
+    (len > 0 && len <= PLACEHOLDER_MAX && doc.get(i + 1 + len) == Some(&'>')).then_some(i + len + 2)
+}
+
+/// Whether `want[w..]` is quoted by `doc` from `doc[d]` on.
+fn matches_at(doc: &[char], d: usize, want: &[char], w: usize) -> bool {
+    if w == want.len() {
+        return true;
+    }
+    if let Some(after) = placeholder_end(doc, d) {
+        // A placeholder stands for one word: one or more characters that are no space.
+        let word = want[w..].iter().take_while(|c| **c != ' ').count();
+        if (1..=word)
+            .rev()
+            .any(|n| matches_at(doc, after, want, w + n))
+        {
+            return true;
+        }
+    }
+    doc.get(d) == Some(&want[w]) && matches_at(doc, d + 1, want, w + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mutation seen failing: `quoted` answering `true` for any text (a line of this
+    /// distribution's own wording, `delivery daemon up`, passes as quoted).
+    #[test]
+    fn a_seed_quotes_its_lines_and_not_this_distributions() {
+        for text in [
+            "✗ delivery: broker connection unavailable (broker unreachable), exiting (coupled to the broker)",
+            "! delivery: credential expired, awaiting proved renewal",
+            "has not finished starting",
+            // Re-flowed, and a placeholder standing for one word.
+            "received SIGTERM,\n  exiting",
+            ".cotal/delivery.demo.pid, whichever way",
+        ] {
+            assert!(quoted(text), "{text:?} is quoted");
+        }
+        for text in [
+            "delivery daemon up",
+            "! delivery: broker connection unavailable, reconnecting",
+            "received SIGTERM and SIGINT, exiting",
+            "stale leave",
+            // In a seed, but two words: no line of it.
+            "credential expired",
+            "",
+        ] {
+            assert!(!quoted(text), "{text:?} is not quoted");
+        }
+    }
+
+    /// The embedded copies are the seeds the cases quote (docs/seeds/), byte for byte.
+    #[test]
+    fn the_embedded_seeds_are_docs_seeds() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/seeds");
+        for (name, text) in SEEDS {
+            let on_disk = std::fs::read_to_string(dir.join(name)).expect("a seed document");
+            assert_eq!(&on_disk, text, "{name}");
+        }
+    }
+}
