@@ -346,8 +346,8 @@ async fn an_unanswered_eviction_gives_up_after_fifteen_seconds_total() {
         .bind(|| insta::assert_snapshot!("admin_manager__manager_evict_wait", err.line));
 }
 
-/// A responder gap inside the 15 s wait (the daemon binding 3 s into it, as after a credential
-/// reload) does not abandon the retirement: the retried request is answered and verified.
+/// A responder gap inside the 15 s wait (the daemon binding 3 s into it, as after it adopts a
+/// credential) does not abandon the retirement: the retried request is answered and verified.
 ///
 /// Mutation seen failing: `AdminAnswer::retryable` false for `NoResponders` (the first no-responders
 /// answer fails the eviction at once).

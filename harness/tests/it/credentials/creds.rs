@@ -36,9 +36,9 @@ fn shorten(mesh: &Mesh, lifetime: Duration) -> Credential {
     short
 }
 
-/// The renewal owner's re-sign of `live` (same nkey) to live `lifetime`, written to the store;
+/// The renewal owner's remint of `live` (same nkey) to live `lifetime`, written to the store;
 /// returns it and the `reloadCreds` args that expect it.
-fn resign_delivery(mesh: &Mesh, live: &Credential, lifetime: Duration) -> (Credential, Value) {
+fn remint_delivery(mesh: &Mesh, live: &Credential, lifetime: Duration) -> (Credential, Value) {
     let next = mesh
         .mint(
             mesh.space(),
@@ -65,14 +65,14 @@ async fn started(mesh: &Mesh, env: &[(&str, &str)]) -> Daemon {
     d
 }
 
-/// A rogue re-sign asked for on `reloadCreds` is refused in the reference shape (`ok:false`,
+/// A rogue remint asked for on `reloadCreds` is refused in the reference shape (`ok:false`,
 /// per-component `data`: the refused one without `brokerAccepted`, no digest quoted), the live
 /// credential undisturbed and the rail still answering. (The 75 % re-read's refusal of a rogue
 /// and the reconnect 250 ms after an adoption's reply are the cases `credentials/rogue-remint-refused`
 /// and `credentials/reconnect-after-reply`.) Mutation caught: the failure answered as a bare refusal
 /// (no `data`).
 #[tokio::test]
-async fn reload_creds_refuses_a_rogue_resign_in_the_reference_shape() {
+async fn reload_creds_refuses_a_rogue_remint_in_the_reference_shape() {
     let mesh = mesh_with_signer().await;
     let space = mesh.space().clone();
     let mut d = started(&mesh, &[]).await;
@@ -268,7 +268,7 @@ async fn the_daemon_never_opens_the_signer_in_its_root() {
         .await
         .expect("the 75 % re-read");
     let boss = Supervisor::connect(&mesh, mesh.space()).await;
-    let (_, expected) = resign_delivery(&mesh, &live, Duration::from_secs(3600));
+    let (_, expected) = remint_delivery(&mesh, &live, Duration::from_secs(3600));
     reload_and_move_onto_it(&boss, &mut d, expected).await;
     d.terminate().expect("SIGTERM");
     assert_eq!(d.wait_exit(BOUND).await.expect("exit").code(), Some(0));
@@ -307,7 +307,7 @@ async fn an_admin_request_read_during_a_reconnect_that_never_completes_is_answer
     crate::support::data_path::wait_lease_watch_bound(&insp).await;
     let boss = std::sync::Arc::new(Supervisor::connect(&mesh, &space).await);
     let live = read_creds_file(&mesh.workspace().delivery_creds_path(&space)).unwrap();
-    let (_, expected) = resign_delivery(&mesh, &live, Duration::from_secs(25 * 3600));
+    let (_, expected) = remint_delivery(&mesh, &live, Duration::from_secs(25 * 3600));
     let reply = boss
         .request("reloadCreds", expected, Duration::from_secs(15))
         .await

@@ -212,9 +212,9 @@ async fn last_connection_stop(mesh: &Mesh) -> i64 {
         .expect("a closed connection of the daemon")
 }
 
-/// The renewal owner's re-sign of the daemon's delivery credential (same nkey), written to the
+/// The renewal owner's remint of the daemon's delivery credential (same nkey), written to the
 /// workspace store; returns the `reloadCreds` args that expect it.
-fn resign(mesh: &Mesh) -> serde_json::Value {
+fn remint(mesh: &Mesh) -> serde_json::Value {
     let path = mesh.workspace().delivery_creds_path(mesh.space());
     let live: Credential = read_creds_file(&path).expect("read creds");
     let next = mesh
@@ -294,7 +294,7 @@ async fn a_manual_reconnect_retires_the_watch_before_closing_the_connection_and_
     let advisories = Advisories::record(&insp).await;
     let boss = Supervisor::connect(&mesh, mesh.space()).await;
     let reply = boss
-        .request("reloadCreds", resign(&mesh), Duration::from_secs(15))
+        .request("reloadCreds", remint(&mesh), Duration::from_secs(15))
         .await
         .expect("answered");
     assert_eq!(reply["ok"], true, "{reply}");
@@ -338,7 +338,7 @@ async fn a_manual_reconnect_waits_for_a_bind_in_flight_and_deletes_what_it_bound
         names: [first, held, last],
         ..
     } = a_rebind_held().await;
-    let _ = resign(&mesh);
+    let _ = remint(&mesh);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(d.pid() as i32),
         nix::sys::signal::Signal::SIGHUP,
