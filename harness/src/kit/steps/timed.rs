@@ -244,8 +244,15 @@ async fn starve(
             return Ok(exited(daemon, frozen, awake, status));
         }
         tokio::time::sleep(frozen).await;
-        d.thaw()
-            .map_err(|e| Failure::could_not(format!("thaw daemon {daemon}: {e}")))?;
+        if let Err(e) = d.thaw() {
+            // The stop reached a process already exiting (it decided to at the end of its
+            // last awake spell): there is nothing to thaw, and its exit is the answer.
+            if d.is_running() {
+                return Err(Failure::could_not(format!("thaw daemon {daemon}: {e}")));
+            }
+            let status = d.wait_exit(ctx.left()).await.map_err(Failure::from)?;
+            return Ok(exited(daemon, frozen, awake, status));
+        }
         if let Ok(status) = d.wait_exit(awake).await {
             return Ok(exited(daemon, frozen, awake, status));
         }
