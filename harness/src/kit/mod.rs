@@ -19,10 +19,10 @@
 //! | one case on one shape | `run.rs` |
 //! | the case file | `case.rs` |
 //! | the verbs' dispatch | `steps/mod.rs` |
-//! | verb groups | `steps/admin.rs`, `steps/agents.rs`, `steps/broker.rs`, `steps/creds.rs`, `steps/delay.rs`, `steps/entries.rs`, `steps/history.rs`, `steps/hosts.rs`, `steps/lease.rs`, `steps/process.rs`, `steps/rails.rs`, `steps/registry.rs`, `steps/rows.rs`, `steps/serving.rs`, `steps/streams.rs`, `steps/timed.rs` |
+//! | verb groups | `steps/admin.rs`, `steps/agents.rs`, `steps/anycast.rs`, `steps/broker.rs`, `steps/creds.rs`, `steps/delay.rs`, `steps/entries.rs`, `steps/feed.rs`, `steps/history.rs`, `steps/hosts.rs`, `steps/lease.rs`, `steps/process.rs`, `steps/rails.rs`, `steps/registry.rs`, `steps/rows.rs`, `steps/serving.rs`, `steps/streams.rs`, `steps/supervision.rs`, `steps/timed.rs`, `steps/timers.rs` |
 //! | what verb groups share | `steps/call.rs`, `steps/read.rs` |
 //! | the world | `world.rs` |
-//! | what the world holds | `steps/verb.rs`, `watch.rs`, `shape.rs` |
+//! | what the world holds | `steps/verb.rs`, `watch.rs`, `holdings.rs`, `shape.rs` |
 //! | the daemon under test | `under_test.rs` |
 //! | command templates | `template.rs` |
 //! | ground | `carried.rs`, `failure.rs`, `expr.rs`, `transcript.rs`, `results.rs`, `conformance.rs` |
@@ -34,6 +34,7 @@ pub mod catalogue;
 pub mod conformance;
 pub mod expr;
 pub mod failure;
+pub mod holdings;
 pub mod mutate;
 pub mod profile;
 pub mod results;

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::expr::Vars;
 use super::failure::Failure;
+use super::holdings::Holdings;
 use super::under_test::{DaemonUnderTest, RunOptions};
 use super::watch::{AdminState, AdvisoryWatch, LeaseLogWatch};
 use crate::kit::shape::{Preset, Shape};
@@ -89,6 +90,8 @@ pub struct World {
     pub outside: tempfile::TempDir,
     /// A process planted to hold a reused pid.
     pub sleeper: Option<std::process::Child>,
+    /// What the anycast, timer-writer, membership-feed and supervision verbs keep.
+    pub holdings: Holdings,
 }
 
 /// Lifetime of the harness's own broker view: longer than any case.
@@ -195,6 +198,7 @@ impl World {
             figures: Vec::new(),
             outside,
             sleeper: None,
+            holdings: Holdings::default(),
         })
     }
 
@@ -285,6 +289,9 @@ impl World {
         ];
         for (name, dir) in &self.hosts {
             out.push((dir.path().to_path_buf(), format!("[HOST {name}]")));
+        }
+        if let Some(s) = &self.holdings.supervised {
+            out.push((s.root(), "[UP ROOT]".to_string()));
         }
         out
     }

@@ -5,11 +5,13 @@
 
 pub mod admin;
 pub mod agents;
+pub mod anycast;
 pub mod broker;
 pub mod call;
 pub mod creds;
 pub mod delay;
 pub mod entries;
+pub mod feed;
 pub mod history;
 pub mod hosts;
 pub mod lease;
@@ -20,7 +22,9 @@ pub mod registry;
 pub mod rows;
 pub mod serving;
 pub mod streams;
+pub mod supervision;
 pub mod timed;
+pub mod timers;
 pub mod verb;
 
 use std::collections::BTreeMap;
@@ -148,6 +152,10 @@ groups! {
     Delay => delay::DelayStep,
     Registry => registry::RegistryStep,
     Serving => serving::ServingStep,
+    Anycast => anycast::AnycastStep,
+    Feed => feed::FeedStep,
+    Timers => timers::TimerStep,
+    Supervision => supervision::SupervisionStep,
 }
 
 /// The refusal of an unknown verb, naming the closest ones.

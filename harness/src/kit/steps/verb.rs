@@ -26,6 +26,14 @@ pub enum Kind {
     Request,
     Sweeps,
     LeaseLog,
+    /// An anycast request a case sent.
+    Task,
+    /// A remembered creation time of the task stream.
+    TaskStream,
+    /// A workflow timer a case armed.
+    Timer,
+    /// A daemon pid a case remembered (a process it did not start itself).
+    Pid,
     /// A timed event a verb records itself (its `mark` modifier's kind).
     Event,
 }
@@ -44,6 +52,10 @@ impl fmt::Display for Kind {
             Kind::Request => "sent request",
             Kind::Sweeps => "sweep watch",
             Kind::LeaseLog => "lease watch",
+            Kind::Task => "anycast request",
+            Kind::TaskStream => "remembered task stream",
+            Kind::Timer => "timer",
+            Kind::Pid => "remembered daemon pid",
             Kind::Event => "event (a `mark`)",
         })
     }
