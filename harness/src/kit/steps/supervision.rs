@@ -30,6 +30,7 @@ pub const VERBS: &[&str] = &[
     "signal_pid",
     "expect_pid_gone",
     "expect_no_daemon",
+    "expect_stop_reservation",
     "expect_log",
     "expect_credential_file",
 ];
@@ -86,6 +87,9 @@ pub enum SupervisionStep {
         pid: String,
     },
     ExpectNoDaemon {},
+    /// A stop holds the reservation `down` takes (`.cotal/delivery.<key>.stopping` in up's
+    /// root, naming a live process).
+    ExpectStopReservation {},
     ExpectLog {
         #[serde(default)]
         root: RootChoice,
@@ -136,9 +140,9 @@ impl SupervisionStep {
             SupervisionStep::Supervise { .. } | SupervisionStep::RecordedDaemon { .. } => {
                 Some(COMMAND_BOUND)
             }
-            SupervisionStep::ExpectPidGone { .. } | SupervisionStep::ExpectLog { .. } => {
-                Some(Duration::from_secs(20))
-            }
+            SupervisionStep::ExpectPidGone { .. }
+            | SupervisionStep::ExpectLog { .. }
+            | SupervisionStep::ExpectStopReservation {} => Some(Duration::from_secs(20)),
             _ => None,
         }
     }
@@ -324,6 +328,19 @@ impl SupervisionStep {
                     }
                 }
                 Ok("no live delivery daemon is recorded in the root".to_string())
+            }
+            SupervisionStep::ExpectStopReservation {} => {
+                let root = supervised(w)?;
+                let path = base::stop_reservation_path(&root, w.mesh.space());
+                poll(ctx, "a stop to hold the reservation", || async {
+                    match base::read_pid(&path) {
+                        Some(p) if base::process_alive(p) && !base::is_zombie(p) => Ok(()),
+                        Some(p) => Err(format!("{} names {p}, which is gone", path.display())),
+                        None => Err(format!("no {}", path.display())),
+                    }
+                })
+                .await?;
+                Ok("a stop holds the reservation in up's root".to_string())
             }
             SupervisionStep::ExpectLog {
                 root,
