@@ -114,8 +114,9 @@ pub fn placeholder_agents(v: &toml::Value) -> Vec<String> {
 const MAX_PAD_BYTES: usize = 1 << 20;
 
 /// `s` with `{i}` replaced by the round, `{<agent>.uid}` / `{<agent>.principal}` by that
-/// agent's lifecycle uid or principal, and `{pad:N}` by N `x` characters (a hostile length).
-/// Anything else in braces is left as it is.
+/// agent's lifecycle uid or principal, `{pad:N}` by N `x` characters (a hostile length),
+/// `{root}` by the workspace root and `{store.id}` by the id its filesystem store recorded in
+/// `.cotal/store.id`. Anything else in braces is left as it is.
 pub fn expand(w: &World, s: &str, round: Option<u64>) -> Result<String, Failure> {
     let mut out = String::with_capacity(s.len());
     let mut last = 0;
@@ -132,6 +133,15 @@ pub fn expand(w: &World, s: &str, round: Option<u64>) -> Result<String, Failure>
                 )));
             }
             Some("x".repeat(n))
+        } else if inner == "root" {
+            Some(w.mesh.root().display().to_string())
+        } else if inner == "store.id" {
+            // The random id the workspace's filesystem store records in `.cotal/store.id`.
+            let path = w.mesh.root().join(".cotal/store.id");
+            let id = std::fs::read_to_string(&path).map_err(|e| {
+                Failure::could_not(format!("{{store.id}}: {}: {e}", path.display()))
+            })?;
+            Some(id.trim().to_string())
         } else {
             match inner.rsplit_once('.') {
                 Some((name, "uid")) => Some(agent_of(w, name)?.material.lifecycle_uid.to_string()),

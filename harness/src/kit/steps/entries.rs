@@ -2,7 +2,8 @@
 //! it: entries an operator deletes from `INBOX_<s>` behind the reader's back, a durable deleted
 //! so the next reader starts from a fresh cursor, the JetStream settlements (`+ACK`, `-NAK`,
 //! `+TERM`…) the daemon sent among the bytes a proxy holds, and the daemon's watch of its lease
-//! row bound on the broker (the readiness a hold needs before it may keep a connection's bytes).
+//! row bound on the broker (the readiness a hold needs before it may keep a connection's bytes)
+//! or, as the broker lists them, the consumers the watches of the row leave on the lease bucket.
 
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ pub const VERBS: &[&str] = &[
     "delete_consumer",
     "expect_settlements",
     "lease_watched",
+    "lease_watches",
 ];
 
 #[derive(Debug, Deserialize)]
@@ -43,7 +45,16 @@ pub enum EntryStep {
         /// The settlements expected, in order (`[]`: none).
         settlements: Vec<String>,
     },
-    LeaseWatched {},
+    LeaseWatched {
+        /// How many bound watches of the row to wait for (default 1): a holder's own and a
+        /// standby's are two.
+        #[serde(default)]
+        count: Option<usize>,
+    },
+    LeaseWatches {
+        /// How many consumers the lease bucket holds, bound or not.
+        count: usize,
+    },
 }
 
 /// Most entries one `delete_entries` deletes.
@@ -54,7 +65,7 @@ impl Profiled for EntryStep {}
 impl EntryStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            EntryStep::LeaseWatched {} => Some(DEFAULT_WITHIN),
+            EntryStep::LeaseWatched { .. } | EntryStep::LeaseWatches { .. } => Some(DEFAULT_WITHIN),
             _ => None,
         }
     }
@@ -68,7 +79,7 @@ impl EntryStep {
             EntryStep::DeleteEntries { agent, .. } => Refs::default().uses(Kind::Agent, agent),
             EntryStep::DeleteConsumer { consumer } => consumer_refs(consumer),
             EntryStep::ExpectSettlements { proxy, .. } => Refs::default().uses(Kind::Proxy, proxy),
-            EntryStep::LeaseWatched {} => Refs::default(),
+            EntryStep::LeaseWatched { .. } | EntryStep::LeaseWatches { .. } => Refs::default(),
         }
     }
 
@@ -167,36 +178,71 @@ impl EntryStep {
                     format!("the settlements {want:?} among the bytes proxy {proxy} holds {among}")
                 })
             }
-            EntryStep::LeaseWatched {} => {
+            EntryStep::LeaseWatched { count } => {
                 let stream = SpaceNames::kv_stream(&w.insp.names.delivery_bucket());
                 let js = w.insp.js.clone();
+                let want = count.unwrap_or(1);
                 poll(
                     ctx,
-                    "a watch of the lease row bound on the broker",
+                    &format!("{want} watch(es) of the lease row bound on the broker"),
                     || async {
                         let s = js
                             .get_stream_no_info(&stream)
                             .await
                             .map_err(|e| format!("stream {stream}: {e}"))?;
                         let mut infos = s.consumers();
-                        let mut seen = Vec::new();
+                        let (mut bound, mut seen) = (0, Vec::new());
                         while let Some(info) = infos.next().await {
                             let info = info.map_err(|e| format!("consumers of {stream}: {e}"))?;
                             // A push consumer whose subscription the broker knows, or a pull
                             // consumer with a pull waiting: either way the watch's interest has
                             // reached the broker.
                             if info.push_bound || info.num_waiting > 0 {
-                                return Ok(());
+                                bound += 1;
                             }
                             seen.push(info.name);
                         }
+                        if bound >= want {
+                            return Ok(());
+                        }
                         Err(format!(
-                            "no bound consumer on {stream} (consumers: {seen:?})"
+                            "{bound} bound consumer(s) on {stream} (consumers: {seen:?})"
                         ))
                     },
                 )
                 .await?;
-                Ok("the daemon's watch of its lease row is bound on the broker".into())
+                Ok(match count {
+                    None => "the daemon's watch of its lease row is bound on the broker".into(),
+                    Some(n) => format!("{n} watches of the lease row are bound on the broker"),
+                })
+            }
+            EntryStep::LeaseWatches { count } => {
+                let stream = SpaceNames::kv_stream(&w.insp.names.delivery_bucket());
+                let js = w.insp.js.clone();
+                poll(ctx, &format!("{count} consumer(s) on {stream}"), || async {
+                    let s = js
+                        .get_stream_no_info(&stream)
+                        .await
+                        .map_err(|e| format!("stream {stream}: {e}"))?;
+                    let mut infos = s.consumers();
+                    let mut seen = Vec::new();
+                    while let Some(info) = infos.next().await {
+                        seen.push(
+                            info.map_err(|e| format!("consumers of {stream}: {e}"))?
+                                .name,
+                        );
+                    }
+                    if seen.len() == *count {
+                        Ok(())
+                    } else {
+                        Err(format!("{} consumer(s): {seen:?}", seen.len()))
+                    }
+                })
+                .await?;
+                Ok(format!(
+                    "the lease bucket holds {count} consumer{} (watches of the row, bound or not)",
+                    if *count == 1 { "" } else { "s" }
+                ))
             }
         }
     }
