@@ -250,27 +250,43 @@ fn attributed(
     creds: StandingCreds,
     jwt: Option<Which>,
 ) -> Result<(String, Option<String>), Failure> {
-    let (cred, original, latest) = match creds {
-        StandingCreds::Delivery => {
-            let path = w
-                .daemon_creds
-                .get(daemon)
-                .ok_or_else(|| Failure::could_not(format!("no daemon {daemon:?} was started")))?;
-            (
-                read_creds_file(path)
-                    .map_err(|e| Failure::could_not(format!("read {}: {e}", path.display())))?,
-                w.remints.original.clone(),
-                w.remints.written.last().cloned(),
-            )
-        }
-        StandingCreds::MembershipRw => {
-            let path = w.mesh.workspace().membership_rw_creds_path(w.mesh.space());
-            let cred = read_creds_file(&path)
-                .map_err(|e| Failure::could_not(format!("read {}: {e}", path.display())))?;
-            let original = w.holdings.rw.original.clone().or(Some(cred.clone()));
-            (cred, original, w.holdings.rw.written.last().cloned())
-        }
-    };
+    let (cred, original, latest) =
+        match creds {
+            StandingCreds::Delivery => {
+                let path = w.daemon_creds.get(daemon).ok_or_else(|| {
+                    Failure::could_not(format!("no daemon {daemon:?} was started"))
+                })?;
+                (
+                    read_creds_file(path)
+                        .map_err(|e| Failure::could_not(format!("read {}: {e}", path.display())))?,
+                    w.remints.original.clone(),
+                    w.remints.written.last().cloned(),
+                )
+            }
+            StandingCreds::MembershipRw => {
+                // Beside the delivery credential the daemon was started with: the workspace's, or
+                // a standby host's own (a lane reads its space's credentials from its host's root).
+                let delivery = w.daemon_creds.get(daemon).ok_or_else(|| {
+                    Failure::could_not(format!("no daemon {daemon:?} was started"))
+                })?;
+                let workspace = w.mesh.workspace().membership_rw_creds_path(w.mesh.space());
+                let path = delivery
+                    .parent()
+                    .map(|d| d.join(workspace.file_name().unwrap_or_default()))
+                    .unwrap_or(workspace.clone());
+                let cred = read_creds_file(&path)
+                    .map_err(|e| Failure::could_not(format!("read {}: {e}", path.display())))?;
+                let (original, latest) = if path == workspace {
+                    (
+                        w.holdings.rw.original.clone().or(Some(cred.clone())),
+                        w.holdings.rw.written.last().cloned(),
+                    )
+                } else {
+                    (Some(cred.clone()), None)
+                };
+                (cred, original, latest)
+            }
+        };
     let nkey = cred
         .public_key()
         .map_err(|e| Failure::could_not(e.to_string()))?;

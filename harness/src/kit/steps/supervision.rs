@@ -27,6 +27,8 @@ pub const VERBS: &[&str] = &[
     "up",
     "supervise",
     "recorded_daemon",
+    "recorded_broker",
+    "expect_planted_alive",
     "signal_pid",
     "expect_pid_gone",
     "expect_no_daemon",
@@ -79,6 +81,12 @@ pub enum SupervisionStep {
         #[serde(default)]
         other_than: Option<String>,
     },
+    /// The broker `up` started, by the pid in its root's `.cotal/nats.pid`.
+    RecordedBroker {
+        name: String,
+    },
+    /// The process a case planted to hold a reused pid (`plant_reused_pid`) still runs.
+    ExpectPlantedAlive {},
     SignalPid {
         pid: String,
         signal: String,
@@ -166,6 +174,7 @@ impl SupervisionStep {
             SupervisionStep::RecordedDaemon { name, other_than } => Refs::default()
                 .uses_opt(Kind::Pid, other_than.as_ref())
                 .creates(Kind::Pid, name),
+            SupervisionStep::RecordedBroker { name } => Refs::default().creates(Kind::Pid, name),
             SupervisionStep::SignalPid { pid, .. } | SupervisionStep::ExpectPidGone { pid } => {
                 Refs::default().uses(Kind::Pid, pid)
             }
@@ -268,6 +277,34 @@ impl SupervisionStep {
                     ),
                     None => format!("the pid record names a live delivery daemon: {name}"),
                 })
+            }
+            SupervisionStep::RecordedBroker { name } => {
+                let root = supervised(w)?;
+                let path = base::broker_pid_path(&root);
+                let pid = match base::read_pid(&path) {
+                    Some(p) if base::process_alive(p) && !base::is_zombie(p) => p,
+                    other => {
+                        return Err(Failure::new(
+                            "up's broker recorded and running",
+                            format!("{}: {other:?}", path.display()),
+                        ))
+                    }
+                };
+                w.holdings.pids.insert(name.clone(), pid);
+                Ok(format!("the broker up started is remembered as {name}"))
+            }
+            SupervisionStep::ExpectPlantedAlive {} => {
+                let child = w.sleeper.as_mut().ok_or_else(|| {
+                    Failure::could_not("no process was planted (plant_reused_pid)")
+                })?;
+                match child.try_wait() {
+                    Ok(None) => Ok("the planted process still runs".to_string()),
+                    Ok(Some(status)) => Err(Failure::new(
+                        "the planted process still running",
+                        format!("it ended: {status}"),
+                    )),
+                    Err(e) => Err(Failure::could_not(format!("the planted process: {e}"))),
+                }
             }
             SupervisionStep::SignalPid { pid, signal } => {
                 let p = pid_named(w, pid)?;
