@@ -19,7 +19,7 @@ graceful restart, broker SIGKILL or SIGSTOP, a slow broker (SIGSTOPs shorter tha
 interval, repeated), a proxy that blackholes, cuts, swallows or delays (latency and jitter) the \
 daemon's connection, a store refusing writes, a cluster node killed, a cluster node cut off \
 from the other two (a partition, the daemon on either side), the daemon's credential let expire \
-with and without a renewal, the lease row deleted, with --standby the holder killed or \
+with and without a remint, the lease row deleted, with --standby the holder killed or \
 stopped), each seed drawing its own weights (swarm testing). The history records every write \
 to the members and ACL buckets as the broker stored it, which decides cursors and ACL states. \
 Phases: quiet, faults, heal, then a drain (every agent online until nothing is pending, \

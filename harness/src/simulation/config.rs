@@ -24,9 +24,9 @@ pub const REMINT_RETRY_MS: u64 = 1_000;
 pub const STANDBY_RETRY_MS: u64 = 1_000;
 /// `COTAL_DELIVERY_LANE_BACKOFF_MAX_MS` of a standby host.
 pub const LANE_BACKOFF_MAX_MS: u64 = 2_000;
-/// The lifetime a credential fault re-signs the daemon's credential to.
+/// The lifetime a credential fault remints the daemon's credential to.
 pub const SHORT_CREDENTIAL_MS: u64 = 5_000;
-/// The lifetime of every renewal the runner writes (longer than any run).
+/// The lifetime of every other remint the runner writes (longer than any run).
 pub const LONG_CREDENTIAL_MS: u64 = 6 * 3600 * 1000;
 /// The DLV stream's duplicate window (`BACKSTOP_DUPLICATE_WINDOW`, 2 h).
 pub const DLV_DEDUP_WINDOW_MS: u64 = 2 * 3600 * 1000;
@@ -240,9 +240,9 @@ pub fn faults(cluster: bool, standby: bool) -> Vec<FaultSpec> {
         out.push(f(BrokerPause, Aim::Broker, 6, (1_000, w + w / 2)));
     }
     if !standby {
-        // A standby host's lane reads its own store; the runner renews the workspace's.
+        // A standby host's lane reads its own store; the runner remints the workspace's.
         out.push(f(CredentialExpiry, Aim::Holder, 3, (0, 0)));
-        out.push(f(CredentialExpiryRenewed, Aim::Holder, 4, (1_000, w / 2)));
+        out.push(f(CredentialExpiryReminted, Aim::Holder, 4, (1_000, w / 2)));
     }
     out
 }

@@ -1,6 +1,6 @@
 //! The nemesis: faults drawn by weight from the seed, each with its duration, one at a time,
 //! each run through the kit's verbs (`signal`, `broker`, `proxy_fault`, `delete_lease`,
-//! `resign`, `reload_creds`) against the world's actors, and recorded as `fault_start` /
+//! `remint`, `reload_creds`) against the world's actors, and recorded as `fault_start` /
 //! `fault_end` operations. Before a fault starts, the nemesis waits (bounded) for a daemon to
 //! serve, and records that serving line as the fault's `after_line`, so a replay keeps the
 //! order as well as the time.
@@ -118,7 +118,7 @@ fn proxy(proxy: &str, fault: ProxyFault) -> Step {
     })
 }
 
-fn resign(lifetime: u64) -> Step {
+fn remint(lifetime: u64) -> Step {
     Step::Creds(CredStep::Remint {
         lifetime,
         rogue: false,
@@ -328,18 +328,18 @@ pub async fn start(
                 Err(e) => Err(e),
             }
         }
-        FaultKind::CredentialExpiry | FaultKind::CredentialExpiryRenewed => {
+        FaultKind::CredentialExpiry | FaultKind::CredentialExpiryReminted => {
             if kind == FaultKind::CredentialExpiry {
                 s.daemons.held.insert(daemon.clone());
             }
-            // The renewal owner re-signs a short credential and the daemon adopts it now.
-            let r = match run_step(&mut s, resign(config::SHORT_CREDENTIAL_MS)).await {
+            // The renewal owner remints a short credential and the daemon adopts it now.
+            let r = match run_step(&mut s, remint(config::SHORT_CREDENTIAL_MS)).await {
                 Ok(()) => reload(&mut s).await,
                 Err(e) => Err(e),
             };
             if r.is_err() {
                 // Nothing adopted: the store gets a long credential back.
-                let _ = run_step(&mut s, resign(config::LONG_CREDENTIAL_MS)).await;
+                let _ = run_step(&mut s, remint(config::LONG_CREDENTIAL_MS)).await;
                 s.daemons.held.remove(&daemon);
             }
             r
@@ -390,7 +390,7 @@ pub async fn start(
 }
 
 /// Ends `fault`: the process continued or started again, the broker restarted, the proxy
-/// healed, the credential renewed.
+/// healed, a long credential reminted.
 pub async fn end(
     stage: &Mutex<Stage>,
     recorder: &Recorder,
@@ -438,8 +438,8 @@ pub async fn end(
                 let p = fault.target.strip_prefix("proxy:").unwrap_or("");
                 run_step(&mut s, proxy(p, ProxyFault::Heal)).await
             }
-            FaultKind::CredentialExpiry | FaultKind::CredentialExpiryRenewed => {
-                let r = run_step(&mut s, resign(config::LONG_CREDENTIAL_MS)).await;
+            FaultKind::CredentialExpiry | FaultKind::CredentialExpiryReminted => {
+                let r = run_step(&mut s, remint(config::LONG_CREDENTIAL_MS)).await;
                 s.daemons.held.remove(&daemon);
                 r
             }
@@ -472,16 +472,16 @@ pub async fn end(
     recorder.fail(&op, last);
 }
 
-/// How long a fault of `spec` lasts, drawn. A credential let expire without renewal lasts
-/// until the daemon's backstop after the expiry; with a renewal, the renewal comes the drawn
-/// time after the expiry.
+/// How long a fault of `spec` lasts, drawn. A credential let expire without a remint lasts
+/// until the daemon's backstop after the expiry; with one, the remint comes the drawn time
+/// after the expiry.
 pub fn duration_of(spec: &FaultSpec, rng: &mut Prng) -> u64 {
     let drawn = rng.range(spec.duration_ms.0, spec.duration_ms.1);
     match spec.kind {
         FaultKind::CredentialExpiry => {
             config::SHORT_CREDENTIAL_MS + config::BROKER_GONE_BACKSTOP_MS + config::EXIT_MARGIN_MS
         }
-        FaultKind::CredentialExpiryRenewed => config::SHORT_CREDENTIAL_MS + drawn,
+        FaultKind::CredentialExpiryReminted => config::SHORT_CREDENTIAL_MS + drawn,
         _ => drawn,
     }
 }

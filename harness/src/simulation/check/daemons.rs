@@ -315,7 +315,7 @@ fn judge(model: &Model<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
                 .find(|f| aimed(f, &[FaultKind::CredentialExpiry]))
             {
                 Some(f) => expected(format!(
-                    "credential let expire without renewal, fault {}",
+                    "credential let expire without a remint, fault {}",
                     f.id
                 )),
                 None => ExitJudgement::Unexplained,

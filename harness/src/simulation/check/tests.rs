@@ -1634,3 +1634,42 @@ fn a_lease_row_of_an_unnamed_incarnation_of_the_only_daemon_is_its_own() {
     let r = s.check();
     assert!(!r.single_flight.overlaps.is_empty(), "{}", r.summary());
 }
+
+/// A history written before the glossary's words names the reminted expiry
+/// `credential-expiry-renewed`; it still reads, as the same kind, and a new one is written with
+/// the glossary's name. Mutation seen failing: the `serde(alias)` on `CredentialExpiryReminted`
+/// removed (the old line is refused as malformed).
+#[test]
+fn a_fault_kind_under_its_old_name_still_reads() {
+    let new = serde_json::to_string(&FaultKind::CredentialExpiryReminted).unwrap();
+    assert_eq!(new, "\"credential-expiry-reminted\"");
+    assert_eq!(
+        FaultKind::CredentialExpiryReminted.name(),
+        "credential-expiry-reminted"
+    );
+    let mut s = clean();
+    s.fault((40, 41), 7, FaultKind::CredentialExpiryReminted, "daemon:a");
+    let mut events = s.events.clone();
+    events.sort_by_key(|e| e.ms);
+    let lines: Vec<String> = events
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .map(|l| l.replace("credential-expiry-reminted", "credential-expiry-renewed"))
+        .collect();
+    assert!(lines
+        .iter()
+        .any(|l| l.contains("credential-expiry-renewed")));
+    let history = History::parse(lines.join("\n").as_bytes()).unwrap();
+    let kinds: Vec<FaultKind> = history
+        .schedule()
+        .iter()
+        .filter_map(|op| match &op.call {
+            Call::FaultStart { kind, .. } => Some(*kind),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        kinds.contains(&FaultKind::CredentialExpiryReminted),
+        "{kinds:?}"
+    );
+}

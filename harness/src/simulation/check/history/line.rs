@@ -224,10 +224,13 @@ pub enum FaultKind {
     StoreFull,
     /// One node of the R3 cluster killed, restarted at the end.
     NodeKill,
-    /// The daemon's credential let expire with no renewal.
+    /// The daemon's credential let expire with no remint.
     CredentialExpiry,
-    /// The daemon's credential let expire, a renewal written before the backstop.
-    CredentialExpiryRenewed,
+    /// The daemon's credential let expire, a remint written before the backstop (adopted).
+    /// Histories written before the glossary's words (docs/architecture.md) name it
+    /// `credential-expiry-renewed`; the alias keeps them readable.
+    #[serde(alias = "credential-expiry-renewed")]
+    CredentialExpiryReminted,
     /// The lease row deleted under its holder.
     LeaseDelete,
     /// The daemon's proxy delays every chunk, both ways, by a drawn time (its shape: a base and
@@ -282,7 +285,7 @@ impl FaultKind {
             FaultKind::StoreFull => "store-full",
             FaultKind::NodeKill => "node-kill",
             FaultKind::CredentialExpiry => "credential-expiry",
-            FaultKind::CredentialExpiryRenewed => "credential-expiry-renewed",
+            FaultKind::CredentialExpiryReminted => "credential-expiry-reminted",
             FaultKind::LeaseDelete => "lease-delete",
             FaultKind::ProxyLatency => "proxy-latency",
             FaultKind::BrokerSlow => "broker-slow",
@@ -355,7 +358,7 @@ pub enum Call {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         shape: Option<FaultShape>,
     },
-    /// The nemesis ends fault `fault` (SIGCONT, restart, heal the proxy, renew).
+    /// The nemesis ends fault `fault` (SIGCONT, restart, heal the proxy, remint).
     FaultEnd { fault: u64 },
     /// The runner starts daemon `daemon` (a process; serving is observed separately).
     DaemonStart { daemon: String },
