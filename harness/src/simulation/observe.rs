@@ -261,16 +261,41 @@ async fn observe_one(
 }
 
 /// The last line a daemon wrote about itself: its own last line, leaving out its side
-/// components' (timer writer, membership feed) and the counts of repeated lines. For a standby
-/// host, its own `received SIG…` line when it was signalled, else the last line of its lane
-/// (`lane <space>: …`, the space daemon's, without the prefix), since the exit rules judge the
-/// space daemon; the host's own last line when no lane wrote one.
-fn last_line(lines: &[String], host: bool) -> Option<String> {
+/// components' (timer writer, membership feed), its warnings (`! …`: the anycast records'
+/// sweep, say, which runs beside start-up and shutdown) and the counts of repeated lines. A
+/// start-up failure says two lines, `✗ delivery: start-up failed - releasing the shard before
+/// exiting` and then its reason: both are kept, joined by ` | `, so the exit reads as the
+/// start-up failure it is. For a standby host, its own `received SIG…` line when it was
+/// signalled, else the last line of its lane (`lane <space>: …`, the space daemon's, without
+/// the prefix), since the exit rules judge the space daemon; the host's own last line when no
+/// lane wrote one.
+pub(crate) fn last_line(lines: &[String], host: bool) -> Option<String> {
     // A repeated line's count is flushed as the process ends (docs/operations.md, "Repeated
-    // lines"): bookkeeping, not the reason it ended.
+    // lines"): bookkeeping, not the reason it ended. A warning never is the reason either: the
+    // daemon says why it ends with a `✗` line or its `received SIG…` line, and a warning after
+    // it (a shutdown past its bound, a side task's failure) only follows it. Found by seed
+    // 4408: the anycast sweep's `! anycast records: …` taken as the last line.
     let own = |l: &&String| {
         let repeat_count = l.contains("(repeated ") && l.contains(" in the last ");
-        !(crate::rig::daemon::is_component_line(l) || l.trim().is_empty() || repeat_count)
+        let body = l
+            .strip_prefix("lane ")
+            .and_then(|r| r.split_once(": "))
+            .map_or(l.as_str(), |(_, rest)| rest);
+        let warning = body.trim_start().starts_with('!');
+        !(crate::rig::daemon::is_component_line(l)
+            || l.trim().is_empty()
+            || repeat_count
+            || warning)
+    };
+    let own_lines: Vec<&String> = lines.iter().filter(own).collect();
+    let with_startup = |i: usize| -> String {
+        let last = own_lines[i].clone();
+        match i.checked_sub(1).map(|k| own_lines[k]) {
+            Some(prev) if prev.contains("start-up failed") && !last.contains("start-up failed") => {
+                format!("{prev} | {last}")
+            }
+            _ => last,
+        }
     };
     if host {
         // The host's own signal line ends every lane; else the lane's last line.
@@ -287,7 +312,7 @@ fn last_line(lines: &[String], host: bool) -> Option<String> {
             return lane;
         }
     }
-    lines.iter().rev().find(own).cloned()
+    own_lines.len().checked_sub(1).map(with_startup)
 }
 
 /// The incarnation of `holder`'s latest lease row stamped at or after run ms `since` (less a
@@ -485,4 +510,56 @@ pub async fn daemon_node(probe: Option<(String, Vec<u16>)>) -> Option<usize> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_line;
+
+    fn lines(ls: &[&str]) -> Vec<String> {
+        ls.iter().map(|l| l.to_string()).collect()
+    }
+
+    /// The exit line is the daemon's own reason, not a warning written after it, and a start-up
+    /// failure keeps both its lines. Seed 4408's transcript, its tail as the runner read it.
+    /// Mutations seen failing: the warning clause left out of `own` (the anycast warning is
+    /// taken); `with_startup` returning the last line alone (the reason reads as `other`).
+    #[test]
+    fn the_last_line_is_the_exit_reason_not_a_warning_after_it() {
+        let tail = lines(&[
+            "✓ delivery daemon up (space sim) — stop with: cotal-delivery down",
+            "✗ delivery: start-up failed - releasing the shard before exiting",
+            "✗ delivery: the lease watch could not be bound (timed out)",
+            "! anycast records: sweep failed (timed out); retrying in 600 s; delivery is unaffected",
+            "• timer writer: stopped",
+        ]);
+        let got = last_line(&tail, false).expect("a line");
+        assert_eq!(
+            got,
+            "✗ delivery: start-up failed - releasing the shard before exiting | ✗ delivery: the lease watch could not be bound (timed out)"
+        );
+        assert_eq!(
+            crate::simulation::check::classify_exit(Some(1), None, Some(&got)),
+            crate::simulation::check::report::ExitClass::StartupFailed
+        );
+
+        // A shutdown warning after the verdict: the verdict is the reason.
+        let tail = lines(&[
+            "✗ delivery: broker connection unavailable (broker unreachable), exiting (coupled to the broker)",
+            "! delivery: shutdown did not finish within 5 s; exiting anyway",
+        ]);
+        assert_eq!(
+            last_line(&tail, false).as_deref(),
+            Some("✗ delivery: broker connection unavailable (broker unreachable), exiting (coupled to the broker)")
+        );
+        // A plain last line stays as it is.
+        let tail = lines(&[
+            "✓ delivery daemon up (space sim)",
+            "• delivery: received SIGTERM, exiting (space sim, shard 0)",
+        ]);
+        assert_eq!(
+            last_line(&tail, false).as_deref(),
+            Some("• delivery: received SIGTERM, exiting (space sim, shard 0)")
+        );
+    }
 }

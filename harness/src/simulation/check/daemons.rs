@@ -359,8 +359,44 @@ fn judge(model: &Model<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
                 None => ExitJudgement::Unexplained,
             }
         }
-        ExitClass::StartupFailed | ExitClass::Other => ExitJudgement::Unexplained,
+        ExitClass::StartupFailed => match frozen_while_starting(model, daemon, at) {
+            Some(f) => expected(format!(
+                "{} of fault {} froze its start-up (a start-up bound ran out while frozen)",
+                f.kind.name(),
+                f.id
+            )),
+            None => ExitJudgement::Unexplained,
+        },
+        ExitClass::Other => ExitJudgement::Unexplained,
     }
+}
+
+/// A pause of `daemon` that froze the process which exited at `at` while it was still starting:
+/// begun after that daemon's previous exit (so it froze this process), ended no more than the
+/// exit margin before `at`. A start-up's bounds (the lease watch's bind is a JetStream request
+/// bounded by the request timeout) run on the monotonic clock, which runs on while the process
+/// is stopped, so at the SIGCONT the bound has run out and the start fails, releasing the claim
+/// (`fault_after_claim`); the supervisor starts it again. Found by seeds 4305 and 4408: restarted
+/// after a kill, SIGSTOPped for 15.8 s and 11.6 s right after `✓ delivery daemon up`, each exited
+/// at the SIGCONT with `the lease watch could not be bound (timed out)`.
+fn frozen_while_starting<'m>(model: &'m Model<'_>, daemon: &str, at: Ms) -> Option<&'m FaultSpan> {
+    let started_after = model
+        .history
+        .observed
+        .iter()
+        .filter_map(|o| match &o.what {
+            Observation::DaemonExited { daemon: d, .. } if d == daemon && o.ms < at => Some(o.ms),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    model.faults.iter().find(|f| {
+        f.kind.freezes()
+            && Model::daemon_of_target(&f.target) == Some(daemon)
+            && f.from_ms >= started_after
+            && f.from_ms <= at
+            && at <= f.to_ms.saturating_add(model.cfg.exit_margin_ms)
+    })
 }
 
 /// The holder of a lease row live at some moment in `[from, to]` (a row written by `to`, not

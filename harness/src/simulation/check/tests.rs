@@ -1673,3 +1673,65 @@ fn a_fault_kind_under_its_old_name_still_reads() {
         "{kinds:?}"
     );
 }
+
+/// A start-up failure of a daemon frozen while it started is explained by that pause; one with
+/// no pause, or a pause of the process before (an earlier exit in between), is not. Seeds 4305
+/// and 4408: restarted after a kill, SIGSTOPped right after `✓ delivery daemon up`, exited at
+/// the SIGCONT, its lease watch's bind timed out.
+/// Mutations seen failing: `judge` answering `Unexplained` for every `startup_failed` exit (the
+/// first history invalid); `frozen_while_starting` without its `from_ms >= started_after`
+/// clause (the pause of the earlier process explains the third).
+#[test]
+fn a_start_up_failure_after_a_pause_while_starting_is_expected_and_one_without_is_not() {
+    let at = |r: &Report, ms: Ms| -> ExitReport {
+        r.exits
+            .iter()
+            .find(|e| e.ms == ms)
+            .cloned()
+            .expect("the exit")
+    };
+    let line = "✗ delivery: start-up failed - releasing the shard before exiting | ✗ delivery: the lease watch could not be bound (timed out)";
+    // `a` restarted at 2010 (refused) and again: frozen 2400-2900 while it started.
+    let mut s = clean();
+    s.fault((2400, 2900), 5, FaultKind::DaemonPause, "daemon:a");
+    s.exited(2950, "a", Some(1), None, Some(line));
+    let r = s.check();
+    assert_eq!(
+        at(&r, 2950).class,
+        ExitClass::StartupFailed,
+        "{}",
+        r.summary()
+    );
+    assert!(!r.exits.iter().any(|e| e.is_bad()), "{}", r.summary());
+
+    // No pause: unexplained.
+    let mut s = clean();
+    s.exited(2950, "a", Some(1), None, Some(line));
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+    assert_eq!(at(&r, 2950).judged, ExitJudgement::Unexplained);
+
+    // A pause that froze the process before the refused restart at 2010: not this start-up's.
+    let mut s = clean();
+    s.fault((1500, 1900), 5, FaultKind::DaemonPause, "daemon:a");
+    s.exited(2950, "a", Some(1), None, Some(line));
+    let r = s.check();
+    assert_eq!(
+        at(&r, 2950).judged,
+        ExitJudgement::Unexplained,
+        "{}",
+        r.summary()
+    );
+
+    // A thaw long before the failure: not the pause's doing.
+    let mut s = clean();
+    s.fault((2400, 2900), 5, FaultKind::DaemonPause, "daemon:a");
+    s.exited(9_000, "a", Some(1), None, Some(line));
+    let r = s.check();
+    assert_eq!(
+        at(&r, 9_000).judged,
+        ExitJudgement::Unexplained,
+        "{}",
+        r.summary()
+    );
+}
