@@ -222,18 +222,39 @@ async fn partition(stage: &mut Stage, node: usize, on: bool) -> Result<(), Strin
         .ok_or_else(|| format!("no node {node}"))?;
     let deadline = Instant::now() + PARTITION_BOUND;
     loop {
-        let routes_left = match crate::rig::http::get(port, "/routez", PARTITION_POLL).await {
-            Ok(r) => r.json().ok().and_then(|v| v["num_routes"].as_u64()),
+        let routez = match crate::rig::http::get(port, "/routez", PARTITION_POLL).await {
+            Ok(r) => r.json().ok(),
             Err(_) => None,
         };
+        let routes_left = routez.as_ref().and_then(|v| v["num_routes"].as_u64());
         if routes_left == Some(0) {
             return Ok(());
         }
         if Instant::now() >= deadline {
             routes.heal(node);
+            // Which routes outlived the cut (peer, port, pinned account): a route that does
+            // not go through the proxies, or one the node has not noticed is gone.
+            let left: Vec<String> = routez
+                .as_ref()
+                .and_then(|v| v["routes"].as_array().cloned())
+                .unwrap_or_default()
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}:{}{}",
+                        r["remote_name"].as_str().unwrap_or("?"),
+                        r["port"],
+                        r["account"]
+                            .as_str()
+                            .map(|a| format!(" (account {a})"))
+                            .unwrap_or_default()
+                    )
+                })
+                .collect();
             return Err(format!(
-                "node {node} still lists {routes_left:?} route(s) {} ms after its proxies were cut",
-                PARTITION_BOUND.as_millis()
+                "node {node} still lists {routes_left:?} route(s) {} ms after its proxies were cut: {}",
+                PARTITION_BOUND.as_millis(),
+                left.join(", ")
             ));
         }
         tokio::time::sleep(PARTITION_POLL).await;

@@ -1735,3 +1735,44 @@ fn a_start_up_failure_after_a_pause_while_starting_is_expected_and_one_without_i
         r.summary()
     );
 }
+
+/// A partition whose start was refused (the node still listed routes at the bound) had its
+/// route proxies cut until the refusal: it explains what a partition explains over that span (a
+/// lease lost on the cut node's side), and any other refused fault explains nothing. Seed 4302
+/// on a new host: both partitions refused after 5 s, node 1 without quorum meanwhile.
+/// Mutation seen failing: `collect_faults` skipping every refused start (the exit unexplained).
+#[test]
+fn a_refused_partition_start_still_cut_the_cluster_until_its_refusal() {
+    let lost = "✗ delivery: the lease was taken by another holder (local.UOTHER), exiting so the holder is single";
+    let refused = |s: &mut Script, kind: FaultKind, target: &str| {
+        let call = Call::FaultStart {
+            fault: 9,
+            kind,
+            target: target.into(),
+            planned_ms: Some(4000),
+            shape: None,
+        };
+        let op = s.invoke(2300, &Process::Nemesis, call);
+        let error = "node 1 still lists Some(2) route(s) 5000 ms after its proxies were cut".into();
+        s.push(2800, Process::Nemesis, Body::Fail { op, error });
+    };
+    let mut s = clean();
+    refused(&mut s, FaultKind::Partition, "node:1");
+    s.exited(2900, "a", Some(1), None, Some(lost));
+    let r = s.check();
+    let exit = r.exits.iter().find(|e| e.ms == 2900).expect("the exit");
+    assert!(!exit.is_bad(), "{}", r.summary());
+    assert_eq!(
+        r.counts.faults.get("partition"),
+        Some(&1),
+        "{:?}",
+        r.counts.faults
+    );
+
+    let mut s = clean();
+    refused(&mut s, FaultKind::LeaseDelete, "lease");
+    s.exited(2900, "a", Some(1), None, Some(lost));
+    let r = s.check();
+    let exit = r.exits.iter().find(|e| e.ms == 2900).expect("the exit");
+    assert_eq!(exit.judged, ExitJudgement::Unexplained, "{}", r.summary());
+}
