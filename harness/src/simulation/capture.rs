@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::observe::LeaseWrites;
 use super::population::tag_of;
 use crate::simulation::check::snapshot::{
-    AclRow, MemberRow, Pending, PendingEntry, PendingFrame, PriorInterval, Snapshot,
+    AclRow, ChatHeld, MemberRow, Pending, PendingEntry, PendingFrame, PriorInterval, Snapshot,
 };
 use crate::simulation::check::Member;
 
@@ -83,6 +83,7 @@ pub async fn read(
             });
         }
     }
+    snap.chat = chat_held(js, names).await;
     snap.member_rows = member_rows(js, names).await?;
     snap.acl_rows = acl_rows(js, names).await?;
     snap.lease_writes = lease
@@ -92,6 +93,41 @@ pub async fn read(
         .cloned()
         .collect();
     Ok(snap)
+}
+
+/// What `CHAT_<s>` still holds (its first and last sequence, the gaps between) and the
+/// `fanout` durable's ack floor; `None` when the stream cannot be read (a lost post then says
+/// nothing of CHAT).
+async fn chat_held(js: &Context, names: &SpaceNames) -> Option<ChatHeld> {
+    let stream = names.chat_stream();
+    let mut s = js.get_stream(&stream).await.ok()?;
+    let state = s.info().await.ok()?.state.clone();
+    let (first_seq, last_seq) = (state.first_sequence, state.last_sequence);
+    let held: BTreeSet<u64> = if state.messages == 0 {
+        BTreeSet::new()
+    } else {
+        after_upto(
+            js,
+            &stream,
+            &names.chat_all(),
+            first_seq.saturating_sub(1),
+            usize::MAX,
+        )
+        .await
+        .ok()?
+        .into_iter()
+        .map(|(seq, _)| seq)
+        .collect()
+    };
+    let missing = (first_seq..=last_seq)
+        .filter(|q| *q > 0 && !held.contains(q))
+        .collect();
+    Some(ChatHeld {
+        first_seq,
+        last_seq,
+        missing,
+        fanout_ack_floor: ack_floor(js, &stream, "fanout").await,
+    })
 }
 
 fn id_of(msg: &Value) -> Option<String> {
@@ -118,6 +154,17 @@ async fn after(
     subject: &str,
     floor: u64,
 ) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    after_upto(js, stream, subject, floor, MAX_PENDING_READ).await
+}
+
+/// [`after`], reading at most `most` messages.
+async fn after_upto(
+    js: &Context,
+    stream: &str,
+    subject: &str,
+    floor: u64,
+    most: usize,
+) -> Result<Vec<(u64, Vec<u8>)>, String> {
     let err = |e: &dyn std::fmt::Display| format!("read {subject} after {floor}: {e}");
     let s = js.get_stream_no_info(stream).await.map_err(|e| err(&e))?;
     let consumer = s
@@ -136,7 +183,7 @@ async fn after(
     loop {
         let mut c = consumer.clone();
         let pending = c.info().await.map_err(|e| err(&e))?.num_pending;
-        if pending == 0 || out.len() >= MAX_PENDING_READ {
+        if pending == 0 || out.len() >= most {
             break;
         }
         let mut batch = consumer

@@ -51,10 +51,22 @@ pub fn daemon_env(standby: bool) -> Vec<(String, String)> {
         env.push(("COTAL_DELIVERY_STANDBY_RETRY_MS", STANDBY_RETRY_MS));
         env.push(("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", LANE_BACKOFF_MAX_MS));
     }
-    env.into_iter()
+    let mut env: Vec<(String, String)> = env
+        .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+        .collect();
+    // The daemon's structured diagnostics (its `RUST_LOG`, off by default) for a diagnosis: a
+    // run started with `COTAL_SIM_DAEMON_RUST_LOG=<filter>` gives it to every daemon, and their
+    // lines land in the run directory's `logs/` beside the human ones (the observer leaves them
+    // out of an exit's last line).
+    if let Ok(filter) = std::env::var(DAEMON_RUST_LOG) {
+        env.push(("RUST_LOG".to_string(), filter));
+    }
+    env
 }
+
+/// The variable whose value, when set, is every simulated daemon's `RUST_LOG`.
+pub const DAEMON_RUST_LOG: &str = "COTAL_SIM_DAEMON_RUST_LOG";
 
 /// The checker's bounds for what the runner gave the daemons.
 pub fn check_config() -> CheckConfig {

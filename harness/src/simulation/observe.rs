@@ -285,7 +285,8 @@ pub(crate) fn last_line(lines: &[String], host: bool) -> Option<String> {
         !(crate::rig::daemon::is_component_line(l)
             || l.trim().is_empty()
             || repeat_count
-            || warning)
+            || warning
+            || is_diagnostic(l))
     };
     let own_lines: Vec<&String> = lines.iter().filter(own).collect();
     let with_startup = |i: usize| -> String {
@@ -313,6 +314,20 @@ pub(crate) fn last_line(lines: &[String], host: bool) -> Option<String> {
         }
     }
     own_lines.len().checked_sub(1).map(with_startup)
+}
+
+/// Whether `line` is one of the daemon's structured diagnostics (`RUST_LOG`, on stderr:
+/// `<RFC 3339 time>  <LEVEL> <target>: …`), which a diagnosis asks for
+/// (`config::DAEMON_RUST_LOG`): never a reason the daemon gives for ending.
+fn is_diagnostic(line: &str) -> bool {
+    let mut words = line.split_whitespace();
+    let stamped = words
+        .next()
+        .is_some_and(|t| t.len() > 20 && t.as_bytes()[0].is_ascii_digit() && t.ends_with('Z'));
+    stamped
+        && words
+            .next()
+            .is_some_and(|l| ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"].contains(&l))
 }
 
 /// The incarnation of `holder`'s latest lease row stamped at or after run ms `since` (less a
@@ -523,7 +538,8 @@ mod tests {
     /// The exit line is the daemon's own reason, not a warning written after it, and a start-up
     /// failure keeps both its lines. Seed 4408's transcript, its tail as the runner read it.
     /// Mutations seen failing: the warning clause left out of `own` (the anycast warning is
-    /// taken); `with_startup` returning the last line alone (the reason reads as `other`).
+    /// taken); `with_startup` returning the last line alone (the reason reads as `other`);
+    /// `is_diagnostic` answering false (the `RUST_LOG` line is taken).
     #[test]
     fn the_last_line_is_the_exit_reason_not_a_warning_after_it() {
         let tail = lines(&[
@@ -551,6 +567,15 @@ mod tests {
         assert_eq!(
             last_line(&tail, false).as_deref(),
             Some("✗ delivery: broker connection unavailable (broker unreachable), exiting (coupled to the broker)")
+        );
+        // A diagnostic (`RUST_LOG`) after the reason is no reason.
+        let tail = lines(&[
+            "• delivery: received SIGTERM, exiting (space sim, shard 0)",
+            "2026-12-07T15:19:12.056123Z DEBUG cotal_delivery::plane::fanout: fan-out: routed seq=188 targets=0 proved=true",
+        ]);
+        assert_eq!(
+            last_line(&tail, false).as_deref(),
+            Some("• delivery: received SIGTERM, exiting (space sim, shard 0)")
         );
         // A plain last line stays as it is.
         let tail = lines(&[

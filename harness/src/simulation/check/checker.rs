@@ -382,25 +382,35 @@ fn delivery<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report) -
 
 /// Where a lost post still sits for the member, if the broker still holds it.
 fn stuck(snapshot: &Snapshot, member: &Member, p: &Posted<'_>) -> Option<Stuck> {
-    let pending = snapshot.pending_of(member)?;
     let same = |tag: &Option<String>, id: &Option<String>| {
         tag.as_deref() == Some(p.tag) || (p.id.is_some() && id.as_deref() == p.id)
     };
-    if pending
-        .dlv
-        .iter()
-        .any(|f| f.channel == p.channel && same(&f.tag, &f.id))
-    {
-        return Some(Stuck::Dlv);
+    if let Some(pending) = snapshot.pending_of(member) {
+        if pending
+            .dlv
+            .iter()
+            .any(|f| f.channel == p.channel && same(&f.tag, &f.id))
+        {
+            return Some(Stuck::Dlv);
+        }
+        if pending
+            .inbox
+            .iter()
+            .any(|e| e.channel == p.channel && (Some(e.chat_seq) == p.seq || same(&e.tag, &e.id)))
+        {
+            return Some(Stuck::Inbox);
+        }
     }
-    if pending
-        .inbox
-        .iter()
-        .any(|e| e.channel == p.channel && (Some(e.chat_seq) == p.seq || same(&e.tag, &e.id)))
-    {
-        return Some(Stuck::Inbox);
+    // Pending nowhere for the member: where the post stands in CHAT, when the snapshot read it.
+    let (chat, seq) = (snapshot.chat.as_ref()?, p.seq?);
+    if chat.lost(seq) {
+        return Some(Stuck::GoneFromChat);
     }
-    None
+    match chat.fanout_ack_floor {
+        Some(floor) if seq > floor => Some(Stuck::Chat),
+        Some(_) => Some(Stuck::PassedByFanout),
+        None => None,
+    }
 }
 
 /// Leaks: a frame outside the member's interval, a live post's frame to a member no mention

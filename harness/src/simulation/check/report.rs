@@ -62,6 +62,14 @@ pub enum Stuck {
     Dlv,
     /// Still an entry in `INBOX_<s>`, never handed off.
     Inbox,
+    /// Still in `CHAT_<s>` above the fan-out writer's ack floor: never copied, never settled.
+    Chat,
+    /// Settled by the fan-out writer (its ack floor is past the post) with no copy pending
+    /// anywhere, though `CHAT_<s>` still holds it.
+    PassedByFanout,
+    /// `CHAT_<s>` no longer holds the post's sequence although the broker acknowledged the
+    /// publish: the broker lost an acknowledged message (not the daemon's doing).
+    GoneFromChat,
 }
 
 /// A post an eligible member never surfaced.
@@ -372,6 +380,14 @@ impl Report {
             }
         };
         count(self.lost.len(), "lost");
+        // Named apart, never hidden: an acknowledged post the broker itself no longer holds.
+        count(
+            self.lost
+                .iter()
+                .filter(|l| l.stuck == Some(Stuck::GoneFromChat))
+                .count(),
+            "of them gone from the CHAT stream (the broker lost an acknowledged post)",
+        );
         count(self.leaked.len(), "leaked");
         count(self.unexpected.len(), "unexpected frame(s)");
         count(
@@ -514,7 +530,16 @@ impl Report {
                 post(&l.post),
                 l.member,
                 l.stuck
-                    .map(|s| format!(" (still in {s:?})"))
+                    .map(|s| match s {
+                        Stuck::Dlv | Stuck::Inbox | Stuck::Chat => format!(" (still in {s:?})"),
+                        Stuck::PassedByFanout => {
+                            " (pending nowhere: the fan-out writer settled it, CHAT still holds it)"
+                                .to_string()
+                        }
+                        Stuck::GoneFromChat => {
+                            " (gone from CHAT: the broker lost the acknowledged post)".to_string()
+                        }
+                    })
                     .unwrap_or_default(),
                 if faults.is_empty() {
                     "none".to_string()

@@ -37,6 +37,33 @@ pub struct Snapshot {
     /// did not see). Absent: the history's row lines are not used for that bucket.
     #[serde(default)]
     pub row_logs: Vec<RowLogEnd>,
+    /// What the `CHAT_<s>` stream still holds and how far the fan-out writer settled it, so a
+    /// lost post that is pending nowhere says whether the broker still has it. Absent in
+    /// snapshots written before it was read.
+    #[serde(default)]
+    pub chat: Option<ChatHeld>,
+}
+
+/// The `CHAT_<s>` stream at the end of the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatHeld {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Sequences from `first_seq` to `last_seq` the stream no longer holds.
+    #[serde(default)]
+    pub missing: Vec<u64>,
+    /// The `fanout` durable's ack floor (its stream sequence), when it could be read.
+    #[serde(default)]
+    pub fanout_ack_floor: Option<u64>,
+}
+
+impl ChatHeld {
+    /// Whether the stream no longer holds `seq`, which it once acknowledged: below its first
+    /// sequence (removed from the front) or a gap inside it.
+    pub fn lost(&self, seq: u64) -> bool {
+        seq < self.first_seq || self.missing.binary_search(&seq).is_ok()
+    }
 }
 
 /// A watched bucket's last revision at the end of the run.

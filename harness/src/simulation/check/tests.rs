@@ -1776,3 +1776,41 @@ fn a_refused_partition_start_still_cut_the_cluster_until_its_refusal() {
     let exit = r.exits.iter().find(|e| e.ms == 2900).expect("the exit");
     assert_eq!(exit.judged, ExitJudgement::Unexplained, "{}", r.summary());
 }
+
+/// A lost post pending nowhere says where it stands in CHAT, from the snapshot: gone from the
+/// stream (the broker lost an acknowledged post, named apart in the verdict's reasons), settled
+/// by the fan-out writer with no copy (its ack floor past it), or never settled (above the
+/// floor). Seed 4404 on a new host: post seq 188 lost to all five members of `dev`, pending
+/// nowhere. Mutation seen failing: `stuck` returning `None` past the pending lists (each lost
+/// post then says nothing of CHAT).
+#[test]
+fn a_lost_post_pending_nowhere_says_where_it_stands_in_chat() {
+    let held = |missing: Vec<u64>, floor: u64| ChatHeld {
+        first_seq: 1,
+        last_seq: 3,
+        missing,
+        fanout_ack_floor: Some(floor),
+    };
+    let cases = [
+        (held(vec![1], 3), Stuck::GoneFromChat),
+        (held(vec![], 3), Stuck::PassedByFanout),
+        (held(vec![], 0), Stuck::Chat),
+    ];
+    for (chat, want) in cases {
+        let mut s = clean();
+        s.drop_frames(&carol(), "t1");
+        s.snapshot.chat = Some(chat);
+        let r = s.check();
+        assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+        assert_eq!(r.lost[0].stuck, Some(want), "{}", r.summary());
+        let gone = r
+            .why
+            .iter()
+            .any(|w| w.contains("gone from the CHAT stream"));
+        assert_eq!(gone, want == Stuck::GoneFromChat, "{:?}", r.why);
+    }
+    // A snapshot without CHAT's state says nothing of it.
+    let mut s = clean();
+    s.drop_frames(&carol(), "t1");
+    assert_eq!(s.check().lost[0].stuck, None);
+}
