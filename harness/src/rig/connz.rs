@@ -48,6 +48,9 @@ pub struct BrokerConn {
     pub tags: Vec<String>,
     /// Why it closed (closed connections only).
     pub reason: Option<String>,
+    /// The subjects it subscribes to (read by [`Broker::connz_subscribed`] only; empty
+    /// otherwise).
+    pub subs: Vec<String>,
     /// When it connected, as the broker reports it (RFC 3339, UTC).
     pub start: String,
     /// The whole row, for the fields a single test needs.
@@ -72,9 +75,23 @@ impl BrokerConn {
                 })
                 .unwrap_or_default(),
             reason: text("reason"),
+            subs: raw["subscriptions_list"]
+                .as_array()
+                .map(|t| {
+                    t.iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
             start: text("start").unwrap_or_default(),
             raw: raw.clone(),
         }
+    }
+
+    /// Whether one of its subscriptions (as [`Broker::connz_subscribed`] lists them) receives a
+    /// message published on `subject`.
+    pub fn subscribes_to(&self, subject: &str) -> bool {
+        self.subs.iter().any(|s| subject_matches(s, subject))
     }
 
     /// Whether the connection's JWT carries the tag `principal:<principal>`.
@@ -89,6 +106,21 @@ impl BrokerConn {
     pub fn start_unix_us(&self) -> Option<i64> {
         rfc3339_unix_us(&self.start)
     }
+}
+
+/// Whether the subscription `pattern` (tokens, `*` one token, a last `>` one or more) receives a
+/// message on the literal `subject`.
+pub fn subject_matches(pattern: &str, subject: &str) -> bool {
+    let mut subject = subject.split('.');
+    for p in pattern.split('.') {
+        match (p, subject.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (p, Some(s)) if p == s => {}
+            _ => return false,
+        }
+    }
+    subject.next().is_none()
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` as unix microseconds: the broker's stamps
@@ -140,6 +172,23 @@ impl Broker {
             .unwrap_or_default())
     }
 
+    /// Every connection in `state`, as [`Broker::connz`] lists them, with its subscriptions.
+    pub async fn connz_subscribed(
+        &self,
+        state: ConnState,
+    ) -> Result<Vec<BrokerConn>, HarnessError> {
+        let page = self
+            .monitor(&format!(
+                "/connz?auth=1&subs=1&limit={CONNZ_PAGE_CONNECTIONS}&state={}",
+                state.query()
+            ))
+            .await?;
+        Ok(page["connections"]
+            .as_array()
+            .map(|rows| rows.iter().map(BrokerConn::of).collect())
+            .unwrap_or_default())
+    }
+
     /// The connections in `state` whose client name is `name`.
     pub async fn connz_named(
         &self,
@@ -155,6 +204,39 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Mutation seen failing: `>` matching no token (a reply leaf's `ctl.x.>` misses
+    /// `ctl.x.a`), and a pattern shorter than the subject matching it (`a.*` takes `a.b.c`).
+    #[test]
+    fn subscriptions_match_as_the_broker_matches_them() {
+        for (pattern, subject, want) in [
+            (
+                "cotal.demo.ctl.delivery-admin.*.*",
+                "cotal.demo.ctl.delivery-admin.o.a",
+                true,
+            ),
+            (
+                "cotal.demo.ctl.delivery-admin.*.*",
+                "cotal.demo.ctl.delivery.o.a",
+                false,
+            ),
+            (
+                "cotal.demo.ctl.delivery-admin.*.*",
+                "cotal.demo.ctl.delivery-admin.o",
+                false,
+            ),
+            ("a.*", "a.b.c", false),
+            ("a.>", "a.b.c", true),
+            ("a.>", "a", false),
+            ("a.b", "a.b", true),
+        ] {
+            assert_eq!(
+                subject_matches(pattern, subject),
+                want,
+                "{pattern} {subject}"
+            );
+        }
+    }
 
     /// Mutation seen failing: the offset added instead of subtracted (`+01:00` read an hour late).
     #[test]

@@ -15,7 +15,7 @@ use super::verb::{poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
-use crate::rig::connz::ConnState;
+use crate::rig::connz::{BrokerConn, ConnState};
 
 pub const VERBS: &[&str] = &["remint", "expect_broker_jwt", "reload_creds"];
 
@@ -62,9 +62,6 @@ pub enum CredStep {
     },
 }
 
-/// The name the daemon's resident connection gives the broker.
-const DAEMON_CONNECTION: &str = "cotal:delivery";
-
 impl Profiled for CredStep {
     fn wording(&self) -> Vec<&str> {
         match self {
@@ -83,14 +80,11 @@ impl CredStep {
         }
     }
 
-    pub fn unsupported(&self, daemon: &DaemonUnderTest) -> Option<String> {
-        match self {
-            CredStep::ExpectBrokerJwt { .. } => super::verb::only_here(
-                daemon,
-                "the daemon's connection is found by this distribution's connection name",
-            ),
-            CredStep::Remint { .. } | CredStep::ReloadCreds { .. } => None,
-        }
+    /// Every credential step runs under a template: the remint is the owner's write into the
+    /// workspace's store the template names with `{root}`, the adoption is asked on the rail or
+    /// left to the daemon's 75 % re-read, and the broker is read by the daemon's credential.
+    pub fn unsupported(&self, _daemon: &DaemonUnderTest) -> Option<String> {
+        None
     }
 
     pub fn refs(&self) -> Refs {
@@ -143,26 +137,58 @@ impl CredStep {
                     return Err(Failure::could_not(format!("no {is:?} credential")));
                 }
                 let want_jwt = want.map(|c| c.jwt);
+                let original = w.remints.original.as_ref().map(|c| c.jwt.clone());
+                let latest = w.remints.written.last().map(|c| c.jwt.clone());
+                // The daemon's connection is the one that serves its rails: authenticated as its
+                // delivery credential's user (a remint keeps the nkey) and subscribed where the
+                // owner's reloadCreds is published. The seeds give it no name, and the timer
+                // writer's "own connection under the same delivery credential" moves onto a
+                // renewal on its own schedule.
+                let space = w.mesh.space().clone();
+                let user = read_creds_file(&w.mesh.workspace().delivery_creds_path(&space))
+                    .and_then(|c| c.public_key())
+                    .map_err(|e| Failure::could_not(format!("read the credential: {e}")))?;
+                let rail = w.insp.names.ctl_subject(
+                    cotal_delivery::wire::CtlService::DeliveryAdmin,
+                    &supervisor_principal()?,
+                );
                 let broker = &w.mesh.broker;
                 let started = poll(
                     ctx,
-                    "the broker to hold that for the daemon's connection",
+                    "the broker to hold that for the daemon's connection (the one under its delivery credential serving its admin rail)",
                     || async {
-                        let conns = broker
-                            .connz_named(ConnState::Open, DAEMON_CONNECTION)
+                        let mut conns = broker
+                            .connz_subscribed(ConnState::Open)
                             .await
                             .map_err(|e| e.to_string())?;
+                        conns.retain(|c| {
+                            c.user.as_deref() == Some(user.as_str()) && c.subscribes_to(&rail)
+                        });
+                        let jwt_of = |c: &BrokerConn| match c.jwt.as_deref() {
+                            j if j.is_some() && j == original.as_deref() => "the original JWT",
+                            j if j.is_some() && j == latest.as_deref() => "the reminted JWT",
+                            _ => "another JWT",
+                        };
                         let Some(jwt) = &want_jwt else {
-                            return match conns.len() {
-                                0 => Ok(None),
-                                n => Err(format!("{n} open daemon connections")),
+                            return match conns.as_slice() {
+                                [] => Ok(None),
+                                [c, ..] => Err(format!(
+                                    "{} open, cid {} presenting {}",
+                                    conns.len(),
+                                    c.cid,
+                                    jwt_of(c)
+                                )),
                             };
                         };
                         let [conn] = conns.as_slice() else {
                             return Err(format!("{} open daemon connections", conns.len()));
                         };
                         if conn.jwt.as_deref() != Some(jwt.as_str()) {
-                            return Err("the daemon's connection presents another JWT".into());
+                            return Err(format!(
+                                "the daemon's connection (cid {}) presents {}",
+                                conn.cid,
+                                jwt_of(conn)
+                            ));
                         }
                         conn.start_unix_us()
                             .map(|us| Some(us / 1000))
