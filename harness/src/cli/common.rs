@@ -24,6 +24,13 @@ pub struct DaemonArgs {
     /// --root {root} [ --tls-ca {tls_ca} ]'.
     #[arg(long, value_name = "TEMPLATE")]
     pub daemon_cmd: Option<String>,
+    /// With --daemon-cmd: the same implementation's standby host, started through a command
+    /// template with the placeholders {root} (required: the host's own root, holding its
+    /// version-1 manifest and scoped credentials) {server} {tls_ca} {space}. Without it the
+    /// standby cases are skipped. Example: 'node host.js --root {root} --server {server} [
+    /// --tls-ca {tls_ca} ]'.
+    #[arg(long, value_name = "TEMPLATE", requires = "daemon_cmd")]
+    pub host_cmd: Option<String>,
     /// The nats-server binary (default: NATS_SERVER_BIN, then .tools/ beside the harness or
     /// above it or the current directory, then PATH); 2.15.1 or newer, checked before the
     /// first case.
@@ -121,17 +128,26 @@ pub fn daemon_under_test(args: &DaemonArgs, cwd: &Path) -> (DaemonUnderTest, Str
     }
     match (&args.daemon, &args.daemon_cmd) {
         (_, Some(t)) => {
-            let cmd = DaemonCmd::parse(t).unwrap_or_else(|e| refuse(&e));
-            let program = PathBuf::from(t.split_whitespace().next().unwrap_or_default());
-            if locate(&program).filter(|p| p.is_file()).is_none() {
-                refuse(&format!(
-                    "--daemon-cmd: {} is not a file or on PATH",
-                    program.display()
-                ));
+            let mut cmd = DaemonCmd::parse(t).unwrap_or_else(|e| refuse(&e));
+            let mut under_test = format!("--daemon-cmd {t}");
+            let mut programs = vec![("--daemon-cmd", t)];
+            if let Some(h) = &args.host_cmd {
+                cmd = cmd.with_host(DaemonCmd::parse_host(h).unwrap_or_else(|e| refuse(&e)));
+                under_test.push_str(&format!(" --host-cmd {h}"));
+                programs.push(("--host-cmd", h));
+            }
+            for (flag, text) in programs {
+                let program = PathBuf::from(text.split_whitespace().next().unwrap_or_default());
+                if locate(&program).filter(|p| p.is_file()).is_none() {
+                    refuse(&format!(
+                        "{flag}: {} is not a file or on PATH",
+                        program.display()
+                    ));
+                }
             }
             (
                 DaemonUnderTest::Cmd(cmd),
-                format!("--daemon-cmd {t}"),
+                under_test,
                 "(a command template)".into(),
             )
         }

@@ -103,6 +103,7 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
         &DaemonArgs {
             daemon: None,
             daemon_cmd: None,
+            host_cmd: None,
             nats_server,
             scaled: true,
             profile: None,
@@ -216,6 +217,7 @@ fn simulation_mutants(
         &DaemonArgs {
             daemon: None,
             daemon_cmd: None,
+            host_cmd: None,
             nats_server,
             scaled: false,
             profile: None,

@@ -172,6 +172,7 @@ pub fn run(args: SimulateArgs, cwd: &Path) -> ! {
     let daemon_args = DaemonArgs {
         daemon: args.daemon.clone().or(recorded_daemon),
         daemon_cmd: None,
+        host_cmd: None,
         nats_server: args.nats_server.clone(),
         scaled: false,
         profile: None,
@@ -315,6 +316,7 @@ fn batch(args: &SimulateArgs, cwd: &Path, minutes: f64, agents: usize, unix_s: u
     let daemon_args = DaemonArgs {
         daemon: args.daemon.clone(),
         daemon_cmd: None,
+        host_cmd: None,
         nats_server: args.nats_server.clone(),
         scaled: false,
         profile: None,

@@ -13,6 +13,12 @@
 //! Words between `[` and `]` (each bracket a word of its own) are kept only when every
 //! placeholder in them has a value: `[ --tls --tls-ca {tls_ca} ]` vanishes on a plaintext broker,
 //! `[ --creds {creds} ]` when the case uses the workspace's credential.
+//!
+//! `--host-cmd` is the same language for a standby host (the seeds' `cotal deliver --spaces
+//! --root <dir> --server <url>` and the broker's TLS setting): `{root}` (required) is the host's
+//! own root, prepared as an operator provisions one (a version-1 manifest naming the space, the
+//! host's own scoped credentials under `.cotal/`); `{server}`, `{tls_ca}` and `{space}` (the
+//! space its manifest names) as above; a host has no `{creds}` (its credentials are its root's).
 
 use std::path::PathBuf;
 
@@ -22,11 +28,36 @@ use crate::kit::failure::Failure;
 
 const PLACEHOLDERS: &[&str] = &["space", "server", "root", "creds", "tls_ca"];
 
-/// A parsed template.
+/// A parsed template (of the daemon, and of its standby host when one was given).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonCmd {
     text: String,
     words: Vec<Word>,
+    /// `--host-cmd`: what starts a standby host of the same implementation.
+    host: Option<Box<DaemonCmd>>,
+}
+
+/// Which flag a template comes from: what it must pass, and what it may not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flag {
+    Daemon,
+    Host,
+}
+
+impl Flag {
+    fn name(self) -> &'static str {
+        match self {
+            Flag::Daemon => "--daemon-cmd",
+            Flag::Host => "--host-cmd",
+        }
+    }
+
+    fn required(self) -> &'static str {
+        match self {
+            Flag::Daemon => "space",
+            Flag::Host => "root",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,42 +160,76 @@ fn fill(word: &str, values: &Values) -> Option<String> {
 }
 
 impl DaemonCmd {
-    /// Parses a template, refusing unknown placeholders, unbalanced brackets and an empty one.
+    /// Parses a `--daemon-cmd` template, refusing unknown placeholders, unbalanced brackets, an
+    /// empty one and one without `{space}`.
     pub fn parse(text: &str) -> Result<DaemonCmd, String> {
-        let raw = split(text).map_err(|e| format!("--daemon-cmd: {e}"))?;
+        Self::parse_as(text, Flag::Daemon)
+    }
+
+    /// Parses a `--host-cmd` template (a standby host): as [`DaemonCmd::parse`], with `{root}`
+    /// required and `{creds}` refused.
+    pub fn parse_host(text: &str) -> Result<DaemonCmd, String> {
+        Self::parse_as(text, Flag::Host)
+    }
+
+    fn parse_as(text: &str, flag: Flag) -> Result<DaemonCmd, String> {
+        let name = flag.name();
+        let raw = split(text).map_err(|e| format!("{name}: {e}"))?;
         let mut words = Vec::new();
         let mut group: Option<Vec<String>> = None;
         for w in raw {
-            placeholders(&w).map_err(|e| format!("--daemon-cmd: {e}"))?;
+            let used = placeholders(&w).map_err(|e| format!("{name}: {e}"))?;
+            if flag == Flag::Host && used.iter().any(|p| p == "creds") {
+                return Err(format!(
+                    "{name}: a host has no {{creds}}: its credentials are its root's"
+                ));
+            }
             match (w.as_str(), &mut group) {
                 ("[", None) => group = Some(Vec::new()),
-                ("[", Some(_)) => return Err("--daemon-cmd: `[` inside `[ … ]`".into()),
+                ("[", Some(_)) => return Err(format!("{name}: `[` inside `[ … ]`")),
                 ("]", Some(g)) => {
                     words.push(Word::Optional(std::mem::take(g)));
                     group = None;
                 }
-                ("]", None) => return Err("--daemon-cmd: `]` without its `[`".into()),
+                ("]", None) => return Err(format!("{name}: `]` without its `[`")),
                 (_, Some(g)) => g.push(w),
                 (_, None) => words.push(Word::Plain(w)),
             }
         }
         if group.is_some() {
-            return Err("--daemon-cmd: `[` without its `]`".into());
+            return Err(format!("{name}: `[` without its `]`"));
         }
         match words.first() {
             Some(Word::Plain(_)) => {}
-            _ => return Err("--daemon-cmd: the template starts with the program to run".into()),
+            _ => {
+                return Err(format!(
+                    "{name}: the template starts with the program to run"
+                ))
+            }
         }
+        let required = format!("{{{}}}", flag.required());
         if !words.iter().any(|w| match w {
-            Word::Plain(p) => p.contains("{space}"),
+            Word::Plain(p) => p.contains(&required),
             Word::Optional(_) => false,
         }) {
-            return Err("--daemon-cmd: the template must pass {space}".into());
+            return Err(format!("{name}: the template must pass {required}"));
         }
         Ok(DaemonCmd {
             text: text.to_string(),
             words,
+            host: None,
         })
+    }
+
+    /// This daemon's template with `host` (a [`DaemonCmd::parse_host`]) as its standby host's.
+    pub fn with_host(mut self, host: DaemonCmd) -> DaemonCmd {
+        self.host = Some(Box::new(host));
+        self
+    }
+
+    /// The template that starts a standby host, when `--host-cmd` gave one.
+    pub fn host(&self) -> Option<&DaemonCmd> {
+        self.host.as_deref()
     }
 
     pub fn text(&self) -> &str {
@@ -251,6 +316,39 @@ mod tests {
         assert!(cmd.takes_creds());
     }
 
+    /// A host template is filled like the daemon's, `{root}` being the host's root; it rides on
+    /// the daemon's template.
+    /// Mutation seen failing: `parse_host` requiring `{space}` as `--daemon-cmd` does (the
+    /// template below is refused).
+    #[test]
+    fn a_host_template_starts_a_host_on_its_root() {
+        let host = DaemonCmd::parse_host(
+            "d deliver --spaces --root {root} --server {server} [ --tls --tls-ca {tls_ca} ]",
+        )
+        .unwrap();
+        let mut v = values(true, false);
+        v.root = PathBuf::from("/hosts/a");
+        assert_eq!(
+            host.argv(&v).unwrap(),
+            [
+                "d",
+                "deliver",
+                "--spaces",
+                "--root",
+                "/hosts/a",
+                "--server",
+                "nats://127.0.0.1:4222",
+                "--tls",
+                "--tls-ca",
+                "/pki/ca.pem"
+            ]
+        );
+        let daemon = DaemonCmd::parse("d --space {space}").unwrap();
+        assert!(daemon.host().is_none());
+        let daemon = daemon.with_host(host.clone());
+        assert_eq!(daemon.host(), Some(&host));
+    }
+
     #[test]
     fn bad_templates_are_refused_with_the_reason() {
         for (text, why) in [
@@ -262,6 +360,23 @@ mod tests {
             ("d 'open", "unclosed quote"),
         ] {
             let e = DaemonCmd::parse(text).unwrap_err();
+            assert!(e.contains(why), "{text}: {e}");
+        }
+        for (text, why) in [
+            (
+                "h --server {server}",
+                "--host-cmd: the template must pass {root}",
+            ),
+            (
+                "h --root {root} [ --creds {creds} ]",
+                "a host has no {creds}",
+            ),
+            (
+                "h --root {root} {nope}",
+                "--host-cmd: unknown placeholder {nope}",
+            ),
+        ] {
+            let e = DaemonCmd::parse_host(text).unwrap_err();
             assert!(e.contains(why), "{text}: {e}");
         }
         // A plain word naming a value the start lacks is refused at the start, not dropped.

@@ -259,6 +259,25 @@ fn bad_flags_a_missing_daemon_or_broker_binary_exit_2() {
             "--daemon-cmd runs the contract profile",
         ),
         (vec!["--profile", "strict"], "--profile"),
+        (
+            vec![
+                "--daemon-cmd",
+                "true --space {space}",
+                "--host-cmd",
+                "true --server {server}",
+            ],
+            "--host-cmd: the template must pass {root}",
+        ),
+        (
+            vec![
+                "--daemon-cmd",
+                "true --space {space}",
+                "--host-cmd",
+                "/no/such/host --root {root}",
+            ],
+            "--host-cmd: /no/such/host is not a file or on PATH",
+        ),
+        (vec!["--host-cmd", "true --root {root}"], "--daemon-cmd"),
     ] {
         let mut with_json = args.clone();
         with_json.extend(["--json", "r.json"]);
@@ -275,8 +294,8 @@ fn bad_flags_a_missing_daemon_or_broker_binary_exit_2() {
 
 /// Another implementation, given as a command template, runs the contract profile: a contract
 /// case runs without its distribution steps (here against this distribution's binary behind the
-/// template), a case that needs this distribution's standby host (its root and `deliver
-/// --spaces`) is skipped with that reason, a distribution case is skipped with its `why`, and skips do not fail the run.
+/// template), a case that needs a standby host is skipped when no `--host-cmd` says how to start
+/// one, a distribution case is skipped with its `why`, and skips do not fail the run.
 /// Mutation seen failing: `skip_reason` ignoring the template (the standby case runs and fails
 /// on the host start the template cannot make).
 #[test]
@@ -332,6 +351,79 @@ fn a_command_template_runs_the_contract_profile_and_skips_what_it_cannot_express
             .as_str()
             .is_some_and(|r| r.contains("a distribution case")),
         "{distribution}"
+    );
+}
+
+/// Renewal and standby under templates that start this distribution's daemon and host: the
+/// kit remints into the workspace's store the template names with `{root}`, asks `reloadCreds`
+/// on the rail (refused while starting, then answered ok) and reads on the broker that the
+/// daemon's connection moved from the first JWT onto the remint
+/// (`credentials/reload-refused-before-startup`); the
+/// `--host-cmd` template starts two standby hosts and the second takes the released lease row
+/// (`standby/graceful-stop-takeover`, scaled). Both run and pass, neither is skipped; without
+/// `--host-cmd` the standby case is skipped, naming it.
+/// Mutations seen failing: `CredStep::unsupported` skipping `expect_broker_jwt` under a template
+/// again (the renewal case is skipped); `verb::no_host_cmd` answering a reason whatever the
+/// run (the standby case is skipped although `--host-cmd` was given); the host start ignoring
+/// `--host-cmd` for this distribution's `deliver --spaces` (could not run: no commands of this
+/// distribution under a template).
+#[test]
+fn renewal_and_standby_run_under_templates() {
+    let bin = delivery_harness::rig::daemon::daemon_bin().expect("the workspace's daemon binary");
+    let daemon = format!(
+        "{} deliver --space {{space}} --server {{server}} --root {{root}} [ --tls --tls-ca {{tls_ca}} ] [ --creds {{creds}} ]",
+        bin.display()
+    );
+    let host = format!(
+        "{} deliver --spaces --root {{root}} --server {{server}} [ --tls --tls-ca {{tls_ca}} ]",
+        bin.display()
+    );
+    let work = tempfile::tempdir().expect("work dir");
+    let cases = [
+        "credentials/reload-refused-before-startup",
+        "standby/graceful-stop-takeover",
+    ];
+    let mut args = vec!["--daemon-cmd", &daemon, "--host-cmd", &host, "--scaled"];
+    for c in cases {
+        args.extend(["--only", c]);
+    }
+    args.extend(["--json", "t.json"]);
+    let out = qualify(&args, work.path());
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let json = read_json(&work.path().join("t.json"));
+    assert_eq!(json["profile"], "contract");
+    assert_eq!(json["skipped"], 0, "{json}");
+    for id in cases {
+        let case = json["cases"]
+            .as_array()
+            .expect("cases")
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {json}"));
+        assert_eq!(case["verdict"], "pass", "{case}");
+    }
+
+    let out = qualify(
+        &[
+            "--daemon-cmd",
+            &daemon,
+            "--only",
+            "standby/graceful-stop-takeover",
+            "--json",
+            "u.json",
+        ],
+        work.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let json = read_json(&work.path().join("u.json"));
+    let case = &json["cases"][0];
+    assert_eq!(case["verdict"], "skipped", "{case}");
+    assert!(
+        case["skip_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("--host-cmd")),
+        "{case}"
     );
 }
 

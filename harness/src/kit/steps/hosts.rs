@@ -12,7 +12,7 @@ use cotal_delivery::provision::{
 };
 use serde::Deserialize;
 
-use super::verb::{only_here, Ctx, Kind, Profiled, Refs};
+use super::verb::{no_host_cmd, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
@@ -62,11 +62,11 @@ impl HostStep {
         None
     }
 
+    /// A host's root is what the seeds tell an operator to prepare (a `.cotal` root, a
+    /// version-1 manifest, the host's own scoped credentials), so any host can be started on
+    /// it; under `--daemon-cmd` only `--host-cmd` says how.
     pub fn unsupported(&self, daemon: &DaemonUnderTest) -> Option<String> {
-        only_here(
-            daemon,
-            "a standby host root is this distribution's manifest and layout",
-        )
+        no_host_cmd(daemon)
     }
 
     pub fn refs(&self) -> Refs {

@@ -58,7 +58,8 @@ pub enum ProcessStep {
         /// Dial this proxy instead of the broker.
         #[serde(default)]
         via: Option<String>,
-        /// Run a standby host on this host's root (`deliver --spaces`).
+        /// Run a standby host on this host's root (`deliver --spaces`; under `--daemon-cmd`, the
+        /// `--host-cmd` template).
         #[serde(default)]
         host: Option<String>,
         /// Dial this cluster node (default 0).
@@ -173,10 +174,9 @@ impl ProcessStep {
                 ..
             } => {
                 if host.is_some() {
-                    return only_here(
-                        daemon,
-                        "a standby host is `cotal-delivery deliver --spaces`",
-                    );
+                    if let Some(why) = super::verb::no_host_cmd(daemon) {
+                        return Some(why);
+                    }
                 }
                 if !args.is_empty() {
                     return only_here(daemon, "the start passes this distribution's flags");
@@ -535,22 +535,40 @@ fn start(
             .path()
             .to_path_buf();
         creds_path = cotal_delivery::provision::Workspace::new(&root).delivery_creds_path(&space);
-        let root_s = root.display().to_string();
-        let mut spec = w.command_spec(
-            &[
-                "deliver".into(),
-                "--spaces".into(),
-                "--root".into(),
-                root_s,
-                "--server".into(),
-                server.clone(),
-            ],
-            w.mesh.root(),
-        )?;
-        if let Some(ca) = w.mesh.tls_ca() {
-            spec = spec.arg("--tls").arg("--tls-ca").arg(ca);
+        if let DaemonUnderTest::Cmd(cmd) = &w.opts.daemon {
+            let host_cmd = cmd
+                .host()
+                .ok_or_else(|| Failure::could_not("a standby host needs --host-cmd"))?;
+            let mut spec = host_cmd.spec(&crate::kit::template::Values {
+                space: space.as_str().to_string(),
+                server: server.clone(),
+                root: root.clone(),
+                creds: None,
+                tls_ca: w.mesh.tls_ca(),
+                cwd: root.clone(),
+            })?;
+            for (k, v) in &w.env {
+                spec = spec.env(k, v.clone());
+            }
+            spec
+        } else {
+            let root_s = root.display().to_string();
+            let mut spec = w.command_spec(
+                &[
+                    "deliver".into(),
+                    "--spaces".into(),
+                    "--root".into(),
+                    root_s,
+                    "--server".into(),
+                    server.clone(),
+                ],
+                w.mesh.root(),
+            )?;
+            if let Some(ca) = w.mesh.tls_ca() {
+                spec = spec.arg("--tls").arg("--tls-ca").arg(ca);
+            }
+            spec
         }
-        spec
     } else {
         let dir = match cwd {
             CwdChoice::Root => w.mesh.root().to_path_buf(),

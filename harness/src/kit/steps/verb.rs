@@ -125,6 +125,16 @@ pub fn only_here(daemon: &DaemonUnderTest, why: &str) -> Option<String> {
     matches!(daemon, DaemonUnderTest::Cmd(_)).then(|| why.to_string())
 }
 
+/// Why a host cannot be started under `daemon`: a command template with no `--host-cmd`.
+pub fn no_host_cmd(daemon: &DaemonUnderTest) -> Option<String> {
+    match daemon {
+        DaemonUnderTest::Cmd(c) if c.host().is_none() => Some(
+            "a standby host is started by --host-cmd, and the run has none (`--daemon-cmd` starts one daemon for one space)".into(),
+        ),
+        _ => None,
+    }
+}
+
 /// Waits until `check` answers `Ok` or `ctx`'s deadline passes; the last answer is the failure.
 pub async fn poll<F, Fut, T>(
     ctx: Ctx,
