@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::case::Case;
 use super::profile::KitProfile;
 use super::steps::verb::{Ctx, DEFAULT_WITHIN};
-use super::transcript::normalise_paths;
+use super::transcript::normalise;
 use super::world::World;
 use crate::kit::failure::Failure;
 use crate::kit::shape::Shape;
@@ -254,5 +254,10 @@ fn transcript(case: &Case, w: &World, log: &[String]) -> String {
             out.push('\n');
         }
     }
-    normalise_paths(&out, &w.path_tokens())
+    let tokens = w.path_tokens();
+    let paths: Vec<(&std::path::Path, &str)> = tokens
+        .iter()
+        .map(|(p, t)| (p.as_path(), t.as_str()))
+        .collect();
+    normalise(&out, &paths)
 }

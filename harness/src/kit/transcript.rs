@@ -3,19 +3,95 @@
 //! tokens, so a snapshot compares what an operator would read and nothing that changes run to
 //! run. Snapshots are insta's files: `cargo test` asserts them with insta, `harness qualify`
 //! reads them back and compares.
+//!
+//! One normaliser serves the kit's cases and every Rust test (`harness/tests/it`): [`normalise`]
+//! applies the callers' directories as tokens, then [`RULES`] in order.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+/// One normalisation rule: a pattern and what replaces each match (`$1` names a group; a `#`
+/// numbers each distinct match in order of first appearance).
+pub type Rule = (&'static str, &'static str);
 
 /// An nkey (user, account, operator, server): a prefix letter and 55 base32 characters.
 pub const NKEY_PATTERN: &str = r"\b[UAONC][A-Z2-7]{55}\b";
 
-/// Replaces each distinct nkey with `[NKEY<n>]`, numbered in order of first appearance, so a
-/// transcript still shows whether two keys are the same one (`[NKEY1] vs [NKEY2]` is a torn
-/// rotation, `[NKEY1] vs [NKEY1]` would not be).
-pub fn number_nkeys(text: &str) -> String {
-    let Ok(re) = regex::Regex::new(NKEY_PATTERN) else {
-        return text.to_string();
-    };
+/// The volatile parts of every line the harness snapshots, in the order they are replaced. Each
+/// rule is anchored on what surrounds its value (or on a shape no earlier token has), so no rule
+/// eats another's input: ports and paths first (a path holds no key), a server id before the
+/// nkeys (it is one), an incarnation before the bare uids (it has their alphabet), a status
+/// expiry's `(in N s)` after the time it follows. Durations are tokens only where the number is
+/// measured (`ms`, an age, a countdown); a case's description keeps its seconds.
+pub const RULES: &[Rule] = &[
+    // Where.
+    (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
+    (r"localhost:\d+", "localhost:[PORT]"),
+    // A temporary directory no caller named (a test's own root, a broker's directory).
+    (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
+    // Who: a server's id is an nkey of its own kind; then every nkey, numbered, so a line still
+    // shows whether two keys are the same one (`[NKEY1] vs [NKEY2]` is a torn rotation).
+    (r#""serverId":"N[A-Z2-7]{55}""#, r#""serverId":"[SERVER]""#),
+    (NKEY_PATTERN, "[NKEY#]"),
+    // A lease row's incarnation and a responder's instance: unique per daemon run.
+    (r"incarnation [0-9a-f]{32}\b", "incarnation [INCARNATION]"),
+    (r#""instance":"[0-9a-f]{32}""#, r#""instance":"[TOKEN]""#),
+    // A lifecycle uid (`local.bob.<uid>`, `dlv_local-bob-<uid>`, `lifecycle <uid>`): 26 to 32
+    // of [a-z0-9], fresh per provisioning.
+    (r"\b[a-z0-9]{26,32}\b", "[UID]"),
+    (
+        r#"(store\.id |"storeId":")[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"#,
+        "${1}[UUID]",
+    ),
+    // What build.
+    (r"\(build [0-9a-f]+\)", "(build [BUILD])"),
+    (r"cotal-delivery \d+\.\d+\.\d+", "cotal-delivery [VERSION]"),
+    // When, and how long.
+    (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
+    (r"\(in \d+ s\)", "(in [N] s)"),
+    // A JWT's expiry as unix seconds (adoption lines: `exp 1796053201`).
+    (r"\bexp \d{9,}\b", "exp [EXP]"),
+    (r"\bexpires in \d+ s\b", "expires in [N] s"),
+    (r"\bage \d+ s\b", "age [N] s"),
+    (r"\boldest \d+( min \d+| h \d+)? (s|min)\b", "oldest [AGE]"),
+    // A repeated line's summary: how long its window ran before the close.
+    (r"\bin the last \d+(\.\d+)? s\b", "in the last [N] s"),
+    (r"\b\d+ ms\b", "[N] ms"),
+    // Counters the broker or the run chooses.
+    (r"\brevision \d+", "revision [REV]"),
+    (r"\bsequence: \d+", "sequence: [SEQ]"),
+    (r"\bpid \d+", "pid [PID]"),
+    (r"\(\d+ requests\)", "([N] requests)"),
+    // A reply's numbers by their JSON keys (a connection id is not one: the tests that print
+    // one plant it, `"cid":999999`, or name the real one themselves).
+    (
+        r#""(seq|exp|joinCursor|revision|takenAt)":\d+"#,
+        r#""$1":[N]"#,
+    ),
+];
+
+/// `text` with each directory of `paths` replaced by its token (`[ROOT]`, `[HOST a]`, …), then
+/// [`RULES`] applied in order. A directory no caller names is `[TMP]` once under `/tmp`.
+pub fn normalise(text: &str, paths: &[(&Path, &str)]) -> String {
+    let mut out = text.to_string();
+    for (path, token) in paths {
+        out = out.replace(&path.display().to_string(), token);
+    }
+    for (pattern, with) in RULES {
+        let Ok(re) = regex::Regex::new(pattern) else {
+            continue;
+        };
+        out = if with.contains('#') {
+            numbered(&re, &out, with)
+        } else {
+            re.replace_all(&out, *with).into_owned()
+        };
+    }
+    out
+}
+
+/// Each distinct match of `re` as `with` with its `#` the match's number, in order of first
+/// appearance.
+fn numbered(re: &regex::Regex, text: &str, with: &str) -> String {
     let mut seen: Vec<String> = Vec::new();
     re.replace_all(text, |caps: &regex::Captures<'_>| {
         let key = caps[0].to_string();
@@ -26,165 +102,14 @@ pub fn number_nkeys(text: &str) -> String {
                 seen.len()
             }
         };
-        format!("[NKEY{n}]")
+        with.replace('#', &n.to_string())
     })
     .into_owned()
 }
 
-/// Replaces each path of `tokens` with its token, then the volatile parts with stable tokens.
-pub fn normalise_paths(text: &str, tokens: &[(PathBuf, String)]) -> String {
-    let mut out = text.to_string();
-    for (path, token) in tokens {
-        out = out.replace(&path.display().to_string(), token);
-    }
-    out = number_nkeys(&out);
-    let rules: &[(&str, &str)] = &[
-        (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
-        (r"localhost:\d+", "localhost:[PORT]"),
-        (r"revision \d+", "revision [REV]"),
-        // A lease row's incarnation: unique per daemon run.
-        (r"incarnation [0-9a-f]{32}\b", "incarnation [INCARNATION]"),
-        (r"wrong last sequence: \d+", "wrong last sequence: [SEQ]"),
-        (r"\bpid \d+", "pid [PID]"),
-        (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
-        (r"expires in \d+ s\b", "expires in [N] s"),
-        // A JWT's expiry as unix seconds (adoption lines: `exp 1796053201`).
-        (r"\bexp \d{9,}\b", "exp [EXP]"),
-        (r"\b\d+ ms\b", "[N] ms"),
-        // A repeated line's summary: how long its window ran before the close.
-        (r"in the last \d+(\.\d+)? s\b", "in the last [N] s"),
-        (r"/tmp/[A-Za-z0-9._-]+", "[TMP]"),
-        // A lifecycle uid after its principal (`local.bob.<uid>`): 26 to 32 of [a-z0-9], fresh
-        // per provisioning. Only there: a lease incarnation has the same alphabet and its own
-        // token in the status rules.
-        (
-            r"(\b[a-z][a-z0-9_-]*\.[A-Za-z0-9_-]+\.)[a-z0-9]{26,32}\b",
-            "${1}[UID]",
-        ),
-    ];
-    replace_all(out, rules)
-}
-
-/// [`normalise_paths`] with the workspace root as `[ROOT]` and another directory as
-/// `[OUTSIDE]`.
-pub fn normalise(text: &str, root: &Path, outside: &Path) -> String {
-    normalise_paths(
-        text,
-        &[
-            (root.to_path_buf(), "[ROOT]".into()),
-            (outside.to_path_buf(), "[OUTSIDE]".into()),
-        ],
-    )
-}
-
-/// Applies each `(pattern, replacement)` of `rules` in order.
-pub fn replace_all(mut out: String, rules: &[(&str, &str)]) -> String {
-    for (pattern, replacement) in rules {
-        if let Ok(re) = regex::Regex::new(pattern) {
-            out = re.replace_all(&out, *replacement).into_owned();
-        }
-    }
-    out
-}
-
-/// [`normalise`], plus the volatile parts of a `status` report: lease ages, incarnations and
-/// credential expiry times.
-pub fn normalise_status(text: &str, root: &Path) -> String {
-    let rules: &[(&str, &str)] = &[
-        (r"age \d+ s", "age [N] s"),
-        (r"incarnation [0-9a-f]{32}", "incarnation [INCARNATION]"),
-        (r"expires \S+ \((in \d+ s|expired)\)", "expires [EXP]"),
-    ];
-    replace_all(normalise(text, root, root), rules)
-}
-
-/// One normalisation rule: a pattern and what replaces each match (`$1` names a group).
-pub type Rule = (&'static str, &'static str);
-
-// The rule tables of the snapshots the harness's own tests (`harness/tests/it`) keep from
-// before the kit: each names the volatile parts of its family of lines with the tokens those
-// snapshots were written with, so they are defined here, once, beside the cases' rules, and the
-// tests hold no pattern of their own. Apply one with [`replace_all`] (in order).
-
-/// The broker-gone and credential tests' daemon lines (after [`number_nkeys`]): times, the
-/// credited stall (a daemon never stopped still credits scheduling jitter, 100 ms seen on two
-/// busy cores: under 500 ms reads `[NOT STALLED]`, 500 ms or more `[STALLED]`, the stalled
-/// tests freeze the daemon for 1.5 s and more), digests, uuids, paths, ports, revisions,
-/// durations, JWT expiries.
-pub const HEALTH_RULES: &[Rule] = &[
-    (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
-    (
-        r"\b([0-9]{1,2}|[0-4][0-9]{2}) ms of it credited",
-        "[NOT STALLED] of it credited",
-    ),
-    (
-        r"\b([5-9][0-9]{2}|[1-9][0-9]{3,}) ms of it credited",
-        "[STALLED] of it credited",
-    ),
-    (r"\b[0-9a-f]{64}\b", "[DIGEST]"),
-    (
-        r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b",
-        "[UUID]",
-    ),
-    (r"(/[A-Za-z0-9._-]+)+", "[PATH]"),
-    (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
-    (r"revision \d+", "revision [REV]"),
-    (r"\d+(\.\d+)? ?(ms|s)\b", "[DURATION]"),
-    (r"\bexp \d+", "exp [EXP]"),
-];
-
-/// A loopback broker's URL, `nats://[HOST]:[PORT]` (or `tls://`).
-pub const URL_RULE: Rule = (r"(nats|tls)://127\.0\.0\.1:\d+", "$1://[HOST]:[PORT]");
-
-/// The supervisor's lines (`up`, `down`, `remint`, the daemon log) and `status`.
-pub const SUPERVISOR_RULES: &[Rule] = &[
-    (r"\b[A-Z0-9]{56}\b", "[NKEY]"),
-    (r"\b[0-9a-f]{32}\b", "[INCARNATION]"),
-    (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "[TIME]"),
-    (r"\(build [0-9a-f]+\)", "(build [BUILD])"),
-    (r"cotal-delivery \d+\.\d+\.\d+", "cotal-delivery [VERSION]"),
-    (r"\bexp \d+", "exp [EXP]"),
-    URL_RULE,
-    (r"(/[A-Za-z0-9._-]+)+", "[PATH]"),
-    (r"pid \d+", "pid [PID]"),
-    (r"\d+ (ms|s)\b", "[N] $1"),
-];
-
-/// The data-path and admin tests' lines and answers: nkeys, 32-character ids, ports, paths,
-/// revisions; and `inspect`'s ages.
-pub const DATA_PATH_RULES: &[Rule] = &[
-    (r"oldest \d+( min \d+| h \d+)? (s|min)", "oldest [AGE]"),
-    (r"[A-Z0-9]{56}", "[NKEY]"),
-    (r"\b[a-z0-9]{32}\b", "[UID]"),
-    (r"127\.0\.0\.1:\d+", "127.0.0.1:[PORT]"),
-    (r"/tmp/[^\s]+", "[PATH]"),
-    (r"revision \d+", "revision [REV]"),
-];
-
-/// A keeper's closing line (the lease tests): nkeys and the broker's last sequence.
-pub const LEASE_RULES: &[Rule] = &[
-    (r"[A-Z0-9]{56}", "[NKEY]"),
-    (r"sequence: \d+", "sequence: [SEQ]"),
-];
-
-/// A manager's line (the admin tests): how many requests it made.
-pub const MANAGER_RULES: &[Rule] = &[(r"\(\d+ requests\)", "([N] requests)")];
-
-/// A rail's reply as its subscriber reads it (the wire tests): user nkeys, the numbers and ids
-/// that differ per run, by their JSON keys.
-pub const REPLY_RULES: &[Rule] = &[
-    (r"U[A-Z2-7]{55}", "[NKEY]"),
-    (
-        r#""(seq|exp|joinCursor|revision|takenAt|cid)":\d+"#,
-        r#""$1":[N]"#,
-    ),
-    (r#""instance":"[0-9a-f]{32}""#, r#""instance":"[TOKEN]""#),
-    (r#""storeId":"[0-9a-f-]{36}""#, r#""storeId":"[ID]""#),
-    (r#""serverId":"[A-Z0-9]+""#, r#""serverId":"[SERVER]""#),
-];
-
 /// `status --json` with its volatile values replaced (the host's pid, each lease's age,
-/// incarnation and expiry, each credential's expiry), pretty, then [`normalise`]d.
+/// incarnation and expiry, each credential's expiry), pretty, then [`normalise`]d with `root`
+/// as `[ROOT]`.
 pub fn normalise_status_json(mut v: serde_json::Value, root: &Path) -> String {
     if v["hostRecord"]["pid"].is_number() {
         v["hostRecord"]["pid"] = "[PID]".into();
@@ -204,7 +129,7 @@ pub fn normalise_status_json(mut v: serde_json::Value, root: &Path) -> String {
         }
     }
     let text = serde_json::to_string_pretty(&v).unwrap_or_default();
-    normalise(&text, root, root)
+    normalise(&text, &[(root, "[ROOT]")])
 }
 
 /// The body of an insta snapshot file (after its `---` header), or `None` without a header.
@@ -241,47 +166,126 @@ pub fn first_difference(expected: &str, actual: &str) -> String {
 mod tests {
     use super::*;
 
-    /// Mutation caught: one shared `[NKEY]` token for every key (the old filter) makes the
-    /// torn-rotation line read the same whether the two keys differ or not.
-    #[test]
-    fn nkeys_are_numbered_in_order_of_appearance() {
-        let a = format!("A{}", "B".repeat(55));
-        let b = format!("A{}", "C".repeat(55));
-        let text = format!("signed by {a} vs {b}\naccount {a}");
-        assert_eq!(
-            number_nkeys(&text),
-            "signed by [NKEY1] vs [NKEY2]\naccount [NKEY1]"
-        );
-        assert_eq!(number_nkeys(&format!("{a} vs {a}")), "[NKEY1] vs [NKEY1]");
+    fn key(prefix: char, fill: char) -> String {
+        format!("{prefix}{}", fill.to_string().repeat(55))
     }
 
-    /// A lifecycle uid after its principal is a token in a line the daemon prints (a member key,
-    /// a retired lifecycle); a lease incarnation of the same alphabet is its own token, never
-    /// `[UID]`.
-    /// Mutations seen failing: the uid rule dropped (the uid printed as it was); the rule
-    /// unanchored (`\b[a-z0-9]{26,32}\b`: the incarnation became `[UID]`, and five host
-    /// snapshots with it).
+    /// The cases' lines (the table the kit's transcripts were written with): a lifecycle uid
+    /// after its principal, a lease incarnation of the same alphabet, the directories the world
+    /// names, a JWT's expiry, a repeated line's window, a port.
+    /// Mutations seen failing: the uid rule moved before the incarnation's (`incarnation [UID]`);
+    /// the nkeys one shared `[NKEY]` (the torn rotation reads the same whether the keys differ or
+    /// not); `exp` dropped (a new number every run).
     #[test]
-    fn lifecycle_uids_are_tokens() {
+    fn the_cases_lines_keep_their_tokens() {
         let uid = "k3v9x0a1b2c3d4e5f6g7h8i9j0";
         let inc = "f".repeat(32);
         let line = format!("the member row general/local.bob.{uid} of retired lifecycle local.bob.{uid}: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation {inc}");
         assert_eq!(
-            normalise_paths(&line, &[]),
-            format!("the member row general/local.bob.[UID] of retired lifecycle local.bob.[UID]: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation [INCARNATION]")
+            normalise(&line, &[]),
+            "the member row general/local.bob.[UID] of retired lifecycle local.bob.[UID]: subject_delete_marker_ttl; held by local.UFOREIGN, incarnation [INCARNATION]"
+        );
+        let (a, b) = (key('A', 'B'), key('A', 'C'));
+        assert_eq!(
+            normalise(&format!("signed by {a} vs {b}\naccount {a}"), &[]),
+            "signed by [NKEY1] vs [NKEY2]\naccount [NKEY1]"
+        );
+        let root = Path::new("/tmp/cotal-ws-Ab1/x");
+        let line = format!("✓ delivery: adopted the renewed credential from {}/.cotal/space.64656d6f/delivery.creds (the broker accepted {a}, exp 1796053201); reconnecting onto it at nats://127.0.0.1:40123", root.display());
+        assert_eq!(
+            normalise(&line, &[(root, "[ROOT]")]),
+            "✓ delivery: adopted the renewed credential from [ROOT]/.cotal/space.64656d6f/delivery.creds (the broker accepted [NKEY1], exp [EXP]); reconnecting onto it at nats://127.0.0.1:[PORT]"
+        );
+        let summary = "! delivery: broker connection unavailable, reconnecting (space demo) (repeated 1 time in the last 5.9 s)";
+        assert!(normalise(summary, &[]).ends_with("(repeated 1 time in the last [N] s)"));
+        // A case's description keeps its configured seconds.
+        let prose = "The daemon starts on a 16 s row (retrying in 60 s) and the 5 s branch";
+        assert_eq!(normalise(prose, &[]), prose);
+    }
+
+    /// The health and credential tests' lines (once HEALTH_RULES): a directory no caller named,
+    /// a store's id, the URL, the measured durations.
+    /// Mutations seen failing: the `/tmp` rule dropped (the directory printed as it was); the
+    /// store id rule dropped (a fresh uuid every run).
+    #[test]
+    fn the_health_lines_keep_their_tokens() {
+        let line = "• delivery: received SIGHUP: /tmp/.tmpQ3xYz9/.cotal/space.64656d6f/delivery.creds holds the credential in use (exp 1796053201); nothing to adopt (space demo)";
+        assert_eq!(
+            normalise(line, &[]),
+            "• delivery: received SIGHUP: [TMP]/.cotal/space.64656d6f/delivery.creds holds the credential in use (exp [EXP]); nothing to adopt (space demo)"
+        );
+        let line = "delivery: this daemon reloads its credentials from the filesystem store /tmp/.tmpA/s (store.id 0f8e2c1a-1b2c-4d3e-8f90-a1b2c3d4e5f6)";
+        assert_eq!(
+            normalise(line, &[]),
+            "delivery: this daemon reloads its credentials from the filesystem store [TMP]/s (store.id [UUID])"
+        );
+        let line = "• delivery: the broker connection was unavailable for 1834 ms, 12 ms of it credited as this process's own stall (window 4000 ms, backstop 15000 ms)";
+        assert_eq!(
+            normalise(line, &[]),
+            "• delivery: the broker connection was unavailable for [N] ms, [N] ms of it credited as this process's own stall (window [N] ms, backstop [N] ms)"
         );
     }
 
-    /// Mutation seen failing: the rule removed (`exp 1796053201` kept, a new number every run).
+    /// The supervisor's lines and `status` (once SUPERVISOR_RULES and the status rules): the
+    /// build, the version, pids, the lease row, a credential's expiry and its countdown.
+    /// Mutations seen failing: the `(in N s)` rule dropped (a countdown every run); the build
+    /// rule dropped (a new hash every commit).
     #[test]
-    fn a_jwt_expiry_and_a_summary_window_are_normalised() {
-        let line = "✓ delivery: adopted the renewed credential from x (the broker accepted U, exp 1796053201); reconnecting onto it";
-        let out = normalise_paths(line, &[]);
-        assert!(out.contains("exp [EXP])"), "{out}");
-        let summary = "! delivery: broker connection unavailable, reconnecting (space demo) (repeated 1 time in the last 5.9 s)";
-        assert!(
-            normalise_paths(summary, &[]).ends_with("(repeated 1 time in the last [N] s)"),
-            "{summary}"
+    fn the_supervisor_and_status_lines_keep_their_tokens() {
+        let line = "• delivery: run started — cotal-delivery 0.1.0 (build 9c1e2ab), pid 48213, space demo, root /tmp/cotal-ws-Zx81, broker tls://127.0.0.1:38211";
+        assert_eq!(
+            normalise(line, &[]),
+            "• delivery: run started — cotal-delivery [VERSION] (build [BUILD]), pid [PID], space demo, root [TMP], broker tls://127.0.0.1:[PORT]"
+        );
+        let u = key('U', 'D');
+        let status = format!("lease:        held by local.{u}, incarnation {}, ready, age 3 s\ncredential:   delivery expires 2026-12-07T16:00:00Z (in 3599 s)\ncredential:   delivery expires 2026-12-07T15:00:00Z (expired)", "0a".repeat(16));
+        assert_eq!(
+            normalise(&status, &[]),
+            "lease:        held by local.[NKEY1], incarnation [INCARNATION], ready, age [N] s\ncredential:   delivery expires [TIME] (in [N] s)\ncredential:   delivery expires [TIME] (expired)"
+        );
+    }
+
+    /// The data-path, inspect and lease tests' lines (once DATA_PATH_RULES and LEASE_RULES):
+    /// a durable's uid, a lifecycle's, `inspect`'s ages, the broker's last sequence.
+    /// Mutations seen failing: the uid rule narrowed to a principal's (`dlv_local-bob-<uid>`
+    /// printed as it was); the age rule dropped (`oldest 1 min 5 s`).
+    #[test]
+    fn the_data_path_and_lease_lines_keep_their_tokens() {
+        let uid = "a".repeat(20) + "0123456789ab";
+        let u = key('U', 'E');
+        let line = format!("! delivery: binding dlv_local-bob-{uid} in space demo while the delivery lease is not ready (held by local.{u}); a daemon that starts later delivers through it.");
+        assert_eq!(
+            normalise(&line, &[]),
+            "! delivery: binding dlv_local-bob-[UID] in space demo while the delivery lease is not ready (held by local.[NKEY1]); a daemon that starts later delivers through it."
+        );
+        let inspect = format!("local.bob in space demo: 3 owed, oldest 1 min 5 s\n  lifecycle {uid} (acl live): 0 in INBOX not yet handed off, 3 in DLV not yet surfaced (oldest 12 s)");
+        assert_eq!(
+            normalise(&inspect, &[]),
+            "local.bob in space demo: 3 owed, oldest [AGE]\n  lifecycle [UID] (acl live): 0 in INBOX not yet handed off, 3 in DLV not yet surfaced (oldest [AGE])"
+        );
+        let line = "✗ delivery: a lease watch event found the key gone and another daemon has taken shard 0 (wrong last sequence: 17 (key exists)), exiting so the holder is single";
+        assert!(normalise(line, &[]).contains("(wrong last sequence: [SEQ] (key exists))"));
+    }
+
+    /// A manager's line and a rail's reply (once MANAGER_RULES and REPLY_RULES): the request
+    /// count, the JSON numbers and ids that differ per run, a server id apart from user keys.
+    /// Mutations seen failing: the server id rule dropped (`"serverId":"[NKEY1]"`); the JSON key
+    /// rule dropped (`"seq":42`).
+    #[test]
+    fn the_manager_and_reply_lines_keep_their_tokens() {
+        let line = "✗ manager: the delivery daemon did not answer on ctl.delivery-admin within 4000 ms (12 requests); not starting";
+        assert_eq!(
+            normalise(line, &[]),
+            "✗ manager: the delivery daemon did not answer on ctl.delivery-admin within [N] ms ([N] requests); not starting"
+        );
+        let (n, u) = (key('N', 'F'), key('U', 'G'));
+        let reply = format!(
+            r#"{{"seq":42,"takenAt":1765000000,"instance":"{}","tuple":{{"serverId":"{n}","cid":999999,"userNkey":"{u}"}},"storeId":"0f8e2c1a-1b2c-4d3e-8f90-a1b2c3d4e5f6","exp":1796053201}}"#,
+            "b".repeat(32)
+        );
+        assert_eq!(
+            normalise(&reply, &[]),
+            r#"{"seq":[N],"takenAt":[N],"instance":"[TOKEN]","tuple":{"serverId":"[SERVER]","cid":999999,"userNkey":"[NKEY1]"},"storeId":"[UUID]","exp":[N]}"#
         );
     }
 

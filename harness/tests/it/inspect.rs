@@ -207,9 +207,7 @@ async fn pending_and_members_report_what_the_broker_holds() {
             r.stderr.trim_end()
         ));
     }
-    snapshot_settings().bind(|| {
-        insta::assert_snapshot!("inspect_reports", transcript.join("\n"));
-    });
+    snapshot!("inspect_reports", transcript.join("\n"));
 
     // --json, parsed.
     let parse = |r: Run| -> Value {

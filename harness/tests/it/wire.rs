@@ -55,16 +55,13 @@ async fn request(
 }
 
 /// The reply with the values that differ per run replaced: `replace`'s exact strings, then the
-/// kit's [`delivery_harness::kit::transcript::REPLY_RULES`].
+/// kit's one normaliser.
 fn normalized(reply: &str, replace: &[(&str, &str)]) -> String {
     let mut out = reply.to_string();
     for (from, to) in replace {
         out = out.replace(from, to);
     }
-    delivery_harness::kit::transcript::replace_all(
-        out,
-        delivery_harness::kit::transcript::REPLY_RULES,
-    )
+    delivery_harness::kit::transcript::normalise(&out, &[])
 }
 
 /// `ctl.delivery` (durable join, list, leave, the anycast sender verbs and a refusal), the
@@ -204,17 +201,17 @@ async fn every_admin_reply_is_written_in_the_reference_key_order() {
 
     assert_eq!(
         n(admin("reloadStoreIdentity", json!({})).await),
-        r#"{"ok":true,"data":{"kind":"fs","root":"[ROOT]","storeId":"[ID]"}}"#
+        r#"{"ok":true,"data":{"kind":"fs","root":"[ROOT]","storeId":"[UUID]"}}"#
     );
     let reload = n(admin("reloadCreds", json!({})).await);
     let membership = [
-        r#"{"ok":true,"brokerAccepted":{"identity":"[NKEY]","exp":[N]},"residentSwap":"best-effort"}"#,
-        r#"{"ok":true,"brokerAccepted":{"identity":"[NKEY]","exp":[N]},"residentSwap":"none (the membership feed is not running)"}"#,
+        r#"{"ok":true,"brokerAccepted":{"identity":"[NKEY2]","exp":[N]},"residentSwap":"best-effort"}"#,
+        r#"{"ok":true,"brokerAccepted":{"identity":"[NKEY2]","exp":[N]},"residentSwap":"none (the membership feed is not running)"}"#,
     ];
     assert!(
         membership.iter().any(|m| reload
             == format!(
-                r#"{{"ok":true,"data":{{"delivery":{{"ok":true,"brokerAccepted":{{"identity":"[NKEY]","exp":[N]}}}},"membership":{m}}}}}"#
+                r#"{{"ok":true,"data":{{"delivery":{{"ok":true,"brokerAccepted":{{"identity":"[NKEY1]","exp":[N]}}}},"membership":{m}}}}}"#
             )),
         "{reload}"
     );
@@ -253,7 +250,7 @@ async fn every_admin_reply_is_written_in_the_reference_key_order() {
             json!({"query": {"ledger": tuple, "records": tuple}})
         )
         .await),
-        r#"{"ok":true,"data":{"ledger":{"tuple":{"serverId":"[SERVER]","cid":[N],"userNkey":"[NKEY]"},"state":"gone"},"records":{"tuple":{"serverId":"[SERVER]","cid":[N],"userNkey":"[NKEY]"},"state":"gone"},"sweepComplete":true}}"#
+        r#"{"ok":true,"data":{"ledger":{"tuple":{"serverId":"NOSUCHSERVER","cid":424242,"userNkey":"[NKEY1]"},"state":"gone"},"records":{"tuple":{"serverId":"NOSUCHSERVER","cid":424242,"userNkey":"[NKEY1]"},"state":"gone"},"sweepComplete":true}}"#
     );
     assert_eq!(
         n(admin("nope", json!({})).await),

@@ -146,13 +146,10 @@ async fn a_ghost_is_verified_gone_without_an_evictor_and_a_live_one_is_refused()
         )
         .await,
     );
-    let settings = s::snapshot_settings();
-    settings.bind(|| {
-        insta::assert_snapshot!(
-            "admin_evict_ghost_without_evictor",
-            format!("{ghost}\n{live}")
-        );
-    });
+    snapshot!(
+        "admin_evict_ghost_without_evictor",
+        format!("{ghost}\n{live}")
+    );
     assert_eq!(live_on_broker(&mesh, "local.alice").await, 1);
     s::stop_daemon(&mut d).await;
 }

@@ -188,12 +188,10 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
     std::fs::remove_file(&seed).unwrap();
     assert!(!system_seed_path(mesh.workspace(), &alpha).exists());
     let missing = evict_carol().await;
-    s::snapshot_settings().bind(|| {
-        insta::assert_snapshot!(
-            "admin_host_kick_no_authority",
-            format!("{inconsistent}\n{missing}")
-        )
-    });
+    snapshot!(
+        "admin_host_kick_no_authority",
+        format!("{inconsistent}\n{missing}")
+    );
     assert_eq!(live(&mesh, "local.carol").await.len(), 1, "carol untouched");
 
     host.terminate().expect("SIGTERM");

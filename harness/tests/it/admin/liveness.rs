@@ -90,20 +90,17 @@ async fn principal_and_plane_liveness_judge_from_one_complete_sweep() {
         )
         .await,
     );
-    let settings = s::snapshot_settings();
-    settings.bind(|| {
-        insta::assert_snapshot!(
-            "admin_liveness_verdicts",
-            [live, ghost, json!(bad), plane, json!(wider)]
-                .iter()
-                .map(|v| v
-                    .to_string()
-                    .replace(&server_id, "[SERVER]")
-                    .replace(&format!("\"cid\":{}", row["cid"]), "\"cid\":[CID]"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    });
+    snapshot!(
+        "admin_liveness_verdicts",
+        [live, ghost, json!(bad), plane, json!(wider)]
+            .iter()
+            .map(|v| v
+                .to_string()
+                .replace(&server_id, "[SERVER]")
+                .replace(&format!("\"cid\":{}", row["cid"]), "\"cid\":[CID]"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     s::stop_daemon(&mut d).await;
 }
 
@@ -341,15 +338,13 @@ async fn a_paged_sweep_proves_gone_and_a_truncated_one_is_unknown() {
         )
         .await,
     );
-    s::snapshot_settings().bind(|| {
-        insta::assert_snapshot!(
-            "admin_liveness_truncated",
-            format!(
-                "{ghost}\n{}",
-                plane.to_string().replace(&server_id, "[SERVER]")
-            )
+    snapshot!(
+        "admin_liveness_truncated",
+        format!(
+            "{ghost}\n{}",
+            plane.to_string().replace(&server_id, "[SERVER]")
         )
-    });
+    );
     s::stop_daemon(&mut d).await;
 }
 
@@ -438,12 +433,10 @@ async fn on_a_cluster_liveness_is_unknown_never_gone() {
     node.kill().unwrap();
     node.wait_exit(BOUND).await.unwrap();
     let partitioned = ask("local.alice").await;
-    s::snapshot_settings().bind(|| {
-        insta::assert_snapshot!(
-            "admin_liveness_cluster",
-            format!("{live}\n{ghost}\n{plane}\n{partitioned}")
-        )
-    });
+    snapshot!(
+        "admin_liveness_cluster",
+        format!("{live}\n{ghost}\n{plane}\n{partitioned}")
+    );
     d.terminate().unwrap();
     d.wait_exit(BOUND).await.unwrap();
 }

@@ -109,12 +109,7 @@ async fn a_silent_daemon_fails_the_start_naming_the_rail_and_nothing_is_sent_aft
         arrivals.iter().all(|t| *t < wait),
         "a request arrived after the wait: {arrivals:?}"
     );
-    let line = delivery_harness::kit::transcript::replace_all(
-        err.line,
-        delivery_harness::kit::transcript::MANAGER_RULES,
-    );
-    crate::support::snapshot_base()
-        .bind(|| insta::assert_snapshot!("admin_manager__manager_silent_daemon", line));
+    snapshot!("admin_manager__manager_silent_daemon", err.line);
 }
 
 /// A daemon that refuses, or whose reply cannot be read, fails the start at once: one request,

@@ -144,7 +144,7 @@ async fn remint_renews_both_files_and_the_daemon_adopts_them() {
             .await
             .expect("the broker accepts it");
     }
-    up_snapshot!("remint_renewed", out);
+    snapshot!("remint_renewed", out);
 
     let (code, out) = remint(root, &["--server", &url, "--json"]).await;
     assert_eq!(code, Some(0), "{out}");
@@ -185,7 +185,7 @@ async fn remint_keeps_the_last_good_credentials_and_exits_1_when_the_broker_refu
     let (code, out) = remint(root, &["--server", &url]).await;
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(creds_at(root, &delivery_creds_key(&space)), before);
-    up_snapshot!("remint_refused", out);
+    snapshot!("remint_refused", out);
     let (code, out) = remint(root, &["--server", &url, "--json"]).await;
     assert_eq!(code, Some(1), "{out}");
     let v = json_of(&out);
@@ -326,7 +326,7 @@ async fn remint_offline_migrates_the_bundle_and_refuses_an_alternate_account() {
         std::fs::read_to_string(ws.auth_dir().join("auth.json")).expect("bundle kept"),
         good.text
     );
-    up_snapshot!("remint_offline_migrated", out);
+    snapshot!("remint_offline_migrated", out);
 
     let alternate = reference_bundle(&space);
     let other = pre_split_root(&alternate, &good);

@@ -53,12 +53,10 @@ async fn the_live_path_delivers_with_no_daemon_running() {
             .await
             .is_none()
     );
-    snapshot_settings().bind(|| {
-        insta::assert_snapshot!(
-            "live_path_without_daemon_warnings",
-            bob.warnings().join("\n")
-        );
-    });
+    snapshot!(
+        "live_path_without_daemon_warnings",
+        bob.warnings().join("\n")
+    );
 }
 
 /// The other branch of the bind's warning: a daemon holds the lease but is still binding (the
@@ -108,9 +106,7 @@ async fn binding_while_the_lease_is_not_ready_warns_naming_durable_space_and_hol
             .await
             .is_some()
     );
-    snapshot_settings().bind(|| {
-        insta::assert_snapshot!("bind_while_lease_not_ready_warning", warnings);
-    });
+    snapshot!("bind_while_lease_not_ready_warning", warnings);
     stop_daemon(&mut daemon).await;
 }
 

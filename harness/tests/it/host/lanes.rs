@@ -135,7 +135,7 @@ fn cluster_gaps_ms(times: &[u64]) -> Vec<u64> {
 /// `lines` normalised as the cases' transcripts are (the credential's expiry and a killed
 /// lane's incarnation among them).
 fn normalised(lines: &[String], mesh: &Mesh) -> String {
-    normalise(&lines.join("\n"), mesh.root(), mesh.root())
+    normalise(&lines.join("\n"), &[(mesh.root(), "[ROOT]")])
 }
 
 /// Lane isolation under credential expiry (snapshot `expired_lane_beta`). Beta's

@@ -18,7 +18,7 @@ use crate::support::host::{
 };
 use cotal_delivery::provision::Workspace;
 use cotal_delivery::provision::{manifest_path, Manifest};
-use delivery_harness::kit::transcript::{normalise, normalise_status};
+use delivery_harness::kit::transcript::normalise;
 use delivery_harness::rig::mesh::Mesh;
 use futures::StreamExt;
 
@@ -71,12 +71,11 @@ async fn a_malformed_manifest_refuses_the_whole_start_before_any_dial() {
         );
         transcript.push_str(&format!("[{name}]\n{}\n", d.transcript()));
     }
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "host__malformed_manifest",
-            normalise(&transcript, mesh.root(), mesh.root())
-        )
-    });
+    snapshot!(
+        "host__malformed_manifest",
+        transcript,
+        &[(mesh.root(), "[ROOT]")]
+    );
 }
 
 /// One lane with an invalid credential refuses alone (a line naming the space and the reason,
@@ -197,19 +196,17 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     );
     assert!(!cotal_delivery::host::host_pid_path(mesh.root()).exists());
     let beta_log: Vec<String> = lane_lines(&host, "beta");
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "host__invalid_lane_beta",
-            normalise(&beta_log.join("\n"), mesh.root(), mesh.root())
-        )
-    });
+    snapshot!(
+        "host__invalid_lane_beta",
+        beta_log.join("\n"),
+        &[(mesh.root(), "[ROOT]")]
+    );
     let alpha_log: Vec<String> = lane_lines(&host, "alpha");
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "host__isolated_lane_alpha",
-            normalise(&alpha_log.join("\n"), mesh.root(), mesh.root())
-        )
-    });
+    snapshot!(
+        "host__isolated_lane_alpha",
+        alpha_log.join("\n"),
+        &[(mesh.root(), "[ROOT]")]
+    );
 }
 
 /// Runs `cotal-delivery status --spaces --root <root>`; returns (exit code, normalised stdout).
@@ -220,7 +217,10 @@ fn host_status(root: &Path) -> (Option<i32>, String) {
         .output()
         .expect("status");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    (out.status.code(), normalise_status(text.trim(), root))
+    (
+        out.status.code(),
+        normalise(text.trim(), &[(root, "[ROOT]")]),
+    )
 }
 
 /// The not-provisioned refusal and `status --spaces`. Gamma is provisioned on the broker but
@@ -301,14 +301,9 @@ async fn an_unprovisioned_lane_never_touches_the_lease_and_status_reads_the_host
     assert_eq!(code, Some(1), "{stopped}");
     crate::support::snapshot_base()
         .bind(|| insta::assert_snapshot!("host__status_spaces", format!("{running}\n{stopped}")));
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "host__unprovisioned_lane_gamma",
-            normalise(
-                &lane_lines(&host, "gamma").join("\n"),
-                mesh.root(),
-                mesh.root()
-            )
-        )
-    });
+    snapshot!(
+        "host__unprovisioned_lane_gamma",
+        lane_lines(&host, "gamma").join("\n"),
+        &[(mesh.root(), "[ROOT]")]
+    );
 }

@@ -19,7 +19,6 @@ use crate::support::host::{
 };
 use cotal_delivery::base::RowOp;
 use cotal_delivery::provision::{prepare_standby_hosts, StandbyPlan};
-use delivery_harness::kit::transcript::normalise;
 use delivery_harness::rig::daemon::Daemon;
 use delivery_harness::rig::lease_log::{LeaseLog, LeaseWrite, LogFrom};
 use delivery_harness::rig::mesh::Mesh;
@@ -82,8 +81,7 @@ fn snapshot_lane(name: &str, d: &Daemon, root: &Path) {
 
 /// Snapshots lane lines of a host on `root`.
 fn snapshot_lines(name: &str, lines: &[String], root: &Path) {
-    crate::support::snapshot_base()
-        .bind(|| insta::assert_snapshot!(name, normalise(&lines.join("\n"), root, root)));
+    snapshot!(name, lines.join("\n"), &[(root, "[ROOT]")]);
 }
 
 /// Reads the log until a write matching `ok` (bounded); returns the writes up to and with it.

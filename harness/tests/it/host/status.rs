@@ -13,7 +13,7 @@ use cotal_delivery::base::ENV_STANDBY_RETRY_MS;
 use cotal_delivery::host::HOST_PID_FILE;
 use cotal_delivery::provision::{manifest_path, Manifest};
 use cotal_delivery::wire::LeaseInfo;
-use delivery_harness::kit::transcript::{normalise, normalise_status, normalise_status_json};
+use delivery_harness::kit::transcript::{normalise, normalise_status_json};
 use delivery_harness::rig::mesh::Mesh;
 use serde_json::Value;
 
@@ -125,7 +125,7 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
             .as_str()
         )
     );
-    let running_human = normalise_status(&human, root);
+    let running_human = normalise(&human, &[(root, "[ROOT]")]);
 
     host.terminate().expect("SIGTERM");
     assert_eq!(
@@ -154,9 +154,9 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
         assert_eq!(v["hostRecord"]["pid"], pid, "{v}");
         let out = status(root, &[]);
         assert_eq!(out.status.code(), Some(1), "{verdict}");
-        lines.push(normalise_status(
+        lines.push(normalise(
             String::from_utf8_lossy(&out.stdout).trim(),
-            root,
+            &[(root, "[ROOT]")],
         ));
     }
     crate::support::snapshot_base().bind(|| {
@@ -198,7 +198,10 @@ fn status_spaces_refuses_a_missing_root_or_a_bad_manifest_with_exit_3() {
         assert_eq!(v["error"]["kind"], kind, "{name}: {v}");
         transcript.push(format!(
             "[{name}]\n{}",
-            normalise(String::from_utf8_lossy(&out.stderr).trim(), root, root)
+            normalise(
+                String::from_utf8_lossy(&out.stderr).trim(),
+                &[(root, "[ROOT]")]
+            )
         ));
     };
     check("no_root", "root");

@@ -38,10 +38,7 @@ fn closing_line(d: &Daemon) -> String {
         .into_iter()
         .find(|l| l.starts_with("✗ delivery:"))
         .unwrap_or_else(|| panic!("no closing line: {}", d.transcript()));
-    delivery_harness::kit::transcript::replace_all(
-        line,
-        delivery_harness::kit::transcript::LEASE_RULES,
-    )
+    delivery_harness::kit::transcript::normalise(&line, &[])
 }
 
 /// The row found gone is re-created, but another daemon took the key first (the test writes a

@@ -9,7 +9,6 @@
 use std::time::Duration;
 
 use cotal_delivery::wire::LEASE_KEY;
-use delivery_harness::kit::transcript::normalise;
 use delivery_harness::rig::mesh::Mesh;
 
 use crate::support::data_path::start_daemon_via_proxy;
@@ -110,12 +109,11 @@ async fn an_unanswered_renew_stops_serving_when_the_row_may_have_expired() {
         .filter(|l| l.contains("delivery:"))
         .map(String::as_str)
         .collect();
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "lease_renew__lease_renew_unanswered",
-            normalise(&transcript.join("\n"), mesh.root(), mesh.root())
-        )
-    });
+    snapshot!(
+        "lease_renew__lease_renew_unanswered",
+        transcript.join("\n"),
+        &[(mesh.root(), "[ROOT]")]
+    );
     daemon.terminate().expect("SIGTERM");
     daemon
         .wait_exit(Duration::from_secs(20))

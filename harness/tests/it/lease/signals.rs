@@ -10,7 +10,6 @@ use async_nats::jetstream::kv::Operation;
 use cotal_delivery::base;
 use cotal_delivery::wire::LeaseInfo;
 use cotal_delivery::wire::{CtlService, SpaceNames, LEASE_KEY};
-use delivery_harness::kit::transcript::normalise;
 use delivery_harness::rig::mesh::Mesh;
 use futures::{StreamExt, TryStreamExt};
 
@@ -69,13 +68,11 @@ async fn sigterm_between_create_and_ready_releases_the_row_for_a_clean_successor
     let d = caught.unwrap_or_else(|| {
         panic!("never caught the daemon inside the window in {ATTEMPTS} attempts")
     });
-    let transcript = normalise(&d.transcript(), mesh.root(), mesh.root());
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "lease_signals__sigterm_between_create_and_ready",
-            transcript
-        )
-    });
+    snapshot!(
+        "lease_signals__sigterm_between_create_and_ready",
+        d.transcript(),
+        &[(mesh.root(), "[ROOT]")]
+    );
 
     // A successor starts cleanly: no "a live lease already exists".
     let mut b = crate::support::start(mesh.deliver(&space)).await;

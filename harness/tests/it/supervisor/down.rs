@@ -28,7 +28,7 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
         .await
         .expect("detached up returns");
     assert_eq!(st.code(), Some(0), "{}", up.transcript());
-    up_snapshot!("up_detached", up.transcript());
+    snapshot!("up_detached", up.transcript());
     let daemon = base::read_pid(&pid_path(root.path())).expect("record");
     let broker = broker_pid(root.path());
     assert!(alive(daemon) && alive(broker), "both outlive up");
@@ -37,7 +37,7 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
     assert_eq!(json["lease"]["ready"], true);
     assert_eq!(json["pidRecord"]["verdict"], "alive");
     let (_, human) = status(root.path(), false).await;
-    up_snapshot!("status_healthy", human);
+    snapshot!("status_healthy", human);
     // The registry record up wrote, in the reference's shape.
     let rec = MeshRecord::read(&base::registry_path(&root.path().join("home"), &demo()))
         .expect("readable")
@@ -55,12 +55,12 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
     assert!(!pid_path(root.path()).exists());
     let log = std::fs::read_to_string(base::log_path(root.path(), &demo())).expect("log");
     assert!(log.contains("received SIGTERM, exiting"), "{log}");
-    up_snapshot!("down_detached", t);
+    snapshot!("down_detached", t);
     let (code, json) = status_json(root.path()).await;
     assert_eq!(code, 1, "{json}");
     assert_eq!(json["broker"]["reachable"], false);
     let (_, human) = status(root.path(), false).await;
-    up_snapshot!("status_after_down", human);
+    snapshot!("status_after_down", human);
 }
 
 /// A frozen daemon (SIGSTOP): down sends SIGKILL after the shortened grace, and removes the
@@ -124,7 +124,7 @@ async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refu
         !log.contains("received SIGTERM"),
         "a frozen daemon wrote nothing:\n{log}"
     );
-    up_snapshot!(
+    snapshot!(
         "down_frozen_daemon",
         format!("{t}\n--- concurrent down ---\n{second}")
     );
@@ -161,8 +161,8 @@ async fn a_stale_record_with_a_reused_pid_is_cleared_and_nothing_is_signalled() 
     assert!(alive(pid), "the other program was not signalled");
     assert!(!pid_path(root.path()).exists());
     let (_, human) = status(root.path(), false).await;
-    up_snapshot!("down_foreign_record", t);
-    up_snapshot!("status_no_mesh", human);
+    snapshot!("down_foreign_record", t);
+    snapshot!("status_no_mesh", human);
     let _ = other.kill();
     let _ = other.wait();
 }
@@ -409,7 +409,7 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
     assert!(argv.iter().any(|a| a == "--tls"), "TLS demanded: {argv:?}");
     let (code, json) = status_json(root.path()).await;
     assert_eq!(code, 0, "{json}");
-    up_snapshot!("up_bare_relaunch_tls", t);
+    snapshot!("up_bare_relaunch_tls", t);
 
     // Typed by hand: the registry's broker, with TLS; the lease is held, so it exits 6.
     let (st, hand) = run(root.path(), &["deliver", "--space", "demo"], &[]).await;
@@ -446,7 +446,7 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
         matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
         "nothing dialed the mismatching server"
     );
-    up_snapshot!(
+    snapshot!(
         "deliver_registry_refusals",
         format!("{hand}\n---\n{refused}")
     );
@@ -517,7 +517,7 @@ async fn bare_up_relaunches_with_tls_and_reports_a_lease_refusal() {
         t.contains("could not claim the lease of space demo yet: its row belongs to a holder that is not running"),
         "{t}"
     );
-    up_snapshot!("up_relaunch_lease_refused", t);
+    snapshot!("up_relaunch_lease_refused", t);
     let (st, t) = down(root.path(), &[]).await;
     assert_eq!(st.code(), Some(0), "{t}");
 }

@@ -116,7 +116,7 @@ async fn a_killed_daemons_row_is_named_not_running_with_its_expiry() {
         .find(|l| l.starts_with("lease:"))
         .unwrap_or_default()
         .to_string();
-    up_snapshot!(
+    snapshot!(
         "holder_not_running",
         format!(
             "{}\n--- status ---\n{lease_line}\n--- bare up ---\n{bare}\n--- live holder ---\n{}",
@@ -167,7 +167,7 @@ async fn after_a_broker_crash_a_detached_up_keeps_its_broker_until_the_row_expir
     assert!(!t.contains(LIVE), "{t}");
     let broker = broker_pid(root.path());
     assert!(alive(broker), "the broker up started keeps running:\n{t}");
-    up_snapshot!("up_detached_not_claimed_yet", t);
+    snapshot!("up_detached_not_claimed_yet", t);
 
     let expired = crashed + Duration::from_secs(20);
     until("the crashed holder's row expired", COMMAND_BOUND, || {

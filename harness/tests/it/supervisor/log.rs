@@ -144,7 +144,7 @@ async fn every_line_of_the_daemon_log_is_stamped_and_each_run_is_framed() {
                 .replace(&detached.to_string(), "[DETACHED PID]")
         })
         .collect();
-    up_snapshot!("daemon_log_framed", judged.join("\n"));
+    snapshot!("daemon_log_framed", judged.join("\n"));
 }
 
 fn send(pid: u32, sig: nix::sys::signal::Signal) {
@@ -219,7 +219,7 @@ async fn a_renamed_log_is_reopened_on_sigusr1() {
         .map(|l| l.replace(&daemon.to_string(), "[DAEMON PID]"))
         .collect::<Vec<_>>()
         .join("\n");
-    up_snapshot!("daemon_log_reopened", judged);
+    snapshot!("daemon_log_reopened", judged);
 }
 
 /// A foreground `up` is not ended by SIGHUP (a terminal hang-up, `systemctl reload` of the
@@ -266,5 +266,5 @@ async fn foreground_up_passes_sighup_and_sigusr1_on_to_its_daemon() {
         .filter(|l| l.contains("passed it on"))
         .map(|l| l.replace(&daemon.to_string(), "[PID]"))
         .collect();
-    up_snapshot!("up_passes_signals_on", passed.join("\n"));
+    snapshot!("up_passes_signals_on", passed.join("\n"));
 }

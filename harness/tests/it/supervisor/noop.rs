@@ -257,7 +257,7 @@ async fn up_for_a_space_the_running_mesh_lacks_names_the_commands_to_run() {
         broker.ends_with("(mesh signer: space \"other\" has no data account in this signer (it holds \"demo\"); `cotal-delivery up --space other` adds it when it starts a mesh)"),
         "{broker}"
     );
-    up_snapshot!(
+    snapshot!(
         "up_another_space_on_a_running_mesh",
         format!("{t}\n{broker}\n")
     );

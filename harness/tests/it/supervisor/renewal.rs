@@ -155,12 +155,12 @@ async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
         .find(|l| l.starts_with("renewal:"))
         .expect("a renewal line")
         .to_string();
-    up_snapshot!("status_renewal_owner_stale", line);
+    snapshot!("status_renewal_owner_stale", line);
 
     let r = root.path().to_str().expect("utf-8").to_string();
     let (st, t) = run(root.path(), &["up", "--space", "demo", "--root", &r], &[]).await;
     assert_eq!(st.code(), Some(0), "{t}");
-    up_snapshot!("up_bare_relaunch_owner", t);
+    snapshot!("up_bare_relaunch_owner", t);
     let second = owner_pid(root.path());
     assert_ne!(second, first);
     assert!(alive(second));

@@ -73,7 +73,7 @@ async fn foreground_up_restarts_a_killed_daemon_and_stops_everything_on_ctrl_c()
         .filter(|l| !l.contains("retrying after the lease TTL"))
         .collect::<Vec<_>>()
         .join("\n");
-    up_snapshot!("up_sigkill_restart_then_ctrl_c", t);
+    snapshot!("up_sigkill_restart_then_ctrl_c", t);
 }
 
 /// The stamped log's runs of the daemon: `(pid, started ms, ended ms)` from each run's first
@@ -178,7 +178,7 @@ async fn a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running(
     assert_eq!(json["pidRecord"]["verdict"], "absent", "{json}");
     assert_eq!(json["ctlDelivery"]["answers"], false, "{json}");
     let (_, human) = status(root.path(), false).await;
-    up_snapshot!("status_daemon_stopped_broker_up", human);
+    snapshot!("status_daemon_stopped_broker_up", human);
     assert!(alive(broker), "the broker keeps running");
     assert!(!up.has_line("restarting it"), "{}", up.transcript());
     assert!(up.is_running(), "up keeps running");
@@ -186,7 +186,7 @@ async fn a_daemon_sigtermed_under_up_stays_stopped_and_the_broker_keeps_running(
     let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");
     assert_eq!(status.code(), Some(0), "{}", up.transcript());
     assert!(!alive(broker));
-    up_snapshot!("up_sigterm_stays_stopped", up.transcript());
+    snapshot!("up_sigterm_stays_stopped", up.transcript());
 }
 
 /// The broker SIGKILLed under up → up stops the daemon with the shared stop, exits non-zero
@@ -210,7 +210,7 @@ async fn the_broker_killed_under_up_stops_the_daemon_and_up_exits_without_a_rest
         .find("under up; the delivery daemon was stopped")
         .expect("up's last line");
     assert!(stopped < exited, "up exits after the stop:\n{t}");
-    up_snapshot!("up_broker_killed", t);
+    snapshot!("up_broker_killed", t);
 }
 
 /// `down` lands while up is restarting a SIGKILLed daemon (the replacement still starting, or
@@ -297,7 +297,7 @@ async fn a_replacement_that_never_serves_is_warned_about_and_ctrl_c_still_stops_
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
     let (mut up, frozen, warning) = up_with_a_replacement_that_never_serves(root.path()).await;
-    up_snapshot!("up_replacement_not_bound", warning);
+    snapshot!("up_replacement_not_bound", warning);
     let broker = broker_pid(root.path());
     up.interrupt().expect("Ctrl-C");
     let status = up.wait_exit(COMMAND_BOUND).await.expect("up exits");

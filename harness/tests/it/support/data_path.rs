@@ -206,17 +206,6 @@ pub async fn set_max_msg_size(insp: &Inspector, stream: &str, bytes: i32) {
         .expect("update max_msg_size");
 }
 
-/// Snapshot settings normalising by the kit's
-/// [`delivery_harness::kit::transcript::DATA_PATH_RULES`] (nkeys, lifecycle uids, ports, paths,
-/// revisions, `inspect`'s ages).
-pub fn snapshot_settings() -> insta::Settings {
-    let mut settings = crate::support::snapshot_base();
-    for (pattern, with) in delivery_harness::kit::transcript::DATA_PATH_RULES {
-        settings.add_filter(pattern, *with);
-    }
-    settings
-}
-
 /// alice and bob, fresh lifecycles both reading `general`, connected (bob with his material).
 pub async fn alice_and_bob(
     mesh: &Mesh,

@@ -1,5 +1,5 @@
-//! Shared pieces of the `health_*` and `renewal_*` tests: their snapshots (normalised by the
-//! kit's rules), an admin-rail caller, and measured-time printing.
+//! Shared pieces of the `health_*` and `renewal_*` tests: an admin-rail caller, and
+//! measured-time printing.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
@@ -9,17 +9,6 @@ use cotal_delivery::provision::{MintOptions, Profile};
 use cotal_delivery::wire::{CtlService, Principal, Space, SpaceNames};
 use delivery_harness::rig::mesh::Mesh;
 use futures::StreamExt;
-
-/// Asserts a snapshot of `transcript`, its nkeys numbered and normalised by the kit's
-/// [`delivery_harness::kit::transcript::HEALTH_RULES`].
-#[macro_export]
-macro_rules! snapshot {
-    ($name:expr, $transcript:expr) => {{
-        use delivery_harness::kit::transcript as t;
-        let normalised = t::replace_all(t::number_nkeys(&$transcript), t::HEALTH_RULES);
-        $crate::support::snapshot_base().bind(|| insta::assert_snapshot!($name, normalised));
-    }};
-}
 
 /// The lines a test is judged by: the daemon's own `✓ ✗ ! •` lines, without the ones
 /// whose presence depends on scheduling (the `✓` "renews its delivery lease again" note, sweeps).

@@ -1,5 +1,4 @@
-//! Fixtures the areas share: the data-path mesh and its daemon, the health and supervisor
-//! snapshot filters, the admin-rail mesh, the host's test-side reads, and where snapshots live.
+//! Fixtures the areas share: the data-path mesh and its daemon, the one snapshot macro, the admin-rail mesh, the host's test-side reads, and where snapshots live.
 
 #[macro_use]
 pub mod health;
@@ -46,6 +45,20 @@ pub async fn start_when_free(spec: DaemonSpec) -> Daemon {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     }
     panic!("no daemon came up within {FREE_ATTEMPTS} attempts");
+}
+
+/// Asserts the snapshot `name` of `text` normalised by the kit's one normaliser
+/// ([`delivery_harness::kit::transcript::normalise`]), with `paths`' directories as their tokens
+/// (`&[(root, "[ROOT]")]`); a directory not named is `[TMP]`.
+#[macro_export]
+macro_rules! snapshot {
+    ($name:expr, $text:expr) => {
+        $crate::snapshot!($name, $text, &[])
+    };
+    ($name:expr, $text:expr, $paths:expr) => {{
+        let normalised = delivery_harness::kit::transcript::normalise(&$text, $paths);
+        $crate::support::snapshot_base().bind(|| insta::assert_snapshot!($name, normalised));
+    }};
 }
 
 /// Settings every snapshot of this binary starts from: its file is

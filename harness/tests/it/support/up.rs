@@ -1,6 +1,6 @@
 //! Shared pieces of the `up*`/`down*` tests: `cotal-delivery` command lines run as an
 //! operator types them (each test with its own `COTAL_HOME`), bounded waits on observable
-//! conditions, and the snapshots of the supervisor's lines.
+//! conditions.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -219,17 +219,6 @@ pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
 /// How many lines contain `needle`.
 pub fn count(transcript: &str, needle: &str) -> usize {
     transcript.lines().filter(|l| l.contains(needle)).count()
-}
-
-/// Asserts a snapshot of the supervisor's lines, normalised by the kit's
-/// [`delivery_harness::kit::transcript::SUPERVISOR_RULES`].
-#[macro_export]
-macro_rules! up_snapshot {
-    ($name:expr, $transcript:expr) => {{
-        use delivery_harness::kit::transcript as t;
-        let normalised = t::replace_all($transcript.to_string(), t::SUPERVISOR_RULES);
-        $crate::support::snapshot_base().bind(|| insta::assert_snapshot!($name, normalised));
-    }};
 }
 
 /// The pid a run's frame line of the daemon log names (`pid <n>` / `(pid <n>)`): the last one.
