@@ -452,17 +452,14 @@ async fn reconnects_are_counted_and_their_lines_aggregated() {
     let mesh = mesh().await;
     let proxy = TcpProxy::start(mesh.broker.port()).await.expect("proxy");
     let port = free_port();
-    let mut d =
+    let mut d = crate::support::start(
         delivery_harness::rig::daemon::DaemonSpec::deliver(mesh.space().as_str(), mesh.root())
             .server(&proxy.url())
             .arg("--metrics-addr")
             .arg(format!("127.0.0.1:{port}"))
-            .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100")
-            .spawn()
-            .expect("spawn");
-    d.wait_for_line("delivery daemon up", UP_BOUND)
-        .await
-        .expect("up");
+            .env("COTAL_DELIVERY_METRICS_SAMPLE_MS", "100"),
+    )
+    .await;
     let connected = "cotal_delivery_broker_connected{space=\"demo\"}";
     let reconnects = "cotal_delivery_reconnects_total{space=\"demo\"}";
     scrape_until(port, "connected", |t| sample(t, connected) == Some(1.0)).await;

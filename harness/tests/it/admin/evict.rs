@@ -42,8 +42,7 @@ async fn a_live_victim_is_kicked_and_gone_from_connz() {
         )
         .await,
     );
-    crate::support::snapshot_base()
-        .bind(|| insta::assert_snapshot!("admin_evict__live_victim", r.to_string()));
+    snapshot!("admin_evict__live_victim", r.to_string());
     s::eventually("alice gone from /connz", Duration::from_secs(5), || async {
         live_on_broker(&mesh, "local.alice").await == 0
     })

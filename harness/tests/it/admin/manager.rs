@@ -62,12 +62,10 @@ async fn a_manager_is_answered_when_the_daemon_binds_in_the_last_seconds() {
     );
     assert!(took >= wait - Duration::from_millis(2500) && took < wait);
     assert_cadence(&m.sent(), 4);
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "admin_manager__manager_start_answered",
-            m.lines().join("\n")
-        )
-    });
+    snapshot!(
+        "admin_manager__manager_start_answered",
+        m.lines().join("\n")
+    );
     s::stop_daemon(&mut d).await;
 }
 
@@ -150,12 +148,10 @@ async fn a_refusal_or_an_unreadable_reply_fails_the_start_at_once() {
         lines.push(err.line);
     }
     responder.await.unwrap();
-    crate::support::snapshot_base().bind(|| {
-        insta::assert_snapshot!(
-            "admin_manager__manager_refusal_and_unreadable",
-            lines.join("\n")
-        )
-    });
+    snapshot!(
+        "admin_manager__manager_refusal_and_unreadable",
+        lines.join("\n")
+    );
 }
 
 /// A restart's family eviction resumes after the last recorded request of 256: with the first
@@ -337,8 +333,7 @@ async fn an_unanswered_eviction_gives_up_after_fifteen_seconds_total() {
         "nothing sent after the wait: {:?}",
         sent.iter().map(|t| *t - first).collect::<Vec<_>>()
     );
-    crate::support::snapshot_base()
-        .bind(|| insta::assert_snapshot!("admin_manager__manager_evict_wait", err.line));
+    snapshot!("admin_manager__manager_evict_wait", err.line);
 }
 
 /// A responder gap inside the 15 s wait (the daemon binding 3 s into it, as after it adopts a
