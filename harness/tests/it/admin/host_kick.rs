@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use crate::support::admin as a;
 use crate::support::data_path as s;
-use crate::support::host::HOST_BOUND;
 use crate::support::BOUND;
 use cotal_delivery::base::ConnRow;
 use cotal_delivery::host::{HostKicker, HOST_CENSUS_CONNECTION, HOST_KICKER_CONNECTION};
@@ -69,16 +68,12 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
     let seed = retain_system_seed(mesh.workspace(), &beta, &mesh.authority).unwrap();
     let ins_a = mesh.inspector(&alpha).await.unwrap();
     let ins_b = mesh.inspector(&beta).await.unwrap();
-    let mut host = mesh
-        .host(mesh.root())
-        .env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS)
-        .spawn()
-        .unwrap();
-    for lane in ["alpha", "beta"] {
-        host.wait_for_line(&format!("lane {lane}: ✓ delivery daemon up"), HOST_BOUND)
-            .await
-            .unwrap_or_else(|e| panic!("lane {lane} up: {e}\n{}", host.transcript()));
-    }
+    let mut host = crate::support::start_host(
+        mesh.host(mesh.root())
+            .env("COTAL_DELIVERY_SWEEP_SETTLE_MS", a::SWEEP_SETTLE_MS),
+        &["alpha", "beta"],
+    )
+    .await;
     let m = Manager::connect(&mesh, &alpha, &Principal::parse("local.manager").unwrap())
         .await
         .unwrap();

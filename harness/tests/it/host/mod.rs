@@ -106,15 +106,13 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     let good = std::fs::read(&beta_creds).expect("creds");
     std::fs::write(&beta_creds, "not a credential").expect("corrupt");
 
-    let mut host = mesh
-        .host(mesh.root())
-        .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
-        .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000")
-        .spawn()
-        .expect("spawn");
-    host.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
-        .await
-        .expect("alpha serves");
+    let mut host = crate::support::start_host(
+        mesh.host(mesh.root())
+            .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
+            .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000"),
+        &["alpha"],
+    )
+    .await;
     host.wait_for_line("lane beta: ✗ delivery host: the lane refused", HOST_BOUND)
         .await
         .expect("beta refused");
@@ -262,15 +260,13 @@ async fn an_unprovisioned_lane_never_touches_the_lease_and_status_reads_the_host
     // The initial put is delivered first by the watch: skip it.
     let _ = tokio::time::timeout(HOST_BOUND, gamma_writes.next()).await;
 
-    let mut host = mesh
-        .host(mesh.root())
-        .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
-        .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000")
-        .spawn()
-        .expect("spawn");
-    host.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
-        .await
-        .expect("alpha serves");
+    let mut host = crate::support::start_host(
+        mesh.host(mesh.root())
+            .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
+            .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000"),
+        &["alpha"],
+    )
+    .await;
     host.wait_for_line(
         "lane gamma: ✗ delivery host: the lane refused (delivery: this host is not provisioned for space gamma",
         HOST_BOUND,

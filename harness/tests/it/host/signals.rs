@@ -29,10 +29,7 @@ async fn the_host_passes_sighup_to_every_lane_and_reopens_every_log_on_sigusr1()
     }
     .write(mesh.root())
     .expect("manifest");
-    let mut host = mesh.host(mesh.root()).spawn().expect("spawn");
-    for lane in ["alpha", "beta"] {
-        wait_count(&host, lane, "delivery daemon up", 1).await;
-    }
+    let mut host = crate::support::start_host(mesh.host(mesh.root()), &["alpha", "beta"]).await;
     send(host.pid(), Signal::SIGHUP);
     for lane in ["alpha", "beta"] {
         wait_count(&host, lane, "received SIGHUP", 1).await;

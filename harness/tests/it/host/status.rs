@@ -82,14 +82,9 @@ async fn status_spaces_reports_each_space_and_exits_on_the_host_record() {
         .await
         .expect("beta's row elsewhere");
 
-    let mut host = mesh
-        .host(root)
-        .env(ENV_STANDBY_RETRY_MS, "500")
-        .spawn()
-        .expect("spawn");
-    host.wait_for_line("lane alpha: ✓ delivery daemon up", HOST_BOUND)
-        .await
-        .expect("alpha serves");
+    let mut host =
+        crate::support::start_host(mesh.host(root).env(ENV_STANDBY_RETRY_MS, "500"), &["alpha"])
+            .await;
     host.wait_for_line("lane beta: • delivery host: standing by", HOST_BOUND)
         .await
         .expect("beta stands by");

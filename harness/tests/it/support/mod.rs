@@ -26,6 +26,19 @@ pub async fn start(spec: DaemonSpec) -> Daemon {
     d
 }
 
+/// [`start`] for a delivery host (`deliver --spaces`): spawns `spec` and waits, bounded by
+/// [`host::HOST_BOUND`] each, until every lane of `lanes` says [`UP`] behind its prefix. The
+/// host's other lanes are the test's to wait for (a refusal, a standby).
+pub async fn start_host(spec: DaemonSpec, lanes: &[&str]) -> Daemon {
+    let mut d = spec.spawn().expect("spawn the delivery host");
+    for lane in lanes {
+        d.wait_for_line(&format!("lane {lane}: ✓ {UP}"), host::HOST_BOUND)
+            .await
+            .unwrap_or_else(|e| panic!("lane {lane} up: {e}\n{}", d.transcript()));
+    }
+    d
+}
+
 /// How long one attempt of [`start_when_free`] waits for [`UP`].
 const FREE_ATTEMPT: std::time::Duration = std::time::Duration::from_secs(6);
 /// How many attempts [`start_when_free`] makes.
