@@ -22,12 +22,7 @@ use nix::sys::signal::Signal;
 async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
-    let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    let st = up
-        .wait_exit(COMMAND_BOUND)
-        .await
-        .expect("detached up returns");
-    assert_eq!(st.code(), Some(0), "{}", up.transcript());
+    let (up, _) = detached_up(root.path(), &[], &[]).await;
     snapshot!("up_detached", up.transcript());
     let daemon = base::read_pid(&pid_path(root.path())).expect("record");
     let broker = broker_pid(root.path());
@@ -72,12 +67,7 @@ async fn detached_up_keeps_serving_and_down_stops_daemon_then_broker() {
 async fn a_frozen_daemon_is_killed_after_the_grace_and_a_concurrent_down_is_refused() {
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
-    let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    assert_eq!(
-        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
-        Some(0)
-    );
-    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
+    let (_up, daemon) = detached_up(root.path(), &[], &[]).await;
     signal(daemon, Signal::SIGSTOP);
     let env = [("COTAL_DELIVERY_STOP_GRACE_MS", "3000")];
     let r = root.path().to_str().expect("utf-8").to_string();

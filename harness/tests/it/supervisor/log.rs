@@ -55,13 +55,7 @@ async fn every_line_of_the_daemon_log_is_stamped_and_each_run_is_framed() {
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
     let diagnostics = [("RUST_LOG", "cotal_delivery::plane::cache=info")];
-    let mut up = spawn_up(root.path(), &["--detach"], &diagnostics);
-    let st = up
-        .wait_exit(COMMAND_BOUND)
-        .await
-        .expect("detached up returns");
-    assert_eq!(st.code(), Some(0), "{}", up.transcript());
-    let detached = base::read_pid(&pid_path(root.path())).expect("record");
+    let (_up, detached) = detached_up(root.path(), &[], &diagnostics).await;
     // The side components are up: nothing more is written by the detached daemon until down.
     until(
         "the detached daemon's components are up",
@@ -162,12 +156,7 @@ async fn a_renamed_log_is_reopened_on_sigusr1() {
     use nix::sys::signal::Signal;
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
-    let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    assert_eq!(
-        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
-        Some(0)
-    );
-    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
+    let (_up, daemon) = detached_up(root.path(), &[], &[]).await;
     until(
         "the detached daemon is done starting",
         COMMAND_BOUND,

@@ -39,12 +39,7 @@ async fn flags_a_running_mesh_would_ignore_are_refused_naming_them() {
         "nothing was started: {t}"
     );
 
-    let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    assert_eq!(
-        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
-        Some(0)
-    );
-    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
+    let (_up, daemon) = detached_up(root.path(), &[], &[]).await;
     let server = MeshRecord::read(&base::mesh_state_path(root.path()))
         .expect("mesh.json")
         .expect("recorded")
@@ -165,14 +160,7 @@ async fn up_passes_metrics_addr_to_the_daemon_it_starts_and_relaunches() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
-    let mut up = spawn_up(root.path(), &["--detach", "--metrics-addr", &addr], &[]);
-    assert_eq!(
-        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
-        Some(0),
-        "{}",
-        up.transcript()
-    );
-    let first = base::read_pid(&pid_path(root.path())).expect("record");
+    let (_up, first) = detached_up(root.path(), &["--metrics-addr", &addr], &[]).await;
     let argv = base::process_argv(first).expect("argv");
     assert!(
         argv.windows(2)
@@ -215,14 +203,7 @@ async fn up_for_a_space_the_running_mesh_lacks_names_the_commands_to_run() {
     let _stray = MeshGuardOf(root.path().to_path_buf(), other.clone());
     let _own = MeshGuardOf(own.path().to_path_buf(), other.clone());
     let r = root.path().to_str().expect("utf-8");
-    let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    assert_eq!(
-        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
-        Some(0),
-        "{}",
-        up.transcript()
-    );
-    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
+    let (_up, daemon) = detached_up(root.path(), &[], &[]).await;
 
     let (st, t) = run(root.path(), &["up", "--space", "other", "--root", r], &[]).await;
     assert_eq!(st.code(), Some(1), "{t}");
@@ -306,13 +287,7 @@ async fn up_for_a_space_the_running_mesh_lacks_names_the_commands_to_run() {
     );
     let (st, t) = down(root.path(), &[]).await;
     assert_eq!(st.code(), Some(0), "{t}");
-    let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    assert_eq!(
-        up.wait_exit(COMMAND_BOUND).await.expect("returns").code(),
-        Some(0),
-        "{}",
-        up.transcript()
-    );
+    let (_up, _) = detached_up(root.path(), &[], &[]).await;
     let (st, t) = down(root.path(), &[]).await;
     assert_eq!(st.code(), Some(0), "{t}");
 }

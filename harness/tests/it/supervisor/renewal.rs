@@ -136,13 +136,7 @@ async fn a_detached_mesh_outlives_its_credentials_through_its_renewal_owner() {
 async fn a_bare_up_relaunches_a_missing_renewal_owner_and_down_stops_it() {
     let root = tempfile::tempdir().expect("root");
     let _guard = MeshGuard(root.path().to_path_buf());
-    let mut up = spawn_up(root.path(), &["--detach"], &[]);
-    let st = up
-        .wait_exit(COMMAND_BOUND)
-        .await
-        .expect("detached up returns");
-    assert_eq!(st.code(), Some(0), "{}", up.transcript());
-    let daemon = base::read_pid(&pid_path(root.path())).expect("record");
+    let (_up, daemon) = detached_up(root.path(), &[], &[]).await;
     let first = owner_pid(root.path());
     signal(first, Signal::SIGKILL);
     until("the owner is dead", COMMAND_BOUND, || !alive(first)).await;

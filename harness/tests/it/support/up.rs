@@ -97,6 +97,21 @@ pub fn spawn_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
     spawn(root, &args, env)
 }
 
+/// `up --detach <extra…>` (see [`spawn_up`]), waited (bounded) until it returns, which it must
+/// with 0; with the pid the daemon recorded.
+pub async fn detached_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Daemon, u32) {
+    let mut args = vec!["--detach"];
+    args.extend_from_slice(extra);
+    let mut up = spawn_up(root, &args, env);
+    let st = up
+        .wait_exit(COMMAND_BOUND)
+        .await
+        .expect("detached up returns");
+    assert_eq!(st.code(), Some(0), "{}", up.transcript());
+    let pid = base::read_pid(&pid_path(root)).expect("the daemon recorded itself");
+    (up, pid)
+}
+
 /// `up` in the foreground (see [`spawn_up`]), waited (bounded) until it reports the daemon
 /// serving; with the pid the daemon recorded.
 pub async fn serving_up(root: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Daemon, u32) {
