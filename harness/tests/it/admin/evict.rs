@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use crate::support::admin as a;
 use crate::support::data_path as s;
-use crate::support::BOUND;
 use delivery_harness::rig::agent;
 use delivery_harness::rig::mesh::Mesh;
 use delivery_harness::ConnState;
@@ -34,14 +33,7 @@ async fn a_live_victim_is_kicked_and_gone_from_connz() {
         .unwrap();
     let _victim = a::victim(&mesh, &alice).await;
     assert_eq!(live_on_broker(&mesh, "local.alice").await, 1);
-    let r = a::answered(
-        m.request_once(
-            "evictPrincipal",
-            &json!({"principal": "local.alice"}),
-            BOUND,
-        )
-        .await,
-    );
+    let r = a::ask(&m, "evictPrincipal", json!({"principal": "local.alice"})).await;
     snapshot!("admin_evict__live_victim", r.to_string());
     s::eventually("alice gone from /connz", Duration::from_secs(5), || async {
         live_on_broker(&mesh, "local.alice").await == 0
@@ -76,14 +68,7 @@ async fn a_kicked_one_shot_client_stays_gone() {
         .await
         .unwrap();
     assert_eq!(live_on_broker(&mesh, "local.alice").await, 1);
-    let r = a::answered(
-        m.request_once(
-            "evictPrincipal",
-            &json!({"principal": "local.alice"}),
-            BOUND,
-        )
-        .await,
-    );
+    let r = a::ask(&m, "evictPrincipal", json!({"principal": "local.alice"})).await;
     assert_eq!(r["verifiedGone"], true, "{r}");
     events
         .wait_for(
@@ -126,25 +111,11 @@ async fn a_ghost_is_verified_gone_without_an_evictor_and_a_live_one_is_refused()
     let insp = mesh.inspector(mesh.space()).await.unwrap();
     let mut d = crate::support::start(a::admin_spec(&mesh)).await;
     let m = a::manager(&mesh).await;
-    let ghost = a::answered(
-        m.request_once(
-            "evictPrincipal",
-            &json!({"principal": "local.ghost"}),
-            BOUND,
-        )
-        .await,
-    );
+    let ghost = a::ask(&m, "evictPrincipal", json!({"principal": "local.ghost"})).await;
     let (_alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
         .await
         .unwrap();
-    let live = a::refused(
-        m.request_once(
-            "evictPrincipal",
-            &json!({"principal": "local.alice"}),
-            BOUND,
-        )
-        .await,
-    );
+    let live = a::ask_refused(&m, "evictPrincipal", json!({"principal": "local.alice"})).await;
     snapshot!(
         "admin_evict_ghost_without_evictor",
         format!("{ghost}\n{live}")

@@ -89,14 +89,7 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
     assert_eq!(live(&mesh, "local.bob").await.len(), 1);
 
     let started = std::time::Instant::now();
-    let r = a::answered(
-        m.request_once(
-            "evictPrincipal",
-            &json!({"principal": "local.alice"}),
-            BOUND,
-        )
-        .await,
-    );
+    let r = a::ask(&m, "evictPrincipal", json!({"principal": "local.alice"})).await;
     println!(
         "MEASURED evictPrincipal through the host kicker: {} ms",
         started.elapsed().as_millis()
@@ -120,10 +113,7 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
     );
 
     // bob lives in beta's account: alpha's sweep does not see him.
-    let r = a::answered(
-        m.request_once("evictPrincipal", &json!({"principal": "local.bob"}), BOUND)
-            .await,
-    );
+    let r = a::ask(&m, "evictPrincipal", json!({"principal": "local.bob"})).await;
     assert_eq!(r["kicked"], 0, "{r}");
     assert_eq!(r["note"], "principal not currently live - nothing to evict");
     // A target forged with bob's real connection is refused by the host's census of alpha.
@@ -166,14 +156,7 @@ async fn the_host_is_the_only_kicker_and_kicks_only_what_its_census_of_the_lane_
         .unwrap();
     let _carol = a::victim(&mesh, &carol).await;
     let evict_carol = || async {
-        a::refused(
-            m.request_once(
-                "evictPrincipal",
-                &json!({"principal": "local.carol"}),
-                BOUND,
-            )
-            .await,
-        )
+        a::ask_refused(&m, "evictPrincipal", json!({"principal": "local.carol"})).await
     };
     // A seed of another system account: inconsistent authority, refused.
     let other = MeshAuthority::new().system_account_seed().unwrap();

@@ -41,26 +41,14 @@ async fn principal_and_plane_liveness_judge_from_one_complete_sweep() {
         .await
         .unwrap();
     let _conn = a::victim(&mesh, &alice).await;
-    let live = a::answered(
-        m.request_once(
-            "principalLiveness",
-            &json!({"principal": " local.alice "}),
-            BOUND,
-        )
-        .await,
-    );
-    let ghost = a::answered(
-        m.request_once(
-            "principalLiveness",
-            &json!({"principal": "local.ghost"}),
-            BOUND,
-        )
-        .await,
-    );
-    let bad = a::refused(
-        m.request_once("principalLiveness", &json!({"principal": "nobody"}), BOUND)
-            .await,
-    );
+    let live = a::ask(
+        &m,
+        "principalLiveness",
+        json!({"principal": " local.alice "}),
+    )
+    .await;
+    let ghost = a::ask(&m, "principalLiveness", json!({"principal": "local.ghost"})).await;
+    let bad = a::ask_refused(&m, "principalLiveness", json!({"principal": "nobody"})).await;
     let row = conn_of(&mesh, "local.alice")
         .await
         .expect("alice on /connz");
@@ -73,23 +61,19 @@ async fn principal_and_plane_liveness_judge_from_one_complete_sweep() {
     });
     let records =
         json!({"serverId": server_id, "cid": 999_999, "userNkey": format!("U{}", "A".repeat(55))});
-    let plane = a::answered(
-        m.request_once(
-            "planeConnLiveness",
-            &json!({"query": {"ledger": ledger, "records": records}}),
-            BOUND,
-        )
-        .await,
-    );
+    let plane = a::ask(
+        &m,
+        "planeConnLiveness",
+        json!({"query": {"ledger": ledger, "records": records}}),
+    )
+    .await;
     assert_eq!(plane["ledger"]["tuple"], ledger, "the tuple is echoed");
-    let wider = a::refused(
-        m.request_once(
-            "planeConnLiveness",
-            &json!({"query": {"ledger": ledger, "records": records, "extra": 1}}),
-            BOUND,
-        )
-        .await,
-    );
+    let wider = a::ask_refused(
+        &m,
+        "planeConnLiveness",
+        json!({"query": {"ledger": ledger, "records": records, "extra": 1}}),
+    )
+    .await;
     snapshot!(
         "admin_liveness_verdicts",
         [live, ghost, json!(bad), plane, json!(wider)]
@@ -301,12 +285,7 @@ async fn a_paged_sweep_proves_gone_and_a_truncated_one_is_unknown() {
     assert!(in_account >= 4, "{in_account} connections in the account");
     let ask = |p: &'static str| {
         let m = &m;
-        async move {
-            a::answered(
-                m.request_once("principalLiveness", &json!({"principal": p}), BOUND)
-                    .await,
-            )
-        }
+        async move { a::ask(m, "principalLiveness", json!({"principal": p})).await }
     };
     assert_eq!(
         ask("local.alice").await,
@@ -330,14 +309,12 @@ async fn a_paged_sweep_proves_gone_and_a_truncated_one_is_unknown() {
         .to_string();
     let tuple =
         json!({"serverId": server_id, "cid": 999_999, "userNkey": format!("U{}", "A".repeat(55))});
-    let plane = a::answered(
-        m.request_once(
-            "planeConnLiveness",
-            &json!({"query": {"ledger": tuple, "records": tuple}}),
-            BOUND,
-        )
-        .await,
-    );
+    let plane = a::ask(
+        &m,
+        "planeConnLiveness",
+        json!({"query": {"ledger": tuple, "records": tuple}}),
+    )
+    .await;
     snapshot!(
         "admin_liveness_truncated",
         format!(
@@ -410,25 +387,18 @@ async fn on_a_cluster_liveness_is_unknown_never_gone() {
     let _alice = connect(urls[2].clone(), mint("local.alice"), "alice").await;
     let ask = |p: &'static str| {
         let m = &m;
-        async move {
-            a::answered(
-                m.request_once("principalLiveness", &json!({"principal": p}), BOUND)
-                    .await,
-            )
-        }
+        async move { a::ask(m, "principalLiveness", json!({"principal": p})).await }
     };
     let live = ask("local.alice").await;
     assert_eq!(live["state"], "live", "{live}");
     let ghost = ask("local.ghost").await;
     let tuple = json!({"serverId": "NOSUCHSERVER", "cid": 999_999, "userNkey": format!("U{}", "A".repeat(55))});
-    let plane = a::answered(
-        m.request_once(
-            "planeConnLiveness",
-            &json!({"query": {"ledger": tuple, "records": tuple}}),
-            BOUND,
-        )
-        .await,
-    );
+    let plane = a::ask(
+        &m,
+        "planeConnLiveness",
+        json!({"query": {"ledger": tuple, "records": tuple}}),
+    )
+    .await;
     let node = mesh.node_mut(2).expect("node 2");
     node.kill().unwrap();
     node.wait_exit(BOUND).await.unwrap();

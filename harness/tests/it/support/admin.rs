@@ -47,6 +47,17 @@ pub fn refused(o: AdminAnswer) -> String {
     }
 }
 
+/// `op` with `args` sent once by `m` on the admin rail (bounded by [`crate::support::BOUND`]):
+/// the data of its answer; panics on anything else.
+pub async fn ask(m: &Manager, op: &str, args: Value) -> Value {
+    answered(m.request_once(op, &args, crate::support::BOUND).await)
+}
+
+/// [`ask`] that must be refused: the refusal text.
+pub async fn ask_refused(m: &Manager, op: &str, args: Value) -> String {
+    refused(m.request_once(op, &args, crate::support::BOUND).await)
+}
+
 /// Every live member row of one lifecycle, as the broker holds it: `(channel, generation)`.
 pub async fn rows_of(insp: &Inspector, p: &Principal, uid: &LifecycleUid) -> Vec<(String, u64)> {
     let keys = cotal_delivery::base::keys(
