@@ -106,13 +106,7 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     let good = std::fs::read(&beta_creds).expect("creds");
     std::fs::write(&beta_creds, "not a credential").expect("corrupt");
 
-    let mut host = crate::support::start_host(
-        mesh.host(mesh.root())
-            .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
-            .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000"),
-        &["alpha"],
-    )
-    .await;
+    let mut host = alpha_serving(&mesh).await;
     host.wait_for_line("lane beta: ✗ delivery host: the lane refused", HOST_BOUND)
         .await
         .expect("beta refused");
@@ -207,6 +201,18 @@ async fn an_invalid_lane_refuses_alone_is_retried_and_lanes_close_alone() {
     );
 }
 
+/// The host of `mesh`'s root with the short standby retry and a 1 s lane backoff, started
+/// once lane alpha serves (its other lanes are the test's to wait for).
+async fn alpha_serving(mesh: &Mesh) -> delivery_harness::rig::daemon::Daemon {
+    crate::support::start_host(
+        mesh.host(mesh.root())
+            .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
+            .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000"),
+        &["alpha"],
+    )
+    .await
+}
+
 /// Runs `cotal-delivery status --spaces --root <root>`; returns (exit code, normalised stdout).
 fn host_status(root: &Path) -> (Option<i32>, String) {
     let out = std::process::Command::new(delivery_harness::rig::daemon::daemon_bin().expect("bin"))
@@ -260,13 +266,7 @@ async fn an_unprovisioned_lane_never_touches_the_lease_and_status_reads_the_host
     // The initial put is delivered first by the watch: skip it.
     let _ = tokio::time::timeout(HOST_BOUND, gamma_writes.next()).await;
 
-    let mut host = crate::support::start_host(
-        mesh.host(mesh.root())
-            .env("COTAL_DELIVERY_STANDBY_RETRY_MS", RETRY_MS)
-            .env("COTAL_DELIVERY_LANE_BACKOFF_MAX_MS", "1000"),
-        &["alpha"],
-    )
-    .await;
+    let mut host = alpha_serving(&mesh).await;
     host.wait_for_line(
         "lane gamma: ✗ delivery host: the lane refused (delivery: this host is not provisioned for space gamma",
         HOST_BOUND,
