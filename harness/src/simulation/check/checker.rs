@@ -596,10 +596,13 @@ fn duplicates<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report)
                     // A broker killed just after it confirmed the ack may restart from consumer
                     // state it stored before the ack, and deliver the frame again.
                     let lost_by_broker = model.faults.iter().any(|f| {
+                        // Or one whose kill was under way at the ack: the step is invoked
+                        // before its SIGKILL lands, and the broker confirms acks until then
+                        // (seed 4303: the kill invoked 1 ms before the confirmed ack).
                         let killed_after =
                             matches!(f.kind, FaultKind::BrokerKill | FaultKind::NodeKill)
-                                && f.from_ms >= same.ms
-                                && f.from_ms <= same.ms.saturating_add(BROKER_ACK_LOSS_MS);
+                                && f.from_ms <= same.ms.saturating_add(BROKER_ACK_LOSS_MS)
+                                && f.to_ms >= same.ms;
                         // On the cluster, a consumer leader that confirmed the ack while a node
                         // was cut off or killed (or was about to be) may be replaced by a
                         // follower that never got it: the new leader delivers the frame again.

@@ -484,16 +484,20 @@ fn an_id_less_redelivery_and_a_frame_whose_ack_was_not_confirmed_are_allowed_dup
 /// The same frame again after its ack was confirmed is allowed when the broker was SIGKILLed
 /// right after that ack (it restarts from consumer state stored before it: seen with kills
 /// 19 and 100 ms after the ack, `harness simulate --seed 1`), and not when the kill came long
-/// after.
-/// Mutation seen failing: `BrokerLostAck` left out of `DuplicateWhy::allowed`.
+/// after, nor when it had ended before the ack. A kill invoked just before the ack (its SIGKILL
+/// lands after the broker confirmed it: seed 4303, invoked 1 ms before) is the broker's too.
+/// Mutations seen failing: `BrokerLostAck` left out of `DuplicateWhy::allowed`; `killed_after`
+/// asking the kill to begin at or after the ack (the kill under way at it not explained).
 #[test]
 fn a_frame_again_after_a_confirmed_ack_is_allowed_only_when_a_broker_kill_followed_the_ack() {
-    for (kill_at, why) in [
-        (300, DuplicateWhy::BrokerLostAck),
-        (7_000, DuplicateWhy::AfterConfirmedAck),
+    for (kill, why) in [
+        ((300, 800), DuplicateWhy::BrokerLostAck),
+        ((249, 800), DuplicateWhy::BrokerLostAck),
+        ((100, 200), DuplicateWhy::AfterConfirmedAck),
+        ((7_000, 7_500), DuplicateWhy::AfterConfirmedAck),
     ] {
         let mut s = clean();
-        s.fault((kill_at, kill_at + 500), 9, FaultKind::BrokerKill, "broker");
+        s.fault(kill, 9, FaultKind::BrokerKill, "broker");
         s.frame(8_000, &bob(), "eng", "t1", true, 1);
         let r = s.check();
         let whys: Vec<DuplicateWhy> = r.duplicates.iter().map(|d| d.why).collect();
