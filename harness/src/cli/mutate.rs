@@ -1,15 +1,19 @@
 //! `harness mutate`: each mutation kept beside the cases applied to a scratch copy of this
 //! checkout, the daemon built there and its case run on every shape, twice, under the profile of
 //! the step it names (KILLED at that step, WRONG-STEP, FLAKY, SURVIVED); with `--simulation`,
-//! each broken build of the simulation against its seed.
+//! each broken build of the simulation against its seed; with `--neutral`, the neutral build
+//! (cases/neutral.toml) against the whole catalogue under both profiles.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use delivery_harness::kit::{mutate, KitProfile};
+use delivery_harness::kit::catalogue::{self, QualifyOptions};
+use delivery_harness::kit::results::Subject;
+use delivery_harness::kit::{mutate, neutral, DaemonUnderTest, KitProfile, RunOptions};
 
 use super::common::{
-    daemon_under_test, exit, from_caller, load_catalogue, refuse, runtime, write_atomic, DaemonArgs,
+    daemon_under_test, exit, from_caller, load_catalogue, refuse, runtime, version_of,
+    write_atomic, DaemonArgs,
 };
 
 #[derive(Debug, Args)]
@@ -38,6 +42,17 @@ pub struct MutateArgs {
     /// is invalid itself proves nothing), once per seed.
     #[arg(long, requires = "simulation")]
     pub control: bool,
+    /// The neutral build instead (cases/neutral.toml): this daemon with every line and reply
+    /// error text the seeds do not quote reworded and every exit code changed, run against the
+    /// catalogue (or the families and cases of --only) under the contract profile, then the
+    /// distribution profile (scaled); both tables, and exit 0 only when the contract run passes
+    /// with no failure and no blocked case and the distribution run fails (docs/qualify.md,
+    /// "Proved neutral").
+    #[arg(long, conflicts_with_all = ["simulation", "list"])]
+    pub neutral: bool,
+    /// With --neutral: cases run at once.
+    #[arg(short = 'j', long, value_name = "N", default_value_t = 1, requires = "neutral", value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub jobs: u16,
 }
 
 /// The checkout whose sources every mutation edits: the one this harness was built in, when it
@@ -59,7 +74,12 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
         nats_server,
         simulation,
         control,
+        neutral,
+        jobs,
     } = args;
+    if neutral {
+        neutral_build(only, scratch, json, nats_server, usize::from(jobs), cwd)
+    }
     if simulation {
         simulation_mutants(only, list, scratch, json, nats_server, control, cwd)
     }
@@ -273,4 +293,100 @@ fn simulation_mutants(
         .iter()
         .all(|r| r.fate == mutants::MutantFate::Killed);
     exit(if killed { 0 } else { 1 });
+}
+
+/// `harness mutate --neutral`: the neutral build against the catalogue under the contract
+/// profile, then the distribution profile; exit 0 only when it is proved neutral.
+fn neutral_build(
+    only: Vec<String>,
+    scratch: Option<PathBuf>,
+    json: Option<PathBuf>,
+    nats_server: Option<PathBuf>,
+    jobs: usize,
+    cwd: &Path,
+) -> ! {
+    let workspace = sources();
+    let loaded = load_catalogue(Some(workspace.join("cases")), cwd);
+    let cat = &loaded.cat;
+    let cases = cat.select(&only).unwrap_or_else(|e| refuse(&e));
+    let edits = neutral::load(&cat.root, &workspace).unwrap_or_else(|errors| {
+        for e in &errors {
+            eprintln!("harness: {e}");
+        }
+        refuse(&format!("{} neutral edit(s) refused", errors.len()));
+    });
+    let _ = daemon_under_test(
+        &DaemonArgs {
+            daemon: None,
+            daemon_cmd: None,
+            host_cmd: None,
+            nats_server,
+            scaled: true,
+            profile: None,
+        },
+        cwd,
+    );
+    let nats = delivery_harness::nats_server_bin().unwrap_or_else(|e| refuse(&e.to_string()));
+    let scratch = scratch
+        .map(|s| from_caller(s, cwd))
+        .unwrap_or_else(|| workspace.join("target/mutants"));
+    let bin = neutral::build(&workspace, &scratch, &edits, &|l| eprintln!("{l}"))
+        .unwrap_or_else(|e| refuse(&e));
+    let subject = Subject {
+        daemon: bin.display().to_string(),
+        daemon_version: version_of(&bin),
+        nats_server: nats.display().to_string(),
+        nats_server_version: version_of(&nats),
+        catalogue: loaded.digest.clone(),
+        catalogue_origin: loaded.origin.to_string(),
+    };
+    let units: usize = cases.iter().map(|c| c.shapes.len()).sum();
+    println!(
+        "daemon:      the neutral build ({} edits of cases/{}), {}",
+        edits.len(),
+        neutral::FILE,
+        bin.display()
+    );
+    println!(
+        "cases:       {} ({units} runs), scaled windows, each profile\n",
+        cases.len()
+    );
+    let mut reports = Vec::new();
+    for profile in [KitProfile::Contract, KitProfile::Distribution] {
+        eprintln!("the {profile} profile:");
+        let opts = QualifyOptions {
+            run: RunOptions {
+                daemon: DaemonUnderTest::Bin(bin.clone()),
+                scaled: true,
+                profile,
+            },
+            jobs,
+            repeat: 1,
+            behaviour_only: false,
+            keep: None,
+            failed_logs: cwd.join("qualify-logs").join(format!("neutral-{profile}")),
+        };
+        let report = runtime().block_on(catalogue::qualify(
+            cat,
+            &cases,
+            subject.clone(),
+            &opts,
+            |line| eprintln!("{line}"),
+        ));
+        println!("{}", report.table());
+        reports.push(report);
+    }
+    let (proved, line) = neutral::verdict(&reports[0], &reports[1]);
+    println!("{line}");
+    if let Some(p) = json {
+        let text = format!(
+            "{{\"proved\": {proved}, \"contract\": {}, \"distribution\": {}}}",
+            reports[0].json(),
+            reports[1].json()
+        );
+        if let Err(e) = write_atomic(&from_caller(p, cwd), &text) {
+            refuse(&format!("write the JSON: {e}"));
+        }
+    }
+    exit(if proved { 0 } else { 1 });
 }

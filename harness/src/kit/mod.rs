@@ -4,7 +4,8 @@
 //! keeps, or this distribution's own promises too), with a verdict per case (pass, fail, blocked
 //! by the case it stands on, skipped) that `harness qualify` reports as a table, JSON and JUnit,
 //! and mutations kept as data that prove each case fails at the step they name without its
-//! behaviour (`harness mutate`).
+//! behaviour (`harness mutate`), and the neutral build that proves no contract verdict turns on
+//! this distribution's wording or exit codes (`harness mutate --neutral`).
 //!
 //! ## Rings
 //!
@@ -14,6 +15,7 @@
 //! | ring | files |
 //! | --- | --- |
 //! | surface | `mod.rs` |
+//! | the neutral build | `neutral.rs` |
 //! | mutations | `mutate.rs` |
 //! | the catalogue | `catalogue.rs` |
 //! | one case on one shape | `run.rs` |
@@ -25,7 +27,7 @@
 //! | what the world holds | `steps/verb.rs`, `watch.rs`, `holdings.rs`, `shape.rs` |
 //! | the daemon under test | `under_test.rs` |
 //! | command templates | `template.rs` |
-//! | ground | `carried.rs`, `failure.rs`, `expr.rs`, `transcript.rs`, `results.rs`, `conformance.rs` |
+//! | ground | `carried.rs`, `failure.rs`, `expr.rs`, `transcript.rs`, `results.rs`, `conformance.rs`, `reword.rs` |
 //! | the profiles and the seeds | `profile.rs`, `seeds.rs` |
 
 pub mod carried;
@@ -36,8 +38,10 @@ pub mod expr;
 pub mod failure;
 pub mod holdings;
 pub mod mutate;
+pub mod neutral;
 pub mod profile;
 pub mod results;
+pub mod reword;
 pub mod run;
 pub mod seeds;
 pub mod shape;

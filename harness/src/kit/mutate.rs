@@ -238,7 +238,7 @@ pub(crate) fn stale(workspace: &Path, id: &str, file: &str, find: &str) -> Optio
 }
 
 /// Copies the workspace's sources (not `target/`, `.git/`, `.tools/`) to `scratch`.
-fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
+pub(crate) fn copy_sources(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
@@ -316,13 +316,38 @@ pub(crate) fn build_mutated(
     find: &str,
     replace: &str,
 ) -> Result<Result<PathBuf, String>, String> {
-    let path = scratch.join(file);
-    let original =
-        std::fs::read_to_string(workspace.join(file)).map_err(|e| format!("read {file}: {e}"))?;
-    std::fs::write(&path, original.replacen(find, replace, 1))
-        .map_err(|e| format!("write {}: {e}", path.display()))?;
+    build_edited(workspace, scratch, &[(file, find, replace)])
+}
+
+/// Applies `edits` (each `(file, find, replace)`: `find` replaced once; several may edit one
+/// file, in order) to the scratch copy, builds the daemon there and restores every edited file:
+/// the build, or the compiler's last lines (the outer error: a file could not be read, written
+/// or restored).
+pub(crate) fn build_edited(
+    workspace: &Path,
+    scratch: &Path,
+    edits: &[(&str, &str, &str)],
+) -> Result<Result<PathBuf, String>, String> {
+    let mut edited: BTreeMap<&str, (String, String)> = BTreeMap::new();
+    for (file, find, replace) in edits {
+        if !edited.contains_key(file) {
+            let original = std::fs::read_to_string(workspace.join(file))
+                .map_err(|e| format!("read {file}: {e}"))?;
+            edited.insert(file, (original.clone(), original));
+        }
+        if let Some((_, text)) = edited.get_mut(file) {
+            *text = text.replacen(find, replace, 1);
+        }
+    }
+    for (file, (_, text)) in &edited {
+        let path = scratch.join(file);
+        std::fs::write(&path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
+    }
     let built = build(scratch);
-    std::fs::write(&path, &original).map_err(|e| format!("restore {}: {e}", path.display()))?;
+    for (file, (original, _)) in &edited {
+        let path = scratch.join(file);
+        std::fs::write(&path, original).map_err(|e| format!("restore {}: {e}", path.display()))?;
+    }
     Ok(built)
 }
 

@@ -40,6 +40,18 @@ pub fn plain(text: &str) -> String {
         .join(" ")
 }
 
+/// The seed documents in their [`plain`] form, made once: the loader asks of every contract
+/// text, and the neutral build (`kit::reword`) of every line it writes.
+fn plain_seeds() -> &'static [Vec<char>] {
+    static PLAIN: std::sync::OnceLock<Vec<Vec<char>>> = std::sync::OnceLock::new();
+    PLAIN.get_or_init(|| {
+        SEEDS
+            .iter()
+            .map(|(_, doc)| plain(doc).chars().collect())
+            .collect()
+    })
+}
+
 /// Whether a seed document quotes `text`, a phrase of at least [`QUOTE_MIN_WORDS`] words (see
 /// the module's doc for how loosely).
 pub fn quoted(text: &str) -> bool {
@@ -47,10 +59,45 @@ pub fn quoted(text: &str) -> bool {
     if plain(text).split(' ').count() < QUOTE_MIN_WORDS {
         return false;
     }
-    SEEDS.iter().any(|(_, doc)| {
-        let doc: Vec<char> = plain(doc).chars().collect();
-        (0..doc.len()).any(|i| matches_at(&doc, i, &want, 0))
-    })
+    plain_seeds()
+        .iter()
+        .any(|doc| (0..doc.len()).any(|i| matches_at(doc, i, &want, 0)))
+}
+
+/// How many characters at the start of `want` (a text in its [`plain`] form) a seed document
+/// quotes, read as loosely as [`quoted`] reads (no fewest words: the caller counts them).
+pub fn quoted_prefix(want: &[char]) -> usize {
+    let Some(first) = want.first() else {
+        return 0;
+    };
+    plain_seeds()
+        .iter()
+        .flat_map(|doc| {
+            (0..doc.len())
+                .filter(|&d| doc[d] == *first || doc[d] == '<')
+                .map(move |d| longest_at(doc, d, want, 0))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// How far past `want[w]` the text matches `doc` from `doc[d]` on (the placeholder rule of
+/// [`matches_at`]): the index in `want` the match reaches.
+fn longest_at(doc: &[char], d: usize, want: &[char], w: usize) -> usize {
+    if w == want.len() {
+        return w;
+    }
+    let mut best = w;
+    if let Some(after) = placeholder_end(doc, d) {
+        let word = want[w..].iter().take_while(|c| **c != ' ').count();
+        for n in 1..=word {
+            best = best.max(longest_at(doc, after, want, w + n));
+        }
+    }
+    if doc.get(d) == Some(&want[w]) {
+        best = best.max(longest_at(doc, d + 1, want, w + 1));
+    }
+    best
 }
 
 /// The placeholder opening at `doc[i]` (`<name>`): the index just past its `>`.
