@@ -24,13 +24,7 @@ async fn live_on_broker(mesh: &Mesh, principal: &str) -> usize {
 /// attributes nothing, the result says "nothing to evict" and the connection stays).
 #[tokio::test]
 async fn a_live_victim_is_kicked_and_gone_from_connz() {
-    let mesh = s::mesh().await;
-    let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
-    let m = a::manager(&mesh).await;
-    let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
-        .await
-        .unwrap();
+    let (mesh, mut d, m, alice) = a::served_with_alice().await;
     let _victim = a::victim(&mesh, &alice).await;
     assert_eq!(live_on_broker(&mesh, "local.alice").await, 1);
     let r = a::ask(&m, "evictPrincipal", json!({"principal": "local.alice"})).await;
@@ -56,13 +50,7 @@ async fn a_live_victim_is_kicked_and_gone_from_connz() {
 /// handshake): the client redials at once and never reports `MaxReconnects`.
 #[tokio::test]
 async fn a_kicked_one_shot_client_stays_gone() {
-    let mesh = s::mesh().await;
-    let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
-    let m = a::manager(&mesh).await;
-    let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
-        .await
-        .unwrap();
+    let (mesh, mut d, m, alice) = a::served_with_alice().await;
     let (client, mut events) = mesh
         .connect_watched(&alice.credential, "one-shot")
         .await

@@ -33,13 +33,7 @@ async fn conn_of(mesh: &Mesh, principal: &str) -> Option<Value> {
 /// turns `unknown`).
 #[tokio::test]
 async fn principal_and_plane_liveness_judge_from_one_complete_sweep() {
-    let mesh = s::mesh().await;
-    let insp = mesh.inspector(mesh.space()).await.unwrap();
-    let mut d = crate::support::start(a::admin_spec(&mesh)).await;
-    let m = a::manager(&mesh).await;
-    let alice = agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
-        .await
-        .unwrap();
+    let (mesh, mut d, m, alice) = a::served_with_alice().await;
     let _conn = a::victim(&mesh, &alice).await;
     let live = a::ask(
         &m,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use cotal_delivery::wire::{LifecycleUid, Principal, SpaceNames};
-use delivery_harness::rig::daemon::DaemonSpec;
+use delivery_harness::rig::daemon::{Daemon, DaemonSpec};
 use delivery_harness::rig::manager::{AdminAnswer, Manager};
 use delivery_harness::rig::mesh::{Inspector, Mesh};
 use serde_json::Value;
@@ -19,6 +19,25 @@ pub const SWEEP_SETTLE_MS: &str = "50";
 /// [`crate::support::start`].
 pub fn admin_spec(mesh: &Mesh) -> DaemonSpec {
     s::daemon_spec(mesh).env("COTAL_DELIVERY_SWEEP_SETTLE_MS", SWEEP_SETTLE_MS)
+}
+
+/// The admin tests' usual start: the data-path mesh, the daemon started with [`admin_spec`], a
+/// manager, and alice provisioned reading `general` (not connected).
+pub async fn served_with_alice() -> (
+    Mesh,
+    Daemon,
+    Manager,
+    cotal_delivery::provision::AgentMaterial,
+) {
+    let mesh = s::mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.expect("inspector");
+    let d = crate::support::start(admin_spec(&mesh)).await;
+    let m = manager(&mesh).await;
+    let alice =
+        delivery_harness::rig::agent::provision(&mesh, &insp, mesh.space(), "alice", &["general"])
+            .await
+            .expect("alice");
+    (mesh, d, m, alice)
 }
 
 pub async fn manager(mesh: &Mesh) -> Manager {
