@@ -539,6 +539,10 @@ pub struct Live {
     /// Run ms at which faults may start and by which every fault must have ended.
     pub from_ms: Ms,
     pub until_ms: Ms,
+    /// The workload, for the moves a fault is timed with (a leave raced on a store-full of
+    /// `DLV_<s>`), and their own draws (a stream of their own: the faults' draws stay the
+    /// seed's).
+    pub work: Option<(Arc<crate::simulation::workload::Workload>, Prng)>,
 }
 
 /// The target a fault of `spec` aims at now.
@@ -606,6 +610,12 @@ async fn serving_line(live: &Live) -> Option<u64> {
         }
         tokio::time::sleep(observe::OBSERVE_TICK).await;
     }
+}
+
+/// Whether `active` is a fault on the `DLV_<s>` stream.
+async fn active_target_is_dlv(live: &Live, active: &Active) -> bool {
+    let dlv = live.stage.lock().await.world.insp.names.dlv_stream();
+    active.target == format!("stream:{dlv}")
 }
 
 /// Draws and runs faults from `from_ms` until `until_ms`, one at a time.
@@ -681,6 +691,13 @@ pub async fn live(mut live: Live) {
         )
         .await;
         if let Some(active) = active {
+            // A store-full of DLV_<s> holds the trusted reader's hand-offs back: a leave raced
+            // by posts now has its answer before the posts the writer copied are handed off.
+            if spec.kind == FaultKind::StoreFull && active_target_is_dlv(&live, &active).await {
+                if let Some((work, rng)) = live.work.as_mut() {
+                    work.race_leave_now(rng);
+                }
+            }
             live.recorder.sleep_until_ms(now + planned).await;
             end(&live.stage, &live.recorder, &live.lease, active).await;
         }

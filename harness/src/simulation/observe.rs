@@ -81,6 +81,10 @@ pub struct Daemons {
     pub lines: Vec<(u64, String, &'static str)>,
     /// The daemons' holders (`local.<nkey>`), by name.
     holders: BTreeMap<String, String>,
+    /// Every exited process's lines, by daemon, each process after a header line: the run
+    /// directory keeps them (`logs/daemon-<name>.processes.log`), where the world keeps only
+    /// the latest process's.
+    pub earlier: BTreeMap<String, Vec<String>>,
 }
 
 impl Daemons {
@@ -204,6 +208,12 @@ async fn observe_one(
     if let Some(status) = status {
         let host = d.plans.iter().any(|p| p.name == name && p.host.is_some());
         let last_line = last_line(&lines, host);
+        let kept = d.earlier.entry(name.to_string()).or_default();
+        kept.push(format!(
+            "── pid {pid}, exited at run ms {now} ({status:?}), {} line(s):",
+            lines.len()
+        ));
+        kept.extend(lines.iter().cloned());
         observed.push(Observation::DaemonExited {
             daemon: name.to_string(),
             pid: Some(pid),

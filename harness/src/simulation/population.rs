@@ -93,7 +93,17 @@ pub enum RaceKind {
     /// The leave is asked, the posts sent the moment it is answered, then the rejoin asked at
     /// once: posts between the two intervals and at the new frontier.
     LeaveRejoin,
+    /// The leave is asked and the posts are handed to the partner one at a time, every
+    /// [`AMID_SPACING`], while it runs: some land before its cursor is read, some after it and
+    /// before its row is written (the fan-out writer copies those, not yet seeing the leave).
+    /// The nemesis issues it while `DLV_<s>` refuses writes (`Workload::race_leave_now`).
+    LeaveAmidPosts,
 }
+
+/// How far apart a `LeaveAmidPosts` race hands its posts over: a leave reads its cursor and
+/// writes its row within tens of milliseconds (22 ms measured on a debug build, seed 4303), so
+/// four posts this far apart straddle both.
+pub const AMID_SPACING: std::time::Duration = std::time::Duration::from_millis(6);
 
 /// Queues `posts` for slot `partner`'s current lifecycle (a full queue drops the rest: the
 /// race still ran).
@@ -257,6 +267,19 @@ async fn run(
                     RaceKind::PostThenLeave => {
                         forward(&ctx, partner, posts);
                         do_leave(&ctx, slot, &process, &member, &s.agent, &channel).await;
+                    }
+                    RaceKind::LeaveAmidPosts => {
+                        let handing = {
+                            let ctx = ctx.clone();
+                            tokio::spawn(async move {
+                                for p in posts {
+                                    forward(&ctx, partner, vec![p]);
+                                    tokio::time::sleep(AMID_SPACING).await;
+                                }
+                            })
+                        };
+                        do_leave(&ctx, slot, &process, &member, &s.agent, &channel).await;
+                        let _ = handing.await;
                     }
                     RaceKind::LeaveRejoin => {
                         if do_leave(&ctx, slot, &process, &member, &s.agent, &channel).await {

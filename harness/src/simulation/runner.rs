@@ -368,6 +368,7 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
                 nodes,
                 from_ms: faults_at,
                 until_ms: heal_at,
+                work: Some((work.clone(), Prng::stream(opts.seed, "held-leave"))),
             }));
             (w, n)
         }
@@ -576,4 +577,10 @@ async fn stop_daemons(stage: &Mutex<Stage>, recorder: &Recorder, lease: &LeaseWr
 async fn keep_logs(stage: &Mutex<Stage>, dir: &std::path::Path) {
     let s = stage.lock().await;
     let _ = s.world.keep(&dir.join("logs"), "");
+    for (name, lines) in &s.daemons.earlier {
+        let path = dir
+            .join("logs")
+            .join(format!("daemon-{name}.processes.log"));
+        let _ = std::fs::write(path, lines.join("\n") + "\n");
+    }
 }

@@ -181,6 +181,63 @@ impl Workload {
         }
     }
 
+    /// A leave raced by another member's posts, issued now (`RaceKind::LeaveAmidPosts`): the
+    /// nemesis times it on a store-full of `DLV_<s>`, so the trusted reader's hand-offs of the
+    /// posts the fan-out writer copied before it saw the leave are refused until after the
+    /// leave was answered. Only the reader's re-check of the current leave cursor then keeps
+    /// the posts past it back (a reader that ignores it hands them off after the answer: a
+    /// leak the checker sees). Idle agents only (an empty queue), so the race runs at once.
+    pub fn race_leave_now(&self, rng: &mut Prng) -> bool {
+        let slots = self.slots().clone();
+        let idle = |s: &Slot| {
+            s.online
+                && s.member.is_some()
+                && s.tx
+                    .as_ref()
+                    .is_some_and(|tx| tx.capacity() == tx.max_capacity())
+        };
+        let leavers: Vec<usize> = (0..slots.len())
+            .filter(|&i| idle(&slots[i]) && !slots[i].joined.is_empty())
+            .collect();
+        let Some(&who) = rng.pick(&leavers) else {
+            return false;
+        };
+        let joined: Vec<&String> = slots[who].joined.keys().collect();
+        let Some(&channel) = rng.pick(&joined) else {
+            return false;
+        };
+        let partners: Vec<usize> = (0..slots.len())
+            .filter(|&i| i != who && idle(&slots[i]))
+            .collect();
+        let Some(&partner) = rng.pick(&partners) else {
+            return false;
+        };
+        // A full queue's worth (the partner is idle), spread over the leave's run: the more
+        // posts around its cursor read, the likelier one lands past it before the fan-out
+        // writer sees the leave.
+        let posts = (0..population::QUEUE_OPS)
+            .map(|_| {
+                let tag = self.next_tag();
+                Command::Post {
+                    channel: channel.clone(),
+                    class: Class::Durable,
+                    id: Some(format!("m-{tag}")),
+                    tag,
+                    mentions: Vec::new(),
+                }
+            })
+            .collect();
+        self.send(
+            who,
+            Command::Race {
+                channel: channel.clone(),
+                kind: RaceKind::LeaveAmidPosts,
+                partner,
+                posts,
+            },
+        )
+    }
+
     /// A fresh lifecycle for slot `slot`, online, joined to some durable channels.
     pub async fn bring_up(&self, slot: usize, rng: &mut Prng) {
         if !self.provision(slot, LifecycleUid::generate()).await {
