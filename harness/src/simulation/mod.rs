@@ -22,7 +22,8 @@
 //! | broken builds | `mutants.rs` |
 //! | the run | `runner.rs` |
 //! | replay, final state, summary, the long mode's record | `replay.rs`, `capture.rs`, `summary.rs`, `batch.rs` |
-//! | faults and workload | `nemesis.rs`, `workload.rs` |
+//! | faults (a leave raced on a store-full is the workload's move, timed by the nemesis) | `nemesis.rs` |
+//! | workload | `workload.rs` |
 //! | the stage | `stage.rs` |
 //! | what the runner watches | `observe.rs`, `population.rs`, `rowwatch.rs` |
 //! | ground of the runner | `record.rs`, `config.rs`, `prng.rs` |
