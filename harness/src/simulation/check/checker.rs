@@ -571,6 +571,13 @@ fn after_exclusion(
 /// in between restarts from the state before the ack (seen with a kill 19 ms and 100 ms after
 /// the ack; `harness simulate --seed 1`).
 pub const BROKER_ACK_LOSS_MS: Ms = 5_000;
+/// How long after a partition heals or a killed node is back the cluster's leaders may still
+/// change (a node that was cut off comes back with higher terms, and the groups step down and
+/// elect again): an ack confirmed by a consumer leader in that time may be lost with it. Seed
+/// 4302 on a new host: a member's `dlv_` consumer leader changed 6.8 s after a partition
+/// healed, 1.0 s after that leader confirmed two acks, and both frames came again one ack wait
+/// later.
+pub const HEAL_SETTLE_MS: Ms = 10_000;
 
 /// Duplicates: each frame of a (member, post) after the first, classified.
 fn duplicates<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report) {
@@ -609,7 +616,7 @@ fn duplicates<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report)
                         let leader_changed =
                             matches!(f.kind, FaultKind::Partition | FaultKind::NodeKill)
                                 && f.from_ms <= same.ms.saturating_add(BROKER_ACK_LOSS_MS)
-                                && f.to_ms.saturating_add(BROKER_ACK_LOSS_MS) >= same.ms;
+                                && f.to_ms.saturating_add(HEAL_SETTLE_MS) >= same.ms;
                         (killed_after || leader_changed) && f.from_ms <= again.ms
                     });
                     if lost_by_broker {

@@ -1588,8 +1588,9 @@ fn a_post_handed_off_again_across_a_rejoin_that_raced_it_is_an_allowed_duplicate
 /// never got it); without a partition or node kill around the ack it is a duplicate the seeds
 /// do not allow. Found by seeds 4304 and 4404 (cluster, host load 24): acks confirmed while a
 /// partition or a node kill ran, the same DLV sequences delivered again 54 s later.
-/// Mutation seen failing: the `leader_changed` clause left out (the redelivery after a
-/// partition `after_confirmed_ack`).
+/// Mutations seen failing: the `leader_changed` clause left out (the redelivery after a
+/// partition `after_confirmed_ack`); the heal's settling back at `BROKER_ACK_LOSS_MS` (the ack
+/// 5.8 s after the heal `after_confirmed_ack`).
 #[test]
 fn a_confirmed_ack_lost_to_a_partition_around_it_is_the_brokers_doing() {
     let redelivered = |fault: Option<(Ms, Ms)>| {
@@ -1612,6 +1613,34 @@ fn a_confirmed_ack_lost_to_a_partition_around_it_is_the_brokers_doing() {
     };
     let r = redelivered(Some((3100, 3400)));
     assert_eq!(r.duplicates[0].why, DuplicateWhy::BrokerLostAck);
+    // Healed 5.8 s before the ack, its leaders still settling (seed 4302: a consumer leader
+    // changed 6.8 s after the heal, 1 s after the ack): bob's t3 surfaced at 7000, again at
+    // 7200.
+    let late = |heal: Ms| {
+        let mut s = clean();
+        s.drop_frames(&bob(), "t3");
+        s.fault((10, heal), 9, FaultKind::Partition, "node:2");
+        for ms in [7_000, 7_200] {
+            let f = Surfaced {
+                channel: "eng".into(),
+                id: Some("id-t3".into()),
+                tag: Some("t3".into()),
+                chat_seq: None,
+                dlv_seq: 5,
+                handed_off_ms: Some(6_990),
+                acked: true,
+            };
+            s.push(ms, agent(&bob()), Body::Frame(f));
+        }
+        s.check()
+    };
+    let r = late(7_000 - 5_800);
+    assert_eq!(
+        r.duplicates[0].why,
+        DuplicateWhy::BrokerLostAck,
+        "{}",
+        r.summary()
+    );
     let r = redelivered(None);
     assert_eq!(r.duplicates[0].why, DuplicateWhy::AfterConfirmedAck);
     assert_eq!(r.verdict, Verdict::Invalid);
