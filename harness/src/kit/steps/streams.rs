@@ -35,6 +35,8 @@ pub enum StreamName {
     Dlv,
     Members,
     Acl,
+    /// The delivery bucket's stream, where the lease row lives.
+    Lease,
 }
 
 #[derive(Debug, Deserialize)]
@@ -246,6 +248,7 @@ impl StreamStep {
                     StreamName::Dlv => names.dlv_stream(),
                     StreamName::Members => SpaceNames::kv_stream(&names.members_bucket()),
                     StreamName::Acl => SpaceNames::kv_stream(&names.acl_bucket()),
+                    StreamName::Lease => SpaceNames::kv_stream(&names.delivery_bucket()),
                 };
                 let mut s = w
                     .insp
