@@ -55,6 +55,9 @@ pub enum LeaseStep {
         pid_of: Option<String>,
         #[serde(default)]
         absent: bool,
+        /// The record under this standby host's root instead of the workspace's.
+        #[serde(default)]
+        host: Option<String>,
     },
     PlantReusedPid {},
     FillStore {},
@@ -94,9 +97,9 @@ impl LeaseStep {
                 .uses_opt(Kind::Lease, same_as.as_ref())
                 .uses_opt(Kind::Daemon, holder.as_ref()),
             LeaseStep::RememberLease { name } => Refs::default().creates(Kind::Lease, name),
-            LeaseStep::ExpectPidRecord { pid_of, .. } => {
-                Refs::default().uses_opt(Kind::Daemon, pid_of.as_ref())
-            }
+            LeaseStep::ExpectPidRecord { pid_of, host, .. } => Refs::default()
+                .uses_opt(Kind::Daemon, pid_of.as_ref())
+                .uses_opt(Kind::Host, host.as_ref()),
             _ => Refs::default(),
         }
     }
@@ -210,8 +213,21 @@ impl LeaseStep {
                 w.insp.put_lease(&info).await?;
                 Ok("operator re-writes the lease row with another incarnation".into())
             }
-            LeaseStep::ExpectPidRecord { pid_of, absent } => {
-                let path = base::pid_path(w.mesh.root(), w.mesh.space());
+            LeaseStep::ExpectPidRecord {
+                pid_of,
+                absent,
+                host,
+            } => {
+                let root = match host {
+                    Some(h) => w
+                        .hosts
+                        .get(h)
+                        .ok_or_else(|| Failure::could_not(format!("no host {h}")))?
+                        .path()
+                        .to_path_buf(),
+                    None => w.mesh.root().to_path_buf(),
+                };
+                let path = base::pid_path(&root, w.mesh.space());
                 let recorded = base::read_pid(&path);
                 if *absent {
                     if path.exists() {
@@ -220,7 +236,10 @@ impl LeaseStep {
                             format!("a record naming {recorded:?}"),
                         ));
                     }
-                    return Ok("pid record: absent".into());
+                    return Ok(match host {
+                        Some(h) => format!("pid record under host {h}'s root: absent"),
+                        None => "pid record: absent".into(),
+                    });
                 }
                 let name = pid_of.as_ref().ok_or_else(|| {
                     Failure::could_not("expect_pid_record needs pid_of or absent")
