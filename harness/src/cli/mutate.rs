@@ -57,6 +57,22 @@ pub struct MutateArgs {
 
 /// The checkout whose sources every mutation edits: the one this harness was built in, when it
 /// runs from inside it. An unpacked kit has no sources, so it is told plainly.
+/// Refuses (exit 2) before any build when the broker is unusable or this checkout's daemon is
+/// not built, as `qualify` does: the flags of the run, not the daemon it will build, are checked.
+fn check_broker_and_build(nats_server: Option<PathBuf>, cwd: &Path) {
+    let _ = daemon_under_test(
+        &DaemonArgs {
+            daemon: None,
+            daemon_cmd: None,
+            host_cmd: None,
+            nats_server,
+            scaled: false,
+            profile: None,
+        },
+        cwd,
+    );
+}
+
 fn sources() -> PathBuf {
     delivery_harness::rig::checkout::root().unwrap_or_else(|| {
         refuse(
@@ -119,17 +135,7 @@ pub fn run(args: MutateArgs, cwd: &Path) -> ! {
         }
         exit(0);
     }
-    let _ = daemon_under_test(
-        &DaemonArgs {
-            daemon: None,
-            daemon_cmd: None,
-            host_cmd: None,
-            nats_server,
-            scaled: true,
-            profile: None,
-        },
-        cwd,
-    );
+    check_broker_and_build(nats_server, cwd);
     let scratch = scratch
         .map(|s| from_caller(s, cwd))
         .unwrap_or_else(|| workspace.join("target/mutants"));
@@ -233,17 +239,7 @@ fn simulation_mutants(
         }
         exit(0);
     }
-    let _ = daemon_under_test(
-        &DaemonArgs {
-            daemon: None,
-            daemon_cmd: None,
-            host_cmd: None,
-            nats_server,
-            scaled: false,
-            profile: None,
-        },
-        cwd,
-    );
+    check_broker_and_build(nats_server, cwd);
     let scratch = scratch
         .map(|s| from_caller(s, cwd))
         .unwrap_or_else(|| workspace.join("target/mutants"));
@@ -315,17 +311,7 @@ fn neutral_build(
         }
         refuse(&format!("{} neutral edit(s) refused", errors.len()));
     });
-    let _ = daemon_under_test(
-        &DaemonArgs {
-            daemon: None,
-            daemon_cmd: None,
-            host_cmd: None,
-            nats_server,
-            scaled: true,
-            profile: None,
-        },
-        cwd,
-    );
+    check_broker_and_build(nats_server, cwd);
     let nats = delivery_harness::nats_server_bin().unwrap_or_else(|e| refuse(&e.to_string()));
     let scratch = scratch
         .map(|s| from_caller(s, cwd))

@@ -160,16 +160,7 @@ pub fn rfc3339_unix_us(text: &str) -> Option<i64> {
 impl Broker {
     /// Every connection in `state`, in every account, with its auth details.
     pub async fn connz(&self, state: ConnState) -> Result<Vec<BrokerConn>, HarnessError> {
-        let page = self
-            .monitor(&format!(
-                "/connz?auth=1&limit={CONNZ_PAGE_CONNECTIONS}&state={}",
-                state.query()
-            ))
-            .await?;
-        Ok(page["connections"]
-            .as_array()
-            .map(|rows| rows.iter().map(BrokerConn::of).collect())
-            .unwrap_or_default())
+        self.connz_page(state, "").await
     }
 
     /// Every connection in `state`, as [`Broker::connz`] lists them, with its subscriptions.
@@ -177,9 +168,17 @@ impl Broker {
         &self,
         state: ConnState,
     ) -> Result<Vec<BrokerConn>, HarnessError> {
+        self.connz_page(state, "&subs=1").await
+    }
+
+    async fn connz_page(
+        &self,
+        state: ConnState,
+        extra: &str,
+    ) -> Result<Vec<BrokerConn>, HarnessError> {
         let page = self
             .monitor(&format!(
-                "/connz?auth=1&subs=1&limit={CONNZ_PAGE_CONNECTIONS}&state={}",
+                "/connz?auth=1{extra}&limit={CONNZ_PAGE_CONNECTIONS}&state={}",
                 state.query()
             ))
             .await?;
