@@ -11,6 +11,8 @@
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::stream::{ConsumerError, ConsumerErrorKind};
+use async_nats::jetstream::ErrorCode;
 use futures::StreamExt;
 use serde_json::Value;
 
@@ -24,14 +26,28 @@ use crate::wire::{LifecycleUid, Principal, SpaceNames};
 
 /// Most posts one catch-up copies; the window is the few milliseconds of a join's row write.
 pub const CATCH_UP_MAX_POSTS: usize = 10_000;
-/// Bound on the whole catch-up.
-const CATCH_UP_BOUND: Duration = Duration::from_secs(10);
+/// Bound on the whole catch-up, every attempt and every pause between them included. A join
+/// answered `durable:false` promises nothing for its catch-up window, so a transient broker
+/// error (a consumer leader moving, no responders, a request timing out) is worth retrying
+/// within this bound; past it the join answers with the last error.
+pub const CATCH_UP_BOUND: Duration = Duration::from_secs(15);
+/// First pause before a catch-up is tried again after a transient error; doubled per attempt.
+const CATCH_UP_RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// Longest pause between two attempts.
+const CATCH_UP_RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
+// The agent waits `JOIN_TIMEOUT` for the whole join; the catch-up with its retries may take at
+// most half of it, the rest is the join's own reads and row write (each under `BROKER_BOUND`).
+const _: () = assert!(CATCH_UP_BOUND.as_millis() * 2 <= crate::agent::JOIN_TIMEOUT.as_millis());
+const _: () = assert!(CATCH_UP_RETRY_PAUSE_MAX.as_millis() * 4 <= CATCH_UP_BOUND.as_millis());
 
 /// Why a catch-up did not finish: its kind, the text the join's warning and reply quote
 /// (`Display`), and the broker's or the client's error behind it (`source()`).
 #[derive(Debug)]
 pub struct CatchUpError {
     kind: CatchUpErrorKind,
+    /// A broker condition that passes (no responders, a timeout, a 503, a leader moving):
+    /// worth another attempt within [`CATCH_UP_BOUND`].
+    transient: bool,
     text: String,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
@@ -59,9 +75,21 @@ impl CatchUpError {
     fn new(kind: CatchUpErrorKind, text: impl Into<String>) -> CatchUpError {
         CatchUpError {
             kind,
+            transient: false,
             text: text.into(),
             source: None,
         }
+    }
+    /// The error of the last of `n` attempts, saying so when there was more than one.
+    fn attempts(mut self, n: u32) -> CatchUpError {
+        if n > 1 {
+            self.text = format!("{} (attempt {n}, the earlier ones failed too)", self.text);
+        }
+        self
+    }
+    fn transient(mut self, transient: bool) -> CatchUpError {
+        self.transient = transient;
+        self
     }
     /// The same error, keeping `source` as its cause.
     fn source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> CatchUpError {
@@ -70,6 +98,10 @@ impl CatchUpError {
     }
     pub fn kind(&self) -> CatchUpErrorKind {
         self.kind
+    }
+    /// Whether another attempt may succeed (see the field).
+    pub fn is_transient(&self) -> bool {
+        self.transient
     }
 }
 
@@ -89,6 +121,9 @@ impl std::error::Error for CatchUpError {
 
 /// Copies to `member` the posts on `channel` in `(join_cursor, frontier]` (frontier read now).
 /// Returns the `INBOX_<s>` sequences of the copies stored (so a refused join can take them back).
+/// A transient broker error is retried (after a pause, doubled each time) while
+/// [`CATCH_UP_BOUND`] allows; copies stored by a failed attempt are stored again under the same
+/// dedup id, which the broker keeps once.
 pub async fn activate(
     ctx: &PlaneCtx,
     channel: &str,
@@ -97,12 +132,68 @@ pub async fn activate(
     generation: u64,
     join_cursor: u64,
 ) -> Result<Vec<u64>, CatchUpError> {
+    let started = tokio::time::Instant::now();
+    let mut copied = Vec::new();
+    let attempts = async {
+        let mut pause = CATCH_UP_RETRY_PAUSE;
+        let mut attempt = 1u32;
+        loop {
+            let e = match activate_once(
+                ctx,
+                channel,
+                member,
+                uid,
+                generation,
+                join_cursor,
+                &mut copied,
+            )
+            .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if !e.transient || started.elapsed() + pause >= CATCH_UP_BOUND {
+                return Err(e.attempts(attempt));
+            }
+            ctx.journal.line(format!(
+                "! delivery: activation catch-up of {member} on \"{channel}\" (generation {generation}), attempt {attempt}: {e}; trying again in {} ms",
+                pause.as_millis()
+            ));
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(CATCH_UP_RETRY_PAUSE_MAX);
+            attempt += 1;
+        }
+    };
+    match tokio::time::timeout(CATCH_UP_BOUND, attempts).await {
+        Ok(Ok(())) => Ok(copied),
+        Ok(Err(e)) => Err(e),
+        Err(elapsed) => Err(CatchUpError::new(
+            CatchUpErrorKind::TimedOut,
+            format!("not finished within {} ms", CATCH_UP_BOUND.as_millis()),
+        )
+        .source(elapsed)),
+    }
+}
+
+/// One attempt of [`activate`]; the copies it stores are added to `copied` as they are stored.
+async fn activate_once(
+    ctx: &PlaneCtx,
+    channel: &str,
+    member: &Principal,
+    uid: &LifecycleUid,
+    generation: u64,
+    join_cursor: u64,
+    copied: &mut Vec<u64>,
+) -> Result<(), CatchUpError> {
     use CatchUpErrorKind as K;
-    let frontier = chat_frontier(ctx)
-        .await
-        .map_err(|e| CatchUpError::new(K::Frontier, format!("the CHAT frontier: {e}")).source(e))?;
+    // A stream info read of a stream that exists fails only for the broker's passing reasons.
+    let frontier = chat_frontier(ctx).await.map_err(|e| {
+        CatchUpError::new(K::Frontier, format!("the CHAT frontier: {e}"))
+            .source(e)
+            .transient(true)
+    })?;
     if frontier <= join_cursor {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let class_error = |e: RowError| {
         CatchUpError::new(K::ChannelClass, format!("the channel class: {e}")).source(e)
@@ -110,21 +201,18 @@ pub async fn activate(
     let channels = Channels::open(ctx).await.map_err(class_error)?;
     let class = channels.class_of(channel).await.map_err(class_error)?;
     if class != DeliveryClass::Durable {
-        return Ok(Vec::new());
+        return Ok(());
     }
-    match tokio::time::timeout(
-        CATCH_UP_BOUND,
-        copy_range(ctx, channel, member, uid, generation, join_cursor, frontier),
+    copy_range(
+        ctx,
+        channel,
+        member,
+        uid,
+        generation,
+        (join_cursor, frontier),
+        copied,
     )
     .await
-    {
-        Ok(r) => r,
-        Err(elapsed) => Err(CatchUpError::new(
-            K::TimedOut,
-            format!("not finished within {} ms", CATCH_UP_BOUND.as_millis()),
-        )
-        .source(elapsed)),
-    }
 }
 
 /// The first sequence after a join cursor read from a stored row; a cursor at `u64::MAX` is
@@ -138,16 +226,37 @@ fn first_after(join_cursor: u64) -> Result<u64, CatchUpError> {
     })
 }
 
-/// A broker refusal while setting up the activation consumer, in the broker's words.
-fn consumer_error(e: impl std::error::Error + Send + Sync + 'static) -> CatchUpError {
-    CatchUpError::new(CatchUpErrorKind::Consumer, crate::base::broker_words(&e)).source(e)
+/// A broker refusal while setting up the activation consumer, in the broker's words; transient
+/// when it is one that passes ([`consumer_error_passes`]).
+fn consumer_error(e: ConsumerError) -> CatchUpError {
+    let transient = consumer_error_passes(e.kind());
+    CatchUpError::new(CatchUpErrorKind::Consumer, crate::base::broker_words(&e))
+        .source(e)
+        .transient(transient)
 }
 
-/// A failed fetch of the activation consumer, in the client's words.
+/// Whether a consumer create's failure is one the broker gets over by itself: the request timed
+/// out or found no responders (a JetStream API without a leader for the moment), or JetStream
+/// answered 503 / "temporarily unavailable" (10008). Anything else (a config refused, a limit)
+/// would fail again.
+fn consumer_error_passes(kind: ConsumerErrorKind) -> bool {
+    match kind {
+        ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request => true,
+        ConsumerErrorKind::JetStream(e) => {
+            e.code() == 503 || e.error_code() == ErrorCode::CLUSTER_NOT_AVAILABLE
+        }
+        _ => false,
+    }
+}
+
+/// A failed fetch of the activation consumer, in the client's words. Always transient: a pull
+/// of an AckNone consumer that exists fails only for the broker's passing reasons (a status
+/// 503 while its leader moves, 408/409, the request not flushed).
 fn fetch_error(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> CatchUpError {
     let e = e.into();
     CatchUpError {
         kind: CatchUpErrorKind::Fetch,
+        transient: true,
         text: e.to_string(),
         source: Some(e),
     }
@@ -159,14 +268,16 @@ async fn copy_range(
     member: &Principal,
     uid: &LifecycleUid,
     generation: u64,
-    join_cursor: u64,
-    frontier: u64,
-) -> Result<Vec<u64>, CatchUpError> {
+    (join_cursor, frontier): (u64, u64),
+    copied: &mut Vec<u64>,
+) -> Result<(), CatchUpError> {
     let stream = ctx
         .js
         .get_stream_no_info(ctx.names.chat_stream())
         .await
-        .map_err(consumer_error)?;
+        .map_err(|e| {
+            CatchUpError::new(CatchUpErrorKind::Consumer, crate::base::broker_words(&e)).source(e)
+        })?;
     // The reference's activation consumer: `cu_<o>-<a>-<uid>_<generation>`, one filter.
     let name = format!(
         "cu_{}_{generation}",
@@ -188,7 +299,6 @@ async fn copy_range(
         .map_err(consumer_error)?;
     let names = std::sync::Arc::new(ctx.names.lifecycle(member, uid));
     let result = async {
-        let mut copied = Vec::new();
         let mut seen = 0usize;
         while seen < CATCH_UP_MAX_POSTS {
             let batch = consumer
@@ -239,7 +349,7 @@ async fn copy_range(
                 break;
             }
         }
-        Ok(copied)
+        Ok(())
     }
     .await;
     let _ = stream.delete_consumer(&name).await;

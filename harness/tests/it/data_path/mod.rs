@@ -5,6 +5,7 @@
 
 mod bounds;
 mod cache;
+mod catchup_retry;
 mod crash;
 mod join_atomic;
 mod join_race;
