@@ -16,8 +16,8 @@ use super::daemons;
 use super::history::{Class, Completion, FaultKind, FrameEvent, History, Member, Ms};
 use super::model::{Model, Posted, Standing};
 use super::report::{
-    Counts, Duplicate, DuplicateWhy, FaultRef, Leak, LeakKind, Liveness, Lost, PostRef, Report,
-    SingleFlight, Stuck, Uncertain, Undecided, Unexpected, UnexpectedKind, Verdict,
+    Counts, Duplicate, DuplicateWhy, Excused, FaultRef, Leak, LeakKind, Liveness, Lost, PostRef,
+    Report, SingleFlight, Stuck, Uncertain, Undecided, Unexpected, UnexpectedKind, Verdict,
 };
 use super::rows::AclJudged;
 use super::snapshot::Snapshot;
@@ -30,6 +30,7 @@ pub fn check(history: &History, snapshot: &Snapshot, cfg: &CheckConfig) -> Repor
         why: Vec::new(),
         counts: Counts::default(),
         lost: Vec::new(),
+        excused: Vec::new(),
         uncertain: Vec::new(),
         leaked: Vec::new(),
         unexpected: Vec::new(),
@@ -353,8 +354,21 @@ fn delivery<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report) -
                 Due::Owed => {
                     report.counts.owed += 1;
                     owed_map.entry(i).or_default().push(member);
+                    let excused = p
+                        .seq
+                        .filter(|_| p.class == Class::Durable)
+                        .and_then(|seq| model.failed_catch_up(member, p.channel, seq));
                     if surfaced {
                         report.counts.delivered += 1;
+                    } else if let Some(f) = excused {
+                        report.excused.push(Excused {
+                            post: post_ref(p),
+                            member: member.clone(),
+                            join_op: f.op,
+                            generation: f.generation,
+                            join_cursor: f.join_cursor,
+                            frontier_max: f.frontier_max,
+                        });
                     } else {
                         report.lost.push(Lost {
                             post: post_ref(p),

@@ -144,6 +144,43 @@ pub(crate) struct Lifecycle<'h> {
     pub channels: BTreeMap<String, Membership>,
 }
 
+/// A join answered `durable:false`: its activation catch-up failed and its row stands
+/// (docs/data-path.md, "Activation catch-up"). It promises nothing for its catch-up window
+/// `(join_cursor, frontier]`: the posts there the fan-out writer routed before the row was
+/// written reach the member only through the catch-up that failed. The frontier is the CHAT
+/// last sequence the daemon read after the row write, before the answer; the history bounds it
+/// from above by `frontier_max` (below every post invoked after the answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FailedCatchUp<'h> {
+    pub member: &'h Member,
+    pub channel: &'h str,
+    /// The join's op.
+    pub op: u64,
+    pub generation: u64,
+    pub join_cursor: u64,
+    pub frontier_max: u64,
+}
+
+impl FailedCatchUp<'_> {
+    /// Whether the post at `seq` on `channel` to `member` sits in this join's window.
+    pub fn excuses(&self, member: &Member, channel: &str, seq: u64) -> bool {
+        self.member == member
+            && self.channel == channel
+            && seq > self.join_cursor
+            && seq <= self.frontier_max
+    }
+}
+
+/// The generation a `durable:false` answer carried, from the runner's record of it
+/// (`durable:false: <the answer's JSON>`).
+pub(crate) fn durable_false_generation(error: &str) -> Option<u64> {
+    let answer = error.strip_prefix("durable:false: ")?;
+    let v: serde_json::Value = serde_json::from_str(answer).ok()?;
+    (v["durable"].as_bool() == Some(false))
+        .then(|| v["generation"].as_u64())
+        .flatten()
+}
+
 /// The run, as the rules read it.
 pub(crate) struct Model<'h> {
     pub history: &'h History,
@@ -156,6 +193,8 @@ pub(crate) struct Model<'h> {
     pub serving: BTreeMap<String, Vec<(Ms, Ms)>>,
     /// The members and ACL buckets' writes as the broker stored them, where complete.
     pub rows: RowModel,
+    /// Joins answered `durable:false` whose join cursor is known: their windows are excused.
+    pub failed_catch_ups: Vec<FailedCatchUp<'h>>,
     /// `(ok ms, seq)` of every post acknowledged, by ok time, with the running max of seq.
     acked: Vec<(Ms, u64)>,
     /// `(invoke ms, seq)` of every post acknowledged, by invoke time, with the min of seq from
@@ -176,8 +215,10 @@ impl<'h> Model<'h> {
             rows: RowModel::build(history, snapshot),
             acked: Vec::new(),
             invoked: Vec::new(),
+            failed_catch_ups: Vec::new(),
         };
         model.collect_posts();
+        model.collect_failed_catch_ups();
         model.collect_lifecycles();
         model.collect_faults();
         model.collect_serving();
@@ -233,6 +274,79 @@ impl<'h> Model<'h> {
             min = min.min(e.1);
             e.1 = min;
         }
+    }
+
+    /// Every join answered `durable:false` whose generation's join cursor the row log (else the
+    /// final row, current or kept closed interval) holds.
+    fn collect_failed_catch_ups(&mut self) {
+        let history = self.history;
+        for op in &history.ops {
+            let (Call::Join { channel }, Completion::Unknown { ms, error }) =
+                (&op.call, &op.outcome)
+            else {
+                continue;
+            };
+            let (Some(member), Some(generation)) =
+                (op.process.member(), durable_false_generation(error))
+            else {
+                continue;
+            };
+            let Some(join_cursor) = self.join_cursor_of(member, channel, generation) else {
+                continue;
+            };
+            let frontier_max = self.cursor_between(op.invoke_ms, *ms).hi;
+            self.failed_catch_ups.push(FailedCatchUp {
+                member,
+                channel,
+                op: op.id,
+                generation,
+                join_cursor,
+                frontier_max,
+            });
+        }
+    }
+
+    /// The join cursor generation `generation` of `member` on `channel` carried: from the row
+    /// log when complete, else from the final row (current or a kept closed interval).
+    fn join_cursor_of(&self, member: &Member, channel: &str, generation: u64) -> Option<u64> {
+        if let Some(members) = &self.rows.members {
+            let key = members.get(&(member.clone(), channel.to_string()))?;
+            return key
+                .settled
+                .iter()
+                .find(|s| s.generation == generation)
+                .or_else(|| {
+                    key.passing
+                        .iter()
+                        .filter_map(|p| p.admits.as_ref())
+                        .find(|s| s.generation == generation)
+                })
+                .map(|s| s.join);
+        }
+        let row = self
+            .snapshot
+            .member_rows
+            .iter()
+            .find(|r| &r.member == member && r.channel == channel)?;
+        if row.generation == generation {
+            return Some(row.join_cursor);
+        }
+        row.prior
+            .iter()
+            .find(|p| p.generation == generation)
+            .map(|p| p.join_cursor)
+    }
+
+    /// The join answered `durable:false` whose catch-up window holds the post at `seq`.
+    pub fn failed_catch_up(
+        &self,
+        member: &Member,
+        channel: &str,
+        seq: u64,
+    ) -> Option<&FailedCatchUp<'h>> {
+        self.failed_catch_ups
+            .iter()
+            .find(|f| f.excuses(member, channel, seq))
     }
 
     /// The CHAT last sequence read at some moment in `[from, to]`: at least every post

@@ -82,6 +82,21 @@ pub struct Lost {
     pub faults: Vec<FaultRef>,
 }
 
+/// An owed post the member never surfaced, excused because it sits in the catch-up window of
+/// the member's join that was answered `durable:false` (the catch-up failed, the row stands):
+/// such an answer promises nothing for `(join_cursor, frontier]`. Named, not counted as lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Excused {
+    pub post: PostRef,
+    pub member: Member,
+    /// The join answered `durable:false`.
+    pub join_op: u64,
+    pub generation: u64,
+    pub join_cursor: u64,
+    /// The most the catch-up's frontier can have been (the window's upper bound).
+    pub frontier_max: u64,
+}
+
 /// What an undecided finding is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -359,6 +374,8 @@ pub struct Report {
     pub why: Vec<String>,
     pub counts: Counts,
     pub lost: Vec<Lost>,
+    /// Owed posts missing in the catch-up window of a join answered `durable:false`.
+    pub excused: Vec<Excused>,
     pub uncertain: Vec<Uncertain>,
     pub leaked: Vec<Leak>,
     pub unexpected: Vec<Unexpected>,
@@ -476,7 +493,7 @@ impl Report {
             Liveness::Missed { .. } => ("missed".to_string(), "INVALID"),
             Liveness::NotChecked { .. } => ("-".to_string(), "unknown"),
         };
-        let rows: [(&str, String, &str); 10] = [
+        let rows: [(&str, String, &str); 11] = [
             ("owed", c.owed.to_string(), "-"),
             ("delivered", c.delivered.to_string(), "-"),
             (
@@ -484,6 +501,7 @@ impl Report {
                 self.lost.len().to_string(),
                 status(self.lost.is_empty()),
             ),
+            ("excused", self.excused.len().to_string(), "ok"),
             (
                 "uncertain",
                 self.uncertain.len().to_string(),
@@ -546,6 +564,17 @@ impl Report {
                 } else {
                     faults.join(", ")
                 }
+            )
+        });
+        list(&mut out, "excused", &self.excused, |e| {
+            format!(
+                "{} to {}: in the catch-up window ({}, {}] of its join op {} (generation {}), answered durable:false",
+                post(&e.post),
+                e.member,
+                e.join_cursor,
+                e.frontier_max,
+                e.join_op,
+                e.generation
             )
         });
         list(&mut out, "uncertain", &self.uncertain, |u| {

@@ -1847,3 +1847,68 @@ fn a_lost_post_pending_nowhere_says_where_it_stands_in_chat() {
     s.drop_frames(&carol(), "t1");
     assert_eq!(s.check().lost[0].stuck, None);
 }
+
+/// A join answered `durable:false` promises nothing for its catch-up window: dave joins `eng`
+/// (invoked at 3200, answered `durable:false` at 3260, his row stored at 3230 with join cursor
+/// 3); t4 (seq 4) was posted before the answer, so it may sit in `(3, frontier]`, t5 (seq 5)
+/// after it. t4 missing is excused, named in the report, and the run valid; t5 missing is lost.
+/// Mutation seen failing: `FailedCatchUp::excuses` answering `false` (t4 then lost: invalid);
+/// the window's upper bound taken as unbounded (`frontier_max = u64::MAX`: the window named
+/// `(3, 18446744073709551615]`, every later post of dave's excused).
+#[test]
+fn a_post_in_the_window_of_a_join_answered_durable_false_is_excused_and_one_after_it_is_not() {
+    let dave = who("dave", "");
+    let mut s = logged();
+    s.provision(4, &dave, &["eng", "ops"], 4);
+    s.acl_row(&dave, 4, 4, &["eng", "ops"]);
+    s.ok((10, 20), &agent(&dave), Call::Online, Done::Online);
+    let join = s.invoke(
+        3200,
+        &agent(&dave),
+        Call::Join {
+            channel: "eng".into(),
+        },
+    );
+    s.member_row(&dave, "eng", 3, 3230, (1, 3, None));
+    let error = r#"durable:false: {"durable":false,"generation":1,"reason":"activation catch-up failed: error while processing messages from the stream: 503, None"}"#;
+    s.push(
+        3260,
+        agent(&dave),
+        Body::Unknown {
+            op: join,
+            error: error.into(),
+        },
+    );
+    s.post(3210, &alice(), "eng", "t4", true, 4);
+    s.post(3400, &alice(), "eng", "t5", true, 5);
+    for (m, base) in [(bob(), 20), (carol(), 30)] {
+        s.frame(3500, &m, "eng", "t4", true, base + 1);
+        s.frame(3510, &m, "eng", "t5", true, base + 2);
+    }
+    s.frame(3520, &dave, "eng", "t5", true, 41);
+    s.rows_end(3, 4);
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert_eq!(r.excused.len(), 1, "{:?}", r.excused);
+    let e = &r.excused[0];
+    assert_eq!(
+        (e.post.tag.as_str(), &e.member, e.join_op, e.generation),
+        ("t4", &dave, join, 1)
+    );
+    assert_eq!((e.join_cursor, e.frontier_max), (3, 4));
+    assert!(
+        r.summary().contains("in the catch-up window (3, 4]"),
+        "{}",
+        r.summary()
+    );
+    // The post after the window must still surface.
+    s.drop_frames(&dave, "t5");
+    let r = s.check();
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+    assert_eq!(r.lost.len(), 1, "{:?}", r.lost);
+    assert_eq!(
+        (r.lost[0].post.tag.as_str(), &r.lost[0].member),
+        ("t5", &dave)
+    );
+    assert_eq!(r.excused.len(), 1);
+}
