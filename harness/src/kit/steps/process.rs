@@ -321,6 +321,10 @@ impl ProcessStep {
             }
             ProcessStep::Signal { daemon, signal } => {
                 let d = w.daemon(daemon)?;
+                // The step's event (a mark on it) is the moment before the signal went: a
+                // daemon that answers within a millisecond, under load, can otherwise have the
+                // broker stamp its answer before the step is seen to end.
+                let at = std::time::Instant::now();
                 let sent = match signal.as_str() {
                     "TERM" => d.terminate(),
                     "INT" => d.interrupt(),
@@ -339,6 +343,7 @@ impl ProcessStep {
                     }
                 };
                 sent.map_err(|e| Failure::could_not(format!("signal daemon {daemon}: {e}")))?;
+                w.happened_at = Some(at);
                 Ok(format!("SIG{signal} to daemon {daemon}"))
             }
             ProcessStep::ExpectExit {
