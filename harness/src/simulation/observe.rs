@@ -409,6 +409,7 @@ pub async fn start(
         creds: CredsChoice::Workspace,
         cwd: CwdChoice::Root,
         demand_tls: false,
+        no_server: false,
     };
     let now = Instant::now();
     let ctx = Ctx {

@@ -24,6 +24,8 @@ pub const VERBS: &[&str] = &[
     "expect_running",
     "command",
     "status",
+    "mesh_record",
+    "injected_store",
 ];
 
 /// Which credential a daemon is started with.
@@ -48,6 +50,9 @@ pub enum CwdChoice {
     Root,
     /// An empty directory outside every workspace.
     Outside,
+    /// An empty directory two levels below the workspace root (`<root>/below/deeper`): the
+    /// nearest `.cotal/` above it is the root's.
+    Below,
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,6 +81,10 @@ pub enum ProcessStep {
         /// Pass `--tls` although the broker offers none.
         #[serde(default)]
         demand_tls: bool,
+        /// No `--server` (nor `--tls`): the daemon finds its broker itself, in the mesh
+        /// registry (`mesh_record`) or the local default.
+        #[serde(default)]
+        no_server: bool,
     },
     WaitLine {
         daemon: String,
@@ -125,6 +134,14 @@ pub enum ProcessStep {
         contains: String,
         code: i32,
     },
+    /// The mesh registry's record of the space (`<COTAL_HOME>/meshes/space.<key>.json`, the
+    /// reference's file and field names) for the workspace root, under the `COTAL_HOME` of a
+    /// daemon started from the root: the broker (node 0) and its transport.
+    MeshRecord {},
+    /// An injected directory store outside every workspace (`{store}` in a start's `args`):
+    /// the space's credentials of the workspace (`space.<key>/*.creds`) copied under their
+    /// store keys, as a host that injects its store provides them.
+    InjectedStore {},
 }
 
 /// Bound of a command run to completion.
@@ -170,6 +187,7 @@ impl ProcessStep {
                 creds,
                 cwd,
                 demand_tls,
+                no_server,
                 env,
                 ..
             } => {
@@ -190,6 +208,12 @@ impl ProcessStep {
                         "`--tls` on a plaintext broker is this distribution's flag",
                     );
                 }
+                if *no_server {
+                    return only_here(
+                        daemon,
+                        "a start without --server is this distribution's `deliver` typed by hand",
+                    );
+                }
                 if env.keys().any(|k| k == "RUST_LOG") {
                     return only_here(daemon, "the start reads this distribution's diagnostics");
                 }
@@ -208,6 +232,14 @@ impl ProcessStep {
                 only_here(daemon, "it runs a command of this distribution")
             }
             ProcessStep::Status { .. } => only_here(daemon, "it runs `cotal-delivery status`"),
+            ProcessStep::MeshRecord {} => only_here(
+                daemon,
+                "a template names its broker itself; the registry is read by `deliver` typed by hand",
+            ),
+            ProcessStep::InjectedStore {} => only_here(
+                daemon,
+                "a template says itself where its credentials come from; `--store` is this distribution's",
+            ),
             _ => None,
         }
     }
@@ -227,7 +259,10 @@ impl ProcessStep {
             | ProcessStep::Signal { daemon, .. }
             | ProcessStep::ExpectExit { daemon, .. }
             | ProcessStep::ExpectRunning { daemon } => Refs::default().uses(Kind::Daemon, daemon),
-            ProcessStep::Command { .. } | ProcessStep::Status { .. } => Refs::default(),
+            ProcessStep::Command { .. }
+            | ProcessStep::Status { .. }
+            | ProcessStep::MeshRecord {}
+            | ProcessStep::InjectedStore {} => Refs::default(),
         }
     }
 
@@ -243,6 +278,7 @@ impl ProcessStep {
                 creds,
                 cwd,
                 demand_tls,
+                no_server,
             } => start(
                 w,
                 daemon,
@@ -253,8 +289,55 @@ impl ProcessStep {
                 args,
                 *creds,
                 *cwd,
-                *demand_tls,
+                (*demand_tls, *no_server),
             ),
+            ProcessStep::MeshRecord {} => {
+                let space = w.mesh.space().clone();
+                let server = w
+                    .mesh
+                    .node(0)
+                    .ok_or_else(|| Failure::could_not("no broker node 0"))?
+                    .client_url();
+                let home = w.mesh.root().join(".cotal-home");
+                let record = cotal_delivery::base::MeshRecord {
+                    space: space.as_str().to_string(),
+                    server: server.clone(),
+                    root: w.mesh.root().to_path_buf(),
+                    tls_required: w.mesh.tls_ca().is_some(),
+                    tls_ca: w.mesh.tls_ca(),
+                };
+                record
+                    .write(&cotal_delivery::base::registry_path(&home, &space))
+                    .map_err(|e| Failure::could_not(e.to_string()))?;
+                Ok(format!(
+                    "the mesh registry records space {} at broker node 0 for the workspace root",
+                    space.as_str()
+                ))
+            }
+            ProcessStep::InjectedStore {} => {
+                let segment = w.mesh.space().segment();
+                let from = w.mesh.root().join(".cotal").join(&segment);
+                let to = injected_store_dir(w).join(&segment);
+                std::fs::create_dir_all(&to)
+                    .map_err(|e| Failure::could_not(format!("create the store: {e}")))?;
+                let mut keys = Vec::new();
+                let entries = std::fs::read_dir(&from)
+                    .map_err(|e| Failure::could_not(format!("read {}: {e}", from.display())))?;
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.ends_with(".creds") {
+                        std::fs::copy(entry.path(), to.join(&name)).map_err(|e| {
+                            Failure::could_not(format!("copy {name} into the store: {e}"))
+                        })?;
+                        keys.push(format!("{segment}/{name}"));
+                    }
+                }
+                keys.sort();
+                Ok(format!(
+                    "an injected store outside every workspace holds {}",
+                    keys.join(", ")
+                ))
+            }
             ProcessStep::WaitLine { daemon, contains } => {
                 let left = ctx.left();
                 let d = w.daemon(daemon)?;
@@ -519,7 +602,7 @@ fn start(
     args: &[String],
     creds: CredsChoice,
     cwd: CwdChoice,
-    demand_tls: bool,
+    (demand_tls, no_server): (bool, bool),
 ) -> StepResult {
     let space = w.mesh.space().clone();
     let server = match via {
@@ -578,6 +661,13 @@ fn start(
         let dir = match cwd {
             CwdChoice::Root => w.mesh.root().to_path_buf(),
             CwdChoice::Outside => w.outside.path().to_path_buf(),
+            CwdChoice::Below => {
+                let below = w.mesh.root().join("below").join("deeper");
+                std::fs::create_dir_all(&below).map_err(|e| {
+                    Failure::could_not(format!("create a directory below the root: {e}"))
+                })?;
+                below
+            }
         };
         let extra_creds = match creds {
             CredsChoice::Workspace => None,
@@ -625,6 +715,19 @@ fn start(
         if cwd == CwdChoice::Outside {
             // Typed by hand outside every workspace: no `--root`, nothing to find above.
             spec = crate::rig::daemon::DaemonSpec::deliver(space.as_str(), &dir).server(&server);
+            if let Some(ca) = w.mesh.tls_ca() {
+                spec = spec.arg("--tls").arg("--tls-ca").arg(ca);
+            }
+            if let DaemonUnderTest::Bin(b) = &w.opts.daemon {
+                spec = spec.bin(b);
+            }
+            for (k, v) in &w.env {
+                spec = spec.env(k, v.clone());
+            }
+        }
+        if no_server {
+            // Typed by hand with no `--server`: the daemon finds its broker itself.
+            spec = crate::rig::daemon::DaemonSpec::deliver(space.as_str(), &dir);
             if let DaemonUnderTest::Bin(b) = &w.opts.daemon {
                 spec = spec.bin(b);
             }
@@ -641,6 +744,11 @@ fn start(
         spec
     };
     for a in args {
+        // `{root}`: the workspace root, as an operator types it (`--root {root}`); `{store}`:
+        // the injected store's directory (`injected_store`).
+        let a = a
+            .replace("{root}", &w.mesh.root().display().to_string())
+            .replace("{store}", &injected_store_dir(w).display().to_string());
         spec = spec.arg(a);
     }
     for (k, v) in env {
@@ -670,11 +778,19 @@ fn start(
     if demand_tls {
         how.push("--tls".into());
     }
+    if no_server {
+        how.push("no --server".into());
+    }
     if how.is_empty() {
         Ok(format!("start daemon {daemon}"))
     } else {
         Ok(format!("start daemon {daemon} ({})", how.join(", ")))
     }
+}
+
+/// Where `injected_store` puts its store: outside every workspace.
+fn injected_store_dir(w: &World) -> std::path::PathBuf {
+    w.outside.path().join("injected-store")
 }
 
 /// The number of a signal `signal` and `expect_exit` name (`TERM`, `INT`, `KILL`, …).

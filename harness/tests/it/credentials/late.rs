@@ -91,6 +91,7 @@ async fn a_renewal_written_after_the_expiry_is_adopted_while_each_renew_waits_ou
             creds: CredsChoice::Workspace,
             cwd: CwdChoice::Root,
             demand_tls: false,
+            no_server: false,
         }),
     )
     .await;
