@@ -179,6 +179,20 @@ pub const STUTTER_STOP_MS: (u64, u64) = (150, 700);
 pub const STUTTER_GAP_MS: (u64, u64) = (300, 1_500);
 /// Posts a race sends (the first at the frontier or the cursor, the next just past it).
 pub const RACE_POSTS: usize = 2;
+/// The held leave (`nemesis::hold_member_writes`, on a store-full of `DLV_<s>`): how long the
+/// serving daemon's first member row write is waited for at its proxy once the leave is asked,
+/// how long it is held there once seen (the posts sent meanwhile, past the leave's cursor, are
+/// stored and routed by the fan-out writer, which does not see the leave yet), and how many
+/// posts are sent meanwhile.
+pub const HELD_WRITE_WAIT_MS: u64 = 1_000;
+pub const HELD_WRITE_MS: u64 = 300;
+pub const HELD_POSTS: usize = 2;
+/// After the held write is released the store stays full this long (the leave is answered, the
+/// reader's refused entries come back after a nak delay and are judged after the answer), and
+/// at most this long from the draw (the longest store-full drawn), well below the reader's
+/// give-up (ten failed hand-offs, ten nak delays: 2 s here).
+pub const STORE_FULL_AFTER_RELEASE_MS: u64 = 500;
+pub const STORE_FULL_MAX_MS: u64 = 1_500;
 /// Per mille of posts that carry no id (no duplicate suppression).
 pub const IDLESS_PER_MILLE: u64 = 100;
 /// The workload's pace: one operation every this many ms, drawn uniformly.

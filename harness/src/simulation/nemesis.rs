@@ -612,6 +612,47 @@ async fn serving_line(live: &Live) -> Option<u64> {
     }
 }
 
+/// Arms, on the serving daemon's proxy, the delay of its publishes to the members bucket (its
+/// member row writes: a join's or a leave's); the proxy's name, `None` when there is none.
+async fn hold_member_writes(live: &Live) -> Option<String> {
+    let s = live.stage.lock().await;
+    let holder = s.daemons.holder(&live.lease)?;
+    let via = s
+        .daemons
+        .plans
+        .iter()
+        .find(|p| p.name == holder)
+        .map(|p| p.via.clone())?;
+    let bucket = s.world.insp.names.members_bucket();
+    s.world
+        .proxy(&via)
+        .ok()?
+        .delay_publishes_to(&format!("$KV.{bucket}.>"));
+    Some(via)
+}
+
+/// Waits (bounded, [`config::HELD_WRITE_WAIT_MS`]) until the proxy holds a member row write.
+async fn write_held(live: &Live, via: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(config::HELD_WRITE_WAIT_MS);
+    while Instant::now() < deadline {
+        {
+            let s = live.stage.lock().await;
+            if s.world.proxy(via).is_ok_and(|p| p.delayed_count() >= 1) {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// Hands the held member row writes over, in order, and disarms the delay.
+async fn release_member_writes(live: &Live, via: &str) {
+    if let Ok(p) = live.stage.lock().await.world.proxy(via) {
+        p.release_delayed();
+    }
+}
+
 /// Whether `active` is a fault on the `DLV_<s>` stream.
 async fn active_target_is_dlv(live: &Live, active: &Active) -> bool {
     let dlv = live.stage.lock().await.world.insp.names.dlv_stream();
@@ -691,14 +732,32 @@ pub async fn live(mut live: Live) {
         )
         .await;
         if let Some(active) = active {
+            let mut end_at = now + planned;
             // A store-full of DLV_<s> holds the trusted reader's hand-offs back: a leave raced
             // by posts now has its answer before the posts the writer copied are handed off.
+            // The leave's row write is held at the daemon's proxy meanwhile, so posts sent then
+            // sit past its cursor and are copied by a fan-out writer that does not see the leave
+            // yet; only the reader's re-check of the current leave cursor keeps them back.
             if spec.kind == FaultKind::StoreFull && active_target_is_dlv(&live, &active).await {
-                if let Some((work, rng)) = live.work.as_mut() {
-                    work.race_leave_now(rng);
+                let held = hold_member_writes(&live).await;
+                let raced = live
+                    .work
+                    .as_mut()
+                    .and_then(|(work, rng)| work.race_leave_now(rng));
+                if let Some(via) = held {
+                    if let (Some((partner, channel)), Some((work, _))) = (&raced, &live.work) {
+                        if write_held(&live, &via).await {
+                            work.posts_now(*partner, channel, config::HELD_POSTS);
+                            tokio::time::sleep(Duration::from_millis(config::HELD_WRITE_MS)).await;
+                        }
+                    }
+                    release_member_writes(&live, &via).await;
+                    end_at = end_at
+                        .max(live.recorder.now_ms() + config::STORE_FULL_AFTER_RELEASE_MS)
+                        .min(now + config::STORE_FULL_MAX_MS);
                 }
             }
-            live.recorder.sleep_until_ms(now + planned).await;
+            live.recorder.sleep_until_ms(end_at).await;
             end(&live.stage, &live.recorder, &live.lease, active).await;
         }
         let next = live.recorder.now_ms() + gap;

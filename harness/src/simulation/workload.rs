@@ -187,7 +187,8 @@ impl Workload {
     /// leave was answered. Only the reader's re-check of the current leave cursor then keeps
     /// the posts past it back (a reader that ignores it hands them off after the answer: a
     /// leak the checker sees). Idle agents only (an empty queue), so the race runs at once.
-    pub fn race_leave_now(&self, rng: &mut Prng) -> bool {
+    /// Answers the partner's slot and the channel when the race was issued.
+    pub fn race_leave_now(&self, rng: &mut Prng) -> Option<(usize, String)> {
         let slots = self.slots().clone();
         let idle = |s: &Slot| {
             s.online
@@ -199,19 +200,13 @@ impl Workload {
         let leavers: Vec<usize> = (0..slots.len())
             .filter(|&i| idle(&slots[i]) && !slots[i].joined.is_empty())
             .collect();
-        let Some(&who) = rng.pick(&leavers) else {
-            return false;
-        };
+        let &who = rng.pick(&leavers)?;
         let joined: Vec<&String> = slots[who].joined.keys().collect();
-        let Some(&channel) = rng.pick(&joined) else {
-            return false;
-        };
+        let &channel = rng.pick(&joined)?;
         let partners: Vec<usize> = (0..slots.len())
             .filter(|&i| i != who && idle(&slots[i]))
             .collect();
-        let Some(&partner) = rng.pick(&partners) else {
-            return false;
-        };
+        let &partner = rng.pick(&partners)?;
         // A full queue's worth (the partner is idle), spread over the leave's run: the more
         // posts around its cursor read, the likelier one lands past it before the fan-out
         // writer sees the leave.
@@ -236,6 +231,28 @@ impl Workload {
                 posts,
             },
         )
+        .then(|| (partner, channel.clone()))
+    }
+
+    /// Queues up to `n` durable posts on `channel` for slot `slot` now (as many as its queue
+    /// takes); how many were queued. The held leave's posts past its cursor
+    /// (`nemesis::hold_member_writes`).
+    pub fn posts_now(&self, slot: usize, channel: &str, n: usize) -> usize {
+        (0..n)
+            .take_while(|_| {
+                let tag = self.next_tag();
+                self.send(
+                    slot,
+                    Command::Post {
+                        channel: channel.to_string(),
+                        class: Class::Durable,
+                        id: Some(format!("m-{tag}")),
+                        tag,
+                        mentions: Vec::new(),
+                    },
+                )
+            })
+            .count()
     }
 
     /// A fresh lifecycle for slot `slot`, online, joined to some durable channels.
