@@ -195,8 +195,13 @@ async fn activate_once(
     if frontier <= join_cursor {
         return Ok(());
     }
+    // An absent or garbled channel row is no error (the default class), so a failed read of
+    // it is the broker's passing condition too (seed 4404 on the cluster: "JetStream system
+    // temporarily unavailable (code 503, error code 10008)" in a node kill's churn).
     let class_error = |e: RowError| {
-        CatchUpError::new(K::ChannelClass, format!("the channel class: {e}")).source(e)
+        CatchUpError::new(K::ChannelClass, format!("the channel class: {e}"))
+            .source(e)
+            .transient(true)
     };
     let channels = Channels::open(ctx).await.map_err(class_error)?;
     let class = channels.class_of(channel).await.map_err(class_error)?;
