@@ -643,15 +643,13 @@ fn duplicates<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report)
                 }
             } else if p.id.is_none() {
                 DuplicateWhy::IdLess
-            } else if p.seq.is_some_and(|seq| {
-                model.rejoined_between(
-                    member,
-                    p.channel,
-                    seq,
-                    first.frame.handed_off_ms.unwrap_or(first.ms),
-                    again.frame.handed_off_ms.unwrap_or(again.ms),
-                )
-            }) {
+            } else if model.rejoined_between(
+                member,
+                p.channel,
+                p.seq,
+                first.frame.handed_off_ms.unwrap_or(first.ms),
+                again.frame.handed_off_ms.unwrap_or(again.ms),
+            ) {
                 DuplicateWhy::RejoinRace
             } else {
                 let t0 = first.frame.handed_off_ms.unwrap_or(first.ms);

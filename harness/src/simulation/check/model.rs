@@ -928,12 +928,16 @@ impl<'h> Model<'h> {
     }
 
     /// By the row log: whether `member` rejoined `channel` between two hand-offs of `seq`
-    /// stamped at `first` and `again`, its new generation admitting `seq`.
+    /// stamped at `first` and `again`, its new generation admitting `seq`. A post whose publish
+    /// went unanswered has no known sequence (`None`): as for any unanswered operation, some
+    /// sequence explains it, and the second hand-off, made under the new generation, is itself
+    /// the reader's word that its interval admitted the post, so any rejoin written between
+    /// the two hand-offs explains them.
     pub fn rejoined_between(
         &self,
         member: &Member,
         channel: &str,
-        seq: u64,
+        seq: Option<u64>,
         first: Ms,
         again: Ms,
     ) -> bool {

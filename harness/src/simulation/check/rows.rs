@@ -324,14 +324,14 @@ impl KeyMembership {
             .next_back()
     }
 
-    /// Whether a later generation whose interval admits `seq` was first written within
-    /// `[from, to]`: a rejoin that took `seq` into its interval after a hand-off under the
-    /// generation it closed.
-    pub fn rejoined_over(&self, seq: u64, from: Ms, to: Ms) -> bool {
+    /// Whether a later generation whose interval admits `seq` (any, when `seq` is unknown) was
+    /// first written within `[from, to]`: a rejoin that took `seq` into its interval after a
+    /// hand-off under the generation it closed.
+    pub fn rejoined_over(&self, seq: Option<u64>, from: Ms, to: Ms) -> bool {
         self.settled
             .iter()
             .skip(1)
-            .any(|s| s.admits(seq) && s.joined_ms >= from && s.joined_ms <= to)
+            .any(|s| seq.is_none_or(|q| s.admits(q)) && s.joined_ms >= from && s.joined_ms <= to)
     }
 
     /// Where `seq` stands for checks that ran within `[from, to]` (with `skew` either side).

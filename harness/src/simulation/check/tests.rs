@@ -1912,3 +1912,42 @@ fn a_post_in_the_window_of_a_join_answered_durable_false_is_excused_and_one_afte
     );
     assert_eq!(r.excused.len(), 1);
 }
+
+/// The same race for a post whose publish went unanswered: its CHAT sequence is unknown, so
+/// the interval cannot be asked; the hand-off under the new generation is the reader's word
+/// that the interval admitted it, and some sequence explains both copies, as for any unanswered
+/// operation. Without a rejoin between the hand-offs it is still a second hand-off the seeds do
+/// not allow. Found by seed 6004 (one broker, the issue 43 sweep): post m-t386 unanswered
+/// through a broker kill, handed off to ag06 at 196 860 ms and again at 196 909 ms, ag06's
+/// rejoin of design (generation 2) written at 196 869 ms; the run was judged invalid.
+/// Mutation seen failing: `rejoined_over` keeping `seq.is_some_and(..)` for an unknown
+/// sequence (the second frame then a `second_hand_off`, the run invalid).
+#[test]
+fn a_post_of_unknown_sequence_handed_off_again_across_a_rejoin_is_an_allowed_duplicate() {
+    let base = |rejoin_at: Option<Ms>| {
+        let mut s = logged();
+        let call = Call::Post {
+            channel: "eng".into(),
+            class: Class::Durable,
+            id: Some("id-t9".into()),
+            tag: "t9".into(),
+            mentions: Vec::new(),
+        };
+        s.unknown((2100, 2200), &agent(&alice()), call);
+        s.frame(2255, &carol(), "eng", "t9", true, 41);
+        if let Some(t) = rejoin_at {
+            s.member_row(&carol(), "eng", 3, t, (2, 1, None));
+            s.rows_end(3, 3);
+        }
+        s.frame(2405, &carol(), "eng", "t9", true, 42);
+        s
+    };
+    let r = base(Some(2300)).check();
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    assert_eq!(r.duplicates.len(), 1, "{}", r.summary());
+    assert_eq!(r.duplicates[0].why, DuplicateWhy::RejoinRace);
+    assert_eq!(r.duplicates[0].post.seq, None);
+    let r = base(None).check();
+    assert_eq!(r.duplicates[0].why, DuplicateWhy::SecondHandOff);
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+}
