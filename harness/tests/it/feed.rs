@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use crate::support::BOUND;
 use cotal_delivery::base::{
-    self, read_creds_file, write_creds_file_atomic, Credential, CredentialCell, DialSpec,
-    DrainErrorKind, FsStore, Journal, SecretStore,
+    self, read_creds_file, Credential, CredentialCell, DialSpec, DrainErrorKind, FsStore, Journal,
+    SecretStore,
 };
 use cotal_delivery::provision::{remint_daemon_creds_for, Preflight};
 use cotal_delivery::provision::{MintOptions, Profile};
@@ -512,75 +512,6 @@ async fn close_with_the_broker_gone_closes_both_feed_connections_within_a_bound(
         d.transcript()
     );
     assert!(took < CLOSE_WITHIN, "{took:?}: {}", d.transcript());
-}
-
-/// The feed uses its own renewed writer key: with a short-lived `membership-rw` credential (and
-/// a long-lived delivery one, so the daemon's own renewal never runs), the feed's own timer
-/// re-reads the store at 75 % of that credential's lifetime and moves its rw connection onto
-/// the renewal there, so `/connz` shows the renewed JWT on `cotal-membership-rw` before the old
-/// one expires, with no `reloadCreds`. Mutation seen failing: the daemon loop's
-/// `renewal.membership_due()` branch removed (the rw connection kept the old JWT until the
-/// broker closed it at the expiry).
-#[tokio::test]
-async fn the_feed_renews_its_own_writer_key_at_three_quarters_of_its_lifetime() {
-    let mesh = crate::support::data_path::mesh_with_signer().await;
-    let rw_path = mesh.workspace().membership_rw_creds_path(mesh.space());
-    let current = read_creds_file(&rw_path).unwrap();
-    let short = mesh
-        .mint(
-            mesh.space(),
-            &Profile::MembershipRw,
-            MintOptions::new()
-                .renewal_of(&current)
-                .expires_in(Duration::from_secs(8)),
-        )
-        .unwrap();
-    write_creds_file_atomic(&rw_path, &short).unwrap();
-    let exp_ms = short.claims().unwrap().exp.unwrap() * 1000;
-    let mut d = crate::support::data_path::daemon_spec(&mesh)
-        .env("COTAL_DELIVERY_MEMBERSHIP_INTERVAL_MS", "300")
-        // A remint that lands after the 75 % point is picked up on the next retry.
-        .env("COTAL_DELIVERY_REMINT_RETRY_MS", "500")
-        .spawn()
-        .expect("spawn");
-    d.wait_for_line(FEED_UP, BOUND).await.expect("feed up");
-    assert_eq!(jwt_of(&mesh, RW_NAME).await, Some(short.jwt.clone()));
-    let renewed = remint_rw(&mesh, &short).await;
-    let until = std::time::Instant::now() + BOUND;
-    while jwt_of(&mesh, RW_NAME).await != Some(renewed.jwt.clone()) {
-        assert!(
-            std::time::Instant::now() < until,
-            "the rw connection never presented the renewed JWT: {}",
-            d.transcript()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let moved_at = now_ms();
-    println!(
-        "MEASURED feed rw on the renewed JWT {} ms before the old exp",
-        exp_ms - moved_at
-    );
-    assert!(
-        moved_at < exp_ms,
-        "moved {} ms after expiry: {}",
-        moved_at - exp_ms,
-        d.transcript()
-    );
-    assert!(
-        d.has_line("✓ membership: adopted the renewed membership-rw credential from "),
-        "{}",
-        d.transcript()
-    );
-    assert!(!d.has_line("reloadCreds"), "{}", d.transcript());
-    d.terminate().unwrap();
-    d.wait_exit(BOUND).await.unwrap();
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// Which of `names` `/connz` lists (every account's connections, the `$SYS` observer's too).
