@@ -219,6 +219,7 @@ pub async fn run(opts: Options) -> Result<Finished, SimError> {
         let host = if opts.standby {
             let step = Step::Hosts(hosts::HostStep::Host {
                 name: n.to_string(),
+                every_space: false,
             });
             kit_step(&mut world, step, "prepare a standby host").await?;
             Some(n.to_string())

@@ -38,6 +38,10 @@ pub enum HostCreds {
 pub enum HostStep {
     Host {
         name: String,
+        /// Prepared for every space of the mesh (`[mesh] spaces` too), one lane each, instead
+        /// of the case's space alone.
+        #[serde(default)]
+        every_space: bool,
     },
     HostMaterial {
         host: String,
@@ -71,28 +75,34 @@ impl HostStep {
 
     pub fn refs(&self) -> Refs {
         match self {
-            HostStep::Host { name } => Refs::default().creates(Kind::Host, name),
+            HostStep::Host { name, .. } => Refs::default().creates(Kind::Host, name),
             HostStep::HostMaterial { host, .. } => Refs::default().uses(Kind::Host, host),
         }
     }
 
     pub async fn run(&self, w: &mut World, _ctx: Ctx) -> StepResult {
         match self {
-            HostStep::Host { name } => {
+            HostStep::Host { name, every_space } => {
                 let root = tempfile::Builder::new()
                     .prefix("cotal-host-")
                     .tempdir()
                     .map_err(|e| Failure::could_not(format!("create the host root: {e}")))?;
+                let spaces = if *every_space {
+                    w.mesh.spaces().to_vec()
+                } else {
+                    vec![w.mesh.space().clone()]
+                };
                 prepare_standby_hosts(
                     &w.mesh.authority,
-                    &StandbyPlan::new(vec![w.mesh.space().clone()]),
+                    &StandbyPlan::new(spaces.clone()),
                     &[root.path()],
                 )
                 .map_err(|e| Failure::could_not(format!("prepare host {name}: {e}")))?;
                 w.hosts.insert(name.clone(), root);
+                let names: Vec<&str> = spaces.iter().map(|s| s.as_str()).collect();
                 Ok(format!(
                     "standby host {name} prepared for space {}",
-                    w.mesh.space()
+                    names.join(" and ")
                 ))
             }
             HostStep::HostMaterial {

@@ -43,9 +43,16 @@ pub enum LeaseStep {
         /// Held by the delivery credential this daemon or host was started with.
         #[serde(default)]
         holder: Option<String>,
+        /// The lease row of this other space of the mesh (`[mesh] spaces`): a host's lane of
+        /// it, held by the host's credential of that space.
+        #[serde(default)]
+        space: Option<String>,
     },
     RememberLease {
         name: String,
+        /// The row of this other space of the mesh (`[mesh] spaces`).
+        #[serde(default)]
+        space: Option<String>,
     },
     DeleteLease {},
     RewriteLeaseIdentical {},
@@ -96,7 +103,7 @@ impl LeaseStep {
             } => Refs::default()
                 .uses_opt(Kind::Lease, same_as.as_ref())
                 .uses_opt(Kind::Daemon, holder.as_ref()),
-            LeaseStep::RememberLease { name } => Refs::default().creates(Kind::Lease, name),
+            LeaseStep::RememberLease { name, .. } => Refs::default().creates(Kind::Lease, name),
             LeaseStep::ExpectPidRecord { pid_of, host, .. } => Refs::default()
                 .uses_opt(Kind::Daemon, pid_of.as_ref())
                 .uses_opt(Kind::Host, host.as_ref()),
@@ -111,7 +118,9 @@ impl LeaseStep {
                 ready,
                 same_as,
                 holder,
+                space,
             } => {
+                let other = other_space(w, space)?;
                 let want = same_as
                     .as_ref()
                     .map(|n| {
@@ -123,10 +132,24 @@ impl LeaseStep {
                 let want_holder = holder
                     .as_ref()
                     .map(|h| {
-                        let path = w.daemon_creds.get(h).ok_or_else(|| {
-                            Failure::could_not(format!("no daemon {h:?} was started"))
-                        })?;
-                        World::holder_of_creds(path)
+                        let path = match &other {
+                            // The credential of that space under the root it was started on.
+                            Some(s) => {
+                                let root = w.daemon_roots.get(h).ok_or_else(|| {
+                                    Failure::could_not(format!("no daemon {h:?} was started"))
+                                })?;
+                                cotal_delivery::provision::Workspace::new(root)
+                                    .delivery_creds_path(s)
+                            }
+                            None => w
+                                .daemon_creds
+                                .get(h)
+                                .ok_or_else(|| {
+                                    Failure::could_not(format!("no daemon {h:?} was started"))
+                                })?
+                                .clone(),
+                        };
+                        World::holder_of_creds(&path)
                     })
                     .transpose()?;
                 let check = |row: &Option<LeaseRow>| -> Result<(), String> {
@@ -157,12 +180,22 @@ impl LeaseStep {
                         }
                     }
                 };
-                let insp = &w.insp;
+                let own;
+                let insp = match &other {
+                    Some(s) => {
+                        own = w.mesh.inspector(s).await?;
+                        &own
+                    }
+                    None => &w.insp,
+                };
                 poll(ctx, "the lease row to match", || async {
                     check(&insp.lease().await.map_err(|e| e.to_string())?)
                 })
                 .await?;
                 let mut what = Vec::new();
+                if let Some(s) = space {
+                    what.push(format!("of space {s}"));
+                }
                 if *absent {
                     what.push("absent".to_string());
                 }
@@ -177,14 +210,17 @@ impl LeaseStep {
                 }
                 Ok(format!("lease row: {}", what.join(", ")))
             }
-            LeaseStep::RememberLease { name } => {
-                let row = w
-                    .insp
-                    .lease()
-                    .await?
-                    .ok_or_else(|| Failure::new("a lease row to remember", "no lease row"))?;
+            LeaseStep::RememberLease { name, space } => {
+                let row = match other_space(w, space)? {
+                    Some(s) => w.mesh.inspector(&s).await?.lease().await?,
+                    None => w.insp.lease().await?,
+                }
+                .ok_or_else(|| Failure::new("a lease row to remember", "no lease row"))?;
                 w.leases.insert(name.clone(), row);
-                Ok(format!("remember the lease row as {name}"))
+                match space {
+                    Some(s) => Ok(format!("remember the lease row of space {s} as {name}")),
+                    None => Ok(format!("remember the lease row as {name}")),
+                }
             }
             LeaseStep::DeleteLease {} => {
                 w.insp.delete_lease().await?;
@@ -397,4 +433,22 @@ async fn fill_store(insp: &Inspector) -> Result<usize, HarnessError> {
     Err(HarnessError::Usage(format!(
         "the store took {MAX_WRITES} writes without refusing"
     )))
+}
+
+/// The space a lease step names instead of the case's: one of `[mesh] spaces`.
+fn other_space(
+    w: &World,
+    space: &Option<String>,
+) -> Result<Option<cotal_delivery::wire::Space>, Failure> {
+    space
+        .as_ref()
+        .map(|s| {
+            w.mesh
+                .spaces()
+                .iter()
+                .find(|m| m.as_str() == s)
+                .cloned()
+                .ok_or_else(|| Failure::could_not(format!("space {s:?} is not in [mesh] spaces")))
+        })
+        .transpose()
 }
