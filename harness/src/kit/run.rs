@@ -107,7 +107,7 @@ pub async fn run_case(
         }
     }
     let figures = std::mem::take(&mut world.figures);
-    drop(world);
+    world.close().await;
     CaseRun {
         transcript,
         figures,

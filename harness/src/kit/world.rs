@@ -96,8 +96,40 @@ pub struct World {
 
 /// Lifetime of the harness's own broker view: longer than any case.
 const INSPECTOR_LIFETIME: Duration = Duration::from_secs(4 * 3600);
+/// Bound on closing a case's connections at its end (each drain flushes what is buffered).
+const CLOSE_BOUND: Duration = Duration::from_secs(2);
 
 impl World {
+    /// Ends the case: closes every connection it opened while its brokers still run, then drops
+    /// the rest (daemons, brokers, directories). A client dropped after its broker is gone is
+    /// left redialling: its connection task is busy reconnecting and never sees the drop. In
+    /// `harness qualify`, which runs every case on one runtime, that client dials the port a
+    /// later case's broker takes (seen: two agents of `data-path/live-mention-reaches-authorized-non-member`
+    /// counted three minutes later against `standby/refuses-malformed-credential`'s daemon).
+    pub async fn close(mut self) {
+        let mut clients: Vec<async_nats::Client> = Vec::new();
+        for a in self.agents.values_mut() {
+            a.delivery = None;
+            if let Some(agent) = a.client.take() {
+                clients.push(agent.client().clone());
+            }
+        }
+        clients.extend(self.supervisor.take());
+        clients.extend(std::mem::take(&mut self.admin.once).into_values());
+        clients.push(self.insp.client.clone());
+        // `drain` only asks: the connection task flushes and ends on its own time. A flush
+        // fails once that task is gone (nothing reads the client's commands any more), so the
+        // brokers stop only after every client's task has ended, or the bound ran out.
+        let closed = futures::future::join_all(clients.iter().map(|c| async move {
+            let _ = c.drain().await;
+            while c.flush().await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }));
+        let _ = tokio::time::timeout(CLOSE_BOUND, closed).await;
+        drop(self);
+    }
+
     /// Starts a mesh of `spec` in `shape`: its daemons get `env`, its durations are `vars` (a
     /// case's, or the simulation's).
     pub async fn start(

@@ -571,3 +571,64 @@ fn a_failed_precondition_blocks_the_case() {
     );
     assert!(!xml.contains("<failure"), "{xml}");
 }
+
+/// A case closes every connection it opened while its brokers still run, so nothing it opened
+/// outlives it inside the runtime `harness qualify` runs every case on. A client dropped after
+/// its broker is gone keeps redialling (its connection task is busy reconnecting and never sees
+/// the drop), and dials the port a later case's broker takes: under `qualify -j 2`, two agents of
+/// `data-path/live-mention-reaches-authorized-non-member` were counted three minutes later
+/// against `standby/refuses-malformed-credential`'s daemon. Judged on the runtime: once the case
+/// has returned, its tasks end (the count of live tasks falls back to where it was), bounded.
+/// Mutation seen failing: `run_case` dropping the world (`drop(world)`) instead of
+/// `world.close().await` (the agents' and the inspector's connection tasks stay alive).
+#[test]
+fn a_case_leaves_no_connection_redialling_after_it_ends() {
+    use delivery_harness::kit::case::Case;
+    use delivery_harness::kit::run::run_case;
+    use delivery_harness::kit::shape::Shape;
+    use delivery_harness::kit::under_test::RunOptions;
+    const TEXT: &str = r#"
+id = "local/agents-closed"
+family = "local"
+seed = "delivery-daemon-concept.txt"
+sentence = """x"""
+description = """two agents on a live channel, one announcing, one posting; no daemon"""
+[[step]]
+channel = { name = "lobby", class = "live" }
+[[step]]
+agent = { name = "alice", read = ["lobby"] }
+[[step]]
+agent = { name = "dave", read = ["lobby"] }
+[[step]]
+announce = { agent = "dave" }
+[[step]]
+post = { agent = "alice", channel = "lobby", text = "hey" }
+[[step]]
+expect_member_rows = { agent = "alice", channels = [] }
+"#;
+    let case = Case::parse(TEXT, Path::new("agents-closed.toml")).expect("the case parses");
+    let shape = Shape::parse("operator").expect("a shape");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        let run = run_case(&case, &shape, &RunOptions::default(), None).await;
+        assert!(run.outcome.is_ok(), "{:?}\n{}", run.outcome, run.transcript);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let alive = metrics.num_alive_tasks();
+            if alive <= before {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{alive} tasks alive 10 s after the case ended, {before} before it"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    });
+}
