@@ -43,8 +43,9 @@ use crate::wire::{
 /// the rail when it was published, so none received it (it certainly did not run).
 pub const NO_DAEMON_SERVING: &str = "no delivery daemon is serving the rail";
 
-/// Client timeout of `durableJoin` (activation may run first).
-pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Client timeout of `durableJoin` (activation may run first): the wire's, which the daemon's
+/// catch-up is bounded by.
+pub use crate::wire::JOIN_TIMEOUT;
 /// Client timeout of the other verbs (the reference's 5 s list timeout). Its own bound, not
 /// [`BROKER_BOUND`]: it waits for the daemon's work, not only the broker's answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);

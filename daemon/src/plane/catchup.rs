@@ -37,7 +37,7 @@ const CATCH_UP_RETRY_PAUSE: Duration = Duration::from_millis(250);
 const CATCH_UP_RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
 // The agent waits `JOIN_TIMEOUT` for the whole join; the catch-up with its retries may take at
 // most half of it, the rest is the join's own reads and row write (each under `BROKER_BOUND`).
-const _: () = assert!(CATCH_UP_BOUND.as_millis() * 2 <= crate::agent::JOIN_TIMEOUT.as_millis());
+const _: () = assert!(CATCH_UP_BOUND.as_millis() * 2 <= crate::wire::JOIN_TIMEOUT.as_millis());
 const _: () = assert!(CATCH_UP_RETRY_PAUSE_MAX.as_millis() * 4 <= CATCH_UP_BOUND.as_millis());
 
 /// Why a catch-up did not finish: its kind, the text the join's warning and reply quote

@@ -41,6 +41,7 @@ pub use requests::{
     AdminRequest, AnycastSeq, DeliveryRequest, DurableJoin, DurableLeave, EvictPrincipal,
     EvictPrincipals, LifecycleMemberships, ListMemberships, PlaneConnQuery, PrincipalLivenessQuery,
     ReloadCreds, ReloadStoreIdentity, StoreChallenge, Take, TakeRequest, EVICT_PRINCIPALS_MAX,
+    JOIN_TIMEOUT,
 };
 pub use rows::{AclRecord, LeaseInfo, SHARD};
 

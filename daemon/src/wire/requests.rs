@@ -7,8 +7,13 @@
 //! with (docs/admin.md, docs/anycast.md, the reference's texts).
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use serde_json::{Map, Value};
+
+/// How long an agent waits for its `durableJoin` to be answered (the reference agent's 30 s;
+/// the daemon's activation catch-up runs inside it, so the daemon bounds its own work by it).
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 use crate::wire::control::{ControlRequest, Refusal, RefusalKind};
 use crate::wire::grammar::{validate_channel, LifecycleUid, Principal};
