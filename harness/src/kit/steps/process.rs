@@ -40,6 +40,9 @@ pub enum CredsChoice {
     /// The delivery credential copied under another workspace's `.cotal/`, passed with
     /// `--creds` while the daemon runs from this workspace's root.
     OtherWorkspace,
+    /// The delivery credential copied to a file under no `.cotal/` tree at all, passed with
+    /// `--creds` while the daemon runs from this workspace's root.
+    Outside,
 }
 
 /// Where a daemon is started from.
@@ -218,7 +221,7 @@ impl ProcessStep {
                     return only_here(daemon, "the start reads this distribution's diagnostics");
                 }
                 if let (
-                    CredsChoice::MembershipRw | CredsChoice::OtherWorkspace,
+                    CredsChoice::MembershipRw | CredsChoice::OtherWorkspace | CredsChoice::Outside,
                     DaemonUnderTest::Cmd(c),
                 ) = (creds, daemon)
                 {
@@ -687,6 +690,16 @@ fn start(
                 let dir = other.join(".cotal").join(space.segment());
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| Failure::could_not(format!("create another workspace: {e}")))?;
+                let path = dir.join("delivery.creds");
+                std::fs::copy(&creds_path, &path)
+                    .map_err(|e| Failure::could_not(format!("copy the credential: {e}")))?;
+                Some(path)
+            }
+            CredsChoice::Outside => {
+                let dir = w.outside.path().join("creds-elsewhere");
+                std::fs::create_dir_all(&dir).map_err(|e| {
+                    Failure::could_not(format!("create a directory outside every workspace: {e}"))
+                })?;
                 let path = dir.join("delivery.creds");
                 std::fs::copy(&creds_path, &path)
                     .map_err(|e| Failure::could_not(format!("copy the credential: {e}")))?;
