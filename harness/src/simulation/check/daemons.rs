@@ -261,7 +261,7 @@ pub(crate) fn exits(model: &Model<'_>) -> Vec<ExitReport> {
                     signal: *signal,
                     last_line: last_line.clone(),
                     class,
-                    judged: judge(model, daemon, o.ms, class),
+                    judged: judge(model, daemon, o.ms, class, *code),
                 })
             }
             _ => None,
@@ -269,7 +269,13 @@ pub(crate) fn exits(model: &Model<'_>) -> Vec<ExitReport> {
         .collect()
 }
 
-fn judge(model: &Model<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudgement {
+fn judge(
+    model: &Model<'_>,
+    daemon: &str,
+    at: Ms,
+    class: ExitClass,
+    code: Option<i32>,
+) -> ExitJudgement {
     let aimed = |f: &&FaultSpan, kinds: &[FaultKind]| {
         kinds.contains(&f.kind)
             && Model::daemon_of_target(&f.target) == Some(daemon)
@@ -367,6 +373,13 @@ fn judge(model: &Model<'_>, daemon: &str, at: Ms, class: ExitClass) -> ExitJudge
             )),
             None => ExitJudgement::Unexplained,
         },
+        // A clean exit once the runner asked for the stop is the stop's, whatever line came
+        // last: a standby host's lane may log its lease watch's news (the holder's release, seen
+        // as a delete) after the host's own `received SIGTERM` line (seeds 6013 and 6019,
+        // `--standby`: `the lease row was deleted … claiming the lease now` taken as the reason).
+        ExitClass::Other if stopped && code == Some(0) => {
+            expected("a clean exit at the runner's stop".into())
+        }
         ExitClass::Other => ExitJudgement::Unexplained,
     }
 }

@@ -1951,3 +1951,30 @@ fn a_post_of_unknown_sequence_handed_off_again_across_a_rejoin_is_an_allowed_dup
     assert_eq!(r.duplicates[0].why, DuplicateWhy::SecondHandOff);
     assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
 }
+
+/// A clean exit (code 0) once the runner asked for the stop is explained by the stop, whatever
+/// line came last; the same exit without the stop, or one with a non-zero code at the stop, is
+/// not. Found by the issue 43 sweep's seeds 6013 and 6019 (`--standby`): the standby host's
+/// lane logged `the lease row was deleted … claiming the lease now` (the holder's release at the
+/// end of the run) after the host's `received SIGTERM`, and that line was taken as the reason.
+/// Mutation seen failing: the `ExitClass::Other if stopped && code == Some(0)` arm left out
+/// (the exit unexplained, the run invalid).
+#[test]
+fn a_clean_exit_at_the_runners_stop_is_explained_whatever_its_last_line() {
+    const LANE: &str = "lane sim: • delivery host: the lease row was deleted (revision 123, seen by this standby's lease watch); claiming the lease now";
+    let ended = |stop: bool, code: i32| {
+        let mut s = clean();
+        if stop {
+            let stop = Call::DaemonStop { daemon: "b".into() };
+            s.ok((5030, 5060), &Process::Runner, stop, Done::DaemonStop);
+        }
+        s.exited(5050, "b", Some(code), None, Some(LANE));
+        s.check()
+    };
+    let r = ended(true, 0);
+    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
+    let r = ended(false, 0);
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+    let r = ended(true, 1);
+    assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
+}
