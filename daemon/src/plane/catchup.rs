@@ -165,7 +165,13 @@ pub async fn activate(
         }
     };
     match tokio::time::timeout(CATCH_UP_BOUND, attempts).await {
-        Ok(Ok(())) => Ok(copied),
+        Ok(Ok(())) => {
+            // An attempt after a failed one stores again what the failed one stored; the
+            // broker answers with the same sequence, kept once here so a take-back deletes it once.
+            copied.sort_unstable();
+            copied.dedup();
+            Ok(copied)
+        }
         Ok(Err(e)) => Err(e),
         Err(elapsed) => Err(CatchUpError::new(
             CatchUpErrorKind::TimedOut,

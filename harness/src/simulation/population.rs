@@ -81,6 +81,19 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// A durable post with the message id the workload gives every tagged post (`m-<tag>`).
+    pub fn durable_post(channel: &str, tag: String) -> Command {
+        Command::Post {
+            channel: channel.to_string(),
+            class: Class::Durable,
+            id: Some(format!("m-{tag}")),
+            tag,
+            mentions: Vec::new(),
+        }
+    }
+}
+
 /// Which membership change a race's posts race against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RaceKind {

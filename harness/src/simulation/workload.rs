@@ -224,13 +224,7 @@ impl Workload {
         let posts = (0..population::QUEUE_OPS)
             .map(|_| {
                 let tag = self.next_tag();
-                Command::Post {
-                    channel: channel.clone(),
-                    class: Class::Durable,
-                    id: Some(format!("m-{tag}")),
-                    tag,
-                    mentions: Vec::new(),
-                }
+                Command::durable_post(channel, tag)
             })
             .collect();
         self.send(
@@ -252,16 +246,7 @@ impl Workload {
         (0..n)
             .take_while(|_| {
                 let tag = self.next_tag();
-                self.send(
-                    slot,
-                    Command::Post {
-                        channel: channel.to_string(),
-                        class: Class::Durable,
-                        id: Some(format!("m-{tag}")),
-                        tag,
-                        mentions: Vec::new(),
-                    },
-                )
+                self.send(slot, Command::durable_post(channel, tag))
             })
             .count()
     }
@@ -633,13 +618,7 @@ async fn issue(w: &Arc<Workload>, rng: &mut Prng, kind: WorkKind) -> bool {
             let posts = (0..config::RACE_POSTS)
                 .map(|_| {
                     let tag = w.next_tag();
-                    Command::Post {
-                        channel: channel.to_string(),
-                        class: Class::Durable,
-                        id: Some(format!("m-{tag}")),
-                        tag,
-                        mentions: Vec::new(),
-                    }
+                    Command::durable_post(channel, tag)
                 })
                 .collect();
             w.send(
