@@ -137,7 +137,18 @@ impl Plane {
 
     /// Closes the gate first (nothing admitted before acts after this), then unbinds.
     pub async fn quiesce(&mut self) {
+        self.stop_serving();
+        self.unbind().await;
+    }
+
+    /// Closes the gate: from here on nothing this plane admitted acts (acks, replies, writes).
+    /// The moment this daemon stops serving, whatever its tasks still take to wind down.
+    pub fn stop_serving(&mut self) {
         self.ctx.gate.close();
+    }
+
+    /// Ends the bound tasks, each within [`QUIESCE_BOUND`]; the gate is already closed.
+    pub async fn unbind(&mut self) {
         if let Some(bound) = self.bound.take() {
             unbind(bound).await;
         }
