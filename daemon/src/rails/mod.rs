@@ -31,8 +31,8 @@ mod ops;
 pub(crate) use admin::{CredentialAdmin, RECONNECT_WAIT_BOUND};
 pub(crate) use anycast::bind_sweeper;
 pub(crate) use evict::{kick_all, EvictorKicker, KickOutcome, Kicker};
-pub(crate) use handlers::{Handlers, HANDLER_JOIN_BOUND};
-pub use handlers::{Unbound, RAIL_IN_FLIGHT_REQUESTS};
+pub(crate) use handlers::Handlers;
+pub use handlers::{Unbound, HANDLER_JOIN_BOUND, RAIL_IN_FLIGHT_REQUESTS};
 pub(crate) use liveness::{bind as bind_liveness, observed_sweep, shortfall, LeaseSelf};
 
 use crate::base::SysAuthority;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use cotal_delivery::agent::AgentErrorKind;
 use cotal_delivery::plane::{NOT_SERVING, STOPPED_SERVING};
+use cotal_delivery::rails::HANDLER_JOIN_BOUND;
 use cotal_delivery::wire::{SpaceNames, LEASE_KEY};
 use delivery_harness::rig::agent;
 use serde_json::json;
@@ -22,7 +23,9 @@ use crate::support::data_path::*;
 /// after the daemon's 5 s request bound, so the release must come well before that.
 const HELD_BOUND: Duration = Duration::from_secs(3);
 
-/// Mutation caught: the in-flight checks removed (`still(epoch)` in `plane/durable.rs` and in the
+/// Mutations caught: the quiesce line said after the plane's unbinding (`Keeper::quiesce` as
+/// before cc9198c: the line arrives only once the pinned handler's bound ran out); the in-flight
+/// checks removed (`still(epoch)` in `plane/durable.rs` and in the
 /// rail's reply path always true) — the held join then completes and answers `ok`, and its
 /// member row appears on the broker. The drain's `not serving` refusal cannot stand in for it:
 /// the test demands the `stopped serving` text and the handler is proved admitted (its ACL read
@@ -50,6 +53,17 @@ async fn a_request_admitted_before_a_quiesce_is_refused_not_answered_ok() {
             // Admitted and in flight: its ACL read left the daemon and is held.
             proxy.wait_held(&acl_subject, HELD_BOUND).await.unwrap();
             insp.delete_lease().await.unwrap();
+            // The quiesce line is said as the gate closes, while the pinned handler still holds
+            // the unbinding up (the rail waits up to HANDLER_JOIN_BOUND for it): well before
+            // that bound, with the not-ready write, which follows the unbinding, not yet sent.
+            daemon
+                .wait_for_line("stopped serving shard 0", HANDLER_JOIN_BOUND / 2)
+                .await
+                .unwrap();
+            assert!(
+                !String::from_utf8_lossy(&proxy.held()).contains(&lease_subject),
+                "the not-ready write went out before the quiesce line"
+            );
             // The keeper closed the gate, unbound, and is now marking the lease not-ready.
             proxy.wait_held(&lease_subject, HELD_BOUND).await.unwrap();
             proxy.release();
