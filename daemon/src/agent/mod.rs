@@ -67,7 +67,8 @@ pub enum AgentErrorKind {
     Refused,
     /// No answer within the client timeout.
     TimedOut,
-    /// No daemon is serving the rail.
+    /// No daemon is serving the rail, or no stream took a post (the broker's no-responders
+    /// answer: nothing was stored, so the same post may be sent again).
     NoResponders,
     /// The connection closed while the request was pending: rejected, not replayed.
     ConnectionClosed,
@@ -283,7 +284,16 @@ impl Agent {
                 .publish_with_headers(subject.clone(), headers, body.into())
                 .await
                 .map_err(|e| broker(&e))?;
-            ack.await.map_err(|e| broker(&e))
+            ack.await.map_err(|e| {
+                if e.kind() == async_nats::jetstream::context::PublishErrorKind::StreamNotFound {
+                    AgentError::new(
+                        AgentErrorKind::NoResponders,
+                        format!("post on {subject}: {e}"),
+                    )
+                } else {
+                    broker(&e)
+                }
+            })
         };
         match tokio::time::timeout(BROKER_BOUND, work).await {
             Ok(Ok(ack)) => Ok(ack.sequence),

@@ -9,7 +9,7 @@ use super::verb::toml_to_json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use cotal_delivery::agent::{Backstop, Frame};
+use cotal_delivery::agent::{AgentErrorKind, Backstop, Frame};
 use cotal_delivery::wire::{Plane3Entry, Reason, SpaceNames};
 use serde::Deserialize;
 use serde_json::Value;
@@ -135,6 +135,11 @@ fn default_quiet_ms() -> u64 {
 const SURFACE_WITHIN: Duration = Duration::from_secs(10);
 /// Bound on one join's answer (the agent's own wait).
 const JOIN_WAIT: Duration = Duration::from_secs(15);
+/// The default bound of a post's storing: a cluster that lost a node answers a publish with no
+/// responders until its stream has a leader again.
+const STORED_WITHIN: Duration = Duration::from_secs(10);
+/// Pause between two sends of a post no stream took (the broker's no-responders answer).
+const STORE_RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// Most posts one `post` step makes.
 const MAX_COUNT: u64 = 10_000;
 
@@ -155,6 +160,7 @@ impl AgentStep {
             AgentStep::Surface { .. } => Some(SURFACE_WITHIN),
             AgentStep::ExpectPending { .. } => Some(SURFACE_WITHIN),
             AgentStep::Join { .. } => Some(JOIN_WAIT),
+            AgentStep::Post { .. } => Some(STORED_WITHIN),
             AgentStep::Online { .. } | AgentStep::Agent { .. } => Some(DEFAULT_WITHIN),
             _ => None,
         }
@@ -394,7 +400,20 @@ impl AgentStep {
                 id,
                 mentions,
                 count,
-            } => post(w, agent, channel, text, id.as_deref(), mentions, *count).await,
+            } => {
+                let left = ctx.left();
+                post(
+                    w,
+                    left,
+                    agent,
+                    channel,
+                    text,
+                    id.as_deref(),
+                    mentions,
+                    *count,
+                )
+                .await
+            }
             AgentStep::Surface {
                 agent,
                 frames,
@@ -524,8 +543,10 @@ fn online<'a>(
         .ok_or_else(|| Failure::could_not(format!("agent {name} is offline")))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn post(
     w: &mut World,
+    left: Duration,
     agent: &str,
     channel: &str,
     text: &str,
@@ -555,10 +576,27 @@ async fn post(
         if !mentions.is_empty() {
             msg["mentions"] = Value::from(mentions.to_vec());
         }
-        let seq = client
-            .post(channel, &msg)
-            .await
-            .map_err(|e| Failure::new(format!("{agent}'s post to be stored"), e.to_string()))?;
+        // A no-responders answer stored nothing (no stream took the post), so the same post,
+        // with the same id, is sent again until the step's bound: a cluster that lost a node
+        // answers so until its stream has a leader again. Every other failure fails the step.
+        let until = tokio::time::Instant::now() + left;
+        let seq = loop {
+            match client.post(channel, &msg).await {
+                Ok(seq) => break seq,
+                Err(e)
+                    if e.kind() == AgentErrorKind::NoResponders
+                        && tokio::time::Instant::now() + STORE_RETRY_PAUSE < until =>
+                {
+                    tokio::time::sleep(STORE_RETRY_PAUSE).await;
+                }
+                Err(e) => {
+                    return Err(Failure::new(
+                        format!("{agent}'s post to be stored"),
+                        e.to_string(),
+                    ))
+                }
+            }
+        };
         made.push((labels[0].clone(), seq, msg));
     } else {
         // Pipelined from the agent's own connection: a sender outrunning the fan-out writer.

@@ -232,3 +232,26 @@ async fn a_leave_refused_after_its_write_takes_the_row_back() {
     .await;
     stop_daemon(&mut daemon).await;
 }
+
+/// A post no stream takes (the broker's no-responders answer: nothing stored) is told apart
+/// from a refusal, so a sender may send the same post again; the kit's `post` step does until
+/// its bound, for a cluster whose CHAT stream has no leader yet after a node loss. Checked on a
+/// space whose CHAT stream an operator deleted. Mutation seen failing: `Agent::post` mapping
+/// the ack's `StreamNotFound` to `Broker` like every other failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_no_stream_takes_is_told_apart_as_no_responders() {
+    let mesh = mesh().await;
+    let insp = mesh.inspector(mesh.space()).await.unwrap();
+    let (alice, _) = agent::spawn(&mesh, &insp, "alice", &["general"])
+        .await
+        .unwrap();
+    insp.js
+        .delete_stream(insp.names.chat_stream())
+        .await
+        .expect("the operator deletes the CHAT stream");
+    let e = alice
+        .post("general", &alice.message("general", "nowhere", None))
+        .await
+        .expect_err("no stream takes the post");
+    assert_eq!(e.kind(), AgentErrorKind::NoResponders, "{e}");
+}
