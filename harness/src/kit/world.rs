@@ -60,6 +60,8 @@ pub struct World {
     pub mesh: Mesh,
     pub insp: Inspector,
     pub proxies: BTreeMap<String, TcpProxy>,
+    /// Brokers that require no authentication (`open_broker`), by the name of their proxy.
+    pub open_brokers: BTreeMap<String, crate::rig::broker::Broker>,
     pub daemons: BTreeMap<String, Daemon>,
     /// The delivery credential file each daemon was started with (its lease holder).
     pub daemon_creds: BTreeMap<String, PathBuf>,
@@ -208,6 +210,7 @@ impl World {
             mesh,
             insp,
             proxies: BTreeMap::new(),
+            open_brokers: BTreeMap::new(),
             daemons: BTreeMap::new(),
             daemon_creds: BTreeMap::new(),
             daemon_roots: BTreeMap::new(),

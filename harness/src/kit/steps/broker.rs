@@ -20,6 +20,8 @@ use crate::rig::proxy::TcpProxy;
 pub const VERBS: &[&str] = &[
     "broker",
     "proxy",
+    "open_broker",
+    "expect_open_broker",
     "proxy_fault",
     "expect_held",
     "remember_connections",
@@ -63,6 +65,18 @@ pub enum BrokerStep {
         name: String,
         #[serde(default)]
         node: usize,
+    },
+    /// A JetStream broker that requires no authentication (open dev mode), apart from the mesh,
+    /// behind a proxy of this name: `start = { …, via = name }` dials it.
+    OpenBroker {
+        name: String,
+    },
+    /// What the open broker behind `name` holds: its JetStream streams and consumers (KV
+    /// buckets are streams), counted by the broker.
+    ExpectOpenBroker {
+        name: String,
+        streams: u64,
+        consumers: u64,
     },
     ProxyFault {
         proxy: String,
@@ -119,7 +133,10 @@ impl BrokerStep {
 
     pub fn refs(&self) -> Refs {
         match self {
-            BrokerStep::Proxy { name, .. } => Refs::default().creates(Kind::Proxy, name),
+            BrokerStep::Proxy { name, .. } | BrokerStep::OpenBroker { name } => {
+                Refs::default().creates(Kind::Proxy, name)
+            }
+            BrokerStep::ExpectOpenBroker { name, .. } => Refs::default().uses(Kind::Proxy, name),
             BrokerStep::ProxyFault { proxy, .. } | BrokerStep::ExpectHeld { proxy, .. } => {
                 Refs::default().uses(Kind::Proxy, proxy)
             }
@@ -179,6 +196,40 @@ impl BrokerStep {
                 let p = TcpProxy::start(port).await?;
                 w.proxies.insert(name.clone(), p);
                 Ok(format!("proxy {name} in front of broker node {node}"))
+            }
+            BrokerStep::OpenBroker { name } => {
+                let b = Broker::builder().start().await?;
+                let p = TcpProxy::start(b.port()).await?;
+                w.proxies.insert(name.clone(), p);
+                w.open_brokers.insert(name.clone(), b);
+                Ok(format!(
+                    "proxy {name} in front of a broker that requires no authentication"
+                ))
+            }
+            BrokerStep::ExpectOpenBroker {
+                name,
+                streams,
+                consumers,
+            } => {
+                let b = w.open_brokers.get(name).ok_or_else(|| {
+                    Failure::could_not(format!("no open broker {name} (an `open_broker` step)"))
+                })?;
+                let jsz = b.jsz().await?;
+                let held = (
+                    jsz["streams"].as_u64().unwrap_or(0),
+                    jsz["consumers"].as_u64().unwrap_or(0),
+                );
+                if held != (*streams, *consumers) {
+                    return Err(Failure::new(
+                        format!(
+                            "the open broker {name} to hold {streams} stream(s) and {consumers} consumer(s)"
+                        ),
+                        format!("{} stream(s) and {} consumer(s)", held.0, held.1),
+                    ));
+                }
+                Ok(format!(
+                    "the open broker {name} holds {streams} stream(s) and {consumers} consumer(s)"
+                ))
             }
             BrokerStep::ProxyFault {
                 proxy,
