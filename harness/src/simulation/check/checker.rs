@@ -647,7 +647,13 @@ fn duplicates<'h>(model: &Model<'h>, matched: &Matched<'h>, report: &mut Report)
                 member,
                 p.channel,
                 p.seq,
-                first.frame.handed_off_ms.unwrap_or(first.ms),
+                // From the post's invoke, not its first hand-off: the copy under the closed
+                // generation is taken once the post is stored, and the reader may hand it off
+                // after the rejoin was written, its check read before (seed 7003, --standby: a
+                // rejoin written 117 ms before the first hand-off, on a link with 48 ± 70 ms of
+                // latency). A second DLV entry of an id'd post within the dedup window needs two
+                // generations, so a rejoin anywhere in that span explains it, and none nothing.
+                p.op.invoke_ms,
                 again.frame.handed_off_ms.unwrap_or(again.ms),
             ) {
                 DuplicateWhy::RejoinRace

@@ -927,8 +927,8 @@ impl<'h> Model<'h> {
         Some(answered.is_none_or(|a| stamped <= a.saturating_add(skew)))
     }
 
-    /// By the row log: whether `member` rejoined `channel` between two hand-offs of `seq`
-    /// stamped at `first` and `again`, its new generation admitting `seq`. A post whose publish
+    /// By the row log: whether `member` rejoined `channel` between `first` (the post's invoke)
+    /// and the second hand-off of `seq`, stamped at `again`, its new generation admitting `seq`. A post whose publish
     /// went unanswered has no known sequence (`None`): as for any unanswered operation, some
     /// sequence explains it, and the second hand-off, made under the new generation, is itself
     /// the reader's word that its interval admitted the post, so any rejoin written between

@@ -202,7 +202,8 @@ pub enum DuplicateWhy {
     /// again under the new generation, whose interval admits it, once the rejoin was written
     /// (its activation catch-up); each copy carries its generation in its duplicate-suppression
     /// id, so the broker keeps both. By the row log: the new generation was first written
-    /// between the two hand-offs.
+    /// between the post's invoke and the second hand-off (the first copy may be handed off
+    /// after the rejoin was written, by a check read before it).
     RejoinRace,
     /// Not allowed: the same frame again after its ack was confirmed.
     AfterConfirmedAck,

@@ -1551,9 +1551,12 @@ fn a_post_is_owed_to_no_lifecycle_of_its_senders_principal() {
 /// written between the two hand-offs, so the second is an allowed duplicate. Without a rejoin
 /// in between it is a second hand-off the seeds do not allow. Found by seed 4402 (one broker):
 /// ag18 rejoined ops at 253.2 s with cursor 530, post 531 handed off at 252.9 s under the
-/// generation before and at 254.2 s under the new one.
-/// Mutation seen failing: `duplicates` without the `RejoinRace` branch (the second frame a
-/// `second_hand_off`).
+/// generation before and at 254.2 s under the new one. The rejoin may also be written before
+/// the first hand-off, once the post was made (seed 7003, `--standby`: the reader handed the
+/// old generation's copy off 117 ms after the rejoin's row), never before the post.
+/// Mutations seen failing: `duplicates` without the `RejoinRace` branch (the second frame a
+/// `second_hand_off`); the span begun at the first hand-off (the rejoin at 1000 ms, before the
+/// first hand-off at 2210 ms, a `second_hand_off`).
 #[test]
 fn a_post_handed_off_again_across_a_rejoin_that_raced_it_is_an_allowed_duplicate() {
     let base = |rejoin_at: Option<Ms>| {
@@ -1574,10 +1577,24 @@ fn a_post_handed_off_again_across_a_rejoin_that_raced_it_is_an_allowed_duplicate
         s.push(2405, agent(&carol()), Body::Frame(again));
         s
     };
-    let r = base(Some(2300)).check();
-    assert_eq!(r.verdict, Verdict::Valid, "{}", r.summary());
-    assert_eq!(r.duplicates.len(), 1);
-    assert_eq!(r.duplicates[0].why, DuplicateWhy::RejoinRace);
+    for rejoin in [2300, 1000] {
+        let r = base(Some(rejoin)).check();
+        assert_eq!(
+            r.verdict,
+            Verdict::Valid,
+            "rejoin {rejoin}: {}",
+            r.summary()
+        );
+        assert_eq!(r.duplicates.len(), 1);
+        assert_eq!(
+            r.duplicates[0].why,
+            DuplicateWhy::RejoinRace,
+            "rejoin {rejoin}"
+        );
+    }
+    // Written before the post was made, the rejoin explains no second copy of it.
+    let r = base(Some(400)).check();
+    assert_eq!(r.duplicates[0].why, DuplicateWhy::SecondHandOff);
     let r = base(None).check();
     assert_eq!(r.duplicates[0].why, DuplicateWhy::SecondHandOff);
     assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
