@@ -53,6 +53,7 @@ const ACTING: &[&str] = &[
     "credential_time",
     "delay_frames",
     "release_delayed",
+    "drop_frames",
     "send",
     "remint",
     "pause_consumer",

@@ -34,6 +34,8 @@ pub const RULES: &[Rule] = &[
     (NKEY_PATTERN, "[NKEY#]"),
     // A lease row's incarnation and a responder's instance: unique per daemon run.
     (r"incarnation [0-9a-f]{32}\b", "incarnation [INCARNATION]"),
+    // The lease watch's consumer is named after it (`leasewatch_<inc>`, `leasewatch_<inc>_1`).
+    (r"\bleasewatch_[0-9a-f]{32}", "leasewatch_[INCARNATION]"),
     (r#""instance":"[0-9a-f]{32}""#, r#""instance":"[TOKEN]""#),
     // A lifecycle uid (`local.bob.<uid>`, `dlv_local-bob-<uid>`, `lifecycle <uid>`): 26 to 32
     // of [a-z0-9], fresh per provisioning.
@@ -171,9 +173,11 @@ mod tests {
     }
 
     /// The cases' lines (the table the kit's transcripts were written with): a lifecycle uid
-    /// after its principal, a lease incarnation of the same alphabet, the directories the world
+    /// after its principal, a lease incarnation of the same alphabet (alone, and in the lease
+    /// watch consumer's name), the directories the world
     /// names, a JWT's expiry, a repeated line's window, a port.
     /// Mutations seen failing: the uid rule moved before the incarnation's (`incarnation [UID]`);
+    /// the lease watch consumer's rule dropped (its incarnation printed as it was);
     /// the nkeys one shared `[NKEY]` (the torn rotation reads the same whether the keys differ or
     /// not); `exp` dropped (a new number every run).
     #[test]
@@ -198,6 +202,11 @@ mod tests {
         );
         let summary = "! delivery: broker connection unavailable, reconnecting (space demo) (repeated 1 time in the last 5.9 s)";
         assert!(normalise(summary, &[]).ends_with("(repeated 1 time in the last [N] s)"));
+        let line = format!("! delivery: could not delete the lease watch consumer leasewatch_{inc}_1 (no answer within 2000 ms); the broker reclaims it after five minutes of inactivity");
+        assert_eq!(
+            normalise(&line, &[]),
+            "! delivery: could not delete the lease watch consumer leasewatch_[INCARNATION]_1 (no answer within [N] ms); the broker reclaims it after five minutes of inactivity"
+        );
         // A case's description keeps its configured seconds.
         let prose = "The daemon starts on a 16 s row (retrying in 60 s) and the 5 s branch";
         assert_eq!(normalise(prose, &[]), prose);

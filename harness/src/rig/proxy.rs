@@ -23,7 +23,9 @@
 //! over in order. A delayed reply is a slow JetStream API answer: the request reached the broker
 //! and was answered at once, so a read the client made (a stream's last sequence, say) is fixed
 //! at the broker while the client, and every task sharing its connection, carries on. A delayed
-//! publish reaches the broker late, or never if its connection dies first.
+//! publish reaches the broker late, or never if its connection dies first. A *drop* takes the
+//! client's next publishes on a subject, up to a count, whole, and never forwards them (a
+//! request lost before the broker, never answered); later ones flow.
 //!
 //! A *latency* (`proxy/latency.rs`) delays every chunk of every connection, both ways, by a
 //! drawn time (a base plus up to a jitter), in order, while the proxy keeps reading: a slow or
@@ -352,6 +354,30 @@ impl TcpProxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .arm_publishes(pattern);
+    }
+    /// Drops, from now on, the next `count` publishes on subjects `pattern` matches, of any
+    /// connection, whole; every other frame, and a later publish on it, flows (see the module
+    /// doc).
+    pub fn drop_publishes_to(&self, pattern: &str, count: usize) {
+        self.delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .arm_drop(pattern, count);
+    }
+    /// How many frames the drop took whole so far.
+    pub fn dropped_count(&self) -> usize {
+        self.delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .dropped()
+    }
+    /// Waits, at most `bound`, until the drop took at least `count` whole frames.
+    pub async fn wait_dropped(&self, count: usize, bound: Duration) -> Result<(), HarnessError> {
+        let what = format!("{count} dropped frames");
+        crate::rig::wait::wait_until(bound, HOLD_POLL, &what, || async {
+            (self.dropped_count() >= count).then_some(())
+        })
+        .await
     }
     /// How many frames the delay keeps whole since it was armed.
     pub fn delayed_count(&self) -> usize {

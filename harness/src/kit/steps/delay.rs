@@ -6,6 +6,8 @@
 //! and not waited for (`send`), they open a window deterministically, e.g. between a join's or a
 //! leave's cursor read (a JetStream API read the daemon makes before it writes the member row)
 //! and the row's write, so a case can post into it and prove from the broker that it opened.
+//! A drop takes the daemon's next publishes on a subject whole and never forwards them: a
+//! request lost before the broker (never answered), while a retry of it is carried.
 
 use std::time::Duration;
 
@@ -16,7 +18,13 @@ use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
 
-pub const VERBS: &[&str] = &["delay_frames", "expect_delayed", "release_delayed"];
+pub const VERBS: &[&str] = &[
+    "delay_frames",
+    "expect_delayed",
+    "release_delayed",
+    "drop_frames",
+    "expect_dropped",
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -38,6 +46,22 @@ pub enum DelayStep {
     ReleaseDelayed {
         proxy: String,
     },
+    DropFrames {
+        proxy: String,
+        /// Drop the client's next publishes on subjects this matches.
+        publishes_to: String,
+        /// How many (default 1); later ones flow.
+        #[serde(default = "one")]
+        count: usize,
+    },
+    ExpectDropped {
+        proxy: String,
+        count: usize,
+    },
+}
+
+fn one() -> usize {
+    1
 }
 
 impl Profiled for DelayStep {}
@@ -45,7 +69,9 @@ impl Profiled for DelayStep {}
 impl DelayStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
-            DelayStep::ExpectDelayed { .. } => Some(DEFAULT_WITHIN),
+            DelayStep::ExpectDelayed { .. } | DelayStep::ExpectDropped { .. } => {
+                Some(DEFAULT_WITHIN)
+            }
             _ => None,
         }
     }
@@ -58,7 +84,9 @@ impl DelayStep {
         match self {
             DelayStep::DelayFrames { proxy, .. }
             | DelayStep::ExpectDelayed { proxy, .. }
-            | DelayStep::ReleaseDelayed { proxy } => Refs::default().uses(Kind::Proxy, proxy),
+            | DelayStep::ReleaseDelayed { proxy }
+            | DelayStep::DropFrames { proxy, .. }
+            | DelayStep::ExpectDropped { proxy, .. } => Refs::default().uses(Kind::Proxy, proxy),
         }
     }
 
@@ -103,6 +131,34 @@ impl DelayStep {
                 w.proxy(proxy)?.release_delayed();
                 Ok(format!("proxy {proxy} releases what it delayed"))
             }
+            DelayStep::DropFrames {
+                proxy,
+                publishes_to,
+                count,
+            } => {
+                w.proxy(proxy)?.drop_publishes_to(publishes_to, *count);
+                Ok(format!(
+                    "proxy {proxy} drops the next {} on {publishes_to}",
+                    plural(*count, "publish", "publishes")
+                ))
+            }
+            DelayStep::ExpectDropped { proxy, count } => {
+                let p = w.proxy(proxy)?;
+                p.wait_dropped(*count, ctx.left()).await.map_err(|_| {
+                    Failure::new(
+                        format!("proxy {proxy} to have dropped {count} frames"),
+                        format!("it dropped {}", p.dropped_count()),
+                    )
+                })?;
+                Ok(format!(
+                    "proxy {proxy} dropped {}",
+                    plural(*count, "frame", "frames")
+                ))
+            }
         }
     }
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
