@@ -102,6 +102,11 @@ const INSPECTOR_LIFETIME: Duration = Duration::from_secs(4 * 3600);
 const CLOSE_BOUND: Duration = Duration::from_secs(2);
 
 impl World {
+    /// Where `injected_store` puts its store: outside every workspace.
+    pub fn injected_store_dir(&self) -> std::path::PathBuf {
+        self.outside.path().join("injected-store")
+    }
+
     /// Ends the case: closes every connection it opened while its brokers still run, then drops
     /// the rest (daemons, brokers, directories). A client dropped after its broker is gone is
     /// left redialling: its connection task is busy reconnecting and never sees the drop. In

@@ -497,6 +497,20 @@ impl Inspector {
         Ok(info.config.clone())
     }
 
+    /// The lease bucket's stream state, as the broker's leader holds it.
+    pub async fn lease_bucket_state(&self) -> Result<jetstream::stream::State, HarnessError> {
+        let mut stream = self
+            .js
+            .get_stream(SpaceNames::kv_stream(&self.names.delivery_bucket()))
+            .await
+            .map_err(|e| HarnessError::Usage(format!("lease stream: {e}")))?;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| HarnessError::Usage(format!("lease stream info: {e}")))?;
+        Ok(info.state.clone())
+    }
+
     /// Replaces the lease bucket with the one provisioning made before it left expiry markers:
     /// the same config without `allow_msg_ttl` and `subject_delete_marker_ttl` (the broker
     /// cannot turn per-message TTLs off in place). Its rows are gone.

@@ -286,6 +286,14 @@ impl TcpProxy {
             ..Hold::default()
         };
     }
+    /// Whether a hold is armed (triggered or not) since the last release.
+    pub fn hold_armed(&self) -> bool {
+        self.hold
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pattern
+            .is_some()
+    }
     /// The client bytes a hold has kept so far (empty until it triggered).
     pub fn held(&self) -> Vec<u8> {
         self.hold
@@ -700,6 +708,38 @@ mod tests {
         let mut b = [0u8; 1];
         client.read_exact(&mut b).await.unwrap();
         t.elapsed()
+    }
+
+    /// An armed hold keeps nothing, and forwards every chunk, until a chunk carries its
+    /// pattern; from that chunk on the connection's bytes are kept (what `expect_nothing_held`
+    /// judges: an empty hold is a pattern never sent).
+    /// Mutation seen failing: `capture` taking any chunk as a hit (`let hit = true;`): the
+    /// first chunk is kept and never echoed.
+    #[tokio::test]
+    async fn a_hold_keeps_nothing_until_its_pattern_is_sent() {
+        let proxy = TcpProxy::start(echo().await).await.unwrap();
+        assert!(!proxy.hold_armed());
+        proxy.hold_from(b"SUB cotal.demo.ctl.");
+        assert!(proxy.hold_armed());
+        let mut client = TcpStream::connect(("127.0.0.1", proxy.listen_port()))
+            .await
+            .unwrap();
+        client.write_all(b"PING\r\n").await.unwrap();
+        let mut back = [0u8; 6];
+        tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut back))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&back, b"PING\r\n");
+        assert!(proxy.held().is_empty());
+        client
+            .write_all(b"SUB cotal.demo.ctl.delivery.*.* q 1\r\n")
+            .await
+            .unwrap();
+        proxy
+            .wait_held("ctl.delivery", Duration::from_secs(5))
+            .await
+            .unwrap();
     }
 
     /// A latency delays every chunk both ways by its draw, keeps the bytes in order, and is

@@ -24,6 +24,7 @@ pub const VERBS: &[&str] = &[
     "expect_open_broker",
     "proxy_fault",
     "expect_held",
+    "expect_nothing_held",
     "remember_connections",
     "expect_connections",
     "observe",
@@ -88,6 +89,10 @@ pub enum BrokerStep {
         proxy: String,
         contains: String,
     },
+    /// The proxy's armed hold never triggered: no client chunk carried its pattern so far.
+    ExpectNothingHeld {
+        proxy: String,
+    },
     RememberConnections {
         name: String,
         /// First wait until the broker lists this daemon's standing connections open.
@@ -137,9 +142,9 @@ impl BrokerStep {
                 Refs::default().creates(Kind::Proxy, name)
             }
             BrokerStep::ExpectOpenBroker { name, .. } => Refs::default().uses(Kind::Proxy, name),
-            BrokerStep::ProxyFault { proxy, .. } | BrokerStep::ExpectHeld { proxy, .. } => {
-                Refs::default().uses(Kind::Proxy, proxy)
-            }
+            BrokerStep::ProxyFault { proxy, .. }
+            | BrokerStep::ExpectHeld { proxy, .. }
+            | BrokerStep::ExpectNothingHeld { proxy } => Refs::default().uses(Kind::Proxy, proxy),
             BrokerStep::RememberConnections { name, daemon } => Refs::default()
                 .uses_opt(Kind::Daemon, daemon.as_ref())
                 .creates(Kind::Counter, name),
@@ -284,6 +289,26 @@ impl BrokerStep {
                     )
                 })?;
                 Ok(format!("proxy {proxy} holds {contains:?}"))
+            }
+            BrokerStep::ExpectNothingHeld { proxy } => {
+                let p = w.proxy(proxy)?;
+                if !p.hold_armed() {
+                    return Err(Failure::could_not(format!(
+                        "proxy {proxy} has no hold armed (proxy_fault hold first)"
+                    )));
+                }
+                let held = p.held();
+                if !held.is_empty() {
+                    return Err(Failure::new(
+                        format!("proxy {proxy} to hold nothing"),
+                        format!(
+                            "it holds {} bytes: {:?}",
+                            held.len(),
+                            String::from_utf8_lossy(&held[..held.len().min(200)])
+                        ),
+                    ));
+                }
+                Ok(format!("proxy {proxy} holds nothing"))
             }
             BrokerStep::RememberConnections { name, daemon } => {
                 let standing_users = match daemon {

@@ -19,6 +19,7 @@ use crate::rig::mesh::{Inspector, LeaseRow};
 
 pub const VERBS: &[&str] = &[
     "expect_lease",
+    "expect_lease_unwritten",
     "remember_lease",
     "delete_lease",
     "rewrite_lease_identical",
@@ -48,6 +49,8 @@ pub enum LeaseStep {
         #[serde(default)]
         space: Option<String>,
     },
+    /// The lease bucket never stored a write: its stream's last sequence is 0.
+    ExpectLeaseUnwritten {},
     RememberLease {
         name: String,
         /// The row of this other space of the mesh (`[mesh] spaces`).
@@ -75,6 +78,10 @@ pub enum LeaseStep {
         /// `missing`, or `other-signer`.
         #[serde(default)]
         evictor: Option<String>,
+        /// Tamper with the injected store's copies (`injected_store`) instead of the
+        /// workspace's.
+        #[serde(default)]
+        store: bool,
     },
 }
 
@@ -92,8 +99,14 @@ impl LeaseStep {
     /// The pid record and the `$SYS` pair live where the reference's workspace layout puts
     /// them (`.cotal/delivery.<key>.pid`, the space's store keys), so any implementation is
     /// judged by them.
-    pub fn unsupported(&self, _daemon: &DaemonUnderTest) -> Option<String> {
-        None
+    pub fn unsupported(&self, daemon: &DaemonUnderTest) -> Option<String> {
+        match self {
+            LeaseStep::SysMaterial { store: true, .. } => super::verb::only_here(
+                daemon,
+                "the injected store is this distribution's `--store` (`injected_store`)",
+            ),
+            _ => None,
+        }
     }
 
     pub fn refs(&self) -> Refs {
@@ -307,8 +320,35 @@ impl LeaseStep {
                     if n == 0 { "0" } else { "some" }
                 ))
             }
-            LeaseStep::SysMaterial { observer, evictor } => sys_material(w, observer, evictor),
+            LeaseStep::SysMaterial {
+                observer,
+                evictor,
+                store,
+            } => sys_material(w, observer, evictor, *store),
+            LeaseStep::ExpectLeaseUnwritten {} => {
+                let state = w
+                    .insp
+                    .lease_bucket_state()
+                    .await
+                    .map_err(|e| Failure::could_not(e.to_string()))?;
+                never_written(&state)
+                    .map_err(|got| Failure::new("the lease bucket never written", got))?;
+                Ok("the lease bucket never stored a write (no row, no marker, ever)".into())
+            }
         }
+    }
+}
+
+/// Whether the lease bucket's stream never stored a write. Its last sequence, not what it holds
+/// now: a claim and its release leave no row (the release's marker may be gone too, purged or
+/// expired), but the sequence they took stays counted.
+fn never_written(state: &async_nats::jetstream::stream::State) -> Result<(), String> {
+    match state.last_sequence {
+        0 => Ok(()),
+        n => Err(format!(
+            "{n} writes stored (last sequence {n}), {} held now",
+            state.messages
+        )),
     }
 }
 
@@ -318,10 +358,33 @@ fn same_holder_run(a: &LeaseInfo, b: &LeaseInfo) -> bool {
     a.holder == b.holder && a.incarnation == b.incarnation && a.since == b.since
 }
 
-fn sys_material(w: &World, observer: &Option<String>, evictor: &Option<String>) -> StepResult {
+fn sys_material(
+    w: &World,
+    observer: &Option<String>,
+    evictor: &Option<String>,
+    store: bool,
+) -> StepResult {
     let space = w.mesh.space().clone();
     let ws = w.mesh.workspace();
     let usage = |e: &dyn std::fmt::Display| Failure::could_not(e.to_string());
+    // The workspace's file, or its copy in the injected store (the same name under the space's
+    // segment there).
+    let at = |path: std::path::PathBuf| -> Result<std::path::PathBuf, Failure> {
+        if !store {
+            return Ok(path);
+        }
+        let name = path
+            .file_name()
+            .ok_or_else(|| Failure::could_not(format!("{} has no file name", path.display())))?;
+        let copy = w.injected_store_dir().join(space.segment()).join(name);
+        if !copy.exists() {
+            return Err(Failure::could_not(format!(
+                "no injected store holds {} (injected_store first)",
+                copy.display()
+            )));
+        }
+        Ok(copy)
+    };
     // Another mesh's signer: same space name, another account and system key.
     let mut other = MeshAuthority::new();
     other.add_space(&space);
@@ -329,7 +392,7 @@ fn sys_material(w: &World, observer: &Option<String>, evictor: &Option<String>) 
     match observer.as_deref() {
         None => {}
         Some("missing") => {
-            std::fs::remove_file(ws.membership_observer_creds_path(&space))
+            std::fs::remove_file(at(ws.membership_observer_creds_path(&space))?)
                 .map_err(|e| usage(&e))?;
             done.push("the $SYS observer credential is removed");
         }
@@ -341,13 +404,13 @@ fn sys_material(w: &World, observer: &Option<String>, evictor: &Option<String>) 
                     MintOptions::new(),
                 )
                 .map_err(|e| usage(&e))?;
-            write_creds_file_atomic(&ws.membership_observer_creds_path(&space), &cred)
+            write_creds_file_atomic(&at(ws.membership_observer_creds_path(&space))?, &cred)
                 .map_err(|e| usage(&e))?;
             done.push("the $SYS observer is replaced by one scanning another account");
         }
         Some("several-accounts") => {
             let cred = observer_of_several_accounts(&w.mesh.authority, &other, &space)?;
-            write_creds_file_atomic(&ws.membership_observer_creds_path(&space), &cred)
+            write_creds_file_atomic(&at(ws.membership_observer_creds_path(&space))?, &cred)
                 .map_err(|e| usage(&e))?;
             done.push("the $SYS observer is replaced by one scanning this account and another");
         }
@@ -356,7 +419,7 @@ fn sys_material(w: &World, observer: &Option<String>, evictor: &Option<String>) 
     match evictor.as_deref() {
         None => {}
         Some("missing") => {
-            std::fs::remove_file(ws.connection_evictor_creds_path(&space))
+            std::fs::remove_file(at(ws.connection_evictor_creds_path(&space))?)
                 .map_err(|e| usage(&e))?;
             done.push("the $SYS evictor credential is removed");
         }
@@ -364,13 +427,18 @@ fn sys_material(w: &World, observer: &Option<String>, evictor: &Option<String>) 
             let cred = other
                 .mint_system(&space, SystemProfile::ConnectionEvictor, MintOptions::new())
                 .map_err(|e| usage(&e))?;
-            write_creds_file_atomic(&ws.connection_evictor_creds_path(&space), &cred)
+            write_creds_file_atomic(&at(ws.connection_evictor_creds_path(&space))?, &cred)
                 .map_err(|e| usage(&e))?;
             done.push("the $SYS evictor is replaced by one signed by another system key");
         }
         Some(o) => return Err(Failure::could_not(format!("evictor = {o:?}?"))),
     }
-    Ok(done.join("; "))
+    let done = done.join("; ");
+    Ok(if store {
+        format!("in the injected store: {done}")
+    } else {
+        done
+    })
 }
 
 /// A `$SYS` observer of `ours`' system account whose grants scan `space`'s account in `ours`
@@ -451,4 +519,33 @@ fn other_space(
                 .ok_or_else(|| Failure::could_not(format!("space {s:?} is not in [mesh] spaces")))
         })
         .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(messages: u64, last_sequence: u64) -> async_nats::jetstream::stream::State {
+        serde_json::from_value(serde_json::json!({
+            "messages": messages,
+            "bytes": 0,
+            "first_seq": last_sequence.min(1),
+            "first_ts": "1970-01-01T00:00:00Z",
+            "last_seq": last_sequence,
+            "last_ts": "1970-01-01T00:00:00Z",
+            "consumer_count": 0,
+        }))
+        .expect("a stream state")
+    }
+
+    /// A bucket whose row was claimed and released again holds nothing, yet was written: only
+    /// a stream that never stored a message passes.
+    /// Mutation seen failing: judging `state.messages == 0` instead of the last sequence (the
+    /// claimed-and-released bucket passes).
+    #[test]
+    fn a_claim_and_its_release_count_as_written() {
+        assert_eq!(never_written(&state(0, 0)), Ok(()));
+        assert!(never_written(&state(0, 2)).is_err());
+        assert!(never_written(&state(1, 1)).is_err());
+    }
 }

@@ -320,7 +320,7 @@ impl ProcessStep {
             ProcessStep::InjectedStore {} => {
                 let segment = w.mesh.space().segment();
                 let from = w.mesh.root().join(".cotal").join(&segment);
-                let to = injected_store_dir(w).join(&segment);
+                let to = w.injected_store_dir().join(&segment);
                 std::fs::create_dir_all(&to)
                     .map_err(|e| Failure::could_not(format!("create the store: {e}")))?;
                 let mut keys = Vec::new();
@@ -761,7 +761,7 @@ fn start(
         // the injected store's directory (`injected_store`).
         let a = a
             .replace("{root}", &w.mesh.root().display().to_string())
-            .replace("{store}", &injected_store_dir(w).display().to_string());
+            .replace("{store}", &w.injected_store_dir().display().to_string());
         spec = spec.arg(a);
     }
     for (k, v) in env {
@@ -799,11 +799,6 @@ fn start(
     } else {
         Ok(format!("start daemon {daemon} ({})", how.join(", ")))
     }
-}
-
-/// Where `injected_store` puts its store: outside every workspace.
-fn injected_store_dir(w: &World) -> std::path::PathBuf {
-    w.outside.path().join("injected-store")
 }
 
 /// The number of a signal `signal` and `expect_exit` name (`TERM`, `INT`, `KILL`, …).
