@@ -54,7 +54,61 @@ pub enum EntryStep {
     LeaseWatches {
         /// How many consumers the lease bucket holds, bound or not.
         count: usize,
+        /// How many of them have their interest bound on the broker (a push subscription the
+        /// broker knows, or a pull waiting): `0` for watches whose connection closed.
+        #[serde(default)]
+        bound: Option<usize>,
+        /// Every one's inactivity threshold (ms) as the broker reports it in the consumer's
+        /// info: how long after its interest went the broker reclaims it.
+        #[serde(default)]
+        inactive_threshold: Option<u64>,
     },
+}
+
+/// One consumer of the lease bucket as the broker lists it: its name, whether its interest is
+/// bound, its inactivity threshold.
+#[derive(Debug)]
+struct Watch {
+    name: String,
+    bound: bool,
+    inactive_threshold: Duration,
+}
+
+/// Whether the lease bucket's consumers are `count`, `bound` of them bound, each with that
+/// inactivity threshold (ms); else what the broker holds instead.
+fn judge_watches(
+    seen: &[Watch],
+    count: usize,
+    bound: Option<usize>,
+    inactive_threshold: Option<u64>,
+) -> Result<(), String> {
+    let bound_now = seen.iter().filter(|w| w.bound).count();
+    let held = |seen: &[Watch]| {
+        let each: Vec<String> = seen
+            .iter()
+            .map(|w| {
+                format!(
+                    "{} ({}, inactivity threshold {} ms)",
+                    w.name,
+                    if w.bound { "bound" } else { "unbound" },
+                    w.inactive_threshold.as_millis()
+                )
+            })
+            .collect();
+        format!("{} consumer(s), {bound_now} bound: {each:?}", seen.len())
+    };
+    if seen.len() != count || bound.is_some_and(|b| b != bound_now) {
+        return Err(held(seen));
+    }
+    if let Some(ms) = inactive_threshold {
+        if seen
+            .iter()
+            .any(|w| w.inactive_threshold != Duration::from_millis(ms))
+        {
+            return Err(held(seen));
+        }
+    }
+    Ok(())
 }
 
 /// Most entries one `delete_entries` deletes.
@@ -216,10 +270,21 @@ impl EntryStep {
                     Some(n) => format!("{n} watches of the lease row are bound on the broker"),
                 })
             }
-            EntryStep::LeaseWatches { count } => {
+            EntryStep::LeaseWatches {
+                count,
+                bound,
+                inactive_threshold,
+            } => {
                 let stream = SpaceNames::kv_stream(&w.insp.names.delivery_bucket());
                 let js = w.insp.js.clone();
-                poll(ctx, &format!("{count} consumer(s) on {stream}"), || async {
+                let mut want = format!("{count} consumer(s) on {stream}");
+                if let Some(b) = bound {
+                    want.push_str(&format!(", {b} bound"));
+                }
+                if let Some(ms) = inactive_threshold {
+                    want.push_str(&format!(", each with an inactivity threshold of {ms} ms"));
+                }
+                poll(ctx, &want, || async {
                     let s = js
                         .get_stream_no_info(&stream)
                         .await
@@ -227,22 +292,38 @@ impl EntryStep {
                     let mut infos = s.consumers();
                     let mut seen = Vec::new();
                     while let Some(info) = infos.next().await {
-                        seen.push(
-                            info.map_err(|e| format!("consumers of {stream}: {e}"))?
-                                .name,
-                        );
+                        let info = info.map_err(|e| format!("consumers of {stream}: {e}"))?;
+                        seen.push(Watch {
+                            bound: info.push_bound || info.num_waiting > 0,
+                            inactive_threshold: info.config.inactive_threshold,
+                            name: info.name,
+                        });
                     }
-                    if seen.len() == *count {
-                        Ok(())
-                    } else {
-                        Err(format!("{} consumer(s): {seen:?}", seen.len()))
-                    }
+                    judge_watches(&seen, *count, *bound, *inactive_threshold)
                 })
                 .await?;
-                Ok(format!(
-                    "the lease bucket holds {count} consumer{} (watches of the row, bound or not)",
-                    if *count == 1 { "" } else { "s" }
-                ))
+                let mut said = format!(
+                    "the lease bucket holds {count} consumer{} (watches of the row, {})",
+                    if *count == 1 { "" } else { "s" },
+                    match bound {
+                        None => "bound or not".to_string(),
+                        Some(0) => "none bound".to_string(),
+                        Some(b) => format!("{b} bound"),
+                    }
+                );
+                if let Some(ms) = inactive_threshold {
+                    // In seconds when whole, so the transcript keeps the figure (a `N ms` is
+                    // normalised away as timing).
+                    let threshold = if ms % 1000 == 0 {
+                        format!("{} s", ms / 1000)
+                    } else {
+                        format!("{ms} ms")
+                    };
+                    said.push_str(&format!(
+                        ", each with the broker's inactivity threshold at {threshold}: reclaimed that long after its interest went"
+                    ));
+                }
+                Ok(said)
             }
         }
     }
@@ -295,7 +376,31 @@ pub fn settlements(bytes: &[u8]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::settlements;
+    use std::time::Duration;
+
+    use super::{judge_watches, settlements, Watch};
+
+    /// Mutations seen failing: the threshold not compared (a 30 s watch passes for a five-minute
+    /// one), and the bound count not compared (a bound watch passes for one left behind).
+    #[test]
+    fn lease_watches_are_judged_by_count_binding_and_inactivity_threshold() {
+        let watch = |bound: bool, secs: u64| Watch {
+            name: "leasewatch_x".into(),
+            bound,
+            inactive_threshold: Duration::from_secs(secs),
+        };
+        let left = [watch(false, 300)];
+        assert_eq!(judge_watches(&left, 1, None, None), Ok(()));
+        assert_eq!(judge_watches(&left, 1, Some(0), Some(300_000)), Ok(()));
+        assert!(judge_watches(&left, 0, None, None).is_err());
+        assert!(judge_watches(&[watch(true, 300)], 1, Some(0), None).is_err());
+        assert!(judge_watches(&[watch(false, 30)], 1, Some(0), Some(300_000)).is_err());
+        assert_eq!(judge_watches(&[watch(false, 30)], 1, Some(0), None), Ok(()));
+        // Each one's threshold, not only the first's.
+        let two = [watch(true, 300), watch(false, 5)];
+        assert!(judge_watches(&two, 2, Some(1), Some(300_000)).is_err());
+        assert_eq!(judge_watches(&two, 2, Some(1), None), Ok(()));
+    }
 
     /// Mutation seen failing: the payload read from the line itself (every settlement `+ACK`).
     #[test]
