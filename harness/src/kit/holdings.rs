@@ -134,4 +134,6 @@ pub struct Holdings {
     pub supervised: Option<SupervisedRoot>,
     /// Daemon pids remembered by name (a supervised mesh's daemons are not the case's children).
     pub pids: BTreeMap<String, u32>,
+    /// The delivery credential in up's root as it stood before a case spoiled it (`up_material`).
+    pub up_creds: Option<Vec<u8>>,
 }

@@ -4,7 +4,9 @@
 //! judge, or detached; `down`, a bare `up` and `status` run to their end in that root; the daemon
 //! `up` started found through the root's pid record and remembered by its pid, signalled, and
 //! watched until it is gone; whether a live daemon is recorded there at all; the space's log file
-//! and delivery credential in that root or in the case's own workspace.
+//! (a line in it, or a daemon run by the stamps of its first and last lines) and delivery
+//! credential in that root or in the case's own workspace, and that credential spoiled and put
+//! back (a restart refused at start).
 //!
 //! `up` and `down` are this distribution's commands: a command template names how to start a
 //! daemon, not a supervisor, so these verbs do not run under `--daemon-cmd`. The log-file verb
@@ -35,6 +37,8 @@ pub const VERBS: &[&str] = &[
     "expect_stop_reservation",
     "expect_log",
     "expect_credential_file",
+    "up_material",
+    "expect_log_run",
 ];
 
 /// Whose files a step reads.
@@ -111,6 +115,92 @@ pub enum SupervisionStep {
     ExpectCredentialFile {
         exists: bool,
     },
+    /// What an operator gets wrong in up's root: the space's delivery credential replaced by
+    /// text that is no credential (`garbage`), or put back as it stood (`restore`).
+    UpMaterial {
+        creds: UpCreds,
+    },
+    /// A daemon run in up's root's log file, after the run of a remembered pid: timed by the
+    /// log's stamp of its first (`started`) or last (`ended`) line.
+    ExpectLogRun {
+        /// The remembered pid whose run the counting starts after.
+        after: String,
+        /// Which run after it: 1 is the next one.
+        run: usize,
+        at: RunEdge,
+        /// Its run ended with a non-zero exit code (with `at = "ended"`).
+        #[serde(default)]
+        refused: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpCreds {
+    Garbage,
+    Restore,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunEdge {
+    Started,
+    Ended,
+}
+
+/// One daemon run as the stamped log shows it: its pid, when its first line was written and,
+/// once it ended, when its last line was and the exit code it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRun {
+    pub pid: u32,
+    pub started: Option<std::time::SystemTime>,
+    pub ended: Option<(std::time::SystemTime, i32)>,
+}
+
+/// How a `deliver` run's first and last log lines begin (`daemon/src/host/process.rs`).
+const RUN_STARTED: &str = "• delivery: run started — ";
+const RUN_ENDED: &str = "• delivery: run ended — exit code ";
+
+/// The daemon runs of a stamped log, in order: `<stamp> • delivery: run started — …, pid <n>, …`
+/// opens one, `<stamp> • delivery: run ended — exit code <c>: … (pid <n>)` closes the last run
+/// of that pid.
+pub fn log_runs(text: &str) -> Vec<LogRun> {
+    let mut out: Vec<LogRun> = Vec::new();
+    for line in text.lines() {
+        let Some((stamp, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some(at) = super::verb::parse_rfc3339(stamp) else {
+            continue;
+        };
+        if let Some(frame) = rest.strip_prefix(RUN_STARTED) {
+            let pid = frame
+                .split(", ")
+                .find_map(|f| f.strip_prefix("pid "))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid {
+                out.push(LogRun {
+                    pid,
+                    started: Some(at),
+                    ended: None,
+                });
+            }
+        } else if let Some(frame) = rest.strip_prefix(RUN_ENDED) {
+            let code = frame
+                .split(':')
+                .next()
+                .and_then(|c| c.trim().parse::<i32>().ok());
+            let pid = frame
+                .rsplit_once("(pid ")
+                .and_then(|(_, p)| p.trim_end_matches(')').parse::<u32>().ok());
+            if let (Some(code), Some(pid)) = (code, pid) {
+                if let Some(run) = out.iter_mut().rev().find(|r| r.pid == pid) {
+                    run.ended = Some((at, code));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Bound of a command run to its end, and of the wait for `up` to record a daemon: `up` starts a
@@ -150,6 +240,7 @@ impl SupervisionStep {
             }
             SupervisionStep::ExpectPidGone { .. }
             | SupervisionStep::ExpectLog { .. }
+            | SupervisionStep::ExpectLogRun { .. }
             | SupervisionStep::ExpectStopReservation {} => Some(Duration::from_secs(20)),
             _ => None,
         }
@@ -178,6 +269,7 @@ impl SupervisionStep {
             SupervisionStep::SignalPid { pid, .. } | SupervisionStep::ExpectPidGone { pid } => {
                 Refs::default().uses(Kind::Pid, pid)
             }
+            SupervisionStep::ExpectLogRun { after, .. } => Refs::default().uses(Kind::Pid, after),
             SupervisionStep::ExpectLog { last_line_of, .. } => {
                 Refs::default().uses_opt(Kind::Daemon, last_line_of.as_ref())
             }
@@ -446,6 +538,91 @@ impl SupervisionStep {
                     if *exists { "is there" } else { "is removed" }
                 ))
             }
+            SupervisionStep::UpMaterial { creds } => {
+                let root = supervised(w)?;
+                let path = cotal_delivery::provision::Workspace::new(&root)
+                    .delivery_creds_path(w.mesh.space());
+                match creds {
+                    UpCreds::Garbage => {
+                        let was = std::fs::read(&path).map_err(|e| {
+                            Failure::could_not(format!("read {}: {e}", path.display()))
+                        })?;
+                        w.holdings.up_creds.get_or_insert(was);
+                        std::fs::write(&path, "not a credential\n").map_err(|e| {
+                            Failure::could_not(format!("spoil {}: {e}", path.display()))
+                        })?;
+                        Ok(
+                            "the space's delivery credential in up's root is no credential"
+                                .to_string(),
+                        )
+                    }
+                    UpCreds::Restore => {
+                        let was = w.holdings.up_creds.take().ok_or_else(|| {
+                            Failure::could_not("no credential was spoiled (`creds = \"garbage\"`)")
+                        })?;
+                        std::fs::write(&path, was).map_err(|e| {
+                            Failure::could_not(format!("restore {}: {e}", path.display()))
+                        })?;
+                        Ok("the space's delivery credential in up's root is put back".to_string())
+                    }
+                }
+            }
+            SupervisionStep::ExpectLogRun {
+                after,
+                run,
+                at,
+                refused,
+            } => {
+                let root = supervised(w)?;
+                let pid = pid_named(w, after)?;
+                let path = base::log_path(&root, w.mesh.space());
+                let edge = match at {
+                    RunEdge::Started => "started",
+                    RunEdge::Ended => "ended",
+                };
+                let what = format!("run {run} after {after}'s in the log to have {edge}");
+                let (stamp, code) = poll(ctx, &what, || async {
+                    let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+                    let runs = log_runs(&text);
+                    let mine = runs
+                        .iter()
+                        .position(|r| r.pid == pid)
+                        .ok_or_else(|| format!("no run of pid {pid} among {} runs", runs.len()))?;
+                    let r = runs.get(mine + *run).ok_or_else(|| {
+                        format!("{} runs after it", runs.len().saturating_sub(mine + 1))
+                    })?;
+                    match at {
+                        RunEdge::Started => r
+                            .started
+                            .map(|t| (t, None))
+                            .ok_or_else(|| "it has no first line".to_string()),
+                        RunEdge::Ended => r
+                            .ended
+                            .map(|(t, c)| (t, Some(c)))
+                            .ok_or_else(|| "it has not ended".to_string()),
+                    }
+                })
+                .await?;
+                if *refused && code.is_none_or(|c| c == 0) {
+                    return Err(Failure::new(
+                        format!("{what} with a non-zero exit code"),
+                        format!("exit code {code:?}"),
+                    ));
+                }
+                let ms = stamp
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_err(|e| Failure::could_not(e.to_string()))?
+                    .as_millis() as i64;
+                w.happened_at = Some(super::verb::instant_at_unix_ms(ms)?);
+                Ok(format!(
+                    "the log shows run {run} after {after}'s {edge}{}",
+                    if *refused {
+                        ", refused (a non-zero exit code)"
+                    } else {
+                        ""
+                    }
+                ))
+            }
         }
     }
 }
@@ -527,4 +704,49 @@ async fn run_to_end(spec: DaemonSpec, bound: Duration) -> Result<(Option<i32>, S
         text = d.lines().join("\n");
     }
     Ok((status.code(), text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each run is opened by its first line and closed by the last line naming its pid, with
+    /// the log's stamps and the exit code; a line of another run in between is no frame.
+    /// Mutation seen failing: a run's end taken from the first run of that pid (`find` instead
+    /// of `rev().find`), which puts the refused run's end on the pid's earlier run.
+    #[test]
+    fn log_runs_reads_each_runs_frames_and_stamps() {
+        let log = "\
+2026-12-07T10:00:00.100Z • delivery: run started — cotal-delivery 0.1.0 (build x), pid 41, space demo, root /r, broker nats://127.0.0.1:1
+2026-12-07T10:00:00.300Z ✓ delivery daemon serving space demo
+2026-12-07T10:00:01.000Z • delivery: run started — cotal-delivery 0.1.0 (build x), pid 42, space demo, root /r, broker nats://127.0.0.1:1
+2026-12-07T10:00:01.020Z ✗ deliver: the delivery credential (pid 7) is no credential
+2026-12-07T10:00:01.025Z • delivery: run ended — exit code 3: could not start (pid 42)
+2026-12-07T10:00:03.125Z • delivery: run started — cotal-delivery 0.1.0 (build x), pid 41, space demo, root /r, broker nats://127.0.0.1:1
+2026-12-07T10:00:09.000Z • delivery: run ended — exit code 0: received SIGTERM (pid 41)
+";
+        let at = |ms: u64| std::time::UNIX_EPOCH + Duration::from_millis(ms);
+        let base = 1_796_637_600_000;
+        let runs = log_runs(log);
+        assert_eq!(
+            runs,
+            vec![
+                LogRun {
+                    pid: 41,
+                    started: Some(at(base + 100)),
+                    ended: None
+                },
+                LogRun {
+                    pid: 42,
+                    started: Some(at(base + 1_000)),
+                    ended: Some((at(base + 1_025), 3))
+                },
+                LogRun {
+                    pid: 41,
+                    started: Some(at(base + 3_125)),
+                    ended: Some((at(base + 9_000), 0))
+                },
+            ]
+        );
+    }
 }
