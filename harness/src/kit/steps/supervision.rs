@@ -6,7 +6,7 @@
 //! watched until it is gone; whether a live daemon is recorded there at all; the space's log file
 //! (a line in it, or a daemon run by the stamps of its first and last lines) and delivery
 //! credential in that root or in the case's own workspace, and that credential spoiled and put
-//! back (a restart refused at start).
+//! back (a restart refused at start); the daemon `up` launched last frozen before it binds.
 //!
 //! `up` and `down` are this distribution's commands: a command template names how to start a
 //! daemon, not a supervisor, so these verbs do not run under `--daemon-cmd`. The log-file verb
@@ -39,6 +39,7 @@ pub const VERBS: &[&str] = &[
     "expect_credential_file",
     "up_material",
     "expect_log_run",
+    "freeze_launched",
 ];
 
 /// Whose files a step reads.
@@ -131,6 +132,13 @@ pub enum SupervisionStep {
         /// Its run ended with a non-zero exit code (with `at = "ended"`).
         #[serde(default)]
         refused: bool,
+    },
+    /// The daemon up launched last (`.cotal/delivery.<key>.launched` in up's root), once it is
+    /// another pid than `other_than`, frozen with SIGSTOP as soon as it is seen: a replacement
+    /// frozen before it could claim the lease, so its responder never binds.
+    FreezeLaunched {
+        name: String,
+        other_than: String,
     },
 }
 
@@ -241,6 +249,7 @@ impl SupervisionStep {
             SupervisionStep::ExpectPidGone { .. }
             | SupervisionStep::ExpectLog { .. }
             | SupervisionStep::ExpectLogRun { .. }
+            | SupervisionStep::FreezeLaunched { .. }
             | SupervisionStep::ExpectStopReservation {} => Some(Duration::from_secs(20)),
             _ => None,
         }
@@ -270,6 +279,9 @@ impl SupervisionStep {
                 Refs::default().uses(Kind::Pid, pid)
             }
             SupervisionStep::ExpectLogRun { after, .. } => Refs::default().uses(Kind::Pid, after),
+            SupervisionStep::FreezeLaunched { name, other_than } => Refs::default()
+                .uses(Kind::Pid, other_than)
+                .creates(Kind::Pid, name),
             SupervisionStep::ExpectLog { last_line_of, .. } => {
                 Refs::default().uses_opt(Kind::Daemon, last_line_of.as_ref())
             }
@@ -623,8 +635,70 @@ impl SupervisionStep {
                     }
                 ))
             }
+            SupervisionStep::FreezeLaunched { name, other_than } => {
+                let root = supervised(w)?;
+                let before = pid_named(w, other_than)?;
+                let launched = base::launched_path(&root, w.mesh.space());
+                let recorded = base::pid_path(&root, w.mesh.space());
+                // Looked at far more often than `poll` does: the replacement must be stopped
+                // before it claims the lease, a matter of milliseconds after its launch.
+                const QUICK: Duration = Duration::from_millis(5);
+                let mut passed = vec![before];
+                let pid = loop {
+                    if let Some(p) = base::read_pid(&launched).filter(|p| !passed.contains(p)) {
+                        let sent = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(p as i32),
+                            nix::sys::signal::Signal::SIGSTOP,
+                        )
+                        .is_ok();
+                        // SIGSTOP is delivered asynchronously: wait (bounded) for the state.
+                        let until = Instant::now() + Duration::from_secs(2);
+                        while sent && Instant::now() < until && proc_state(p) != Some('T') {
+                            if matches!(proc_state(p), Some('Z') | None) {
+                                break;
+                            }
+                            tokio::time::sleep(QUICK).await;
+                        }
+                        if proc_state(p) == Some('T') {
+                            break p;
+                        }
+                        passed.push(p);
+                    }
+                    if Instant::now() >= ctx.deadline {
+                        return Err(Failure::new(
+                            format!("a daemon launched after {other_than} to be frozen"),
+                            format!(
+                                "{} names {:?}",
+                                launched.display(),
+                                base::read_pid(&launched)
+                            ),
+                        ));
+                    }
+                    tokio::time::sleep(QUICK.min(ctx.left())).await;
+                };
+                w.holdings.pids.insert(name.clone(), pid);
+                // Frozen in time only if it had not yet recorded itself, which it does once it
+                // holds the lease.
+                if base::read_pid(&recorded) == Some(pid) {
+                    return Err(Failure::could_not(format!(
+                        "{name} (pid {pid}) was frozen only after it claimed the lease"
+                    )));
+                }
+                Ok(format!(
+                    "the daemon up launched after {other_than} is frozen before it claimed the lease: {name}"
+                ))
+            }
         }
     }
+}
+
+/// The state letter of `/proc/<pid>/stat` (`T` stopped, `Z` zombie), or `None` once it is gone.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the parenthesised command name, which may itself hold spaces.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|s| s.chars().next())
 }
 
 /// The supervised root, made on first use.
@@ -709,6 +783,37 @@ async fn run_to_end(spec: DaemonSpec, bound: Duration) -> Result<(Option<i32>, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process frozen with SIGSTOP reads as stopped (`T`), running again once continued, and
+    /// gone once reaped: what `freeze_launched` waits on before it calls a replacement frozen.
+    /// Mutation seen failing: the state taken after the first `)` (`split_once`), which a command
+    /// name holding `)` shifts onto its own text.
+    #[test]
+    fn proc_state_reads_a_frozen_process() {
+        let dir = tempfile::tempdir().expect("dir");
+        let prog = dir.path().join("sl)eep x");
+        std::os::unix::fs::symlink("/bin/sleep", &prog).expect("link");
+        let mut child = std::process::Command::new(&prog)
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        let signal = |s| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), s);
+        let state_within = |want: char| {
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until && proc_state(pid) != Some(want) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            proc_state(pid)
+        };
+        signal(nix::sys::signal::Signal::SIGSTOP).expect("stop");
+        assert_eq!(state_within('T'), Some('T'));
+        signal(nix::sys::signal::Signal::SIGCONT).expect("cont");
+        assert_eq!(state_within('S'), Some('S'));
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        assert_eq!(proc_state(pid), None);
+    }
 
     /// Each run is opened by its first line and closed by the last line naming its pid, with
     /// the log's stamps and the exit code; a line of another run in between is no frame.
