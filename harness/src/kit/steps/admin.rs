@@ -26,6 +26,7 @@ pub const VERBS: &[&str] = &[
     "reply_order",
     "connect_once",
     "expect_connz",
+    "expect_named_connections",
     "watch_sweeps",
     "expect_sweeps",
     "expect_member_rows",
@@ -73,6 +74,13 @@ pub enum AdminStep {
         agent: String,
         count: usize,
     },
+    /// The connections the broker lists, open or closed, whose client name is `name`, on every
+    /// node: exactly `count` (waits with `within`). A name is this distribution's own: a
+    /// distribution step.
+    ExpectNamedConnections {
+        name: String,
+        count: usize,
+    },
     WatchSweeps {
         name: String,
     },
@@ -103,13 +111,24 @@ impl Profiled for AdminStep {
             _ => Vec::new(),
         }
     }
+
+    fn distribution_only(&self) -> Option<&'static str> {
+        match self {
+            AdminStep::ExpectNamedConnections { .. } => {
+                Some("a connection's client name is this distribution's own")
+            }
+            _ => None,
+        }
+    }
 }
 
 impl AdminStep {
     pub fn default_within(&self) -> Option<Duration> {
         match self {
             AdminStep::ExpectReply { pending: false, .. } => Some(REPLY_WITHIN),
-            AdminStep::ExpectConnz { .. } | AdminStep::ExpectSweeps { .. } => Some(REPLY_WITHIN),
+            AdminStep::ExpectConnz { .. }
+            | AdminStep::ExpectSweeps { .. }
+            | AdminStep::ExpectNamedConnections { .. } => Some(REPLY_WITHIN),
             AdminStep::ExpectMemberRows { .. } => Some(Duration::ZERO),
             _ => None,
         }
@@ -144,6 +163,7 @@ impl AdminStep {
             AdminStep::ConnectOnce { agent }
             | AdminStep::ExpectConnz { agent, .. }
             | AdminStep::ExpectMemberRows { agent, .. } => Refs::default().uses(Kind::Agent, agent),
+            AdminStep::ExpectNamedConnections { .. } => Refs::default(),
             AdminStep::WatchSweeps { name } => Refs::default().creates(Kind::Sweeps, name),
             AdminStep::ExpectSweeps { name, .. } => Refs::default().uses(Kind::Sweeps, name),
         }
@@ -300,6 +320,36 @@ impl AdminStep {
                 w.admin.once.insert(agent.clone(), client);
                 Ok(format!(
                     "a one-shot connection of {agent}'s credential (it never redials once closed)"
+                ))
+            }
+            AdminStep::ExpectNamedConnections { name, count } => {
+                let mesh = &w.mesh;
+                let got = poll(
+                    ctx,
+                    &format!("the broker to list {count} connection(s) named {name}"),
+                    || async {
+                        let mut n = 0;
+                        for i in 0..mesh.node_count() {
+                            if let Some(node) = mesh.node(i) {
+                                for state in [ConnState::Open, ConnState::Closed] {
+                                    n += node
+                                        .connz_named(state, name)
+                                        .await
+                                        .map_err(|e| format!("/connz: {e}"))?
+                                        .len();
+                                }
+                            }
+                        }
+                        if n == *count {
+                            Ok(n)
+                        } else {
+                            Err(format!("{n} connection(s) named {name}"))
+                        }
+                    },
+                )
+                .await?;
+                Ok(format!(
+                    "the broker lists {got} connection(s) named {name}, open or closed"
                 ))
             }
             AdminStep::ExpectConnz { agent, count } => {

@@ -51,6 +51,10 @@ pub enum AgentStep {
         roles: Vec<String>,
         #[serde(default)]
         offline: bool,
+        /// Another space of the mesh (`[mesh] spaces`) the lifecycle lives in, instead of the
+        /// case's space.
+        #[serde(default)]
+        space: Option<String>,
     },
     Offline {
         agent: String,
@@ -213,18 +217,39 @@ impl AgentStep {
                 read,
                 roles,
                 offline,
+                space,
             } => {
                 let read: Vec<&str> = read.iter().map(String::as_str).collect();
                 let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
-                let material = crate::rig::agent::provision_holder(
-                    &w.mesh,
-                    &w.insp,
-                    w.mesh.space(),
-                    name,
-                    &read,
-                    &roles,
-                )
-                .await?;
+                let material = match space {
+                    None => {
+                        crate::rig::agent::provision_holder(
+                            &w.mesh,
+                            &w.insp,
+                            w.mesh.space(),
+                            name,
+                            &read,
+                            &roles,
+                        )
+                        .await?
+                    }
+                    Some(s) => {
+                        let other = w
+                            .mesh
+                            .spaces()
+                            .iter()
+                            .find(|x| x.as_str() == s)
+                            .cloned()
+                            .ok_or_else(|| {
+                                Failure::could_not(format!("space = {s:?}: not in [mesh] spaces"))
+                            })?;
+                        let insp = w.mesh.inspector(&other).await?;
+                        crate::rig::agent::provision_holder(
+                            &w.mesh, &insp, &other, name, &read, &roles,
+                        )
+                        .await?
+                    }
+                };
                 let client = if *offline {
                     None
                 } else {
@@ -245,8 +270,12 @@ impl AgentStep {
                 } else {
                     format!(", serving {}", roles.join(", "))
                 };
+                let elsewhere = space
+                    .as_ref()
+                    .map(|s| format!(" in space {s}"))
+                    .unwrap_or_default();
                 Ok(format!(
-                    "agent {name} provisioned reading [{}]{roles}{}",
+                    "agent {name} provisioned{elsewhere} reading [{}]{roles}{}",
                     read.join(", "),
                     if *offline { ", offline" } else { "" }
                 ))

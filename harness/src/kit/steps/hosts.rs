@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use cotal_delivery::base::{read_creds_file, write_creds_file_atomic};
 use cotal_delivery::provision::{
-    manifest_path, prepare_standby_hosts, MintOptions, Profile, StandbyPlan, Workspace,
+    manifest_path, prepare_standby_hosts, retain_system_seed, MintOptions, Profile, StandbyPlan,
+    Workspace,
 };
 use serde::Deserialize;
 
@@ -56,6 +57,10 @@ pub enum HostStep {
         /// `malformed`: a manifest of another version.
         #[serde(default)]
         manifest: Option<String>,
+        /// A space of the root (`[mesh] spaces`) that retains the system-account signing seed,
+        /// as provisioning leaves it for a host that kicks (docs/host.md, "Kicks").
+        #[serde(default)]
+        system_seed: Option<String>,
     },
 }
 
@@ -92,12 +97,14 @@ impl HostStep {
                 } else {
                     vec![w.mesh.space().clone()]
                 };
-                prepare_standby_hosts(
-                    &w.mesh.authority,
-                    &StandbyPlan::new(spaces.clone()),
-                    &[root.path()],
-                )
-                .map_err(|e| Failure::could_not(format!("prepare host {name}: {e}")))?;
+                // A host gets the `$SYS` evictor where the mesh's spaces have one (`[mesh]
+                // evictor`): on a mesh without one, a kick can only come from the host.
+                let mut plan = StandbyPlan::new(spaces.clone());
+                plan.evictor = Workspace::new(w.mesh.root())
+                    .connection_evictor_creds_path(w.mesh.space())
+                    .exists();
+                prepare_standby_hosts(&w.mesh.authority, &plan, &[root.path()])
+                    .map_err(|e| Failure::could_not(format!("prepare host {name}: {e}")))?;
                 w.hosts.insert(name.clone(), root);
                 let names: Vec<&str> = spaces.iter().map(|s| s.as_str()).collect();
                 Ok(format!(
@@ -111,7 +118,16 @@ impl HostStep {
                 observer,
                 provisioned,
                 manifest,
-            } => host_material(w, host, *creds, observer, *provisioned, manifest),
+                system_seed,
+            } => host_material(
+                w,
+                host,
+                *creds,
+                observer,
+                *provisioned,
+                manifest,
+                system_seed,
+            ),
         }
     }
 }
@@ -123,6 +139,7 @@ fn host_material(
     observer: &Option<String>,
     provisioned: Option<bool>,
     manifest: &Option<String>,
+    system_seed: &Option<String>,
 ) -> StepResult {
     let fail = |e: &dyn std::fmt::Display| Failure::could_not(e.to_string());
     let root = w
@@ -212,6 +229,19 @@ fn host_material(
             done.push(format!("host {host}'s manifest is of version 2"));
         }
         Some(m) => return Err(Failure::could_not(format!("manifest = {m:?}?"))),
+    }
+    if let Some(s) = system_seed {
+        let seed_space = w
+            .mesh
+            .spaces()
+            .iter()
+            .find(|x| x.as_str() == s)
+            .cloned()
+            .ok_or_else(|| Failure::could_not(format!("system_seed = {s:?}: no such space")))?;
+        retain_system_seed(&ws, &seed_space, &w.mesh.authority).map_err(|e| fail(&e))?;
+        done.push(format!(
+            "host {host}'s space {seed_space} retains the system-account signing seed"
+        ));
     }
     if done.is_empty() {
         return Err(Failure::could_not("host_material changes nothing"));
