@@ -13,12 +13,13 @@ use cotal_delivery::provision::{
 };
 use serde::Deserialize;
 
-use super::verb::{no_host_cmd, Ctx, Kind, Profiled, Refs};
+use super::verb::{no_host_cmd, poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
+use crate::rig::connz::ConnState;
 
-pub const VERBS: &[&str] = &["host", "host_material"];
+pub const VERBS: &[&str] = &["host", "host_material", "expect_evictor_connections"];
 
 /// What becomes of a host's delivery credential of the case's space.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -62,13 +63,20 @@ pub enum HostStep {
         #[serde(default)]
         system_seed: Option<String>,
     },
+    /// The connections the broker lists, open or closed, on every node, that authenticated as
+    /// the user of a `$SYS` evictor credential the host's root holds (any space's): exactly
+    /// `count` (read once, or waited for with `within`). Judged by the credential, not a name.
+    ExpectEvictorConnections { host: String, count: usize },
 }
 
 impl Profiled for HostStep {}
 
 impl HostStep {
     pub fn default_within(&self) -> Option<Duration> {
-        None
+        match self {
+            HostStep::ExpectEvictorConnections { .. } => Some(Duration::from_secs(5)),
+            _ => None,
+        }
     }
 
     /// A host's root is what the seeds tell an operator to prepare (a `.cotal` root, a
@@ -81,11 +89,14 @@ impl HostStep {
     pub fn refs(&self) -> Refs {
         match self {
             HostStep::Host { name, .. } => Refs::default().creates(Kind::Host, name),
-            HostStep::HostMaterial { host, .. } => Refs::default().uses(Kind::Host, host),
+            HostStep::HostMaterial { host, .. }
+            | HostStep::ExpectEvictorConnections { host, .. } => {
+                Refs::default().uses(Kind::Host, host)
+            }
         }
     }
 
-    pub async fn run(&self, w: &mut World, _ctx: Ctx) -> StepResult {
+    pub async fn run(&self, w: &mut World, ctx: Ctx) -> StepResult {
         match self {
             HostStep::Host { name, every_space } => {
                 let root = tempfile::Builder::new()
@@ -128,8 +139,71 @@ impl HostStep {
                 manifest,
                 system_seed,
             ),
+            HostStep::ExpectEvictorConnections { host, count } => {
+                evictor_connections(w, ctx, host, *count).await
+            }
         }
     }
+}
+
+/// [`HostStep::ExpectEvictorConnections`]: the evictor users are read from the root's files.
+async fn evictor_connections(w: &mut World, ctx: Ctx, host: &str, count: usize) -> StepResult {
+    let root = w
+        .hosts
+        .get(host)
+        .ok_or_else(|| Failure::could_not(format!("no host {host:?}")))?
+        .path()
+        .to_path_buf();
+    let ws = Workspace::new(&root);
+    let mut users = Vec::new();
+    for space in w.mesh.spaces() {
+        let path = ws.connection_evictor_creds_path(space);
+        if path.exists() {
+            let cred = read_creds_file(&path).map_err(|e| Failure::could_not(e.to_string()))?;
+            users.push(
+                cred.public_key()
+                    .map_err(|e| Failure::could_not(e.to_string()))?,
+            );
+        }
+    }
+    if users.is_empty() {
+        return Err(Failure::could_not(format!(
+            "host {host}'s root holds no $SYS evictor credential"
+        )));
+    }
+    let mesh = &w.mesh;
+    let users = &users;
+    let got = poll(
+        ctx,
+        &format!(
+            "the broker to list {count} connection(s) under host {host}'s evictor credentials"
+        ),
+        || async {
+            let mut n = 0;
+            for i in 0..mesh.node_count() {
+                if let Some(node) = mesh.node(i) {
+                    for state in [ConnState::Open, ConnState::Closed] {
+                        n += node
+                            .connz(state)
+                            .await
+                            .map_err(|e| format!("/connz: {e}"))?
+                            .iter()
+                            .filter(|c| c.user.as_ref().is_some_and(|u| users.contains(u)))
+                            .count();
+                    }
+                }
+            }
+            if n == count {
+                Ok(n)
+            } else {
+                Err(format!("{n} connection(s)"))
+            }
+        },
+    )
+    .await?;
+    Ok(format!(
+        "the broker lists {got} connection(s) under host {host}'s $SYS evictor credentials, open or closed"
+    ))
 }
 
 fn host_material(
