@@ -153,6 +153,11 @@ pub(crate) struct Passing {
 pub(crate) struct KeyMembership {
     pub settled: Vec<Settled>,
     pub passing: Vec<Passing>,
+    /// Every rejoin the log shows, settled or not: the first state of a generation after
+    /// another generation in the same epoch (its `joined_ms` is that state's stamp). A rejoin
+    /// in an epoch later removed (the lifecycle retired) is only passing, yet its catch-up
+    /// copied posts all the same (seed 7013).
+    pub rejoins: Vec<Settled>,
 }
 
 /// Where a post's sequence stands for a member, by the log, for checks that ran in a window.
@@ -193,6 +198,18 @@ impl KeyMembership {
     fn epoch(&mut self, states: &[(Ms, RowState)], removed_at: Option<Ms>, end_ms: Ms) {
         if states.is_empty() {
             return;
+        }
+        for pair in states.windows(2) {
+            let ((_, before), (t, s)) = (&pair[0], &pair[1]);
+            if s.generation > before.generation {
+                self.rejoins.push(Settled {
+                    generation: s.generation,
+                    join: s.join,
+                    end: s.leave,
+                    left_ms: None,
+                    joined_ms: *t,
+                });
+            }
         }
         let until = |i: usize| {
             states
@@ -331,6 +348,7 @@ impl KeyMembership {
         self.settled
             .iter()
             .skip(1)
+            .chain(&self.rejoins)
             .any(|s| seq.is_none_or(|q| s.admits(q)) && s.joined_ms >= from && s.joined_ms <= to)
     }
 

@@ -1556,7 +1556,8 @@ fn a_post_is_owed_to_no_lifecycle_of_its_senders_principal() {
 /// old generation's copy off 117 ms after the rejoin's row), never before the post.
 /// Mutations seen failing: `duplicates` without the `RejoinRace` branch (the second frame a
 /// `second_hand_off`); the span begun at the first hand-off (the rejoin at 1000 ms, before the
-/// first hand-off at 2210 ms, a `second_hand_off`).
+/// first hand-off at 2210 ms, a `second_hand_off`); `rejoined_over` without the rejoins of
+/// removed epochs (the rejoin whose rows a retirement removed, a `second_hand_off`: seed 7013).
 #[test]
 fn a_post_handed_off_again_across_a_rejoin_that_raced_it_is_an_allowed_duplicate() {
     let base = |rejoin_at: Option<Ms>| {
@@ -1595,6 +1596,29 @@ fn a_post_handed_off_again_across_a_rejoin_that_raced_it_is_an_allowed_duplicate
     // Written before the post was made, the rejoin explains no second copy of it.
     let r = base(Some(400)).check();
     assert_eq!(r.duplicates[0].why, DuplicateWhy::SecondHandOff);
+    // A rejoin whose rows were removed later (the lifecycle retired: its epoch only passing)
+    // explains it all the same.
+    let mut s = base(Some(1000));
+    s.push(
+        2900,
+        Process::Runner,
+        Body::Row(RowWrite {
+            bucket: RowBucket::Members,
+            key: format!("eng/{}", key_of(&carol())),
+            revision: 4,
+            change: RowChange::Delete,
+            stamp_ms: 2900,
+            value: None,
+        }),
+    );
+    s.rows_end(4, 3);
+    let r = s.check();
+    assert_eq!(
+        r.duplicates[0].why,
+        DuplicateWhy::RejoinRace,
+        "{}",
+        r.summary()
+    );
     let r = base(None).check();
     assert_eq!(r.duplicates[0].why, DuplicateWhy::SecondHandOff);
     assert_eq!(r.verdict, Verdict::Invalid, "{}", r.summary());
