@@ -483,8 +483,8 @@ impl Inspector {
         &self.names
     }
 
-    /// The lease bucket's stream config, as the broker holds it.
-    pub async fn lease_bucket_config(&self) -> Result<jetstream::stream::Config, HarnessError> {
+    /// The lease bucket's stream info, as the broker's leader answers it.
+    async fn lease_stream_info(&self) -> Result<jetstream::stream::Info, HarnessError> {
         let mut stream = self
             .js
             .get_stream(SpaceNames::kv_stream(&self.names.delivery_bucket()))
@@ -494,21 +494,17 @@ impl Inspector {
             .info()
             .await
             .map_err(|e| HarnessError::Usage(format!("lease stream info: {e}")))?;
-        Ok(info.config.clone())
+        Ok(info.clone())
+    }
+
+    /// The lease bucket's stream config, as the broker holds it.
+    pub async fn lease_bucket_config(&self) -> Result<jetstream::stream::Config, HarnessError> {
+        Ok(self.lease_stream_info().await?.config)
     }
 
     /// The lease bucket's stream state, as the broker's leader holds it.
     pub async fn lease_bucket_state(&self) -> Result<jetstream::stream::State, HarnessError> {
-        let mut stream = self
-            .js
-            .get_stream(SpaceNames::kv_stream(&self.names.delivery_bucket()))
-            .await
-            .map_err(|e| HarnessError::Usage(format!("lease stream: {e}")))?;
-        let info = stream
-            .info()
-            .await
-            .map_err(|e| HarnessError::Usage(format!("lease stream info: {e}")))?;
-        Ok(info.state.clone())
+        Ok(self.lease_stream_info().await?.state)
     }
 
     /// Replaces the lease bucket with the one provisioning made before it left expiry markers:
