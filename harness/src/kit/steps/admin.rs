@@ -328,18 +328,7 @@ impl AdminStep {
                     ctx,
                     &format!("the broker to list {count} connection(s) named {name}"),
                     || async {
-                        let mut n = 0;
-                        for i in 0..mesh.node_count() {
-                            if let Some(node) = mesh.node(i) {
-                                for state in [ConnState::Open, ConnState::Closed] {
-                                    n += node
-                                        .connz_named(state, name)
-                                        .await
-                                        .map_err(|e| format!("/connz: {e}"))?
-                                        .len();
-                                }
-                            }
-                        }
+                        let n = super::read::count_connections(mesh, |c| c.name == *name).await?;
                         if n == *count {
                             Ok(n)
                         } else {

@@ -17,7 +17,6 @@ use super::verb::{no_host_cmd, poll, Ctx, Kind, Profiled, Refs};
 use crate::kit::failure::{Failure, StepResult};
 use crate::kit::under_test::DaemonUnderTest;
 use crate::kit::world::World;
-use crate::rig::connz::ConnState;
 
 pub const VERBS: &[&str] = &["host", "host_material", "expect_evictor_connections"];
 
@@ -179,20 +178,10 @@ async fn evictor_connections(w: &mut World, ctx: Ctx, host: &str, count: usize) 
             "the broker to list {count} connection(s) under host {host}'s evictor credentials"
         ),
         || async {
-            let mut n = 0;
-            for i in 0..mesh.node_count() {
-                if let Some(node) = mesh.node(i) {
-                    for state in [ConnState::Open, ConnState::Closed] {
-                        n += node
-                            .connz(state)
-                            .await
-                            .map_err(|e| format!("/connz: {e}"))?
-                            .iter()
-                            .filter(|c| c.user.as_ref().is_some_and(|u| users.contains(u)))
-                            .count();
-                    }
-                }
-            }
+            let n = super::read::count_connections(mesh, |c| {
+                c.user.as_ref().is_some_and(|u| users.contains(u))
+            })
+            .await?;
             if n == count {
                 Ok(n)
             } else {

@@ -109,3 +109,27 @@ pub fn resolve(w: &mut World, consumer: &str) -> Result<(String, String), Failur
         },
     }
 }
+
+/// The connections every node of the mesh lists, open and closed, that `keep` accepts: how
+/// many of a kind the broker ever saw.
+pub async fn count_connections(
+    mesh: &crate::rig::mesh::Mesh,
+    keep: impl Fn(&crate::rig::connz::BrokerConn) -> bool,
+) -> Result<usize, String> {
+    use crate::rig::connz::ConnState;
+    let mut n = 0;
+    for i in 0..mesh.node_count() {
+        if let Some(node) = mesh.node(i) {
+            for state in [ConnState::Open, ConnState::Closed] {
+                n += node
+                    .connz(state)
+                    .await
+                    .map_err(|e| format!("/connz: {e}"))?
+                    .iter()
+                    .filter(|c| keep(c))
+                    .count();
+            }
+        }
+    }
+    Ok(n)
+}
