@@ -147,12 +147,7 @@ impl HostStep {
 
 /// [`HostStep::ExpectEvictorConnections`]: the evictor users are read from the root's files.
 async fn evictor_connections(w: &mut World, ctx: Ctx, host: &str, count: usize) -> StepResult {
-    let root = w
-        .hosts
-        .get(host)
-        .ok_or_else(|| Failure::could_not(format!("no host {host:?}")))?
-        .path()
-        .to_path_buf();
+    let root = host_root(w, host)?;
     let ws = Workspace::new(&root);
     let mut users = Vec::new();
     for space in w.mesh.spaces() {
@@ -205,12 +200,7 @@ fn host_material(
     system_seed: &Option<String>,
 ) -> StepResult {
     let fail = |e: &dyn std::fmt::Display| Failure::could_not(e.to_string());
-    let root = w
-        .hosts
-        .get(host)
-        .ok_or_else(|| Failure::could_not(format!("no host {host:?}")))?
-        .path()
-        .to_path_buf();
+    let root = host_root(w, host)?;
     let space = w.mesh.space().clone();
     let ws = Workspace::new(&root);
     let path = ws.delivery_creds_path(&space);
@@ -310,4 +300,12 @@ fn host_material(
         return Err(Failure::could_not("host_material changes nothing"));
     }
     Ok(done.join("; "))
+}
+
+/// The root a `host` step made for `host`.
+fn host_root(w: &World, host: &str) -> Result<std::path::PathBuf, Failure> {
+    w.hosts
+        .get(host)
+        .map(|d| d.path().to_path_buf())
+        .ok_or_else(|| Failure::could_not(format!("no host {host:?}")))
 }
