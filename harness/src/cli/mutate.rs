@@ -43,7 +43,8 @@ pub struct MutateArgs {
     #[arg(long, requires = "simulation")]
     pub control: bool,
     /// The neutral build instead (cases/neutral.toml): this daemon with every line and reply
-    /// error text the seeds do not quote reworded and every exit code changed, run against the
+    /// error text the seeds do not quote reworded, every exit code changed and every knob no seed
+    /// names ignored, run against the
     /// catalogue (or the families and cases of --only) under the contract profile, then the
     /// distribution profile (scaled); both tables, and exit 0 only when the contract run passes
     /// with no failure and no blocked case and the distribution run fails (docs/qualify.md,

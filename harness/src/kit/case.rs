@@ -380,11 +380,19 @@ impl Case {
         for (k, v) in &raw.env {
             expr::substitute(v, &raw.vars).map_err(|m| err(field_line(k), m))?;
         }
-        // Both forms give the TTL a value (a name [vars] lacks is refused here, with its line).
+        // Both forms give the TTL and the credential's lifetime a value (a name [vars] lacks is refused here, with its line).
         let ttl = &raw.mesh.lease_ttl_ms;
         for vars in [&raw.vars, &scaled_vars] {
             ttl.eval(vars)
                 .map_err(|m| err(field_line("lease_ttl_ms"), format!("`lease_ttl_ms`: {m}")))?;
+            if let Some(life) = &raw.mesh.delivery_lifetime_ms {
+                life.eval(vars).map_err(|m| {
+                    err(
+                        field_line("delivery_lifetime_ms"),
+                        format!("`delivery_lifetime_ms`: {m}"),
+                    )
+                })?;
+            }
         }
 
         let mut steps: Vec<StepAt> = Vec::with_capacity(raw.steps.len());
@@ -616,6 +624,29 @@ impl Case {
         self.id.split_once('/').map(|(_, n)| n).unwrap_or(&self.id)
     }
 
+    /// The knobs of this distribution (environment variables no seed names) the scaled form
+    /// sets, in order.
+    pub fn scaled_distribution_knobs(&self) -> Vec<&str> {
+        self.scaled
+            .iter()
+            .flat_map(|s| s.env.keys())
+            .map(String::as_str)
+            .filter(|k| !super::seeds::names_variable(k))
+            .collect()
+    }
+
+    /// Whether the case runs its scaled form in a run asked to scale (`scaled`) under
+    /// `profile`. Under the contract profile a scaled form that shortens a knob of this
+    /// distribution's (one no seed names) is not run: another implementation need not honour
+    /// that knob, so its windows would judge this distribution's timing, not the seeds'. The
+    /// case runs its shipped form there.
+    pub fn runs_scaled(&self, scaled: bool, profile: super::profile::KitProfile) -> bool {
+        scaled
+            && self.scaled.is_some()
+            && (profile == super::profile::KitProfile::Distribution
+                || self.scaled_distribution_knobs().is_empty())
+    }
+
     /// The variables of the form the case runs in.
     pub fn vars_for(&self, scaled: bool) -> Vars {
         let mut vars = self.vars.clone();
@@ -810,5 +841,61 @@ mod tests {
         let e = Case::parse(&text, Path::new("x.toml")).expect_err("refused");
         assert_eq!(e.line, 7, "{e}");
         assert!(e.message.contains("\"tll\""), "{e}");
+    }
+
+    /// A scaled form that shortens only knobs the seeds name runs under both profiles; one that
+    /// shortens a knob of this distribution's runs under the distribution profile only, the
+    /// contract profile running the case as written (its shipped timing); a run not asked to
+    /// scale runs every case as written.
+    /// Mutation seen failing: `runs_scaled` ignoring the profile (the contract run scales the
+    /// standby retry another implementation need not let it shorten).
+    #[test]
+    fn a_scaled_form_with_a_knob_of_this_distribution_runs_under_its_profile_only() {
+        use crate::kit::profile::KitProfile::{Contract, Distribution};
+        let seeds = format!(
+            "{HEAD}[vars]\nwindow = 15000\n[scaled]\nvars = {{ window = 1500 }}\nenv = {{ COTAL_DELIVERY_BROKER_GONE_MS = \"1500\" }}\n{STEP}"
+        );
+        let case = Case::parse(&seeds, Path::new("x.toml")).expect("loads");
+        assert!(case.scaled_distribution_knobs().is_empty());
+        assert!(case.runs_scaled(true, Contract));
+        assert!(case.runs_scaled(true, Distribution));
+        assert!(!case.runs_scaled(false, Distribution));
+        let ours = format!(
+            "{HEAD}[vars]\nretry = 5000\n[scaled]\nvars = {{ retry = 2000 }}\nenv = {{ COTAL_DELIVERY_STANDBY_RETRY_MS = \"2000\", COTAL_DELIVERY_BROKER_GONE_MS = \"1500\" }}\n{STEP}"
+        );
+        let case = Case::parse(&ours, Path::new("x.toml")).expect("loads");
+        assert_eq!(
+            case.scaled_distribution_knobs(),
+            vec!["COTAL_DELIVERY_STANDBY_RETRY_MS"]
+        );
+        assert!(!case.runs_scaled(true, Contract));
+        assert!(case.runs_scaled(true, Distribution));
+        assert_eq!(
+            case.vars_for(case.runs_scaled(true, Contract))["retry"],
+            5_000
+        );
+        let unscaled = format!("{HEAD}{STEP}");
+        let case = Case::parse(&unscaled, Path::new("x.toml")).expect("loads");
+        assert!(!case.runs_scaled(true, Distribution));
+    }
+
+    /// A delivery credential's lifetime written as a variable takes each form's value (the
+    /// shipped-timing form and the scaled one); one naming no variable is refused with its line.
+    /// Mutation seen failing: the `delivery_lifetime_ms` evaluation at load removed (the unknown
+    /// name loads, and fails only when the mesh starts).
+    #[test]
+    fn a_credential_lifetime_names_a_variable_of_each_form() {
+        let text = format!(
+            "{HEAD}[mesh]\ndelivery_lifetime_ms = \"life\"\n[vars]\nlife = 300000\n[scaled]\nvars = {{ life = 16000 }}\n{STEP}"
+        );
+        let case = Case::parse(&text, Path::new("x.toml")).expect("loads");
+        let life = case.mesh.delivery_lifetime_ms.as_ref().expect("a lifetime");
+        assert_eq!(life.eval(&case.vars_for(false)), Ok(300_000));
+        assert_eq!(life.eval(&case.vars_for(true)), Ok(16_000));
+        let text =
+            format!("{HEAD}[mesh]\ndelivery_lifetime_ms = \"lfe\"\n[vars]\nlife = 300000\n{STEP}");
+        let e = Case::parse(&text, Path::new("x.toml")).expect_err("refused");
+        assert_eq!(e.line, 7, "{e}");
+        assert!(e.message.contains("\"lfe\""), "{e}");
     }
 }

@@ -294,6 +294,10 @@ pub async fn qualify(
                 (_, true) => "FAIL".to_string(),
                 _ => "pass".to_string(),
             };
+            let verdict = match &report.shipped_because {
+                Some(why) if report.verdict != CaseVerdict::Skipped => format!("{verdict} ({why})"),
+                _ => verdict,
+            };
             progress(&format!(
                 "[{n:>3}/{total}] {} [{}] {verdict} {:.1} s",
                 case.id,
@@ -349,7 +353,19 @@ async fn qualify_one(
         figures: Vec::new(),
         failure: None,
         logs: None,
+        form: if case.runs_scaled(opts.run.scaled, opts.run.profile) {
+            "scaled"
+        } else {
+            "as-written"
+        },
+        shipped_because: None,
     };
+    if opts.run.scaled && case.scaled.is_some() && report.form != "scaled" {
+        report.shipped_because = Some(format!(
+            "its shipped form: the scaled one shortens {}, which no seed names",
+            case.scaled_distribution_knobs().join(", ")
+        ));
+    }
     if let Some(why) = skip_reason(case, &opts.run) {
         report.verdict = CaseVerdict::Skipped;
         report.skip_reason = Some(why);

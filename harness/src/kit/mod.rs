@@ -5,7 +5,7 @@
 //! by the case it stands on, skipped) that `harness qualify` reports as a table, JSON and JUnit,
 //! and mutations kept as data that prove each case fails at the step they name without its
 //! behaviour (`harness mutate`), and the neutral build that proves no contract verdict turns on
-//! this distribution's wording or exit codes (`harness mutate --neutral`).
+//! this distribution's wording, exit codes or knobs (`harness mutate --neutral`).
 //!
 //! ## Rings
 //!

@@ -1,9 +1,10 @@
 //! The neutral build, kept as data beside the mutations (`cases/neutral.toml`): this
 //! distribution's daemon with every line and reply error text the seeds do not quote reworded
-//! and every exit code changed (`kit::reword`), by a few edits at the daemon's choke points.
+//! and every exit code changed (`kit::reword`), and every environment knob no seed names
+//! ignored, by a few edits at the daemon's choke points.
 //! `harness mutate --neutral` builds it in the scratch copy and runs the catalogue against it
 //! under both profiles: the contract profile must pass it whole (no contract verdict turns on
-//! this distribution's wording or exit codes) and the distribution profile must fail it.
+//! this distribution's wording, exit codes or knobs) and the distribution profile must fail it.
 //!
 //! [`coverage`] holds the edits complete: every place the daemon's sources write to stderr or
 //! stdout, answer a reply's error or end the process is one the edits route through
@@ -284,9 +285,9 @@ pub fn verdict(contract: &QualifyReport, distribution: &QualifyReport) -> (bool,
         distribution.passed,
         distribution.skipped,
         if proved {
-            "PROVED (no contract verdict turns on this distribution's wording or exit codes; the distribution profile tells them apart)"
+            "PROVED (no contract verdict turns on this distribution's wording, exit codes or knobs; the distribution profile tells them apart)"
         } else if contract.failed + contract.blocked > 0 {
-            "NOT PROVED (a contract verdict turns on this distribution's wording or exit codes: the cases above)"
+            "NOT PROVED (a contract verdict turns on this distribution's wording, exit codes or knobs: the cases above)"
         } else {
             "NOT PROVED (the distribution profile did not tell the neutral build apart)"
         }

@@ -82,6 +82,12 @@ pub struct CaseReport {
     pub skip_reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transcript_difference: Option<String>,
+    /// `scaled` when the case ran its `[scaled]` table, else `as-written`.
+    pub form: &'static str,
+    /// Why a run asked to scale ran this case as written: under the contract profile, its
+    /// scaled form shortens a knob no seed names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shipped_because: Option<String>,
     pub duration_ms: u128,
     pub rounds: usize,
     pub figures: Vec<Figure>,
@@ -507,6 +513,8 @@ mod tests {
                     profile: KitProfile::Contract,
                 }
             }),
+            form: "as-written",
+            shipped_because: None,
             logs: None,
         }
     }

@@ -74,9 +74,10 @@ pub async fn run_case(
     keep: Option<&Path>,
 ) -> CaseRun {
     let started = Instant::now();
-    let env = case.env_for(opts.scaled).map_err(Failure::could_not);
+    let scaled = case.runs_scaled(opts.scaled, opts.profile);
+    let env = case.env_for(scaled).map_err(Failure::could_not);
     let started_world = match env {
-        Ok(env) => World::start(&case.mesh, shape, env, case.vars_for(opts.scaled), opts).await,
+        Ok(env) => World::start(&case.mesh, shape, env, case.vars_for(scaled), opts).await,
         Err(e) => Err(e),
     };
     let mut world = match started_world {

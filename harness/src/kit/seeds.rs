@@ -52,6 +52,20 @@ fn plain_seeds() -> &'static [Vec<char>] {
     })
 }
 
+/// Whether a seed document names the environment variable `name` (a whole word:
+/// `COTAL_DELIVERY_BROKER_GONE_MS`, not a longer name it begins): a knob the contract names,
+/// which any Cotal delivery daemon honours, unlike this distribution's own knobs.
+pub fn names_variable(name: &str) -> bool {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    SEEDS.iter().any(|(_, doc)| {
+        doc.match_indices(name).any(|(at, _)| {
+            let before = doc[..at].chars().next_back();
+            let after = doc[at + name.len()..].chars().next();
+            !before.is_some_and(word) && !after.is_some_and(word)
+        })
+    })
+}
+
 /// Whether a seed document quotes `text`, a phrase of at least [`QUOTE_MIN_WORDS`] words (see
 /// the module's doc for how loosely).
 pub fn quoted(text: &str) -> bool {
@@ -135,6 +149,25 @@ fn matches_at(doc: &[char], d: usize, want: &[char], w: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The seeds name the broker-gone window's knob and its backstop's; this distribution's
+    /// own knobs, and a name the seeds' knob only begins, are not named.
+    /// Mutation seen failing: the whole-word check removed (`COTAL_DELIVERY_BROKER_GONE` and
+    /// `COTAL_DELIVERY` pass as named).
+    #[test]
+    fn the_seeds_name_two_knobs() {
+        assert!(names_variable("COTAL_DELIVERY_BROKER_GONE_MS"));
+        assert!(names_variable("COTAL_DELIVERY_BROKER_GONE_BACKSTOP_MS"));
+        for not in [
+            "COTAL_DELIVERY_REMINT_RETRY_MS",
+            "COTAL_DELIVERY_STANDBY_RETRY_MS",
+            "COTAL_DELIVERY_PING_INTERVAL_MS",
+            "COTAL_DELIVERY_BROKER_GONE",
+            "COTAL_DELIVERY",
+        ] {
+            assert!(!names_variable(not), "{not}");
+        }
+    }
 
     /// Mutation seen failing: `quoted` answering `true` for any text (a line of this
     /// distribution's own wording, `delivery daemon up`, passes as quoted).

@@ -84,9 +84,10 @@ pub struct MeshSpec {
     pub max_payload: u64,
     #[serde(default)]
     pub max_file_store_bytes: Option<u64>,
-    /// The delivery credential reminted to this lifetime before anything starts, ms.
+    /// The delivery credential reminted to this lifetime before anything starts, ms: a number,
+    /// or an expression of the case's variables, so a case at the shipped timing scales it.
     #[serde(default)]
-    pub delivery_lifetime_ms: Option<u64>,
+    pub delivery_lifetime_ms: Option<Duration>,
 }
 
 impl Default for MeshSpec {

@@ -186,7 +186,8 @@ impl World {
         let path = mesh.workspace().delivery_creds_path(mesh.space());
         let mut original = cotal_delivery::base::read_creds_file(&path)
             .map_err(|e| Failure::could_not(format!("read the delivery credential: {e}")))?;
-        if let Some(ms) = spec.delivery_lifetime_ms {
+        if let Some(life) = &spec.delivery_lifetime_ms {
+            let ms = life.eval(&vars).map_err(Failure::could_not)?;
             original = mesh.mint(
                 mesh.space(),
                 &Profile::Delivery,

@@ -315,7 +315,7 @@ fn a_command_template_runs_the_contract_profile_and_skips_what_it_cannot_express
             "--only",
             "standby/refuses-without-observer",
             "--only",
-            "credentials/missed-remint-reported-and-retried",
+            "anycast/row-removed-after-the-age",
             "--json",
             "t.json",
         ],
@@ -344,7 +344,7 @@ fn a_command_template_runs_the_contract_profile_and_skips_what_it_cannot_express
             .is_some_and(|r| r.contains("a standby host")),
         "{host}"
     );
-    let distribution = find("credentials/missed-remint-reported-and-retried");
+    let distribution = find("anycast/row-removed-after-the-age");
     assert_eq!(distribution["verdict"], "skipped", "{distribution}");
     assert!(
         distribution["skip_reason"]
@@ -360,13 +360,15 @@ fn a_command_template_runs_the_contract_profile_and_skips_what_it_cannot_express
 /// daemon's connection moved from the first JWT onto the remint
 /// (`credentials/reload-refused-before-startup`); the
 /// `--host-cmd` template starts two standby hosts and the second takes the released lease row
-/// (`standby/graceful-stop-takeover`, scaled). Both run and pass, neither is skipped; without
+/// (`standby/graceful-stop-takeover`, at the seeds' 5 s retry although the run scales: its
+/// scaled form shortens a knob no seed names). Both run and pass, neither is skipped; without
 /// `--host-cmd` the standby case is skipped, naming it.
 /// Mutations seen failing: `CredStep::unsupported` skipping `expect_broker_jwt` under a template
 /// again (the renewal case is skipped); `verb::no_host_cmd` answering a reason whatever the
 /// run (the standby case is skipped although `--host-cmd` was given); the host start ignoring
 /// `--host-cmd` for this distribution's `deliver --spaces` (could not run: no commands of this
-/// distribution under a template).
+/// distribution under a template); `Case::runs_scaled` ignoring the profile (the standby case
+/// reports the scaled form).
 #[test]
 fn renewal_and_standby_run_under_templates() {
     let bin = delivery_harness::rig::daemon::daemon_bin().expect("the workspace's daemon binary");
@@ -403,6 +405,27 @@ fn renewal_and_standby_run_under_templates() {
             .unwrap_or_else(|| panic!("{id} in {json}"));
         assert_eq!(case["verdict"], "pass", "{case}");
     }
+    // The standby retry is a knob no seed names: asked to scale, the contract run waits out
+    // the seeds' 5 s retry rather than shorten it, and says why.
+    let takeover = json["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .find(|c| c["id"] == "standby/graceful-stop-takeover")
+        .expect("the standby case");
+    assert_eq!(takeover["form"], "as-written", "{takeover}");
+    assert!(
+        takeover["shipped_because"]
+            .as_str()
+            .is_some_and(|r| r.contains("COTAL_DELIVERY_STANDBY_RETRY_MS")),
+        "{takeover}"
+    );
+    assert!(
+        all.contains(
+            "pass (its shipped form: the scaled one shortens COTAL_DELIVERY_STANDBY_RETRY_MS"
+        ),
+        "{all}"
+    );
 
     let out = qualify(
         &[
