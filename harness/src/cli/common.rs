@@ -45,7 +45,8 @@ pub struct DaemonArgs {
     pub profile: Option<String>,
     /// Run the scaled form of the cases that run at the shipped defaults (their [scaled]
     /// windows): what `ci/test` does. Without it they run at the shipped 15 s window, 30 s
-    /// lease TTL, 5 s standby retry.
+    /// lease TTL, 5 s standby retry. Under the contract profile a case whose scaled form
+    /// shortens a knob no seed names runs at the seeds' timing all the same.
     #[arg(long)]
     pub scaled: bool,
 }
