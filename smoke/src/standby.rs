@@ -74,6 +74,9 @@ pub struct Args {
 /// takeover answered, a mark delivered, a connection gone from the broker, an exit. Generous:
 /// the suite runs on whatever machine the integrator has and fails past it, never measures it.
 const STEP_BOUND: Duration = Duration::from_secs(120);
+/// Pause between two binds of the offline member's DLV that failed (within [`STEP_BOUND`]).
+const BIND_RETRY: Duration = Duration::from_millis(500);
+const _: () = assert!(BIND_RETRY.as_millis() < STEP_BOUND.as_millis());
 /// One ctl.delivery probe's wait for its answer (the takeover resolution is about this).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 const CASES: [&str; 3] = ["kill", "return", "stop"];
@@ -656,10 +659,31 @@ async fn suite(args: Args) -> Result<(), String> {
     sending.store(false, Ordering::SeqCst);
     let _ = sender_task.await;
     let posts = posted.lock().map_err(err)?.clone();
-    let member = agent::connect(&mesh, &member_mat, "offline")
-        .await
-        .map_err(err)?;
-    let mut dlv = member.bind_delivery().await.map_err(err)?;
+    // A cluster that has just lost a node may not answer a consumer lookup until the DLV
+    // consumer has a leader again (seen: `bind dlv_…: timed out` after the node round), so the
+    // bind is tried again until the step's bound; a bind that never succeeds fails with its
+    // last error.
+    let bind_deadline = Instant::now() + STEP_BOUND;
+    let (_member, mut dlv) = loop {
+        let bound = async {
+            let member = agent::connect(&mesh, &member_mat, "offline")
+                .await
+                .map_err(err)?;
+            let dlv = member.bind_delivery().await.map_err(err)?;
+            Ok::<_, String>((member, dlv))
+        };
+        match bound.await {
+            Ok(pair) => break pair,
+            Err(e) if Instant::now() + BIND_RETRY < bind_deadline => {
+                eprintln!(
+                    "delivery-standby: binding the offline member's DLV: {e}; trying again in {} ms",
+                    BIND_RETRY.as_millis()
+                );
+                tokio::time::sleep(BIND_RETRY).await;
+            }
+            Err(e) => return Err(format!("binding the offline member's DLV: {e}")),
+        }
+    };
     let want: std::collections::BTreeSet<String> = posts.iter().map(|(id, _)| id.clone()).collect();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let deadline = Instant::now() + STEP_BOUND;
