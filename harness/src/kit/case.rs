@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use super::expr::{self, Duration, Vars};
 use super::profile::KitProfile;
+use super::results::Form;
 use super::seeds;
 use super::shape::{MeshSpec, Shape};
 use super::steps::{self, Step};
@@ -380,7 +381,8 @@ impl Case {
         for (k, v) in &raw.env {
             expr::substitute(v, &raw.vars).map_err(|m| err(field_line(k), m))?;
         }
-        // Both forms give the TTL and the credential's lifetime a value (a name [vars] lacks is refused here, with its line).
+        // Both forms give the TTL and the credential's lifetime a value (a name [vars] lacks
+        // is refused here, with its line).
         let ttl = &raw.mesh.lease_ttl_ms;
         for vars in [&raw.vars, &scaled_vars] {
             ttl.eval(vars)
@@ -647,6 +649,30 @@ impl Case {
                 || self.scaled_distribution_knobs().is_empty())
     }
 
+    /// The form the case runs in (see [`Case::runs_scaled`]).
+    pub fn form(&self, scaled: bool, profile: super::profile::KitProfile) -> Form {
+        if self.runs_scaled(scaled, profile) {
+            Form::Scaled
+        } else {
+            Form::AsWritten
+        }
+    }
+
+    /// Why a run asked to scale runs this case as written, when it does although the case has
+    /// a scaled form: that form shortens a knob no seed names, under the contract profile.
+    pub fn shipped_because(
+        &self,
+        scaled: bool,
+        profile: super::profile::KitProfile,
+    ) -> Option<String> {
+        (scaled && self.scaled.is_some() && !self.runs_scaled(scaled, profile)).then(|| {
+            format!(
+                "its shipped form: the scaled one shortens {}, which no seed names",
+                self.scaled_distribution_knobs().join(", ")
+            )
+        })
+    }
+
     /// The variables of the form the case runs in.
     pub fn vars_for(&self, scaled: bool) -> Vars {
         let mut vars = self.vars.clone();
@@ -847,8 +873,9 @@ mod tests {
     /// shortens a knob of this distribution's runs under the distribution profile only, the
     /// contract profile running the case as written (its shipped timing); a run not asked to
     /// scale runs every case as written.
-    /// Mutation seen failing: `runs_scaled` ignoring the profile (the contract run scales the
-    /// standby retry another implementation need not let it shorten).
+    /// Mutations seen failing: `runs_scaled` ignoring the profile (the contract run scales the
+    /// standby retry another implementation need not let it shorten); `shipped_because` not
+    /// asking `runs_scaled` (a distribution run, which scales, says it ran as written).
     #[test]
     fn a_scaled_form_with_a_knob_of_this_distribution_runs_under_its_profile_only() {
         use crate::kit::profile::KitProfile::{Contract, Distribution};
@@ -874,6 +901,13 @@ mod tests {
             case.vars_for(case.runs_scaled(true, Contract))["retry"],
             5_000
         );
+        assert_eq!(case.form(true, Contract), Form::AsWritten);
+        assert!(case
+            .shipped_because(true, Contract)
+            .is_some_and(|why| why.contains("COTAL_DELIVERY_STANDBY_RETRY_MS")
+                && !why.contains("BROKER_GONE")));
+        assert_eq!(case.shipped_because(true, Distribution), None);
+        assert_eq!(case.shipped_because(false, Contract), None);
         let unscaled = format!("{HEAD}{STEP}");
         let case = Case::parse(&unscaled, Path::new("x.toml")).expect("loads");
         assert!(!case.runs_scaled(true, Distribution));

@@ -353,19 +353,9 @@ async fn qualify_one(
         figures: Vec::new(),
         failure: None,
         logs: None,
-        form: if case.runs_scaled(opts.run.scaled, opts.run.profile) {
-            "scaled"
-        } else {
-            "as-written"
-        },
-        shipped_because: None,
+        form: case.form(opts.run.scaled, opts.run.profile),
+        shipped_because: case.shipped_because(opts.run.scaled, opts.run.profile),
     };
-    if opts.run.scaled && case.scaled.is_some() && report.form != "scaled" {
-        report.shipped_because = Some(format!(
-            "its shipped form: the scaled one shortens {}, which no seed names",
-            case.scaled_distribution_knobs().join(", ")
-        ));
-    }
     if let Some(why) = skip_reason(case, &opts.run) {
         report.verdict = CaseVerdict::Skipped;
         report.skip_reason = Some(why);

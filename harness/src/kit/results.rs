@@ -35,6 +35,14 @@ pub enum TranscriptVerdict {
     NotCompared,
 }
 
+/// The form a case runs in: its `[scaled]` table applied, or as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Form {
+    Scaled,
+    AsWritten,
+}
+
 /// A figure over the rounds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Figure {
@@ -83,7 +91,7 @@ pub struct CaseReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transcript_difference: Option<String>,
     /// `scaled` when the case ran its `[scaled]` table, else `as-written`.
-    pub form: &'static str,
+    pub form: Form,
     /// Why a run asked to scale ran this case as written: under the contract profile, its
     /// scaled form shortens a knob no seed names.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -513,7 +521,7 @@ mod tests {
                     profile: KitProfile::Contract,
                 }
             }),
-            form: "as-written",
+            form: Form::AsWritten,
             shipped_because: None,
             logs: None,
         }
